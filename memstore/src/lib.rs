@@ -1,0 +1,1 @@
+//! The in-memory MVCC state machine (see the crate README).

@@ -1,0 +1,5 @@
+//! Test harness shared by the multi-process tests in `tests/tests/`: finding the `strata`
+//! binary, free loopback ports, and child processes that are killed when dropped, so every test
+//! stops what it starts.
+
+pub mod process;

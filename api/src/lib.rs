@@ -32,6 +32,7 @@ pub mod strata {
     }
 }
 
+pub mod manifest;
 pub mod record;
 
 /// The envelope format this build writes; readers accept every version up to this one.

@@ -1,9 +1,733 @@
-//! `strata bench`: not built yet; its issue owns this file.
+//! `strata bench`: a load generator for any etcd v3 endpoint (Strata or etcd itself), modelled
+//! on etcd's `benchmark` tool: put, range, txn-put, txn-cas, watch and watch-latency, each
+//! printing total time, requests/s, a latency histogram and percentiles, and errors.
+
+mod conn;
+mod driver;
+mod keys;
+mod kv;
+mod report;
+mod watch;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::etcdserverpb::RangeRequest;
+
+use conn::Pool;
+use driver::MAX_CLIENTS;
+
+/// What can go wrong in a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// The flags make no sense; nothing was sent.
+    #[error("invalid arguments: {0}")]
+    InvalidArgs(String),
+    /// An endpoint could not be reached.
+    #[error("cannot connect to {url}: {source}")]
+    Connect {
+        url: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A set-up request failed.
+    #[error("request failed: {}: {}", .0.code(), .0.message())]
+    Rpc(tonic::Status),
+    /// The workload could not be set up (e.g. watchers not created).
+    #[error("set-up failed: {0}")]
+    Setup(String),
+}
+
+/// Flags shared by every workload (they may be given before or after the workload's name).
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// gRPC endpoints, `host:port` or `http://host:port`, comma-separated; connections are
+    /// spread over them round-robin.
+    #[arg(
+        long,
+        global = true,
+        value_delimiter = ',',
+        default_value = "127.0.0.1:2379"
+    )]
+    pub endpoints: Vec<String>,
+    /// Number of gRPC (HTTP/2) connections.
+    #[arg(long, global = true, default_value_t = 1)]
+    pub conns: usize,
+    /// Number of concurrent clients, i.e. requests in flight (client i uses connection i % conns).
+    #[arg(long, global = true, default_value_t = 1)]
+    pub clients: usize,
+    /// Tenant to name in the `x-strata-tenant` header (Strata only; etcd ignores it).
+    #[arg(long, global = true)]
+    pub tenant: Option<String>,
+    /// Deadline of each unary request.
+    #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Print one JSON object on stdout instead of the text report.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Seed of the key and value generators (random keys replay with the same seed).
+    #[arg(long, global = true, default_value_t = 1)]
+    pub seed: u64,
+}
 
 /// Flags of `strata bench`.
-#[derive(clap::Args)]
-pub struct Args {}
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub common: Common,
+    #[command(subcommand)]
+    pub workload: Workload,
+}
 
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("strata bench is not built yet")
+#[derive(clap::Subcommand, Debug)]
+pub enum Workload {
+    /// Put keys (one key per request).
+    Put(PutArgs),
+    /// Range over a key or a key range, linearizable or serializable.
+    Range(RangeArgs),
+    /// Txns of several puts each.
+    TxnPut(TxnPutArgs),
+    /// Compare-and-swap txns on mod_revision, as kube-apiserver's OptimisticPut (puts on
+    /// success, reads the key on failure; a failed compare is a conflict, not an error).
+    TxnCas(TxnCasArgs),
+    /// Watch fan-out: N watchers on M streams, writers put K events; checks that every watcher
+    /// gets every event exactly once, in order, and measures delivery latency.
+    Watch(WatchArgs),
+    /// Watch latency as etcd measures it: each put waits until every watcher has its event.
+    WatchLatency(WatchLatencyArgs),
+}
+
+/// Key and value shape of the write workloads.
+#[derive(clap::Args, Debug, Clone)]
+pub struct KeyArgs {
+    /// Key size in bytes (a zero-padded key index after --key-prefix).
+    #[arg(long, default_value_t = 8)]
+    pub key_size: usize,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 8)]
+    pub val_size: usize,
+    /// Number of distinct keys written.
+    #[arg(long, default_value_t = 1)]
+    pub key_space_size: u64,
+    /// Write keys in order (operation i writes key i % key-space-size) instead of at random.
+    #[arg(long)]
+    pub sequential_keys: bool,
+    /// Prefix of every key (counted in --key-size).
+    #[arg(long, default_value = "")]
+    pub key_prefix: String,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct PutArgs {
+    /// Total number of put requests.
+    #[arg(long, default_value_t = 10_000)]
+    pub total: u64,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Consistency {
+    /// Linearizable.
+    L,
+    /// Serializable.
+    S,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct RangeArgs {
+    /// Key to read.
+    pub key: String,
+    /// End of the range (exclusive); without it a single key is read.
+    pub end: Option<String>,
+    /// l (linearizable) or s (serializable).
+    #[arg(long, value_enum, default_value = "l")]
+    pub consistency: Consistency,
+    /// Total number of range requests.
+    #[arg(long, default_value_t = 10_000)]
+    pub total: u64,
+    /// Read every key with KEY as prefix (conflicts with END).
+    #[arg(long, conflicts_with = "end")]
+    pub prefix: bool,
+    /// Maximum number of keys returned (0 = no limit).
+    #[arg(long, default_value_t = 0)]
+    pub limit: i64,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TxnPutArgs {
+    /// Total number of txn requests.
+    #[arg(long, default_value_t = 10_000)]
+    pub total: u64,
+    /// Puts per txn (distinct keys; at most --key-space-size).
+    #[arg(long, default_value_t = 1)]
+    pub txn_ops: usize,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct TxnCasArgs {
+    /// Total number of txn requests (conflicts included).
+    #[arg(long, default_value_t = 10_000)]
+    pub total: u64,
+    #[command(flatten)]
+    pub keys: KeyArgs,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WatchArgs {
+    /// Number of watchers, all watching the run's key prefix.
+    #[arg(long, default_value_t = 100)]
+    pub watchers: usize,
+    /// Number of Watch streams carrying them (spread over the connections).
+    #[arg(long, default_value_t = 10)]
+    pub streams: usize,
+    /// Number of puts (events each watcher must receive).
+    #[arg(long, default_value_t = 100)]
+    pub put_total: u64,
+    /// Number of concurrent writers.
+    #[arg(long, default_value_t = 1)]
+    pub put_clients: usize,
+    /// Puts per second over all writers (0 = as fast as they are acknowledged).
+    #[arg(long, default_value_t = 0)]
+    pub put_rate: u64,
+    /// Number of distinct keys written under the run's prefix.
+    #[arg(long, default_value_t = 1)]
+    pub watched_keys: u64,
+    /// Size of each key after the run's prefix.
+    #[arg(long, default_value_t = 8)]
+    pub key_size: usize,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 8)]
+    pub val_size: usize,
+    /// How long to wait for outstanding events once the writers are done.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+#[derive(clap::Args, Debug)]
+pub struct WatchLatencyArgs {
+    /// Number of puts.
+    #[arg(long, default_value_t = 1_000)]
+    pub total: u64,
+    /// Puts per second (0 = next put as soon as every watcher has the previous event).
+    #[arg(long, default_value_t = 100)]
+    pub put_rate: u64,
+    /// Number of watchers of the key.
+    #[arg(long, default_value_t = 10)]
+    pub watchers: usize,
+    /// Number of Watch streams carrying them (default: one per watcher, as etcd's tool).
+    #[arg(long)]
+    pub streams: Option<usize>,
+    /// Size of the key after the run's prefix.
+    #[arg(long, default_value_t = 8)]
+    pub key_size: usize,
+    /// Value size in bytes.
+    #[arg(long, default_value_t = 8)]
+    pub val_size: usize,
+    /// How long each put's event may take to reach every watcher.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+}
+
+impl Common {
+    fn validate(&self) -> Result<(), BenchError> {
+        if self.clients == 0 || self.clients > MAX_CLIENTS {
+            return Err(BenchError::InvalidArgs(format!(
+                "--clients must be in 1..={MAX_CLIENTS}"
+            )));
+        }
+        if self.endpoints.is_empty() || self.endpoints.iter().any(String::is_empty) {
+            return Err(BenchError::InvalidArgs(
+                "--endpoints needs at least one host:port".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+fn check_total(total: u64) -> Result<(), BenchError> {
+    if total == 0 {
+        return Err(BenchError::InvalidArgs("--total must be at least 1".into()));
+    }
+    Ok(())
+}
+
+impl KeyArgs {
+    fn validate(&self) -> Result<(), BenchError> {
+        if self.val_size > keys::MAX_VAL_SIZE {
+            return Err(BenchError::InvalidArgs(format!(
+                "--val-size exceeds {}",
+                keys::MAX_VAL_SIZE
+            )));
+        }
+        keys::validate(
+            self.key_prefix.as_bytes(),
+            self.key_size,
+            self.key_space_size,
+        )
+    }
+
+    fn keygen(&self, seed: u64) -> Result<keys::KeyGen, BenchError> {
+        keys::KeyGen::new(
+            self.key_prefix.as_bytes(),
+            self.key_size,
+            self.key_space_size,
+            self.sequential_keys,
+            seed,
+        )
+    }
+}
+
+/// A run-unique key prefix for the watch workloads.
+fn run_prefix() -> Vec<u8> {
+    format!("bench-watch/{:016x}/", rand::random::<u64>()).into_bytes()
+}
+
+impl Workload {
+    fn name(&self) -> &'static str {
+        match self {
+            Workload::Put(_) => "put",
+            Workload::Range(_) => "range",
+            Workload::TxnPut(_) => "txn-put",
+            Workload::TxnCas(_) => "txn-cas",
+            Workload::Watch(_) => "watch",
+            Workload::WatchLatency(_) => "watch-latency",
+        }
+    }
+
+    /// Checks the flags without touching the network.
+    fn validate(&self, common: &Common) -> Result<(), BenchError> {
+        common.validate()?;
+        match self {
+            Workload::Put(a) => {
+                check_total(a.total)?;
+                a.keys.validate()
+            }
+            Workload::Range(a) => {
+                check_total(a.total)?;
+                if a.key.is_empty() {
+                    return Err(BenchError::InvalidArgs("the range key is empty".into()));
+                }
+                if a.limit < 0 {
+                    return Err(BenchError::InvalidArgs("--limit must be >= 0".into()));
+                }
+                Ok(())
+            }
+            Workload::TxnPut(a) => {
+                check_total(a.total)?;
+                a.keys.validate()?;
+                if a.txn_ops == 0 || a.txn_ops as u64 > a.keys.key_space_size {
+                    return Err(BenchError::InvalidArgs(format!(
+                        "--txn-ops must be in 1..=key-space-size ({}): a txn may not put a key twice",
+                        a.keys.key_space_size
+                    )));
+                }
+                Ok(())
+            }
+            Workload::TxnCas(a) => {
+                check_total(a.total)?;
+                a.keys.validate()
+            }
+            Workload::Watch(a) => watch_plan(a, common.seed).validate(),
+            Workload::WatchLatency(a) => watch_latency_plan(a, common.seed).validate(),
+        }
+    }
+}
+
+fn watch_plan(a: &WatchArgs, seed: u64) -> watch::WatchPlan {
+    watch::WatchPlan {
+        watchers: a.watchers,
+        streams: a.streams,
+        puts: a.put_total,
+        put_clients: a.put_clients,
+        put_rate: a.put_rate,
+        keys: a.watched_keys,
+        key_size: a.key_size,
+        val_size: a.val_size,
+        lockstep: false,
+        watch_prefix: true,
+        prefix: run_prefix(),
+        drain_timeout: a.drain_timeout,
+        seed,
+    }
+}
+
+fn watch_latency_plan(a: &WatchLatencyArgs, seed: u64) -> watch::WatchPlan {
+    watch::WatchPlan {
+        watchers: a.watchers,
+        streams: a.streams.unwrap_or(a.watchers),
+        puts: a.total,
+        put_clients: 1,
+        put_rate: a.put_rate,
+        keys: 1,
+        key_size: a.key_size,
+        val_size: a.val_size,
+        lockstep: true,
+        watch_prefix: false,
+        prefix: run_prefix(),
+        drain_timeout: a.drain_timeout,
+        seed,
+    }
+}
+
+/// Seed of client `client`'s generators: distinct per client, replayable per run seed.
+fn client_seed(seed: u64, client: usize) -> u64 {
+    seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ client as u64
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let Args { common, workload } = args;
+    workload.validate(&common)?;
+    let pool = Pool::connect(
+        &common.endpoints,
+        common.conns,
+        common.tenant.as_deref(),
+        common.request_timeout,
+    )
+    .await?;
+    tracing::info!(
+        workload = workload.name(),
+        endpoints = ?common.endpoints,
+        conns = common.conns,
+        clients = common.clients,
+        "benchmark starting"
+    );
+    match &workload {
+        Workload::Watch(a) => {
+            run_watch(&pool, &common, workload.name(), watch_plan(a, common.seed)).await
+        }
+        Workload::WatchLatency(a) => {
+            run_watch(
+                &pool,
+                &common,
+                workload.name(),
+                watch_latency_plan(a, common.seed),
+            )
+            .await
+        }
+        _ => run_closed_loop(&pool, &common, &workload).await,
+    }
+}
+
+async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> anyhow::Result<()> {
+    let n = common.clients;
+    let mut run = match workload {
+        Workload::Put(a) => {
+            let value = Arc::new(keys::value(a.keys.val_size, common.seed));
+            let mut clients = Vec::with_capacity(n);
+            for c in 0..n {
+                clients.push(kv::PutClient {
+                    pool: pool.clone(),
+                    kv: pool.kv(c),
+                    keys: a.keys.keygen(client_seed(common.seed, c))?,
+                    value: Arc::clone(&value),
+                });
+            }
+            driver::run(clients, a.total).await
+        }
+        Workload::Range(a) => {
+            let key = a.key.as_bytes().to_vec();
+            let range_end = if a.prefix {
+                keys::prefix_range_end(&key)
+            } else {
+                a.end.clone().map(String::into_bytes).unwrap_or_default()
+            };
+            let request = RangeRequest {
+                key,
+                range_end,
+                limit: a.limit,
+                serializable: a.consistency == Consistency::S,
+                ..Default::default()
+            };
+            let clients = (0..n)
+                .map(|c| kv::RangeClient {
+                    pool: pool.clone(),
+                    kv: pool.kv(c),
+                    request: request.clone(),
+                })
+                .collect();
+            driver::run(clients, a.total).await
+        }
+        Workload::TxnPut(a) => {
+            let value = Arc::new(keys::value(a.keys.val_size, common.seed));
+            let mut clients = Vec::with_capacity(n);
+            for c in 0..n {
+                clients.push(kv::TxnPutClient {
+                    pool: pool.clone(),
+                    kv: pool.kv(c),
+                    keys: a.keys.keygen(client_seed(common.seed, c))?,
+                    key_space: a.keys.key_space_size,
+                    txn_ops: a.txn_ops,
+                    value: Arc::clone(&value),
+                });
+            }
+            driver::run(clients, a.total).await
+        }
+        Workload::TxnCas(a) => {
+            let value = Arc::new(keys::value(a.keys.val_size, common.seed));
+            let mut clients = Vec::with_capacity(n);
+            for c in 0..n {
+                clients.push(kv::TxnCasClient {
+                    pool: pool.clone(),
+                    kv: pool.kv(c),
+                    keys: a.keys.keygen(client_seed(common.seed, c))?,
+                    value: Arc::clone(&value),
+                    seen: HashMap::new(),
+                });
+            }
+            driver::run(clients, a.total).await
+        }
+        Workload::Watch(_) | Workload::WatchLatency(_) => {
+            unreachable!("watch workloads run in run_watch")
+        }
+    };
+    let summary = run.samples.summary(run.elapsed);
+    if common.json {
+        let mut j = summary.to_json();
+        j["workload"] = workload.name().into();
+        j["endpoints"] = common.endpoints.clone().into();
+        j["conns"] = pool.conns().into();
+        j["clients"] = common.clients.into();
+        j["error_messages"] = errors_json(run.samples.errors());
+        if matches!(workload, Workload::TxnCas(_)) {
+            j["conflicts"] = run.conflicts.into();
+        }
+        println!("{j}");
+    } else {
+        print!(
+            "{}",
+            summary.render_text(workload.name(), run.samples.errors())
+        );
+        if matches!(workload, Workload::TxnCas(_)) {
+            println!(
+                "  Conflicts:\t{} of {} answered txns ({:.2}%)",
+                run.conflicts,
+                summary.ok,
+                percent(run.conflicts, summary.ok)
+            );
+        }
+    }
+    if summary.ok == 0 {
+        anyhow::bail!(
+            "no request succeeded ({} errors)",
+            run.samples.error_count()
+        );
+    }
+    Ok(())
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+fn errors_json(errors: &BTreeMap<String, u64>) -> serde_json::Value {
+    errors
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::from(*v)))
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
+async fn run_watch(
+    pool: &Pool,
+    common: &Common,
+    name: &str,
+    plan: watch::WatchPlan,
+) -> anyhow::Result<()> {
+    let mut r = watch::run(pool, &plan).await?;
+    let create = r.create.summary(r.create_elapsed);
+    let puts = r.puts.summary(r.put_elapsed);
+    let from_ack = r.from_ack.summary(r.delivery_elapsed);
+    let from_send = r.from_send.summary(r.delivery_elapsed);
+    let v = &r.verdict;
+    if common.json {
+        let j = serde_json::json!({
+            "workload": name,
+            "endpoints": common.endpoints,
+            "conns": pool.conns(),
+            "watchers": plan.watchers,
+            "streams": plan.streams,
+            "puts": plan.puts,
+            "create": create.to_json(),
+            "put": merge_errors(puts.to_json(), r.puts.errors()),
+            "delivery_from_ack": from_ack.to_json(),
+            "delivery_from_send": from_send.to_json(),
+            "verify": v.to_json(),
+        });
+        println!("{j}");
+    } else {
+        let empty = BTreeMap::new();
+        print!(
+            "{}",
+            create.render_text(
+                "Watch creation (per watcher, from its stream's start)",
+                &empty
+            )
+        );
+        print!(
+            "{}",
+            puts.render_text("Puts (writer latency)", r.puts.errors())
+        );
+        print!(
+            "{}",
+            from_ack.render_text(
+                "Event delivery latency, from the put's acknowledgement (Requests/sec = events/s)",
+                &empty
+            )
+        );
+        print!(
+            "{}",
+            from_send.render_text("Event delivery latency, from the put's send", &empty)
+        );
+        println!("\nVerification:");
+        println!("  Watchers created:\t{} of {}", v.created, v.watchers);
+        println!(
+            "  Events expected:\t{} ({} acknowledged puts x {} watchers)",
+            v.expected, v.acked_puts, v.watchers
+        );
+        println!("  Events delivered:\t{}", v.delivered);
+        println!("  Missing:\t{}", v.missing);
+        println!("  Duplicates:\t{}", v.duplicates);
+        println!("  Out of order:\t{}", v.out_of_order);
+        println!("  Cancelled:\t{}", v.cancelled);
+        println!("  Unacknowledged puts' events:\t{}", v.unacked);
+        println!("  Delivered before the put's ack:\t{}", v.before_ack);
+        for e in &v.stream_errors {
+            println!("  Stream error:\t{e}");
+        }
+        println!(
+            "  Result:\t{}",
+            if v.ok() {
+                "every event delivered exactly once, in order"
+            } else {
+                "FAILED"
+            }
+        );
+    }
+    if !v.ok() {
+        anyhow::bail!(
+            "watch verification failed: {} missing, {} duplicates, {} out of order, {} of {} watchers created, {} cancelled, stream errors {:?}",
+            v.missing,
+            v.duplicates,
+            v.out_of_order,
+            v.created,
+            v.watchers,
+            v.cancelled,
+            v.stream_errors
+        );
+    }
+    Ok(())
+}
+
+fn merge_errors(mut j: serde_json::Value, errors: &BTreeMap<String, u64>) -> serde_json::Value {
+    j["error_messages"] = errors_json(errors);
+    j
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser, Debug)]
+    struct Cli {
+        #[command(flatten)]
+        args: Args,
+    }
+
+    fn parse(argv: &[&str]) -> Result<Args, String> {
+        let argv = std::iter::once("bench").chain(argv.iter().copied());
+        Cli::try_parse_from(argv)
+            .map(|c| c.args)
+            .map_err(|e| e.to_string())
+    }
+
+    fn check(argv: &[&str]) -> Result<(), String> {
+        let a = parse(argv)?;
+        a.workload.validate(&a.common).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn etcd_style_flags_parse_anywhere() {
+        let a = parse(&[
+            "--endpoints",
+            "127.0.0.1:1,127.0.0.1:2",
+            "--conns",
+            "4",
+            "put",
+            "--clients",
+            "256",
+            "--total",
+            "100",
+            "--key-size",
+            "8",
+            "--val-size",
+            "256",
+            "--key-space-size",
+            "1000",
+            "--sequential-keys",
+        ])
+        .unwrap();
+        assert_eq!(a.common.endpoints, vec!["127.0.0.1:1", "127.0.0.1:2"]);
+        assert_eq!(a.common.conns, 4);
+        assert_eq!(a.common.clients, 256);
+        let Workload::Put(p) = &a.workload else {
+            panic!("not put: {a:?}")
+        };
+        assert_eq!(p.total, 100);
+        assert!(p.keys.sequential_keys);
+        assert_eq!(p.keys.key_space_size, 1000);
+        assert!(a.workload.validate(&a.common).is_ok());
+
+        let a = parse(&["range", "foo", "--consistency", "s", "--total", "5"]).unwrap();
+        let Workload::Range(r) = &a.workload else {
+            panic!("not range")
+        };
+        assert_eq!(r.consistency, Consistency::S);
+        assert_eq!(r.key, "foo");
+        assert!(r.end.is_none());
+        assert_eq!(a.common.endpoints, vec!["127.0.0.1:2379"]);
+        assert!(parse(&["range", "foo", "--consistency", "x"]).is_err());
+        assert!(parse(&["range", "a", "b", "--prefix"]).is_err());
+    }
+
+    #[test]
+    fn argument_validation() {
+        assert!(check(&["put", "--clients", "0"]).is_err());
+        assert!(check(&["put", "--total", "0"]).is_err());
+        assert!(check(&["put", "--key-size", "2", "--key-space-size", "1000"]).is_err());
+        assert!(check(&["put", "--val-size", "2000000"]).is_err());
+        assert!(check(&["put", "--endpoints", ""]).is_err());
+        assert!(check(&["range", ""]).is_err());
+        assert!(check(&["range", "k", "--limit", "-1"]).is_err());
+        assert!(check(&["txn-put", "--txn-ops", "4", "--key-space-size", "3"]).is_err());
+        assert!(check(&["txn-put", "--txn-ops", "3", "--key-space-size", "3"]).is_ok());
+        assert!(check(&["txn-cas", "--key-space-size", "100"]).is_ok());
+        assert!(check(&["watch", "--watchers", "5", "--streams", "6"]).is_err());
+        assert!(check(&["watch", "--watchers", "1000", "--streams", "10"]).is_ok());
+        assert!(check(&["watch-latency", "--watchers", "3"]).is_ok());
+        assert!(check(&["watch-latency", "--watchers", "0"]).is_err());
+    }
+
+    #[test]
+    fn client_seeds_differ() {
+        assert_ne!(client_seed(1, 0), client_seed(1, 1));
+        assert_ne!(client_seed(1, 0), client_seed(2, 0));
+        assert_eq!(client_seed(3, 4), client_seed(3, 4));
+    }
+
+    #[test]
+    fn run_prefixes_are_unique() {
+        assert_ne!(run_prefix(), run_prefix());
+        assert!(run_prefix().starts_with(b"bench-watch/"));
+        assert_eq!(percent(1, 4), 25.0);
+        assert_eq!(percent(1, 0), 0.0);
+    }
 }

@@ -1,0 +1,146 @@
+//! The benchmark's gRPC connections: `--conns` HTTP/2 connections spread round-robin over the
+//! endpoints, clients spread round-robin over the connections, and the per-request metadata
+//! (tenant header, deadline) every workload attaches.
+
+use std::time::Duration;
+
+use api::etcdserverpb::kv_client::KvClient;
+use api::etcdserverpb::watch_client::WatchClient;
+use tonic::metadata::MetadataValue;
+use tonic::transport::{Channel, Endpoint};
+
+use super::BenchError;
+
+/// How long to wait for one connection to be established.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest response a benchmark client decodes (tonic's default is 4 MiB; a wide range or a
+/// large watch batch may exceed it).
+pub const MAX_RESPONSE_BYTES: usize = 64 * 1024 * 1024;
+/// Most connections a run may open.
+pub const MAX_CONNS: usize = 10_000;
+/// Metadata header naming the tenant where the operator allows it (DESIGN, tenant resolution).
+pub const TENANT_HEADER: &str = "x-strata-tenant";
+
+/// `127.0.0.1:2379` -> `http://127.0.0.1:2379`; URLs with a scheme are kept.
+pub fn endpoint_url(endpoint: &str) -> String {
+    if endpoint.contains("://") {
+        endpoint.to_string()
+    } else {
+        format!("http://{endpoint}")
+    }
+}
+
+/// The connections of one run.
+#[derive(Clone)]
+pub struct Pool {
+    channels: Vec<Channel>,
+    tenant: Option<MetadataValue<tonic::metadata::Ascii>>,
+    request_timeout: Duration,
+}
+
+impl Pool {
+    /// Opens `conns` connections, connection `i` to `endpoints[i % endpoints.len()]`.
+    pub async fn connect(
+        endpoints: &[String],
+        conns: usize,
+        tenant: Option<&str>,
+        request_timeout: Duration,
+    ) -> Result<Self, BenchError> {
+        if endpoints.is_empty() {
+            return Err(BenchError::InvalidArgs("--endpoints is empty".into()));
+        }
+        if conns == 0 || conns > MAX_CONNS {
+            return Err(BenchError::InvalidArgs(format!(
+                "--conns must be in 1..={MAX_CONNS}"
+            )));
+        }
+        let tenant = tenant
+            .map(|t| {
+                t.parse()
+                    .map_err(|_| BenchError::InvalidArgs(format!("--tenant {t:?} is not ASCII")))
+            })
+            .transpose()?;
+        let mut channels = Vec::with_capacity(conns);
+        for i in 0..conns {
+            let url = endpoint_url(&endpoints[i % endpoints.len()]);
+            let endpoint = Endpoint::from_shared(url.clone())
+                .map_err(|e| BenchError::InvalidArgs(format!("endpoint {url}: {e}")))?
+                .tcp_nodelay(true)
+                .connect_timeout(CONNECT_TIMEOUT);
+            let channel = endpoint
+                .connect()
+                .await
+                .map_err(|source| BenchError::Connect { url, source })?;
+            channels.push(channel);
+        }
+        Ok(Self {
+            channels,
+            tenant,
+            request_timeout,
+        })
+    }
+
+    pub fn conns(&self) -> usize {
+        self.channels.len()
+    }
+
+    fn channel(&self, client: usize) -> Channel {
+        self.channels[client % self.channels.len()].clone()
+    }
+
+    /// A KV client for client number `client` (its connection is `client % conns`).
+    pub fn kv(&self, client: usize) -> KvClient<Channel> {
+        KvClient::new(self.channel(client)).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    /// A Watch client on connection `client % conns`.
+    pub fn watch(&self, client: usize) -> WatchClient<Channel> {
+        WatchClient::new(self.channel(client)).max_decoding_message_size(MAX_RESPONSE_BYTES)
+    }
+
+    /// A unary request with the run's deadline and tenant header.
+    pub fn request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut req = self.stream_request(message);
+        req.set_timeout(self.request_timeout);
+        req
+    }
+
+    /// A streaming request (no deadline) with the tenant header.
+    pub fn stream_request<T>(&self, message: T) -> tonic::Request<T> {
+        let mut req = tonic::Request::new(message);
+        if let Some(t) = &self.tenant {
+            req.metadata_mut().insert(TENANT_HEADER, t.clone());
+        }
+        req
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(endpoint_url("127.0.0.1:2379"), "http://127.0.0.1:2379");
+        assert_eq!(endpoint_url("http://a:1"), "http://a:1");
+        assert_eq!(endpoint_url("https://a:1"), "https://a:1");
+    }
+
+    #[tokio::test]
+    async fn bad_arguments_are_refused_before_connecting() {
+        let t = Duration::from_secs(1);
+        assert!(matches!(
+            Pool::connect(&[], 1, None, t).await,
+            Err(BenchError::InvalidArgs(_))
+        ));
+        let eps = vec!["127.0.0.1:1".to_string()];
+        assert!(matches!(
+            Pool::connect(&eps, 0, None, t).await,
+            Err(BenchError::InvalidArgs(_))
+        ));
+        assert!(matches!(
+            Pool::connect(&eps, 1, Some("bad\nname"), t).await,
+            Err(BenchError::InvalidArgs(_))
+        ));
+    }
+}

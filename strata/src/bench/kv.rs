@@ -1,0 +1,195 @@
+//! The KV workloads' clients: put, range (linearizable or serializable), txn-put (several puts
+//! per txn) and txn-cas (Kubernetes' OptimisticPut: a txn on the key's mod_revision that puts on
+//! success and reads the key back on failure).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use api::etcdserverpb::kv_client::KvClient;
+use api::etcdserverpb::request_op::Request as OpRequest;
+use api::etcdserverpb::response_op::Response as OpResponse;
+use api::etcdserverpb::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
+use tonic::transport::Channel;
+
+use super::conn::Pool;
+use super::driver::{Client, OpFuture, Outcome};
+use super::keys::KeyGen;
+
+/// Puts one key per operation.
+pub struct PutClient {
+    pub pool: Pool,
+    pub kv: KvClient<Channel>,
+    pub keys: KeyGen,
+    pub value: Arc<Vec<u8>>,
+}
+
+impl Client for PutClient {
+    fn op(&mut self, op: u64) -> OpFuture<'_> {
+        let req = PutRequest {
+            key: self.keys.key(op),
+            value: self.value.to_vec(),
+            ..Default::default()
+        };
+        Box::pin(async move {
+            self.kv.put(self.pool.request(req)).await?;
+            Ok(Outcome::Done)
+        })
+    }
+}
+
+/// Reads the same key or range on every operation.
+pub struct RangeClient {
+    pub pool: Pool,
+    pub kv: KvClient<Channel>,
+    pub request: RangeRequest,
+}
+
+impl Client for RangeClient {
+    fn op(&mut self, _op: u64) -> OpFuture<'_> {
+        let req = self.request.clone();
+        Box::pin(async move {
+            self.kv.range(self.pool.request(req)).await?;
+            Ok(Outcome::Done)
+        })
+    }
+}
+
+/// `txn_ops` puts of distinct keys in one txn per operation.
+pub struct TxnPutClient {
+    pub pool: Pool,
+    pub kv: KvClient<Channel>,
+    pub keys: KeyGen,
+    pub key_space: u64,
+    pub txn_ops: usize,
+    pub value: Arc<Vec<u8>>,
+}
+
+/// The `txn_ops` distinct key indexes starting at `first`, wrapping around the key space.
+/// The caller guarantees `txn_ops <= key_space` (etcd refuses a txn that puts one key twice).
+pub fn txn_indexes(first: u64, txn_ops: usize, key_space: u64) -> Vec<u64> {
+    (0..txn_ops as u64)
+        .map(|j| (first + j) % key_space)
+        .collect()
+}
+
+impl Client for TxnPutClient {
+    fn op(&mut self, op: u64) -> OpFuture<'_> {
+        let first = self.keys.index(op.saturating_mul(self.txn_ops as u64));
+        let success = txn_indexes(first, self.txn_ops, self.key_space)
+            .into_iter()
+            .map(|i| RequestOp {
+                request: Some(OpRequest::RequestPut(PutRequest {
+                    key: self.keys.key_of(i),
+                    value: self.value.to_vec(),
+                    ..Default::default()
+                })),
+            })
+            .collect();
+        let req = TxnRequest {
+            compare: Vec::new(),
+            success,
+            failure: Vec::new(),
+        };
+        Box::pin(async move {
+            self.kv.txn(self.pool.request(req)).await?;
+            Ok(Outcome::Done)
+        })
+    }
+}
+
+/// Compare-and-swap on mod_revision, as kube-apiserver's OptimisticPut does: it remembers the
+/// mod_revision it last saw per key (0 = absent), and on a failed compare learns the current one
+/// from the Get in the txn's failure branch, so its next attempt on that key can succeed.
+pub struct TxnCasClient {
+    pub pool: Pool,
+    pub kv: KvClient<Channel>,
+    pub keys: KeyGen,
+    pub value: Arc<Vec<u8>>,
+    pub seen: HashMap<u64, i64>,
+}
+
+/// The OptimisticPut txn: `If(ModRevision(key) == expected).Then(Put(key, value)).Else(Get(key))`.
+pub fn cas_txn(key: Vec<u8>, value: Vec<u8>, expected_mod_revision: i64) -> TxnRequest {
+    TxnRequest {
+        compare: vec![Compare {
+            result: CompareResult::Equal as i32,
+            target: CompareTarget::Mod as i32,
+            key: key.clone(),
+            range_end: Vec::new(),
+            target_union: Some(TargetUnion::ModRevision(expected_mod_revision)),
+        }],
+        success: vec![RequestOp {
+            request: Some(OpRequest::RequestPut(PutRequest {
+                key: key.clone(),
+                value,
+                ..Default::default()
+            })),
+        }],
+        failure: vec![RequestOp {
+            request: Some(OpRequest::RequestRange(RangeRequest {
+                key,
+                ..Default::default()
+            })),
+        }],
+    }
+}
+
+impl Client for TxnCasClient {
+    fn op(&mut self, op: u64) -> OpFuture<'_> {
+        let index = self.keys.index(op);
+        let expected = self.seen.get(&index).copied().unwrap_or(0);
+        let req = cas_txn(self.keys.key_of(index), self.value.to_vec(), expected);
+        Box::pin(async move {
+            let resp = self.kv.txn(self.pool.request(req)).await?.into_inner();
+            if resp.succeeded {
+                let revision = resp.header.map_or(0, |h| h.revision);
+                self.seen.insert(index, revision);
+                return Ok(Outcome::Done);
+            }
+            let current = resp
+                .responses
+                .into_iter()
+                .find_map(|r| match r.response {
+                    Some(OpResponse::ResponseRange(range)) => Some(range),
+                    _ => None,
+                })
+                .and_then(|range| range.kvs.into_iter().next())
+                .map_or(0, |kv| kv.mod_revision);
+            self.seen.insert(index, current);
+            Ok(Outcome::Conflict)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn txn_keys_are_distinct_and_wrap() {
+        assert_eq!(txn_indexes(8, 4, 10), vec![8, 9, 0, 1]);
+        assert_eq!(txn_indexes(0, 1, 1), vec![0]);
+        let ix = txn_indexes(3, 10, 10);
+        let set: std::collections::BTreeSet<_> = ix.iter().collect();
+        assert_eq!(set.len(), 10);
+    }
+
+    #[test]
+    fn cas_txn_is_kubernetes_optimistic_put() {
+        let t = cas_txn(b"k".to_vec(), b"v".to_vec(), 42);
+        assert_eq!(t.compare.len(), 1);
+        let c = &t.compare[0];
+        assert_eq!(c.target, CompareTarget::Mod as i32);
+        assert_eq!(c.result, CompareResult::Equal as i32);
+        assert_eq!(c.target_union, Some(TargetUnion::ModRevision(42)));
+        assert!(matches!(
+            &t.success[0].request,
+            Some(OpRequest::RequestPut(p)) if p.key == b"k" && p.value == b"v"
+        ));
+        assert!(matches!(
+            &t.failure[0].request,
+            Some(OpRequest::RequestRange(r)) if r.key == b"k" && r.range_end.is_empty()
+        ));
+    }
+}

@@ -1,0 +1,325 @@
+//! The compactor's view of object storage: writing checkpoint objects (multipart when large),
+//! publishing manifests with Create-only writes, finding the newest manifest, and deleting what no
+//! manifest needs any more. The layout and the rules are `api::manifest`'s.
+
+use std::collections::HashSet;
+
+use api::manifest::{
+    self, CheckpointRef, MANIFEST_FORMAT_VERSION, Manifest, ManifestError, TENANTS_DIR,
+};
+use bytes::Bytes;
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, WriteMultipart};
+use tracing::{debug, info, warn};
+
+use crate::error::{Error, Result};
+use crate::store::Store;
+
+/// Objects larger than this go up as multipart uploads.
+pub const MULTIPART_THRESHOLD: usize = 16 * 1024 * 1024;
+/// Size of each multipart part (S3 refuses parts under 5 MiB except the last).
+pub const MULTIPART_PART_SIZE: usize = 8 * 1024 * 1024;
+/// Parts of one upload in flight at once.
+const MULTIPART_CONCURRENCY: usize = 4;
+/// Manifests kept besides the newest, so that a reader that listed a moment ago still finds the
+/// one it chose; older ones are deleted after each publication.
+pub const MANIFESTS_KEPT: u64 = 2;
+/// Attempts at publishing under the next free sequence number before giving up this round.
+const MAX_PUBLISH_ATTEMPTS: u32 = 8;
+/// Re-listings when a manifest disappears between listing and reading it.
+const MAX_RELISTS: u32 = 4;
+/// Attempts at finding an unused checkpoint name (same index, same millisecond).
+const MAX_NAME_ATTEMPTS: i64 = 16;
+
+/// What a garbage collection pass deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Gc {
+    pub manifests: usize,
+    pub checkpoints: usize,
+}
+
+/// Manifests and checkpoints of every tenant in one object store.
+#[derive(Clone)]
+pub struct Catalog {
+    store: Store,
+}
+
+fn is_not_found(e: &object_store::Error) -> bool {
+    matches!(e, object_store::Error::NotFound { .. })
+}
+
+impl Catalog {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Every tenant that has a folder in the store.
+    pub async fn tenants(&self) -> Result<Vec<String>> {
+        let listed = self
+            .store
+            .list_with_delimiter(Some(&Path::from(TENANTS_DIR)))
+            .await?;
+        let mut out: Vec<String> = listed
+            .common_prefixes
+            .iter()
+            .filter_map(|p| p.filename().map(str::to_string))
+            .filter(|t| manifest::validate_tenant(t).is_ok())
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+
+    /// Sequence numbers of the tenant's manifests, ascending.
+    pub async fn manifest_seqs(&self, tenant: &str) -> Result<Vec<u64>> {
+        let dir = Path::from(manifest::manifests_dir(tenant)?);
+        let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
+        let mut seqs: Vec<u64> = metas
+            .iter()
+            .filter_map(|m| manifest::parse_manifest_seq(m.location.as_ref()))
+            .collect();
+        seqs.sort_unstable();
+        Ok(seqs)
+    }
+
+    /// Reads manifest `seq`; `Ok(None)` if it is gone.
+    pub async fn read_manifest(&self, tenant: &str, seq: u64) -> Result<Option<Manifest>> {
+        let path = Path::from(manifest::manifest_path(tenant, seq)?);
+        let bytes = match self.store.get(&path).await {
+            Ok(r) => r.bytes().await?,
+            Err(e) if is_not_found(&e) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        Ok(Some(Manifest::from_json(tenant, &bytes)?))
+    }
+
+    /// The tenant's newest manifest that parses (an unparsable one is reported and skipped), or
+    /// `None` if it has none.
+    pub async fn latest_manifest(&self, tenant: &str) -> Result<Option<Manifest>> {
+        for _ in 0..MAX_RELISTS {
+            let seqs = self.manifest_seqs(tenant).await?;
+            let mut vanished = false;
+            for &seq in seqs.iter().rev() {
+                match self.read_manifest(tenant, seq).await {
+                    Ok(Some(m)) => return Ok(Some(m)),
+                    Ok(None) => {
+                        vanished = true;
+                        break;
+                    }
+                    Err(Error::Manifest(e)) => {
+                        warn!(tenant, seq, error = %e, "skipping unusable manifest");
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            if !vanished {
+                return Ok(None);
+            }
+            debug!(tenant, "a manifest vanished while reading: listing again");
+        }
+        Err(Error::ManifestRace {
+            tenant: tenant.to_string(),
+            attempts: MAX_RELISTS,
+        })
+    }
+
+    /// Writes a checkpoint object under a name never used before and returns the reference a
+    /// manifest will carry. Returns only once the object is complete and readable.
+    pub async fn write_checkpoint(
+        &self,
+        tenant: &str,
+        index: u64,
+        revision: i64,
+        time_ms: i64,
+        created_ms: i64,
+        bytes: Bytes,
+    ) -> Result<CheckpointRef> {
+        let size = bytes.len() as u64;
+        let crc32c = crc32c::crc32c(&bytes);
+        for bump in 0..MAX_NAME_ATTEMPTS {
+            let created = created_ms + bump;
+            let path = manifest::checkpoint_path(tenant, index, created)?;
+            let location = Path::from(path.as_str());
+            let written = if bytes.len() > MULTIPART_THRESHOLD {
+                self.put_multipart(&location, bytes.clone()).await
+            } else {
+                self.store
+                    .put_opts(&location, bytes.clone().into(), PutOptions::from(PutMode::Create))
+                    .await
+                    .map(|_| true)
+                    .or_else(|e| match e {
+                        object_store::Error::AlreadyExists { .. } => Ok(false),
+                        e => Err(e),
+                    })
+            }?;
+            if written {
+                return Ok(CheckpointRef {
+                    path,
+                    index,
+                    revision,
+                    size,
+                    crc32c,
+                    time_ms,
+                    created_ms: created,
+                });
+            }
+        }
+        Err(Error::Corrupt {
+            path: manifest::checkpoint_path(tenant, index, created_ms)?,
+            reason: "no unused object name found".into(),
+        })
+    }
+
+    /// Multipart upload of a large object. Multipart uploads cannot be conditional, so a name in
+    /// use is detected first; `Ok(false)` means "pick another name".
+    async fn put_multipart(&self, location: &Path, bytes: Bytes) -> object_store::Result<bool> {
+        match self.store.head(location).await {
+            Ok(_) => return Ok(false),
+            Err(e) if is_not_found(&e) => {}
+            Err(e) => return Err(e),
+        }
+        let upload = self.store.put_multipart(location).await?;
+        let mut writer = WriteMultipart::new_with_chunk_size(upload, MULTIPART_PART_SIZE);
+        let expected = bytes.len() as u64;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            if let Err(e) = writer.wait_for_capacity(MULTIPART_CONCURRENCY).await {
+                let _ = writer.abort().await;
+                return Err(e);
+            }
+            let n = rest.len().min(MULTIPART_PART_SIZE);
+            writer.put(rest.split_to(n));
+        }
+        writer.finish().await?;
+        // A completed upload is the whole object; check anyway before a manifest may name it.
+        let meta = self.store.head(location).await?;
+        if meta.size != expected {
+            return Err(object_store::Error::Generic {
+                store: "multipart",
+                source: format!(
+                    "{location}: {} bytes after upload, expected {expected}",
+                    meta.size
+                )
+                .into(),
+            });
+        }
+        Ok(true)
+    }
+
+    /// Reads and verifies (size, CRC32C) the object a manifest names.
+    pub async fn read_checkpoint(&self, r: &CheckpointRef) -> Result<Bytes> {
+        let bytes = self
+            .store
+            .get(&Path::from(r.path.as_str()))
+            .await?
+            .bytes()
+            .await?;
+        r.verify(&bytes)?;
+        Ok(bytes)
+    }
+
+    /// Publishes a manifest naming `new` first, then the newest of the previous manifest's
+    /// checkpoints, `keep` in all. `new` must be fully written already.
+    pub async fn publish(
+        &self,
+        tenant: &str,
+        shard: u32,
+        new: CheckpointRef,
+        keep: usize,
+        published_ms: i64,
+    ) -> Result<Manifest> {
+        for _ in 0..MAX_PUBLISH_ATTEMPTS {
+            let seqs = self.manifest_seqs(tenant).await?;
+            let previous = self.latest_manifest(tenant).await?;
+            let mut checkpoints = vec![new.clone()];
+            if let Some(prev) = &previous {
+                checkpoints.extend(prev.checkpoints.iter().filter(|c| c.path != new.path).cloned());
+            }
+            checkpoints.sort_by(|a, b| b.index.cmp(&a.index).then(b.created_ms.cmp(&a.created_ms)));
+            checkpoints.truncate(keep.max(1));
+            let seq = seqs.last().map_or(1, |s| s + 1);
+            let m = Manifest {
+                format_version: MANIFEST_FORMAT_VERSION,
+                tenant: tenant.to_string(),
+                shard,
+                seq,
+                published_ms,
+                checkpoints,
+            };
+            let path = Path::from(manifest::manifest_path(tenant, seq)?);
+            match self
+                .store
+                .put_opts(&path, m.to_json().into(), PutOptions::from(PutMode::Create))
+                .await
+            {
+                Ok(_) => {
+                    info!(tenant, shard, seq, index = new.index, revision = new.revision, "published manifest");
+                    return Ok(m);
+                }
+                Err(object_store::Error::AlreadyExists { .. }) => {
+                    debug!(tenant, seq, "manifest number taken: trying the next");
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(Error::ManifestRace {
+            tenant: tenant.to_string(),
+            attempts: MAX_PUBLISH_ATTEMPTS,
+        })
+    }
+
+    /// Deletes manifests older than the `MANIFESTS_KEPT` newest, then checkpoint objects that no
+    /// remaining manifest names and that are older than `newest`'s oldest checkpoint (newer
+    /// unnamed objects may be a write in progress). Manifests go first, oldest first, so that at
+    /// every instant each existing manifest names only existing objects.
+    pub async fn collect_garbage(&self, tenant: &str, newest: &Manifest) -> Result<Gc> {
+        let mut gc = Gc::default();
+        let seqs = self.manifest_seqs(tenant).await?;
+        let floor = newest.seq.saturating_sub(MANIFESTS_KEPT);
+        for &seq in seqs.iter().filter(|&&s| s <= floor) {
+            let path = Path::from(manifest::manifest_path(tenant, seq)?);
+            match self.store.delete(&path).await {
+                Ok(()) => gc.manifests += 1,
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let mut named: HashSet<String> = HashSet::new();
+        for &seq in seqs.iter().filter(|&&s| s > floor) {
+            match self.read_manifest(tenant, seq).await {
+                Ok(Some(m)) => named.extend(m.checkpoints.into_iter().map(|c| c.path)),
+                Ok(None) => {}
+                // An unparsable manifest is useless to every reader: it protects nothing.
+                Err(Error::Manifest(ManifestError::Malformed(_))) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        named.extend(newest.checkpoints.iter().map(|c| c.path.clone()));
+        let Some(oldest) = newest.checkpoints.last().map(|c| c.index) else {
+            return Ok(gc);
+        };
+        let dir = Path::from(manifest::checkpoints_dir(tenant)?);
+        let objects: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
+        for o in objects {
+            let path = o.location.as_ref();
+            let Some(index) = manifest::parse_checkpoint_index(path) else {
+                continue;
+            };
+            if index < oldest && !named.contains(path) {
+                match self.store.delete(&o.location).await {
+                    Ok(()) => gc.checkpoints += 1,
+                    Err(e) if is_not_found(&e) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
+        if gc != Gc::default() {
+            debug!(tenant, manifests = gc.manifests, checkpoints = gc.checkpoints, "garbage collected");
+        }
+        Ok(gc)
+    }
+}

@@ -2,4 +2,9 @@
 //! binary, free loopback ports, and child processes that are killed when dropped, so every test
 //! stops what it starts.
 
+pub mod deployment;
+pub mod etcd;
+pub mod etcdctl;
 pub mod process;
+pub mod readiness;
+pub mod target;

@@ -1,0 +1,324 @@
+//! Strata deployments for the end-to-end suites: `strata dev` as one process group
+//! ([`DevDeployment`]), or three `strata journal` nodes plus any number of `strata frontend`
+//! processes started one by one ([`Deployment`]), each in a temporary directory.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::process::{ChildGuard, free_port, strata_bin};
+use crate::readiness::{tail_file, wait_ready};
+
+/// How long a fresh deployment may take to serve linearizable reads.
+pub const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long `strata dev` gets to stop its children after SIGTERM before the group is killed.
+pub const DEV_STOP_GRACE: Duration = Duration::from_secs(20);
+/// Journal nodes in a deployment.
+pub const JOURNAL_NODES: u64 = 3;
+
+/// `strata dev` running in its own process group, so that dropping it stops every process it
+/// started even if it cannot stop them itself.
+pub struct DevDeployment {
+    child: Option<Child>,
+    endpoint: String,
+    metrics_addr: String,
+    log: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+impl DevDeployment {
+    /// Starts `strata dev` on free loopback ports and waits until its frontend serves
+    /// linearizable reads.
+    pub async fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("strata-dev-")
+            .tempdir()
+            .expect("create temp dir for strata dev");
+        let listen = format!("127.0.0.1:{}", free_port());
+        let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let log = dir.path().join("dev.log");
+        let child = spawn_in_own_group(
+            &strata_bin(),
+            &[
+                "dev".into(),
+                "--data-dir".into(),
+                dir.path().join("data").display().to_string(),
+                "--listen".into(),
+                listen.clone(),
+                "--metrics-listen".into(),
+                metrics_addr.clone(),
+            ],
+            &log,
+        );
+        let dev = Self {
+            child: Some(child),
+            endpoint: format!("http://{listen}"),
+            metrics_addr,
+            log,
+            dir,
+        };
+        if let Err(e) = wait_ready(&dev.endpoint, START_TIMEOUT).await {
+            panic!(
+                "strata dev did not become ready: {e}\n--- strata dev log ---\n{}",
+                dev.log_tail()
+            );
+        }
+        dev
+    }
+
+    /// The frontend's client URL, `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The frontend's metrics address, `127.0.0.1:<port>` (`/health`, `/readyz`, `/metrics`).
+    pub fn metrics_addr(&self) -> &str {
+        &self.metrics_addr
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn log_tail(&self) -> String {
+        tail_file(&self.log)
+    }
+
+    /// Sends SIGTERM to `strata dev` and waits for it to exit; returns its exit status, or
+    /// `None` if it had to be killed after [`DEV_STOP_GRACE`]. Kills the whole group either way.
+    pub fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut child = self.child.take()?;
+        let pid = child.id();
+        signal("TERM", &pid.to_string());
+        let deadline = Instant::now() + DEV_STOP_GRACE;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if Instant::now() < deadline => pause(),
+                _ => break None,
+            }
+        };
+        // Whatever is left of the group (nothing, if dev did its job) goes now.
+        signal("KILL", &format!("-{pid}"));
+        if status.is_none() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        status
+    }
+
+    /// True if no process of `strata dev`'s group is left.
+    pub fn group_is_gone(pid: u32) -> bool {
+        !Command::new("kill")
+            .args(["-0", "--", &format!("-{pid}")])
+            .stderr(Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// Process id of `strata dev` (also its process group id), while running.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for DevDeployment {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Three `strata journal` nodes and frontends started one by one, each its own process.
+pub struct Deployment {
+    journal_addrs: Vec<String>,
+    journals: Vec<ChildGuard>,
+    frontends: Vec<Frontend>,
+    dir: tempfile::TempDir,
+}
+
+/// One `strata frontend` process of a [`Deployment`].
+pub struct Frontend {
+    pub listen: String,
+    pub metrics: String,
+    child: ChildGuard,
+    log: PathBuf,
+}
+
+impl Frontend {
+    /// The client URL, `http://127.0.0.1:<port>`.
+    pub fn endpoint(&self) -> String {
+        format!("http://{}", self.listen)
+    }
+}
+
+impl Deployment {
+    /// Starts three journal nodes (one cluster, same `--peers`) and `frontends` frontends, and
+    /// waits until every frontend serves linearizable reads.
+    pub async fn start(frontends: usize) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("strata-deploy-")
+            .tempdir()
+            .expect("create temp dir for the deployment");
+        let journal_addrs: Vec<String> = (0..JOURNAL_NODES)
+            .map(|_| format!("127.0.0.1:{}", free_port()))
+            .collect();
+        let peers = journal_addrs
+            .iter()
+            .enumerate()
+            .map(|(i, a)| format!("{}={a}", i + 1))
+            .collect::<Vec<_>>()
+            .join(",");
+        let journals = journal_addrs
+            .iter()
+            .enumerate()
+            .map(|(i, addr)| {
+                let id = i + 1;
+                ChildGuard::strata(
+                    &format!("journal-{id}"),
+                    &[
+                        "journal".into(),
+                        "--id".into(),
+                        id.to_string(),
+                        "--listen".into(),
+                        addr.clone(),
+                        "--peers".into(),
+                        peers.clone(),
+                        "--data-dir".into(),
+                        dir.path()
+                            .join(format!("journal-{id}"))
+                            .display()
+                            .to_string(),
+                    ],
+                    Some(&dir.path().join(format!("journal-{id}.log"))),
+                )
+            })
+            .collect();
+        let mut deployment = Self {
+            journal_addrs,
+            journals,
+            frontends: Vec::new(),
+            dir,
+        };
+        for _ in 0..frontends {
+            deployment.add_frontend().await;
+        }
+        deployment
+    }
+
+    /// Starts one more frontend and waits until it is ready; returns its index.
+    pub async fn add_frontend(&mut self) -> usize {
+        let index = self.frontends.len();
+        let listen = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let log = self.dir.path().join(format!("frontend-{index}.log"));
+        let child = ChildGuard::strata(
+            &format!("frontend-{index}"),
+            &frontend_args(&self.journal_addrs, &listen, &metrics),
+            Some(&log),
+        );
+        self.frontends.push(Frontend {
+            listen,
+            metrics,
+            child,
+            log,
+        });
+        self.wait_frontend(index).await;
+        index
+    }
+
+    /// Restarts frontend `index` (after [`Deployment::kill_frontend`]) on the same ports.
+    pub async fn restart_frontend(&mut self, index: usize) {
+        let f = &mut self.frontends[index];
+        f.child.kill();
+        f.child = ChildGuard::strata(
+            &format!("frontend-{index}"),
+            &frontend_args(&self.journal_addrs, &f.listen, &f.metrics),
+            Some(&f.log),
+        );
+        self.wait_frontend(index).await;
+    }
+
+    /// `kill -9` of frontend `index`.
+    pub fn kill_frontend(&mut self, index: usize) {
+        self.frontends[index].child.kill();
+    }
+
+    /// `kill -9` of journal node `index` (0-based).
+    pub fn kill_journal(&mut self, index: usize) {
+        self.journals[index].kill();
+    }
+
+    async fn wait_frontend(&self, index: usize) {
+        let f = &self.frontends[index];
+        if let Err(e) = wait_ready(&f.endpoint(), START_TIMEOUT).await {
+            panic!(
+                "frontend {index} did not become ready: {e}\n--- frontend log ---\n{}\n--- journal-1 log ---\n{}",
+                tail_file(&f.log),
+                tail_file(&self.dir.path().join("journal-1.log"))
+            );
+        }
+    }
+
+    pub fn frontend(&self, index: usize) -> &Frontend {
+        &self.frontends[index]
+    }
+
+    /// Client URLs of every frontend, in start order.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.frontends.iter().map(Frontend::endpoint).collect()
+    }
+
+    pub fn journal_addrs(&self) -> &[String] {
+        &self.journal_addrs
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// The command line of one `strata frontend` over the given journal nodes.
+pub fn frontend_args(journals: &[String], listen: &str, metrics: &str) -> Vec<String> {
+    vec![
+        "frontend".into(),
+        "--journal".into(),
+        journals.join(","),
+        "--listen".into(),
+        listen.into(),
+        "--metrics-listen".into(),
+        metrics.into(),
+    ]
+}
+
+/// Spawns `program args..` as the leader of a new process group, output appended to `log`.
+fn spawn_in_own_group(program: &Path, args: &[String], log: &Path) -> Child {
+    use std::os::unix::process::CommandExt;
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .expect("open log");
+    Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().expect("clone log"))
+        .stderr(f)
+        .process_group(0)
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()))
+}
+
+/// `kill -<sig> -- <target>` (target `-<pgid>` for a group); failures are ignored (already gone).
+fn signal(sig: &str, target: &str) {
+    let _ = Command::new("kill")
+        .args([&format!("-{sig}"), "--", target])
+        .stderr(Stdio::null())
+        .status();
+}
+
+fn pause() {
+    // Plain test thread waiting for a child process to exit: nothing else to yield to.
+    #[allow(clippy::disallowed_methods)]
+    std::thread::sleep(Duration::from_millis(50));
+}

@@ -1,0 +1,567 @@
+//! End to end with etcd's own command-line client: `etcdctl` (API v3) against `strata dev`, or
+//! against a real etcd 3.4 with `STRATA_TEST_TARGET=etcd`. Every expectation here is etcd's.
+
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use strata_tests::etcdctl::Etcdctl;
+use strata_tests::target::Target;
+
+/// How long a watch may take to print what it must print.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a key attached to a lease may outlive the lease's TTL before the test fails.
+const LEASE_EXPIRY_DEADLINE: Duration = Duration::from_secs(40);
+/// Pause between two polls of a key that must vanish.
+const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+async fn start() -> (Target, Etcdctl) {
+    let target = Target::start().await;
+    let ctl = Etcdctl::new(target.endpoint());
+    (target, ctl)
+}
+
+fn json(out: &str) -> Value {
+    serde_json::from_str(out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+/// The header revision of a `-w json` answer.
+fn header_revision(v: &Value) -> i64 {
+    v["header"]["revision"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("no header.revision in {v}"))
+}
+
+/// Standard base64 (what etcdctl's JSON uses for bytes).
+fn b64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for chunk in bytes.chunks(3) {
+        let n = chunk.len();
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= n {
+                out.push(ALPHABET[((v >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn lines(out: &str) -> Vec<&str> {
+    out.lines().collect()
+}
+
+fn pause() {
+    // Test thread polling an external process's state: nothing else runs on it.
+    #[allow(clippy::disallowed_methods)]
+    std::thread::sleep(POLL_INTERVAL);
+}
+
+#[tokio::test]
+async fn put_and_get_with_every_read_option() {
+    let (_t, ctl) = start().await;
+    assert_eq!(ctl.ok(&["put", "fruit/b", "banana"]), "OK\n");
+    assert_eq!(ctl.ok(&["put", "fruit/a", "apple"]), "OK\n");
+    assert_eq!(ctl.ok(&["put", "fruit/c", "cherry"]), "OK\n");
+    assert_eq!(ctl.ok(&["put", "veg/a", "artichoke"]), "OK\n");
+    // Overwrite: version 2 of fruit/a, at the newest revision.
+    assert_eq!(ctl.ok(&["put", "fruit/a", "apricot"]), "OK\n");
+
+    assert_eq!(ctl.ok(&["get", "fruit/a"]), "fruit/a\napricot\n");
+    assert_eq!(
+        ctl.ok(&["get", "fruit/a", "--print-value-only"]),
+        "apricot\n"
+    );
+    assert_eq!(ctl.ok(&["get", "missing"]), "");
+    assert_eq!(
+        lines(&ctl.ok(&["get", "--prefix", "fruit/"])),
+        [
+            "fruit/a", "apricot", "fruit/b", "banana", "fruit/c", "cherry"
+        ]
+    );
+    assert_eq!(
+        lines(&ctl.ok(&["get", "--prefix", "--keys-only", "fruit/"])),
+        ["fruit/a", "", "fruit/b", "", "fruit/c", ""]
+    );
+    // A range [fruit/a, fruit/c).
+    assert_eq!(
+        lines(&ctl.ok(&["get", "fruit/a", "fruit/c", "--keys-only"])),
+        ["fruit/a", "", "fruit/b", ""]
+    );
+    // --from-key: everything from fruit/c on.
+    assert_eq!(
+        lines(&ctl.ok(&["get", "--from-key", "fruit/c", "--keys-only"])),
+        ["fruit/c", "", "veg/a", ""]
+    );
+
+    // --limit: the first keys, with `more` and the full count in JSON.
+    assert_eq!(
+        lines(&ctl.ok(&["get", "--prefix", "--limit=2", "fruit/"])),
+        ["fruit/a", "apricot", "fruit/b", "banana"]
+    );
+    let limited = json(&ctl.ok(&["get", "--prefix", "--limit=2", "-w", "json", "fruit/"]));
+    assert_eq!(limited["count"], 3);
+    assert_eq!(limited["more"], true);
+    assert_eq!(limited["kvs"].as_array().unwrap().len(), 2);
+
+    // --sort-by / --order.
+    assert_eq!(
+        lines(&ctl.ok(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            "--order=DESCEND",
+            "fruit/"
+        ])),
+        ["fruit/c", "", "fruit/b", "", "fruit/a", ""]
+    );
+    assert_eq!(
+        lines(&ctl.ok(&[
+            "get",
+            "--prefix",
+            "--sort-by=VALUE",
+            "--order=ASCEND",
+            "fruit/"
+        ])),
+        [
+            "fruit/a", "apricot", "fruit/b", "banana", "fruit/c", "cherry"
+        ]
+    );
+    assert_eq!(
+        lines(&ctl.ok(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            "--sort-by=CREATE",
+            "--order=ASCEND",
+            "fruit/"
+        ])),
+        ["fruit/b", "", "fruit/a", "", "fruit/c", ""]
+    );
+    assert_eq!(
+        lines(&ctl.ok(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            "--sort-by=MODIFY",
+            "--order=DESCEND",
+            "fruit/"
+        ])),
+        ["fruit/a", "", "fruit/c", "", "fruit/b", ""]
+    );
+    assert_eq!(
+        lines(&ctl.ok(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            "--sort-by=VERSION",
+            "--order=DESCEND",
+            "--limit=1",
+            "fruit/"
+        ])),
+        ["fruit/a", ""]
+    );
+
+    // JSON fields of one key: create/mod revisions and version, header revision.
+    let a = json(&ctl.ok(&["get", "fruit/a", "-w", "json"]));
+    let kv = &a["kvs"][0];
+    assert_eq!(kv["key"], b64(b"fruit/a"));
+    assert_eq!(kv["value"], b64(b"apricot"));
+    assert_eq!(kv["version"], 2);
+    let created = kv["create_revision"].as_i64().unwrap();
+    let modified = kv["mod_revision"].as_i64().unwrap();
+    assert!(created < modified, "{kv}");
+    assert_eq!(
+        header_revision(&a),
+        modified,
+        "the overwrite was the last write"
+    );
+
+    // --rev: the key as it was when first written.
+    assert_eq!(
+        ctl.ok(&["get", "fruit/a", &format!("--rev={created}")]),
+        "fruit/a\napple\n"
+    );
+    assert_eq!(
+        lines(&ctl.ok(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            &format!("--rev={created}"),
+            "fruit/"
+        ])),
+        ["fruit/a", "", "fruit/b", ""]
+    );
+    // A future revision is an error.
+    let future = ctl.fails(&["get", "fruit/a", &format!("--rev={}", modified + 100)]);
+    assert!(
+        future.contains("etcdserver: mvcc: required revision is a future revision"),
+        "{future}"
+    );
+
+    // --consistency=s (serializable) reads the same data.
+    assert_eq!(
+        ctl.ok(&["get", "fruit/b", "--consistency=s"]),
+        "fruit/b\nbanana\n"
+    );
+    // put --prev-kv prints the previous pair.
+    assert_eq!(
+        ctl.ok(&["put", "fruit/b", "blueberry", "--prev-kv"]),
+        "OK\nfruit/b\nbanana\n"
+    );
+}
+
+#[tokio::test]
+async fn delete_single_range_prefix_and_prev_kv() {
+    let (_t, ctl) = start().await;
+    for (k, v) in [
+        ("d/1", "one"),
+        ("d/2", "two"),
+        ("d/3", "three"),
+        ("e/1", "x"),
+    ] {
+        ctl.ok(&["put", k, v]);
+    }
+    assert_eq!(ctl.ok(&["del", "missing"]), "0\n");
+    assert_eq!(ctl.ok(&["del", "d/1"]), "1\n");
+    assert_eq!(ctl.ok(&["get", "d/1"]), "");
+    assert_eq!(
+        ctl.ok(&["del", "--prefix", "--prev-kv", "d/"]),
+        "2\nd/2\ntwo\nd/3\nthree\n"
+    );
+    assert_eq!(ctl.ok(&["get", "--prefix", "d/"]), "");
+    assert_eq!(ctl.ok(&["get", "e/1"]), "e/1\nx\n");
+    let del = json(&ctl.ok(&["del", "--prefix", "-w", "json", "e/"]));
+    assert_eq!(del["deleted"], 1);
+    // Each deleting request is one revision; a delete of nothing is not.
+    let before = header_revision(&json(&ctl.ok(&["get", "x", "-w", "json"])));
+    ctl.ok(&["del", "--prefix", "nothing/"]);
+    let after = header_revision(&json(&ctl.ok(&["get", "x", "-w", "json"])));
+    assert_eq!(before, after, "deleting nothing must not create a revision");
+}
+
+#[tokio::test]
+async fn txn_compares_value_version_create_and_mod_revision() {
+    let (_t, ctl) = start().await;
+    ctl.ok(&["put", "k", "v1"]);
+    let kv = json(&ctl.ok(&["get", "k", "-w", "json"]));
+    let created = kv["kvs"][0]["create_revision"].as_i64().unwrap();
+
+    // value(): success branch runs.
+    let out = ctl.ok_stdin(
+        &["txn"],
+        "value(\"k\") = \"v1\"\n\nput k v2\nput other x\n\n\n",
+    );
+    assert_eq!(out, "SUCCESS\n\nOK\n\nOK\n");
+    // version(): now 2, so "= 5" fails and the failure branch's get runs.
+    let out = ctl.ok_stdin(
+        &["txn"],
+        "version(\"k\") = \"5\"\n\nput k never\n\nget k\n\n",
+    );
+    assert_eq!(out, "FAILURE\n\nk\nv2\n");
+    assert_eq!(ctl.ok(&["get", "k", "--print-value-only"]), "v2\n");
+    // create(): equal to the first put's revision.
+    let out = ctl.ok_stdin(
+        &["txn"],
+        &format!("create(\"k\") = \"{created}\"\n\nput k v3\n\n\n"),
+    );
+    assert_eq!(out, "SUCCESS\n\nOK\n");
+    // mod(): compare against the current mod revision, several compares at once, JSON answer.
+    let cur = json(&ctl.ok(&["get", "k", "-w", "json"]));
+    let modrev = cur["kvs"][0]["mod_revision"].as_i64().unwrap();
+    let out = json(&ctl.ok_stdin(
+        &["txn", "-w", "json"],
+        &format!("mod(\"k\") = \"{modrev}\"\nvalue(\"k\") = \"v3\"\n\nput k v4\nget k\n\n\n"),
+    ));
+    assert_eq!(out["succeeded"], true, "{out}");
+    let responses = out["responses"].as_array().unwrap();
+    assert_eq!(responses.len(), 2);
+    let got = &responses[1]["Response"]["ResponseRange"]["kvs"][0];
+    assert_eq!(got["value"], b64(b"v4"));
+    assert_eq!(got["mod_revision"].as_i64().unwrap(), modrev + 1);
+    // A stale mod revision fails; `<` and `>` compares.
+    let out = ctl.ok_stdin(
+        &["txn"],
+        &format!("mod(\"k\") = \"{modrev}\"\n\nput k stale\n\nget k\n\n"),
+    );
+    assert_eq!(out, "FAILURE\n\nk\nv4\n");
+    let out = ctl.ok_stdin(
+        &["txn"],
+        "mod(\"k\") > \"0\"\ncreate(\"missing\") = \"0\"\nversion(\"k\") < \"100\"\n\ndel k\n\n\n",
+    );
+    assert_eq!(out, "SUCCESS\n\n1\n");
+    assert_eq!(ctl.ok(&["get", "k"]), "");
+    // Interactive mode (-i) reads the same grammar from stdin.
+    let out = ctl.ok_stdin(
+        &["txn", "-i"],
+        "value(\"other\") = \"x\"\n\nput other y\n\n\n",
+    );
+    assert!(out.contains("SUCCESS"), "{out}");
+    assert_eq!(ctl.ok(&["get", "other", "--print-value-only"]), "y\n");
+}
+
+#[tokio::test]
+async fn watch_prefix_live_and_historical_revision() {
+    let (_t, ctl) = start().await;
+    ctl.ok(&["put", "w/a", "1"]);
+    let first = header_revision(&json(&ctl.ok(&["get", "w/a", "-w", "json"])));
+    ctl.ok(&["put", "w/b", "2"]);
+    ctl.ok(&["del", "w/a"]);
+    ctl.ok(&["put", "x/outside", "3"]);
+    let now = header_revision(&json(&ctl.ok(&["get", "w/a", "-w", "json"])));
+
+    // Historical: from the first put, every event under w/ in order, nothing from x/.
+    let hist = ctl.spawn_lines(&["watch", "--prefix", "w/", &format!("--rev={first}")]);
+    assert_eq!(
+        hist.take(9, WATCH_TIMEOUT),
+        ["PUT", "w/a", "1", "PUT", "w/b", "2", "DELETE", "w/a", ""]
+    );
+
+    // From the next revision, with prev-kv: each event prints the previous pair first.
+    let next = ctl.spawn_lines(&[
+        "watch",
+        "--prefix",
+        "--prev-kv",
+        "w/",
+        &format!("--rev={}", now + 1),
+    ]);
+    ctl.ok(&["put", "w/b", "3"]);
+    ctl.ok(&["put", "x/ignored", "no"]);
+    ctl.ok(&["put", "w/c", "new"]);
+    ctl.ok(&["del", "w/b"]);
+    assert_eq!(
+        next.take(13, WATCH_TIMEOUT),
+        [
+            "PUT", "w/b", "2", "w/b",
+            "3", // an overwrite: the previous pair, then the new one
+            "PUT", "w/c", "new", // a create has no previous pair
+            "DELETE", "w/b", "3", "w/b",
+            "", // a delete: the previous pair, then the tombstone
+        ]
+    );
+
+    // The historical watch keeps going with the new events too (it is not cancelled).
+    assert_eq!(
+        hist.take(9, WATCH_TIMEOUT),
+        ["PUT", "w/b", "3", "PUT", "w/c", "new", "DELETE", "w/b", ""]
+    );
+
+    // A live watch (no --rev) sees writes made after it is registered. Registration is
+    // asynchronous, so write probes until the first shows, then check the following event.
+    let live = ctl.spawn_lines(&["watch", "live"]);
+    let deadline = Instant::now() + WATCH_TIMEOUT;
+    loop {
+        assert!(Instant::now() < deadline, "live watch printed nothing");
+        ctl.ok(&["put", "live", "probe"]);
+        let got = live.drain_for(Duration::from_millis(500));
+        if !got.is_empty() {
+            assert_eq!(got[..1], ["PUT"], "{got:?}");
+            break;
+        }
+    }
+}
+
+#[tokio::test]
+async fn lease_grant_keepalive_timetolive_revoke() {
+    let (_t, ctl) = start().await;
+    let out = ctl.ok(&["lease", "grant", "300"]);
+    // "lease 694d5765fc71500b granted with TTL(300s)"
+    let words: Vec<&str> = out.split_whitespace().collect();
+    assert_eq!(words[0], "lease", "{out}");
+    assert_eq!(words[2..], ["granted", "with", "TTL(300s)"], "{out}");
+    let id = words[1].to_string();
+    assert!(u64::from_str_radix(&id, 16).is_ok(), "{out}");
+
+    ctl.ok(&["put", "--lease", &id, "l/one", "1"]);
+    ctl.ok(&["put", "--lease", &id, "l/two", "2"]);
+    assert_eq!(
+        ctl.ok(&["lease", "keep-alive", "--once", &id]).trim(),
+        format!("lease {id} keepalived with TTL(300)")
+    );
+    let ttl = ctl.ok(&["lease", "timetolive", &id]);
+    assert!(
+        ttl.starts_with(&format!("lease {id} granted with TTL(300s), remaining(")),
+        "{ttl}"
+    );
+    let with_keys = ctl.ok(&["lease", "timetolive", "--keys", &id]);
+    assert!(with_keys.contains("attached keys(["), "{with_keys}");
+    assert!(
+        with_keys.contains("l/one") && with_keys.contains("l/two"),
+        "{with_keys}"
+    );
+    let listed = ctl.ok(&["lease", "list"]);
+    assert!(listed.starts_with("found 1 leases\n"), "{listed}");
+    assert!(listed.contains(&id), "{listed}");
+
+    assert_eq!(
+        ctl.ok(&["lease", "revoke", &id]).trim(),
+        format!("lease {id} revoked")
+    );
+    assert_eq!(
+        ctl.ok(&["get", "--prefix", "l/"]),
+        "",
+        "revoking deletes the lease's keys"
+    );
+    assert_eq!(
+        ctl.ok(&["lease", "timetolive", &id]).trim(),
+        format!("lease {id} already expired")
+    );
+    let err = ctl.fails(&["lease", "revoke", &id]);
+    assert!(
+        err.contains("etcdserver: requested lease not found"),
+        "{err}"
+    );
+    let err = ctl.fails(&["put", "--lease", &id, "l/three", "3"]);
+    assert!(
+        err.contains("etcdserver: requested lease not found"),
+        "{err}"
+    );
+    // A lease id chosen by etcdctl's user: the id is kept.
+    ctl.ok(&["lease", "list"]);
+}
+
+#[tokio::test]
+async fn key_with_a_lease_disappears_after_its_ttl() {
+    let (_t, ctl) = start().await;
+    // The smallest TTL etcd honours with default timings is 2s (1 is raised to it).
+    let out = ctl.ok(&["lease", "grant", "2"]);
+    let id = out.split_whitespace().nth(1).expect("lease id").to_string();
+    ctl.ok(&["put", "--lease", &id, "ephemeral", "here"]);
+    ctl.ok(&["put", "durable", "stays"]);
+    assert_eq!(ctl.ok(&["get", "ephemeral"]), "ephemeral\nhere\n");
+    let deadline = Instant::now() + LEASE_EXPIRY_DEADLINE;
+    loop {
+        if ctl.ok(&["get", "ephemeral"]).is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "key with a 2s lease still there after {LEASE_EXPIRY_DEADLINE:?}"
+        );
+        pause();
+    }
+    assert_eq!(ctl.ok(&["get", "durable"]), "durable\nstays\n");
+    let ttl = ctl.ok(&["lease", "timetolive", &id]);
+    assert_eq!(ttl.trim(), format!("lease {id} already expired"));
+}
+
+#[tokio::test]
+async fn compaction_then_reading_or_watching_a_compacted_revision_fails() {
+    let (_t, ctl) = start().await;
+    ctl.ok(&["put", "c", "1"]);
+    let old = header_revision(&json(&ctl.ok(&["get", "c", "-w", "json"])));
+    ctl.ok(&["put", "c", "2"]);
+    ctl.ok(&["put", "c", "3"]);
+    let now = header_revision(&json(&ctl.ok(&["get", "c", "-w", "json"])));
+    assert_eq!(ctl.ok(&["get", "c", &format!("--rev={old}")]), "c\n1\n");
+
+    assert_eq!(
+        ctl.ok(&["compact", &now.to_string()]),
+        format!("compacted revision {now}\n")
+    );
+    let err = ctl.fails(&["get", "c", &format!("--rev={old}")]);
+    assert!(
+        err.contains("Error: etcdserver: mvcc: required revision has been compacted"),
+        "{err}"
+    );
+    // The compacted revision itself is still readable, and the latest value is untouched.
+    assert_eq!(ctl.ok(&["get", "c", &format!("--rev={now}")]), "c\n3\n");
+    assert_eq!(ctl.ok(&["get", "c"]), "c\n3\n");
+    // Compacting the same revision again is an error.
+    let err = ctl.fails(&["compact", &now.to_string()]);
+    assert!(
+        err.contains("etcdserver: mvcc: required revision has been compacted"),
+        "{err}"
+    );
+    // Compacting the future is an error.
+    let err = ctl.fails(&["compact", &(now + 100).to_string()]);
+    assert!(
+        err.contains("etcdserver: mvcc: required revision is a future revision"),
+        "{err}"
+    );
+    // A watch from a compacted revision is cancelled by the server.
+    let out = ctl.run(&["watch", "c", &format!("--rev={old}")]);
+    assert!(
+        !out.success,
+        "watch from a compacted revision succeeded: {}",
+        out.stdout
+    );
+    assert!(
+        out.stderr.contains(
+            "watch was canceled (etcdserver: mvcc: required revision has been compacted)"
+        ),
+        "{}",
+        out.stderr
+    );
+    // --physical waits for the compaction to be applied; it must succeed.
+    ctl.ok(&["put", "c", "4"]);
+    let latest = header_revision(&json(&ctl.ok(&["get", "c", "-w", "json"])));
+    ctl.ok(&["compact", "--physical", &latest.to_string()]);
+}
+
+#[tokio::test]
+async fn endpoint_health_status_member_list_alarm_list_defrag() {
+    let (t, ctl) = start().await;
+    // etcdctl 3.4 prints the health line on stderr.
+    let health = ctl.run(&["endpoint", "health"]);
+    assert!(health.success, "{health:?}");
+    assert!(
+        health.stderr.contains(&format!(
+            "{} is healthy: successfully committed proposal",
+            t.endpoint()
+        )),
+        "{health:?}"
+    );
+    let status = json(&ctl.ok(&["endpoint", "status", "-w", "json"]));
+    let st = &status[0];
+    assert_eq!(st["Endpoint"], t.endpoint());
+    let s = &st["Status"];
+    assert!(
+        s["version"].as_str().is_some_and(|v| v.starts_with("3.")),
+        "{s}"
+    );
+    assert!(s["dbSize"].as_i64().unwrap_or(0) > 0, "{s}");
+    assert!(s["leader"].as_u64().unwrap_or(0) != 0, "{s}");
+    assert!(s["raftIndex"].as_u64().unwrap_or(0) > 0, "{s}");
+    assert!(s["raftTerm"].as_u64().unwrap_or(0) > 0, "{s}");
+    assert!(s["header"]["revision"].as_i64().unwrap_or(0) >= 1, "{s}");
+
+    let members = json(&ctl.ok(&["member", "list", "-w", "json"]));
+    let list = members["members"].as_array().expect("members");
+    assert!(!list.is_empty(), "{members}");
+    assert!(
+        list.iter().any(|m| m["clientURLs"]
+            .as_array()
+            .is_some_and(|urls| urls.iter().any(|u| u == t.endpoint()))),
+        "no member serves {}: {members}",
+        t.endpoint()
+    );
+    assert!(
+        list.iter().all(|m| m["ID"].as_u64().unwrap_or(0) != 0),
+        "{members}"
+    );
+
+    assert_eq!(
+        ctl.ok(&["alarm", "list"]),
+        "",
+        "a fresh cluster has no alarms"
+    );
+    let defrag = ctl.ok(&["defrag"]);
+    assert_eq!(
+        defrag.trim(),
+        format!("Finished defragmenting etcd member[{}]", t.endpoint())
+    );
+    // Still serving after defrag.
+    ctl.ok(&["put", "after-defrag", "ok"]);
+    assert_eq!(
+        ctl.ok(&["get", "after-defrag", "--print-value-only"]),
+        "ok\n"
+    );
+}

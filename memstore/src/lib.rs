@@ -1,1 +1,120 @@
-//! The in-memory MVCC state machine (see the crate README).
+//! The in-memory MVCC state machine of one tenant: etcd's key-value, lease and alarm semantics,
+//! applied deterministically from journal entries (see the crate README and docs/memstore.md).
+
+mod error;
+mod keyspace;
+mod lease;
+mod store;
+
+pub mod checkpoint;
+pub mod validate;
+
+use api::etcdserverpb::{
+    AlarmResponse, CompactionResponse, DeleteRangeResponse, LeaseGrantResponse,
+    LeaseKeepAliveResponse, LeaseRevokeResponse, PutResponse, TxnResponse,
+};
+use api::mvccpb;
+
+pub use api::etcdserverpb::{
+    AlarmMember, LeaseLeasesResponse, LeaseTimeToLiveResponse, RangeRequest, RangeResponse,
+};
+pub use error::{Code, Error};
+pub use store::MemStore;
+
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// etcd's minimum lease TTL with default election settings: ceil(1.5 * 10 ticks * 100 ms) = 2 s.
+pub const DEFAULT_MIN_LEASE_TTL_SECS: i64 = 2;
+/// etcd's `MaxLeaseTTL` (lease/lessor.go): 9,000,000,000 seconds.
+pub const MAX_LEASE_TTL_SECS: i64 = 9_000_000_000;
+/// etcd extends leases by the election timeout (1 s by default) when a new leader promotes.
+pub const DEFAULT_LEADER_CHANGE_EXTEND_MS: i64 = 1_000;
+/// How long an applied request id is remembered for de-duplication (journal time).
+pub const DEFAULT_REQUEST_ID_WINDOW_MS: i64 = 10 * 60 * 1_000;
+/// etcd's default backend quota (`--quota-backend-bytes` = 2 GiB).
+pub const DEFAULT_QUOTA_BYTES: i64 = 2 * 1024 * 1024 * 1024;
+
+/// Limits and timings of a store. Every replica of a tenant must use the same values.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    pub max_txn_ops: usize,
+    pub min_lease_ttl_secs: i64,
+    pub max_lease_ttl_secs: i64,
+    pub leader_change_extend_ms: i64,
+    pub request_id_window_ms: i64,
+    /// Stored bytes (keys and values of every version kept) above which writes raise the
+    /// NOSPACE alarm and fail; <= 0 disables the quota.
+    pub quota_bytes: i64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            min_lease_ttl_secs: DEFAULT_MIN_LEASE_TTL_SECS,
+            max_lease_ttl_secs: MAX_LEASE_TTL_SECS,
+            leader_change_extend_ms: DEFAULT_LEADER_CHANGE_EXTEND_MS,
+            request_id_window_ms: DEFAULT_REQUEST_ID_WINDOW_MS,
+            quota_bytes: DEFAULT_QUOTA_BYTES,
+        }
+    }
+}
+
+/// What applying one journal entry did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Applied {
+    pub index: u64,
+    /// The store revision after the apply.
+    pub revision: i64,
+    pub outcome: Outcome,
+    /// Every event the entry produced (lease expiries first), in revision and sub-revision
+    /// order, prev_kv filled whenever the key existed before.
+    pub events: Vec<mvccpb::Event>,
+}
+
+/// The answer to the request an entry carried.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    Put(PutResponse),
+    DeleteRange(DeleteRangeResponse),
+    Txn(TxnResponse),
+    Compact(CompactionResponse),
+    LeaseGrant(LeaseGrantResponse),
+    LeaseRevoke(LeaseRevokeResponse),
+    LeaseKeepAlive(LeaseKeepAliveResponse),
+    Alarm(AlarmResponse),
+    /// The request id was applied before (within the window); nothing changed. `revision` is
+    /// the store revision right after the first apply.
+    Duplicate {
+        revision: i64,
+    },
+    /// The request was refused; nothing changed (lease expiries before it still happened).
+    Failed(Error),
+    /// Tick, leader change, another tenant's entry, or an index already applied.
+    Nothing,
+}
+
+/// The result of `hash_kv`: a hash of every key-value version up to `hash_revision`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HashKv {
+    pub hash: u32,
+    pub compact_revision: i64,
+    pub hash_revision: i64,
+}
+
+/// Sizes of a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Stats {
+    /// Keys whose newest version is a put.
+    pub keys: u64,
+    /// Key + value bytes of the live keys.
+    pub live_bytes: u64,
+    /// Key + value bytes of every version kept (history since the compact revision).
+    pub total_bytes: u64,
+    /// Versions kept, tombstones included.
+    pub versions: u64,
+    pub leases: u64,
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub applied_index: u64,
+}

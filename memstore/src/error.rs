@@ -1,0 +1,86 @@
+//! The memstore's errors: typed, each displaying etcd's exact message, each mapped to the gRPC
+//! status code and message etcd's server answers with (`api/v3rpc/rpctypes/error.go`).
+
+/// The gRPC status code etcd answers an error with (a subset of `tonic::Code`, so this crate
+/// needs no gRPC dependency; the frontend maps it one to one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Code {
+    InvalidArgument,
+    OutOfRange,
+    NotFound,
+    FailedPrecondition,
+    ResourceExhausted,
+    Unimplemented,
+    DataLoss,
+}
+
+/// Why a request (or a checkpoint) was refused. A request that fails changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Error {
+    /// The requested revision is at or below the compact revision (mvcc.ErrCompacted).
+    #[error("mvcc: required revision has been compacted")]
+    Compacted,
+    /// The requested revision is above the current revision (mvcc.ErrFutureRev).
+    #[error("mvcc: required revision is a future revision")]
+    FutureRevision,
+    #[error("etcdserver: requested lease not found")]
+    LeaseNotFound,
+    #[error("etcdserver: lease already exists")]
+    LeaseExists,
+    #[error("etcdserver: too large lease TTL")]
+    LeaseTtlTooLarge,
+    #[error("etcdserver: duplicate key given in txn request")]
+    DuplicateKey,
+    #[error("etcdserver: too many operations in txn request")]
+    TooManyOps,
+    #[error("etcdserver: key is not provided")]
+    EmptyKey,
+    /// A put with `ignore_value` on a missing key, or an empty op inside a txn.
+    #[error("etcdserver: key not found")]
+    KeyNotFound,
+    #[error("etcdserver: value is provided")]
+    ValueProvided,
+    #[error("etcdserver: lease is provided")]
+    LeaseProvided,
+    /// The tenant's NOSPACE alarm is raised (mvcc backend quota: ErrNoSpace).
+    #[error("mvcc: database space exceeded")]
+    NoSpace,
+    /// A request kind this release does not apply (auth and tenant changes).
+    #[error("etcdserver: not capable: {0}")]
+    Unsupported(String),
+    /// A checkpoint failed its checks (magic, version, checksum, archive validation).
+    #[error("memstore: corrupt checkpoint: {0}")]
+    Corrupt(String),
+}
+
+impl Error {
+    /// The gRPC code etcd's server uses for this error.
+    pub fn grpc_code(&self) -> Code {
+        match self {
+            Error::Compacted | Error::FutureRevision | Error::LeaseTtlTooLarge => Code::OutOfRange,
+            Error::LeaseNotFound => Code::NotFound,
+            Error::LeaseExists => Code::FailedPrecondition,
+            Error::DuplicateKey
+            | Error::TooManyOps
+            | Error::EmptyKey
+            | Error::KeyNotFound
+            | Error::ValueProvided
+            | Error::LeaseProvided => Code::InvalidArgument,
+            Error::NoSpace => Code::ResourceExhausted,
+            Error::Unsupported(_) => Code::Unimplemented,
+            Error::Corrupt(_) => Code::DataLoss,
+        }
+    }
+
+    /// The message etcd's gRPC server sends for this error, byte for byte (the mvcc errors gain
+    /// the "etcdserver: " prefix there, as in rpctypes).
+    pub fn grpc_message(&self) -> String {
+        match self {
+            Error::Compacted | Error::FutureRevision | Error::NoSpace => {
+                format!("etcdserver: {self}")
+            }
+            Error::Corrupt(_) => "etcdserver: corrupt cluster".to_string(),
+            _ => self.to_string(),
+        }
+    }
+}

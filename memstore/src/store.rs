@@ -1,0 +1,1032 @@
+//! `MemStore`: one tenant's whole state and the deterministic `apply` that moves it, plus the
+//! reads (range, events, leases, hash) served from it.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use api::etcdserverpb::{
+    AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, CompactionResponse,
+    Compare, DeleteRangeRequest, DeleteRangeResponse, LeaseGrantRequest, LeaseGrantResponse,
+    LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeRequest,
+    LeaseRevokeResponse, LeaseStatus, LeaseTimeToLiveResponse, PutRequest, PutResponse,
+    RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
+    alarm_request::AlarmAction, compare, range_request, request_op, response_op,
+};
+use api::mvccpb::{Event, KeyValue, event::EventType};
+use api::strata::entry::{Entry, entry::Request};
+
+use crate::keyspace::{KeySpace, Version, live_at};
+use crate::lease::LeaseTable;
+use crate::{Applied, Config, Error, HashKv, Outcome, Stats, validate};
+
+/// The revision of an empty store, as in etcd.
+pub(crate) const INITIAL_REVISION: i64 = 1;
+
+/// A remembered request id: the revision its first apply ended at, and when.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct DedupRecord {
+    pub revision: i64,
+    pub time_ms: i64,
+}
+
+/// Request ids applied within the window, by id and by time.
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub(crate) struct Dedup {
+    pub by_id: BTreeMap<Box<[u8]>, DedupRecord>,
+    pub by_time: BTreeSet<(i64, Box<[u8]>)>,
+}
+
+/// Room for the tenant's auth state (users and roles as encoded authpb messages). This release
+/// keeps it empty and refuses auth changes; checkpoints already carry it.
+#[derive(
+    Debug, Clone, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
+)]
+pub(crate) struct AuthState {
+    pub enabled: bool,
+    pub revision: u64,
+    pub users: BTreeMap<String, Vec<u8>>,
+    pub roles: BTreeMap<String, Vec<u8>>,
+}
+
+/// Everything a checkpoint holds.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+pub(crate) struct State {
+    pub applied_index: u64,
+    pub revision: i64,
+    pub compact_revision: i64,
+    pub time_ms: i64,
+    pub keys: KeySpace,
+    pub leases: LeaseTable,
+    pub dedup: Dedup,
+    /// (member id, alarm type) pairs, sorted.
+    pub alarms: BTreeSet<(u64, i32)>,
+    pub auth: AuthState,
+}
+
+impl State {
+    fn new() -> Self {
+        State {
+            applied_index: 0,
+            revision: INITIAL_REVISION,
+            compact_revision: 0,
+            time_ms: 0,
+            keys: KeySpace::default(),
+            leases: LeaseTable::default(),
+            dedup: Dedup::default(),
+            alarms: BTreeSet::new(),
+            auth: AuthState::default(),
+        }
+    }
+}
+
+/// One tenant's whole MVCC state. Pure and deterministic: the same entries applied in the same
+/// order give the same state on every replica.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MemStore {
+    config: Config,
+    pub(crate) state: State,
+}
+
+fn header(revision: i64) -> Option<ResponseHeader> {
+    Some(ResponseHeader {
+        revision,
+        ..Default::default()
+    })
+}
+
+/// A write in progress: every change of one request lands at `rev`, sub-revisions in order.
+struct Writer<'a> {
+    state: &'a mut State,
+    rev: i64,
+    sub: u32,
+    events: &'a mut Vec<Event>,
+}
+
+impl Writer<'_> {
+    fn new<'a>(state: &'a mut State, events: &'a mut Vec<Event>) -> Writer<'a> {
+        let rev = state.revision + 1;
+        Writer {
+            state,
+            rev,
+            sub: 0,
+            events,
+        }
+    }
+
+    /// The revision reads inside this write see (etcd's write txn: begin + 1 once it changed).
+    fn read_rev(&self) -> i64 {
+        if self.sub > 0 { self.rev } else { self.rev - 1 }
+    }
+
+    fn prev_kv_event(&self, key: &[u8]) -> Option<KeyValue> {
+        self.state
+            .keys
+            .map
+            .get(key)
+            .and_then(|vs| live_at(vs, self.rev - 1))
+            .map(|v| v.to_kv(key, false))
+    }
+
+    fn put(&mut self, req: &PutRequest) -> PutResponse {
+        let prev = self.state.keys.latest_live(&req.key).cloned();
+        let value: Box<[u8]> = match (&prev, req.ignore_value) {
+            (Some(p), true) => p.value.clone(),
+            _ => req.value.as_slice().into(),
+        };
+        let lease = match (&prev, req.ignore_lease) {
+            (Some(p), true) => p.lease,
+            _ => req.lease,
+        };
+        let v = Version {
+            main: self.rev,
+            sub: self.sub,
+            create: prev.as_ref().map_or(self.rev, |p| p.create),
+            version: prev.as_ref().map_or(1, |p| p.version + 1),
+            lease,
+            value,
+        };
+        let kv = v.to_kv(&req.key, false);
+        let prev_event = self.prev_kv_event(&req.key);
+        if let Some(p) = &prev
+            && p.lease != 0
+            && p.lease != lease
+        {
+            self.state.leases.detach(p.lease, &req.key);
+        }
+        if lease != 0 {
+            self.state.leases.attach(lease, &req.key);
+        }
+        self.state.keys.push(&req.key, v);
+        self.sub += 1;
+        self.events.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv),
+            prev_kv: prev_event,
+        });
+        PutResponse {
+            header: Some(ResponseHeader::default()),
+            prev_kv: if req.prev_kv {
+                prev.map(|p| p.to_kv(&req.key, false))
+            } else {
+                None
+            },
+        }
+    }
+
+    fn delete_key(&mut self, key: &[u8], prev: &Version) {
+        let prev_event = self.prev_kv_event(key);
+        if prev.lease != 0 {
+            self.state.leases.detach(prev.lease, key);
+        }
+        self.state.keys.push(
+            key,
+            Version {
+                main: self.rev,
+                sub: self.sub,
+                create: 0,
+                version: 0,
+                lease: 0,
+                value: Box::default(),
+            },
+        );
+        self.sub += 1;
+        self.events.push(Event {
+            r#type: EventType::Delete as i32,
+            kv: Some(KeyValue {
+                key: key.to_vec(),
+                mod_revision: self.rev,
+                ..Default::default()
+            }),
+            prev_kv: prev_event,
+        });
+    }
+
+    fn delete_range(&mut self, req: &DeleteRangeRequest) -> DeleteRangeResponse {
+        let victims: Vec<(Vec<u8>, Version)> = self
+            .state
+            .keys
+            .iter_range(&req.key, &req.range_end)
+            .filter_map(|(k, vs)| {
+                vs.last()
+                    .filter(|v| !v.is_tombstone())
+                    .map(|v| (k.to_vec(), v.clone()))
+            })
+            .collect();
+        let mut prev_kvs = Vec::new();
+        for (k, v) in &victims {
+            if req.prev_kv {
+                prev_kvs.push(v.to_kv(k, false));
+            }
+            self.delete_key(k, v);
+        }
+        DeleteRangeResponse {
+            header: Some(ResponseHeader::default()),
+            deleted: victims.len() as i64,
+            prev_kvs,
+        }
+    }
+
+    /// Ends the write: the revision moves only if something changed.
+    fn finish(self) -> i64 {
+        if self.sub > 0 {
+            self.state.revision = self.rev;
+        }
+        self.state.revision
+    }
+}
+
+/// Nested txn decisions, evaluated against the state before the txn (etcd's compareToPath).
+struct Path {
+    succeeded: bool,
+    children: Vec<Path>,
+}
+
+impl MemStore {
+    pub fn new(config: Config) -> Self {
+        MemStore {
+            config,
+            state: State::new(),
+        }
+    }
+
+    pub(crate) fn from_state(config: Config, state: State) -> Self {
+        MemStore { config, state }
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Replaces the limits (for a store loaded from a checkpoint).
+    pub fn set_config(&mut self, config: Config) {
+        self.config = config;
+    }
+
+    pub fn applied_index(&self) -> u64 {
+        self.state.applied_index
+    }
+
+    pub fn revision(&self) -> i64 {
+        self.state.revision
+    }
+
+    pub fn compact_revision(&self) -> i64 {
+        self.state.compact_revision
+    }
+
+    pub fn time_ms(&self) -> i64 {
+        self.state.time_ms
+    }
+
+    pub fn stats(&self) -> Stats {
+        let k = &self.state.keys;
+        Stats {
+            keys: k.live_keys,
+            live_bytes: k.live_bytes,
+            total_bytes: k.total_bytes,
+            versions: k.versions,
+            leases: self.state.leases.leases.len() as u64,
+            revision: self.state.revision,
+            compact_revision: self.state.compact_revision,
+            applied_index: self.state.applied_index,
+        }
+    }
+
+    pub fn alarms(&self) -> Vec<AlarmMember> {
+        self.state
+            .alarms
+            .iter()
+            .map(|&(member_id, alarm)| AlarmMember { member_id, alarm })
+            .collect()
+    }
+
+    /// Applies the entry at journal `index` (see the crate docs for the order of effects).
+    pub fn apply(&mut self, index: u64, entry: &Entry) -> Applied {
+        if index <= self.state.applied_index {
+            return Applied {
+                index,
+                revision: self.state.revision,
+                outcome: Outcome::Nothing,
+                events: Vec::new(),
+            };
+        }
+        self.state.applied_index = index;
+        // Journal time is monotonic per shard; guard anyway so time never runs backwards here.
+        let now = entry.time_ms.max(self.state.time_ms);
+        self.state.time_ms = now;
+        let mut events = Vec::new();
+        let is_leader_change = matches!(entry.request, Some(Request::LeaderChange(_)));
+        if is_leader_change {
+            // A new journal leader: extend instead of expiring, so a failover never expires a
+            // live lease early (etcd's lessor Promote).
+            self.state
+                .leases
+                .extend_all(now, self.config.leader_change_extend_ms);
+        } else {
+            self.expire_leases(now, &mut events);
+        }
+        self.prune_dedup(now);
+
+        let request = match &entry.request {
+            None | Some(Request::Tick(_)) | Some(Request::LeaderChange(_)) => None,
+            Some(r) => Some(r),
+        };
+        let outcome = match request {
+            None => Outcome::Nothing,
+            Some(req) => {
+                let id = entry.request_id.as_slice();
+                if let Some(rec) = (!id.is_empty())
+                    .then(|| self.state.dedup.by_id.get(id))
+                    .flatten()
+                {
+                    Outcome::Duplicate {
+                        revision: rec.revision,
+                    }
+                } else {
+                    let outcome = self.apply_request(index, req, &mut events);
+                    if !id.is_empty() {
+                        self.remember(id, now);
+                    }
+                    outcome
+                }
+            }
+        };
+        Applied {
+            index,
+            revision: self.state.revision,
+            outcome,
+            events,
+        }
+    }
+
+    fn remember(&mut self, id: &[u8], now: i64) {
+        let d = &mut self.state.dedup;
+        d.by_id.insert(
+            id.into(),
+            DedupRecord {
+                revision: self.state.revision,
+                time_ms: now,
+            },
+        );
+        d.by_time.insert((now, id.into()));
+    }
+
+    fn prune_dedup(&mut self, now: i64) {
+        let horizon = now.saturating_sub(self.config.request_id_window_ms);
+        let d = &mut self.state.dedup;
+        while let Some((t, _)) = d.by_time.first() {
+            if *t >= horizon {
+                break;
+            }
+            let Some((t, id)) = d.by_time.pop_first() else {
+                break;
+            };
+            if d.by_id.get(&id).is_some_and(|r| r.time_ms == t) {
+                d.by_id.remove(&id);
+            }
+        }
+    }
+
+    fn expire_leases(&mut self, now: i64, events: &mut Vec<Event>) {
+        while let Some(id) = self.state.leases.next_expired(now) {
+            self.revoke(id, events);
+        }
+    }
+
+    /// Removes a lease and deletes its keys, in key order, in one revision.
+    fn revoke(&mut self, id: i64, events: &mut Vec<Event>) -> i64 {
+        let Some(lease) = self.state.leases.remove(id) else {
+            return self.state.revision;
+        };
+        let mut w = Writer::new(&mut self.state, events);
+        for key in &lease.keys {
+            if let Some(prev) = w.state.keys.latest_live(key).cloned() {
+                w.delete_key(key, &prev);
+            }
+        }
+        w.finish()
+    }
+
+    fn nospace(&self) -> bool {
+        self.state
+            .alarms
+            .iter()
+            .any(|&(_, a)| a == AlarmType::Nospace as i32)
+    }
+
+    /// Refuses a write that the NOSPACE alarm or the quota forbids; going over the quota
+    /// raises the alarm (member 0: the tenant's store as a whole).
+    fn check_space(&mut self, cost: u64) -> Result<(), Error> {
+        if self.nospace() {
+            return Err(Error::NoSpace);
+        }
+        let quota = self.config.quota_bytes;
+        if quota > 0 && self.state.keys.total_bytes.saturating_add(cost) > quota as u64 {
+            self.state.alarms.insert((0, AlarmType::Nospace as i32));
+            return Err(Error::NoSpace);
+        }
+        Ok(())
+    }
+
+    fn apply_request(&mut self, index: u64, req: &Request, events: &mut Vec<Event>) -> Outcome {
+        let result = match req {
+            Request::Put(p) => self.apply_put(p, events).map(Outcome::Put),
+            Request::DeleteRange(d) => self.apply_delete_range(d, events).map(Outcome::DeleteRange),
+            Request::Txn(t) => self.apply_txn(t, events).map(Outcome::Txn),
+            Request::Compact(c) => self.apply_compact(c).map(Outcome::Compact),
+            Request::LeaseGrant(g) => self.apply_lease_grant(index, g).map(Outcome::LeaseGrant),
+            Request::LeaseRevoke(r) => self.apply_lease_revoke(r, events).map(Outcome::LeaseRevoke),
+            Request::LeaseKeepAlive(k) => self.apply_keep_alive(k).map(Outcome::LeaseKeepAlive),
+            Request::Alarm(a) => Ok(Outcome::Alarm(self.apply_alarm(a))),
+            Request::Auth(_) => Err(Error::Unsupported("auth changes".into())),
+            Request::TenantChange(_) => Err(Error::Unsupported("tenant changes".into())),
+            Request::Tick(_) | Request::LeaderChange(_) => Ok(Outcome::Nothing),
+        };
+        result.unwrap_or_else(Outcome::Failed)
+    }
+
+    fn check_put(&self, p: &PutRequest) -> Result<(), Error> {
+        if p.lease != 0 && !self.state.leases.contains(p.lease) {
+            return Err(Error::LeaseNotFound);
+        }
+        if (p.ignore_value || p.ignore_lease) && self.state.keys.latest_live(&p.key).is_none() {
+            return Err(Error::KeyNotFound);
+        }
+        Ok(())
+    }
+
+    fn apply_put(&mut self, p: &PutRequest, events: &mut Vec<Event>) -> Result<PutResponse, Error> {
+        validate::put(p)?;
+        self.check_space((p.key.len() + p.value.len()) as u64)?;
+        self.check_put(p)?;
+        let mut w = Writer::new(&mut self.state, events);
+        let mut resp = w.put(p);
+        resp.header = header(w.finish());
+        Ok(resp)
+    }
+
+    fn apply_delete_range(
+        &mut self,
+        d: &DeleteRangeRequest,
+        events: &mut Vec<Event>,
+    ) -> Result<DeleteRangeResponse, Error> {
+        validate::delete_range(d)?;
+        let mut w = Writer::new(&mut self.state, events);
+        let mut resp = w.delete_range(d);
+        resp.header = header(w.finish());
+        Ok(resp)
+    }
+
+    fn apply_compact(&mut self, c: &CompactionRequest) -> Result<CompactionResponse, Error> {
+        validate::compact(c, self)?;
+        self.state.keys.compact(c.revision);
+        self.state.compact_revision = c.revision;
+        Ok(CompactionResponse {
+            header: header(self.state.revision),
+        })
+    }
+
+    fn apply_lease_grant(
+        &mut self,
+        index: u64,
+        g: &LeaseGrantRequest,
+    ) -> Result<LeaseGrantResponse, Error> {
+        self.check_space(0)?;
+        validate::lease_grant(g, &self.config)?;
+        let id = if g.id == 0 {
+            self.generate_lease_id(index)
+        } else {
+            g.id
+        };
+        if self.state.leases.contains(id) {
+            return Err(Error::LeaseExists);
+        }
+        let ttl = g.ttl.max(self.config.min_lease_ttl_secs);
+        let deadline = self.state.time_ms.saturating_add(ttl.saturating_mul(1000));
+        self.state.leases.grant(id, ttl, deadline);
+        Ok(LeaseGrantResponse {
+            header: header(self.state.revision),
+            id,
+            ttl,
+            error: String::new(),
+        })
+    }
+
+    /// A positive id derived from the journal index (every replica derives the same one),
+    /// stepping on while it is taken.
+    fn generate_lease_id(&self, index: u64) -> i64 {
+        let mut x = index;
+        loop {
+            x = splitmix64(x);
+            let id = (x & (i64::MAX as u64)) as i64;
+            if id != 0 && !self.state.leases.contains(id) {
+                return id;
+            }
+        }
+    }
+
+    fn apply_lease_revoke(
+        &mut self,
+        r: &LeaseRevokeRequest,
+        events: &mut Vec<Event>,
+    ) -> Result<LeaseRevokeResponse, Error> {
+        if !self.state.leases.contains(r.id) {
+            return Err(Error::LeaseNotFound);
+        }
+        let rev = self.revoke(r.id, events);
+        Ok(LeaseRevokeResponse {
+            header: header(rev),
+        })
+    }
+
+    fn apply_keep_alive(
+        &mut self,
+        k: &LeaseKeepAliveRequest,
+    ) -> Result<LeaseKeepAliveResponse, Error> {
+        let Some(lease) = self.state.leases.get(k.id) else {
+            return Err(Error::LeaseNotFound);
+        };
+        let ttl = lease.ttl;
+        let deadline = self.state.time_ms.saturating_add(ttl.saturating_mul(1000));
+        self.state.leases.set_deadline(k.id, deadline);
+        Ok(LeaseKeepAliveResponse {
+            header: header(self.state.revision),
+            id: k.id,
+            ttl,
+        })
+    }
+
+    fn apply_alarm(&mut self, a: &AlarmRequest) -> AlarmResponse {
+        let alarms = match AlarmAction::try_from(a.action) {
+            Ok(AlarmAction::Get) => self.alarms(),
+            Ok(AlarmAction::Activate) => {
+                if a.alarm == AlarmType::None as i32 {
+                    Vec::new()
+                } else {
+                    self.state.alarms.insert((a.member_id, a.alarm));
+                    vec![AlarmMember {
+                        member_id: a.member_id,
+                        alarm: a.alarm,
+                    }]
+                }
+            }
+            Ok(AlarmAction::Deactivate) => {
+                if self.state.alarms.remove(&(a.member_id, a.alarm)) {
+                    vec![AlarmMember {
+                        member_id: a.member_id,
+                        alarm: a.alarm,
+                    }]
+                } else {
+                    Vec::new()
+                }
+            }
+            Err(_) => Vec::new(),
+        };
+        AlarmResponse {
+            header: header(self.state.revision),
+            alarms,
+        }
+    }
+
+    // ---- txn ----
+
+    fn apply_txn(&mut self, t: &TxnRequest, events: &mut Vec<Event>) -> Result<TxnResponse, Error> {
+        validate::txn(t, self.config.max_txn_ops)?;
+        let cost = txn_put_cost(t);
+        if cost > 0 {
+            self.check_space(cost)?;
+        }
+        let path = self.txn_path(t);
+        self.check_txn_ops(t, &path)?;
+        let mut w = Writer::new(&mut self.state, events);
+        let mut resp = execute_txn(&mut w, t, &path);
+        resp.header = header(w.finish());
+        Ok(resp)
+    }
+
+    fn txn_path(&self, t: &TxnRequest) -> Path {
+        let succeeded = t.compare.iter().all(|c| self.compare(c));
+        let ops = if succeeded { &t.success } else { &t.failure };
+        let children = ops
+            .iter()
+            .filter_map(|op| match &op.request {
+                Some(request_op::Request::RequestTxn(inner)) => Some(self.txn_path(inner)),
+                _ => None,
+            })
+            .collect();
+        Path {
+            succeeded,
+            children,
+        }
+    }
+
+    /// etcd's applyCompare against the state before the txn.
+    fn compare(&self, c: &Compare) -> bool {
+        let rev = self.state.revision;
+        let mut any = false;
+        for (_, v) in self.state.keys.live_in_range(&c.key, &c.range_end, rev) {
+            any = true;
+            if !compare_version(c, Some(v)) {
+                return false;
+            }
+        }
+        if !any {
+            if c.target == compare::CompareTarget::Value as i32 {
+                return false;
+            }
+            return compare_version(c, None);
+        }
+        true
+    }
+
+    /// etcd's checkRequests on the chosen branches, against the state before the txn.
+    fn check_txn_ops(&self, t: &TxnRequest, path: &Path) -> Result<(), Error> {
+        let ops = if path.succeeded {
+            &t.success
+        } else {
+            &t.failure
+        };
+        let mut children = path.children.iter();
+        for op in ops {
+            match &op.request {
+                Some(request_op::Request::RequestRange(r)) => {
+                    if r.revision > self.state.revision {
+                        return Err(Error::FutureRevision);
+                    }
+                    if r.revision != 0 && r.revision < self.state.compact_revision {
+                        return Err(Error::Compacted);
+                    }
+                }
+                Some(request_op::Request::RequestPut(p)) => self.check_put(p)?,
+                Some(request_op::Request::RequestTxn(inner)) => {
+                    if let Some(child) = children.next() {
+                        self.check_txn_ops(inner, child)?;
+                    }
+                }
+                Some(request_op::Request::RequestDeleteRange(_)) | None => {}
+            }
+        }
+        Ok(())
+    }
+
+    // ---- reads ----
+
+    /// A range read at the request's revision (0 = current).
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, Error> {
+        validate::range(req)?;
+        range_at(&self.state, req, self.state.revision)
+    }
+
+    /// Events with mod revision >= `from_rev` for keys in the range, oldest first; see the
+    /// crate docs.
+    pub fn events(
+        &self,
+        from_rev: i64,
+        key: &[u8],
+        range_end: &[u8],
+        max: usize,
+    ) -> Result<Vec<Event>, Error> {
+        if from_rev <= self.state.compact_revision {
+            return Err(Error::Compacted);
+        }
+        let mut found: Vec<Found<'_>> = Vec::new();
+        for (k, vs) in self.state.keys.iter_range(key, range_end) {
+            let start = vs.partition_point(|v| v.main < from_rev);
+            for v in &vs[start..] {
+                found.push((v.main, v.sub, k, v, vs));
+            }
+        }
+        found.sort_unstable_by_key(|&(main, sub, ..)| (main, sub));
+        let mut out = Vec::new();
+        let mut i = 0;
+        while i < found.len() {
+            let main = found[i].0;
+            let end = i + found[i..].iter().take_while(|f| f.0 == main).count();
+            if !out.is_empty() && out.len() + (end - i) > max {
+                break;
+            }
+            for &(main, _, k, v, vs) in &found[i..end] {
+                let prev_kv = live_at(vs, main - 1).map(|p| p.to_kv(k, false));
+                out.push(if v.is_tombstone() {
+                    Event {
+                        r#type: EventType::Delete as i32,
+                        kv: Some(KeyValue {
+                            key: k.to_vec(),
+                            mod_revision: main,
+                            ..Default::default()
+                        }),
+                        prev_kv,
+                    }
+                } else {
+                    Event {
+                        r#type: EventType::Put as i32,
+                        kv: Some(v.to_kv(k, false)),
+                        prev_kv,
+                    }
+                });
+            }
+            i = end;
+            if out.len() >= max {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Remaining TTL (whole seconds, truncated, as etcd) against `time_ms()`.
+    pub fn lease_time_to_live(
+        &self,
+        id: i64,
+        keys: bool,
+    ) -> Result<LeaseTimeToLiveResponse, Error> {
+        let lease = self.state.leases.get(id).ok_or(Error::LeaseNotFound)?;
+        let remaining_ms = (lease.deadline_ms - self.state.time_ms).max(0);
+        Ok(LeaseTimeToLiveResponse {
+            header: header(self.state.revision),
+            id,
+            ttl: remaining_ms / 1000,
+            granted_ttl: lease.ttl,
+            keys: if keys {
+                lease.keys.iter().map(|k| k.to_vec()).collect()
+            } else {
+                Vec::new()
+            },
+        })
+    }
+
+    pub fn lease_leases(&self) -> LeaseLeasesResponse {
+        LeaseLeasesResponse {
+            header: header(self.state.revision),
+            leases: self
+                .state
+                .leases
+                .leases
+                .keys()
+                .map(|&id| LeaseStatus { id })
+                .collect(),
+        }
+    }
+
+    /// A crc32c over every stored version with mod revision <= `revision` (0 = current), in
+    /// key then revision order: equal on every replica that applied the same entries.
+    pub fn hash_kv(&self, revision: i64) -> Result<HashKv, Error> {
+        let rev = if revision <= 0 {
+            self.state.revision
+        } else {
+            revision
+        };
+        if rev > self.state.revision {
+            return Err(Error::FutureRevision);
+        }
+        if rev < self.state.compact_revision {
+            return Err(Error::Compacted);
+        }
+        let mut h = 0u32;
+        for (k, vs) in &self.state.keys.map {
+            for v in vs.iter().take_while(|v| v.main <= rev) {
+                h = crc32c::crc32c_append(h, &(k.len() as u64).to_le_bytes());
+                h = crc32c::crc32c_append(h, k);
+                let mut meta = [0u8; 36];
+                meta[0..8].copy_from_slice(&v.main.to_le_bytes());
+                meta[8..12].copy_from_slice(&v.sub.to_le_bytes());
+                meta[12..20].copy_from_slice(&v.create.to_le_bytes());
+                meta[20..28].copy_from_slice(&v.version.to_le_bytes());
+                meta[28..36].copy_from_slice(&v.lease.to_le_bytes());
+                h = crc32c::crc32c_append(h, &meta);
+                h = crc32c::crc32c_append(h, &(v.value.len() as u64).to_le_bytes());
+                h = crc32c::crc32c_append(h, &v.value);
+            }
+        }
+        Ok(HashKv {
+            hash: h,
+            compact_revision: self.state.compact_revision,
+            hash_revision: rev,
+        })
+    }
+}
+
+/// One stored version found by `events`: (main, sub, key, version, all versions of the key).
+type Found<'a> = (i64, u32, &'a [u8], &'a Version, &'a [Version]);
+
+fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Bytes of keys and values a txn may put (both branches, nested included): an upper bound.
+fn txn_put_cost(t: &TxnRequest) -> u64 {
+    t.success
+        .iter()
+        .chain(t.failure.iter())
+        .map(|op| match &op.request {
+            Some(request_op::Request::RequestPut(p)) => (p.key.len() + p.value.len()).max(1) as u64,
+            Some(request_op::Request::RequestTxn(inner)) => txn_put_cost(inner),
+            _ => 0,
+        })
+        .sum()
+}
+
+/// etcd's compareKV; `None` is a missing key (all zero).
+fn compare_version(c: &Compare, v: Option<&Version>) -> bool {
+    use compare::{CompareResult, CompareTarget, TargetUnion};
+    let ord = match CompareTarget::try_from(c.target) {
+        Ok(CompareTarget::Value) => {
+            let want: &[u8] = match &c.target_union {
+                Some(TargetUnion::Value(x)) => x,
+                _ => &[],
+            };
+            let have: &[u8] = v.map_or(&[], |v| &v.value);
+            have.cmp(want)
+        }
+        Ok(target) => {
+            let (have, want) = match target {
+                CompareTarget::Version => (
+                    v.map_or(0, |v| v.version),
+                    match c.target_union {
+                        Some(TargetUnion::Version(x)) => x,
+                        _ => 0,
+                    },
+                ),
+                CompareTarget::Create => (
+                    v.map_or(0, |v| v.create),
+                    match c.target_union {
+                        Some(TargetUnion::CreateRevision(x)) => x,
+                        _ => 0,
+                    },
+                ),
+                CompareTarget::Mod => (
+                    v.map_or(0, |v| v.main),
+                    match c.target_union {
+                        Some(TargetUnion::ModRevision(x)) => x,
+                        _ => 0,
+                    },
+                ),
+                CompareTarget::Lease | CompareTarget::Value => (
+                    v.map_or(0, |v| v.lease),
+                    match c.target_union {
+                        Some(TargetUnion::Lease(x)) => x,
+                        _ => 0,
+                    },
+                ),
+            };
+            have.cmp(&want)
+        }
+        // An unknown target compares nothing: etcd's switch falls through with result 0.
+        Err(_) => std::cmp::Ordering::Equal,
+    };
+    match CompareResult::try_from(c.result) {
+        Ok(CompareResult::Equal) => ord.is_eq(),
+        Ok(CompareResult::NotEqual) => ord.is_ne(),
+        Ok(CompareResult::Greater) => ord.is_gt(),
+        Ok(CompareResult::Less) => ord.is_lt(),
+        Err(_) => true,
+    }
+}
+
+fn execute_txn(w: &mut Writer<'_>, t: &TxnRequest, path: &Path) -> TxnResponse {
+    let ops: &[RequestOp] = if path.succeeded {
+        &t.success
+    } else {
+        &t.failure
+    };
+    let mut children = path.children.iter();
+    let mut responses = Vec::with_capacity(ops.len());
+    for op in ops {
+        let response = match &op.request {
+            Some(request_op::Request::RequestRange(r)) => {
+                let cur = w.read_rev();
+                // Checked before execution (check_txn_ops): cannot fail here.
+                let resp = range_at(w.state, r, cur).unwrap_or_else(|_| RangeResponse {
+                    header: header(cur),
+                    ..Default::default()
+                });
+                Some(response_op::Response::ResponseRange(resp))
+            }
+            Some(request_op::Request::RequestPut(p)) => {
+                Some(response_op::Response::ResponsePut(w.put(p)))
+            }
+            Some(request_op::Request::RequestDeleteRange(d)) => Some(
+                response_op::Response::ResponseDeleteRange(w.delete_range(d)),
+            ),
+            Some(request_op::Request::RequestTxn(inner)) => {
+                let resp = match children.next() {
+                    Some(child) => execute_txn(w, inner, child),
+                    None => TxnResponse::default(),
+                };
+                Some(response_op::Response::ResponseTxn(resp))
+            }
+            None => None,
+        };
+        responses.push(ResponseOp { response });
+    }
+    TxnResponse {
+        header: Some(ResponseHeader::default()),
+        succeeded: path.succeeded,
+        responses,
+    }
+}
+
+/// etcd's Range apply (mvcc rangeKeys + the server's filters, sort and limit) at store
+/// revision `cur`.
+pub(crate) fn range_at(
+    state: &State,
+    req: &RangeRequest,
+    cur: i64,
+) -> Result<RangeResponse, Error> {
+    use range_request::{SortOrder, SortTarget};
+    if req.revision > cur {
+        return Err(Error::FutureRevision);
+    }
+    let rev = if req.revision <= 0 { cur } else { req.revision };
+    if rev < state.compact_revision {
+        return Err(Error::Compacted);
+    }
+    let keys = &state.keys;
+    // Point read: no scan.
+    if req.range_end.is_empty() {
+        let found = keys
+            .map
+            .get(req.key.as_slice())
+            .and_then(|vs| live_at(vs, rev));
+        let pass = found.is_some_and(|v| passes_filters(req, v));
+        let count = i64::from(found.is_some());
+        let kvs = match found {
+            Some(v) if pass && !req.count_only => vec![v.to_kv(&req.key, req.keys_only)],
+            _ => Vec::new(),
+        };
+        return Ok(RangeResponse {
+            header: header(cur),
+            kvs,
+            more: false,
+            count,
+        });
+    }
+    let sort_order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
+    let sort_target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
+    let filtered = req.min_mod_revision != 0
+        || req.max_mod_revision != 0
+        || req.min_create_revision != 0
+        || req.max_create_revision != 0;
+    let fetch_all = sort_order != SortOrder::None || filtered;
+    let mut count = 0i64;
+    let mut hits: Vec<(&[u8], &Version)> = Vec::new();
+    // etcd fetches limit + 1 to learn `more` unless it must sort or filter first.
+    let fetch_limit = if req.count_only {
+        0
+    } else if req.limit > 0 && !fetch_all {
+        (req.limit + 1) as usize
+    } else {
+        usize::MAX
+    };
+    for (k, v) in keys.live_in_range(&req.key, &req.range_end, rev) {
+        count += 1;
+        if hits.len() < fetch_limit {
+            hits.push((k, v));
+        }
+    }
+    if filtered {
+        hits.retain(|(_, v)| passes_filters(req, v));
+    }
+    let order = match (sort_target, sort_order) {
+        (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
+        (t, SortOrder::None) if t != SortTarget::Key => SortOrder::Ascend,
+        (_, o) => o,
+    };
+    if order != SortOrder::None {
+        let cmp = |a: &(&[u8], &Version), b: &(&[u8], &Version)| match sort_target {
+            SortTarget::Key => a.0.cmp(b.0),
+            SortTarget::Version => a.1.version.cmp(&b.1.version),
+            SortTarget::Create => a.1.create.cmp(&b.1.create),
+            SortTarget::Mod => a.1.main.cmp(&b.1.main),
+            SortTarget::Value => a.1.value.cmp(&b.1.value),
+        };
+        match order {
+            SortOrder::Descend => hits.sort_by(|a, b| cmp(b, a)),
+            _ => hits.sort_by(cmp),
+        }
+    }
+    let mut more = false;
+    if req.limit > 0 && hits.len() > req.limit as usize {
+        hits.truncate(req.limit as usize);
+        more = true;
+    }
+    Ok(RangeResponse {
+        header: header(cur),
+        kvs: hits
+            .iter()
+            .map(|(k, v)| v.to_kv(k, req.keys_only))
+            .collect(),
+        more,
+        count,
+    })
+}
+
+fn passes_filters(req: &RangeRequest, v: &Version) -> bool {
+    !(req.max_mod_revision != 0 && v.main > req.max_mod_revision
+        || req.min_mod_revision != 0 && v.main < req.min_mod_revision
+        || req.max_create_revision != 0 && v.create > req.max_create_revision
+        || req.min_create_revision != 0 && v.create < req.min_create_revision)
+}

@@ -1,0 +1,183 @@
+//! Helpers shared by the memstore test files: entry builders and a store that counts indexes.
+#![allow(dead_code)]
+
+use api::etcdserverpb::{
+    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest,
+    LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, compare, request_op,
+};
+use api::strata::entry::{Entry, LeaderChange, Tick, entry::Request};
+use memstore::{Applied, Config, MemStore, Outcome};
+
+/// A store plus the next journal index and the journal clock.
+pub struct Harness {
+    pub store: MemStore,
+    pub index: u64,
+    pub now_ms: i64,
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        Self::with_config(Config::default())
+    }
+
+    pub fn with_config(config: Config) -> Self {
+        Harness {
+            store: MemStore::new(config),
+            index: 0,
+            now_ms: 1_000_000,
+        }
+    }
+
+    pub fn apply(&mut self, request: Request) -> Applied {
+        self.apply_with_id(request, Vec::new())
+    }
+
+    pub fn apply_with_id(&mut self, request: Request, request_id: Vec<u8>) -> Applied {
+        self.index += 1;
+        let entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            request_id,
+            time_ms: self.now_ms,
+            request: Some(request),
+        };
+        self.store.apply(self.index, &entry)
+    }
+
+    pub fn tick(&mut self, advance_ms: i64) -> Applied {
+        self.now_ms += advance_ms;
+        self.apply(Request::Tick(Tick {}))
+    }
+
+    pub fn leader_change(&mut self, advance_ms: i64) -> Applied {
+        self.now_ms += advance_ms;
+        self.apply(Request::LeaderChange(LeaderChange { term: 2 }))
+    }
+
+    pub fn put(&mut self, k: &str, v: &str) -> Applied {
+        self.apply(Request::Put(put(k, v)))
+    }
+
+    pub fn del(&mut self, k: &str, end: &str) -> Applied {
+        self.apply(Request::DeleteRange(DeleteRangeRequest {
+            key: k.into(),
+            range_end: end.into(),
+            prev_kv: true,
+        }))
+    }
+
+    pub fn compact(&mut self, rev: i64) -> Applied {
+        self.apply(Request::Compact(CompactionRequest {
+            revision: rev,
+            physical: true,
+        }))
+    }
+
+    pub fn grant(&mut self, id: i64, ttl: i64) -> Applied {
+        self.apply(Request::LeaseGrant(LeaseGrantRequest { ttl, id }))
+    }
+
+    pub fn revoke(&mut self, id: i64) -> Applied {
+        self.apply(Request::LeaseRevoke(LeaseRevokeRequest { id }))
+    }
+
+    pub fn keep_alive(&mut self, id: i64) -> Applied {
+        self.apply(Request::LeaseKeepAlive(LeaseKeepAliveRequest { id }))
+    }
+
+    pub fn txn(&mut self, t: TxnRequest) -> Applied {
+        self.apply(Request::Txn(t))
+    }
+
+    pub fn get(&self, k: &str) -> Option<api::mvccpb::KeyValue> {
+        self.store
+            .range(&RangeRequest {
+                key: k.into(),
+                ..Default::default()
+            })
+            .unwrap()
+            .kvs
+            .pop()
+    }
+
+    pub fn get_at(&self, k: &str, rev: i64) -> Option<api::mvccpb::KeyValue> {
+        self.store
+            .range(&RangeRequest {
+                key: k.into(),
+                revision: rev,
+                ..Default::default()
+            })
+            .unwrap()
+            .kvs
+            .pop()
+    }
+}
+
+pub fn put(k: &str, v: &str) -> PutRequest {
+    PutRequest {
+        key: k.into(),
+        value: v.into(),
+        ..Default::default()
+    }
+}
+
+pub fn op_put(k: &str, v: &str) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestPut(put(k, v))),
+    }
+}
+
+pub fn op_del(k: &str, end: &str) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestDeleteRange(
+            DeleteRangeRequest {
+                key: k.into(),
+                range_end: end.into(),
+                prev_kv: false,
+            },
+        )),
+    }
+}
+
+pub fn op_get(k: &str, end: &str) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestRange(RangeRequest {
+            key: k.into(),
+            range_end: end.into(),
+            ..Default::default()
+        })),
+    }
+}
+
+pub fn op_txn(t: TxnRequest) -> RequestOp {
+    RequestOp {
+        request: Some(request_op::Request::RequestTxn(t)),
+    }
+}
+
+pub fn cmp_value(k: &str, result: compare::CompareResult, v: &str) -> Compare {
+    Compare {
+        result: result as i32,
+        target: compare::CompareTarget::Value as i32,
+        key: k.into(),
+        range_end: Vec::new(),
+        target_union: Some(compare::TargetUnion::Value(v.into())),
+    }
+}
+
+pub fn cmp_version(k: &str, end: &str, result: compare::CompareResult, v: i64) -> Compare {
+    Compare {
+        result: result as i32,
+        target: compare::CompareTarget::Version as i32,
+        key: k.into(),
+        range_end: end.into(),
+        target_union: Some(compare::TargetUnion::Version(v)),
+    }
+}
+
+pub fn failed(a: &Applied) -> Option<memstore::Error> {
+    match &a.outcome {
+        Outcome::Failed(e) => Some(e.clone()),
+        _ => None,
+    }
+}

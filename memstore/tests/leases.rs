@@ -1,0 +1,283 @@
+//! Leases: grant (client or deterministic id), TTL bounds, revoke, keep-alive, expiry by
+//! journal time, extension on a journal leader change, time-to-live and listing; alarms.
+mod common;
+
+use api::etcdserverpb::{
+    AlarmRequest, AlarmType, LeaseGrantRequest, PutRequest, alarm_request::AlarmAction,
+};
+use api::mvccpb::event::EventType;
+use api::strata::entry::entry::Request;
+use common::*;
+use memstore::{Config, Error, Outcome};
+
+fn put_with_lease(h: &mut Harness, k: &str, lease: i64) -> memstore::Applied {
+    h.apply(Request::Put(PutRequest {
+        key: k.into(),
+        value: "v".into(),
+        lease,
+        ..Default::default()
+    }))
+}
+
+#[test]
+fn grant_with_client_id_min_ttl_and_bounds() {
+    let mut h = Harness::new();
+    let Outcome::LeaseGrant(g) = h.grant(42, 1).outcome else {
+        panic!()
+    };
+    assert_eq!(
+        (g.id, g.ttl),
+        (42, 2),
+        "TTLs below the minimum are raised to it (etcd: 2 s)"
+    );
+    assert_eq!(h.store.revision(), 1, "granting does not move the revision");
+    assert_eq!(failed(&h.grant(42, 10)), Some(Error::LeaseExists));
+    assert_eq!(
+        failed(&h.grant(43, memstore::MAX_LEASE_TTL_SECS + 1)),
+        Some(Error::LeaseTtlTooLarge)
+    );
+    assert!(matches!(
+        h.grant(44, memstore::MAX_LEASE_TTL_SECS).outcome,
+        Outcome::LeaseGrant(_)
+    ));
+}
+
+#[test]
+fn generated_ids_are_deterministic_positive_and_unique() {
+    let mut a = Harness::new();
+    let mut b = Harness::new();
+    let mut ids = Vec::new();
+    for _ in 0..50 {
+        let (Outcome::LeaseGrant(x), Outcome::LeaseGrant(y)) =
+            (a.grant(0, 10).outcome, b.grant(0, 10).outcome)
+        else {
+            panic!()
+        };
+        assert_eq!(x.id, y.id);
+        assert!(x.id > 0);
+        ids.push(x.id);
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 50);
+}
+
+#[test]
+fn revoke_deletes_attached_keys_in_one_revision() {
+    let mut h = Harness::new();
+    h.grant(1, 60);
+    put_with_lease(&mut h, "b", 1); // 2
+    put_with_lease(&mut h, "a", 1); // 3
+    put_with_lease(&mut h, "c", 1); // 4
+    h.put("c", "detached"); // 5: c leaves the lease
+    let a = h.revoke(1);
+    assert_eq!(a.revision, 6);
+    let keys: Vec<_> = a
+        .events
+        .iter()
+        .map(|e| (e.kv.as_ref().unwrap().key.clone(), e.r#type))
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            (b"a".to_vec(), EventType::Delete as i32),
+            (b"b".to_vec(), EventType::Delete as i32)
+        ]
+    );
+    assert!(h.get("c").is_some());
+    assert_eq!(failed(&h.revoke(1)), Some(Error::LeaseNotFound));
+    // A lease without keys goes without a revision.
+    h.grant(2, 60);
+    assert_eq!(h.revoke(2).revision, 6);
+}
+
+#[test]
+fn put_with_unknown_lease_fails() {
+    let mut h = Harness::new();
+    assert_eq!(
+        failed(&put_with_lease(&mut h, "k", 5)),
+        Some(Error::LeaseNotFound)
+    );
+    assert_eq!(h.store.revision(), 1);
+}
+
+#[test]
+fn expiry_by_journal_time_each_lease_its_own_revision() {
+    let mut h = Harness::new();
+    h.grant(1, 10);
+    h.grant(2, 10);
+    h.grant(3, 30);
+    put_with_lease(&mut h, "k1", 1);
+    put_with_lease(&mut h, "k2", 2);
+    put_with_lease(&mut h, "k3", 3);
+    assert_eq!(h.store.revision(), 4);
+    assert!(h.tick(9_999).events.is_empty());
+    let a = h.tick(1);
+    assert_eq!(a.outcome, Outcome::Nothing);
+    assert_eq!(a.events.len(), 2);
+    assert_eq!(a.events[0].kv.as_ref().unwrap().mod_revision, 5);
+    assert_eq!(a.events[1].kv.as_ref().unwrap().mod_revision, 6);
+    assert_eq!(a.revision, 6);
+    assert_eq!(h.store.lease_leases().leases.len(), 1);
+    assert_eq!(
+        h.store.lease_time_to_live(1, false),
+        Err(Error::LeaseNotFound)
+    );
+}
+
+#[test]
+fn expiry_happens_before_the_request_in_the_same_entry() {
+    let mut h = Harness::new();
+    h.grant(1, 10);
+    h.now_ms += 10_000;
+    let a = h.keep_alive(1);
+    assert_eq!(
+        failed(&a),
+        Some(Error::LeaseNotFound),
+        "the lease expired at this entry's time"
+    );
+}
+
+#[test]
+fn keep_alive_extends_and_time_to_live_reports() {
+    let mut h = Harness::new();
+    h.grant(1, 10);
+    put_with_lease(&mut h, "k", 1);
+    h.tick(6_500);
+    let ttl = h.store.lease_time_to_live(1, true).unwrap();
+    assert_eq!(
+        (ttl.ttl, ttl.granted_ttl, ttl.keys),
+        (3, 10, vec![b"k".to_vec()])
+    );
+    assert!(
+        h.store
+            .lease_time_to_live(1, false)
+            .unwrap()
+            .keys
+            .is_empty()
+    );
+    let Outcome::LeaseKeepAlive(k) = h.keep_alive(1).outcome else {
+        panic!()
+    };
+    assert_eq!((k.id, k.ttl), (1, 10));
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 10);
+    h.tick(9_999);
+    assert!(h.get("k").is_some());
+    h.tick(1);
+    assert!(h.get("k").is_none());
+    assert_eq!(failed(&h.keep_alive(1)), Some(Error::LeaseNotFound));
+}
+
+#[test]
+fn leader_change_extends_every_lease() {
+    let config = Config {
+        leader_change_extend_ms: 1_000,
+        ..Config::default()
+    };
+    let mut h = Harness::with_config(config);
+    h.grant(1, 10);
+    put_with_lease(&mut h, "k", 1);
+    // The journal leader died; the new one's first entry comes 15 s later, past the deadline.
+    let a = h.leader_change(15_000);
+    assert!(a.events.is_empty(), "a failover never expires a lease");
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 11);
+    h.tick(10_999);
+    assert!(h.get("k").is_some());
+    let a = h.tick(1);
+    assert_eq!(a.events.len(), 1);
+}
+
+#[test]
+fn lease_state_survives_overwrite_and_delete() {
+    let mut h = Harness::new();
+    h.grant(1, 60);
+    h.grant(2, 60);
+    put_with_lease(&mut h, "k", 1);
+    put_with_lease(&mut h, "k", 2);
+    assert!(h.store.lease_time_to_live(1, true).unwrap().keys.is_empty());
+    assert_eq!(h.store.lease_time_to_live(2, true).unwrap().keys.len(), 1);
+    h.del("k", "");
+    assert!(h.store.lease_time_to_live(2, true).unwrap().keys.is_empty());
+    assert_eq!(h.revoke(2).events.len(), 0);
+}
+
+#[test]
+fn alarms_nospace_blocks_puts_not_deletes() {
+    let mut h = Harness::new();
+    h.put("a", "1");
+    let alarm = |action: AlarmAction| {
+        Request::Alarm(AlarmRequest {
+            action: action as i32,
+            member_id: 0,
+            alarm: AlarmType::Nospace as i32,
+        })
+    };
+    let Outcome::Alarm(r) = h.apply(alarm(AlarmAction::Activate)).outcome else {
+        panic!()
+    };
+    assert_eq!(r.alarms.len(), 1);
+    assert_eq!(h.store.alarms().len(), 1);
+    assert_eq!(failed(&h.put("b", "1")), Some(Error::NoSpace));
+    assert_eq!(
+        failed(&h.txn(api::etcdserverpb::TxnRequest {
+            compare: vec![],
+            success: vec![],
+            failure: vec![op_put("x", "1")]
+        })),
+        Some(Error::NoSpace)
+    );
+    assert!(matches!(
+        h.txn(api::etcdserverpb::TxnRequest {
+            compare: vec![],
+            success: vec![op_get("a", "")],
+            failure: vec![]
+        })
+        .outcome,
+        Outcome::Txn(_)
+    ));
+    assert_eq!(
+        failed(&h.apply(Request::LeaseGrant(LeaseGrantRequest { ttl: 10, id: 0 }))),
+        Some(Error::NoSpace)
+    );
+    assert!(matches!(h.del("a", "").outcome, Outcome::DeleteRange(_)));
+    let Outcome::Alarm(r) = h
+        .apply(Request::Alarm(AlarmRequest {
+            action: AlarmAction::Get as i32,
+            member_id: 0,
+            alarm: 0,
+        }))
+        .outcome
+    else {
+        panic!()
+    };
+    assert_eq!(r.alarms.len(), 1);
+    h.apply(alarm(AlarmAction::Deactivate));
+    assert!(h.store.alarms().is_empty());
+    assert!(matches!(h.put("b", "1").outcome, Outcome::Put(_)));
+}
+
+#[test]
+fn quota_raises_nospace() {
+    let mut h = Harness::with_config(Config {
+        quota_bytes: 100,
+        ..Config::default()
+    });
+    assert!(matches!(
+        h.put("k", &"x".repeat(90)).outcome,
+        Outcome::Put(_)
+    ));
+    let a = h.put("k2", &"x".repeat(20));
+    assert_eq!(failed(&a), Some(Error::NoSpace));
+    assert_eq!(h.store.alarms()[0].alarm, AlarmType::Nospace as i32);
+    assert_eq!(h.store.revision(), 2, "the refused put changed nothing");
+}
+
+#[test]
+fn unsupported_requests_fail_cleanly() {
+    let mut h = Harness::new();
+    let a = h.apply(Request::Auth(api::strata::entry::AuthChange {
+        change: None,
+    }));
+    assert!(matches!(failed(&a), Some(Error::Unsupported(_))));
+    assert_eq!(h.store.revision(), 1);
+}

@@ -1,9 +1,502 @@
-//! `strata dev`: not built yet; its issue owns this file.
+//! `strata dev`: a whole local deployment in one command — three journal nodes, a frontend and
+//! (when this build has one) a compactor, as child processes of this binary on 127.0.0.1, with
+//! their data under one directory; supervised, and stopped cleanly on Ctrl-C or SIGTERM.
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{SignalKind, signal};
+
+/// Journal nodes in a dev deployment (the smallest cluster that survives one failure).
+const JOURNAL_NODES: u64 = 3;
+/// File under the data dir that pins the journal nodes' addresses across restarts: the journal
+/// cluster remembers its members' addresses, so a restart must reuse them.
+const PORTS_FILE: &str = "dev-ports";
+/// Sub-directory for the children's logs.
+const LOG_DIR: &str = "logs";
+/// Sub-directory used as the compactor's object store (`file://` URL).
+const OBJECTS_DIR: &str = "objects";
+/// Pause between two readiness probes of the frontend.
+const READY_POLL: Duration = Duration::from_millis(200);
+/// Pause between two checks of the children's state.
+const SUPERVISE_POLL: Duration = Duration::from_millis(500);
+/// Bound on one readiness probe (HTTP GET /readyz).
+const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+/// Largest /readyz answer read.
+const READY_MAX_RESPONSE: usize = 16 * 1024;
 
 /// Flags of `strata dev`.
-#[derive(clap::Args)]
-pub struct Args {}
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// Directory for all data: journal segments, object storage, logs (created if missing;
+    /// a second run reuses it, journal ports included).
+    #[arg(long, default_value = ".strata-dev")]
+    data_dir: PathBuf,
+    /// Address the frontend serves etcd clients on.
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    listen: SocketAddr,
+    /// Address of the frontend's HTTP /health, /readyz and /metrics (default: a free port).
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+    /// Journal shards (Raft groups) per node.
+    #[arg(long, default_value_t = 4)]
+    shards: u32,
+    /// Do not start a compactor even if this build has one.
+    #[arg(long)]
+    no_compactor: bool,
+    /// How long the frontend may take to become ready before `strata dev` gives up.
+    #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
+    ready_timeout: Duration,
+    /// On shutdown, how long each child gets after SIGTERM before it is killed.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    stop_grace: Duration,
+}
 
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("strata dev is not built yet")
+/// One supervised child process.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+    /// Set once the child exited (seen by supervision or shutdown).
+    exited: Option<ExitStatus>,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
+    let data_dir = args
+        .data_dir
+        .canonicalize()
+        .with_context(|| format!("resolve data dir {}", args.data_dir.display()))?;
+    let logs = data_dir.join(LOG_DIR);
+    std::fs::create_dir_all(&logs).with_context(|| format!("create {}", logs.display()))?;
+    let exe = std::env::current_exe().context("locate the strata binary")?;
+
+    let journal_addrs = journal_addresses(&data_dir)?;
+    let metrics = match args.metrics_listen {
+        Some(a) => a,
+        None => free_loopback_addr()?,
+    };
+    let peers = journal_addrs
+        .iter()
+        .enumerate()
+        .map(|(i, a)| format!("{}={a}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let journal_list = journal_addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+
+    // Signals are caught from the start, so a Ctrl-C during start-up still stops every child.
+    let mut sigint = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    let mut sigterm = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+
+    let mut procs: Vec<Proc> = Vec::new();
+    let started = start_all(
+        &exe,
+        &args,
+        &data_dir,
+        &logs,
+        &journal_addrs,
+        &peers,
+        &journal_list,
+        metrics,
+        &mut procs,
+    )
+    .await;
+    if let Err(e) = started {
+        stop_all(&mut procs, args.stop_grace).await;
+        return Err(e);
+    }
+    let compactor_started = procs.iter().any(|p| p.name == "compactor");
+
+    println!("strata dev: data in {}", data_dir.display());
+    for (i, a) in journal_addrs.iter().enumerate() {
+        println!("  journal-{}   {a}", i + 1);
+    }
+    println!("  frontend    http://{} (etcd v3 gRPC)", args.listen);
+    println!("  metrics     http://{metrics}/metrics  (/health, /readyz)");
+    if compactor_started {
+        println!(
+            "  compactor   objects in file://{}",
+            data_dir.join(OBJECTS_DIR).display()
+        );
+    } else if args.no_compactor {
+        println!("  compactor   not started (--no-compactor)");
+    } else {
+        println!("  compactor   not started: this build has no `strata compactor`");
+    }
+    println!("  logs        {}", logs.display());
+    println!("waiting for the frontend to be ready...");
+
+    // Readiness, while watching for children dying and for signals.
+    let ready = wait_ready(metrics, args.ready_timeout);
+    tokio::pin!(ready);
+    loop {
+        tokio::select! {
+            r = &mut ready => {
+                if let Err(e) = r {
+                    eprintln!("strata dev: {e:#}; see the logs in {}", logs.display());
+                    stop_all(&mut procs, args.stop_grace).await;
+                    bail!("the frontend did not become ready");
+                }
+                break;
+            }
+            _ = sigint.recv() => return shutdown(&mut procs, args.stop_grace, "SIGINT").await,
+            _ = sigterm.recv() => return shutdown(&mut procs, args.stop_grace, "SIGTERM").await,
+            _ = tokio::time::sleep(READY_POLL) => {
+                if let Some(dead) = reap_exited(&mut procs) {
+                    let p = &procs[dead];
+                    eprintln!(
+                        "strata dev: {} exited during start-up ({}); see {}",
+                        p.name,
+                        describe(p.exited),
+                        p.log.display()
+                    );
+                    stop_all(&mut procs, args.stop_grace).await;
+                    bail!("{} exited during start-up", procs[dead].name);
+                }
+            }
+        }
+    }
+    println!("ready. Try:");
+    println!(
+        "  ETCDCTL_API=3 etcdctl --endpoints=http://{} put greeting hello",
+        args.listen
+    );
+    println!(
+        "  ETCDCTL_API=3 etcdctl --endpoints=http://{} get greeting",
+        args.listen
+    );
+    println!("Ctrl-C stops everything.");
+
+    // Supervision: any child that exits is reported; the others keep running.
+    let mut tick = tokio::time::interval(SUPERVISE_POLL);
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => return shutdown(&mut procs, args.stop_grace, "SIGINT").await,
+            _ = sigterm.recv() => return shutdown(&mut procs, args.stop_grace, "SIGTERM").await,
+            _ = tick.tick() => {
+                while let Some(i) = reap_exited(&mut procs) {
+                    let p = &procs[i];
+                    eprintln!(
+                        "strata dev: {} exited ({}); see {}. The others keep running; Ctrl-C stops them.",
+                        p.name,
+                        describe(p.exited),
+                        p.log.display()
+                    );
+                    tracing::warn!(child = %p.name, "child process exited");
+                }
+                if procs.iter().all(|p| p.exited.is_some()) {
+                    bail!("every process of the deployment has exited");
+                }
+            }
+        }
+    }
+}
+
+/// Starts the journal nodes, the frontend and the compactor (if any), in that order.
+#[allow(clippy::too_many_arguments)]
+async fn start_all(
+    exe: &Path,
+    args: &Args,
+    data_dir: &Path,
+    logs: &Path,
+    journal_addrs: &[SocketAddr],
+    peers: &str,
+    journal_list: &str,
+    metrics: SocketAddr,
+    procs: &mut Vec<Proc>,
+) -> anyhow::Result<()> {
+    for (i, addr) in journal_addrs.iter().enumerate() {
+        let id = i + 1;
+        let name = format!("journal-{id}");
+        procs.push(spawn(
+            exe,
+            &name,
+            &[
+                "journal".into(),
+                "--id".into(),
+                id.to_string(),
+                "--listen".into(),
+                addr.to_string(),
+                "--peers".into(),
+                peers.to_string(),
+                "--data-dir".into(),
+                data_dir.join(&name).display().to_string(),
+                "--shards".into(),
+                args.shards.to_string(),
+            ],
+            logs,
+        )?);
+    }
+    procs.push(spawn(
+        exe,
+        "frontend",
+        &[
+            "frontend".into(),
+            "--journal".into(),
+            journal_list.to_string(),
+            "--listen".into(),
+            args.listen.to_string(),
+            "--metrics-listen".into(),
+            metrics.to_string(),
+        ],
+        logs,
+    )?);
+    if !args.no_compactor
+        && let Some(flags) = compactor_flags(exe).await
+    {
+        let objects = data_dir.join(OBJECTS_DIR);
+        std::fs::create_dir_all(&objects)
+            .with_context(|| format!("create {}", objects.display()))?;
+        let mut argv: Vec<String> = vec!["compactor".into()];
+        argv.extend(flags.args(journal_list, &objects, args.shards));
+        procs.push(spawn(exe, "compactor", &argv, logs)?);
+    }
+    Ok(())
+}
+
+/// How this build's `strata compactor` takes the journal and the object store, read from its
+/// `--help`; `None` when the build has no compactor yet.
+struct CompactorFlags {
+    object_store_flag: &'static str,
+    has_shards: bool,
+}
+
+/// Names the compactor may give its object-store URL flag, in order of preference.
+const OBJECT_STORE_FLAGS: [&str; 3] = ["--object-store", "--objects", "--store"];
+
+impl CompactorFlags {
+    fn args(&self, journal_list: &str, objects: &Path, shards: u32) -> Vec<String> {
+        let mut v = vec![
+            "--journal".into(),
+            journal_list.to_string(),
+            self.object_store_flag.into(),
+            format!("file://{}", objects.display()),
+        ];
+        if self.has_shards {
+            v.push("--shards".into());
+            v.push(
+                (0..shards)
+                    .map(|s| s.to_string())
+                    .collect::<Vec<_>>()
+                    .join(","),
+            );
+        }
+        v
+    }
+}
+
+async fn compactor_flags(exe: &Path) -> Option<CompactorFlags> {
+    let out = Command::new(exe)
+        .args(["compactor", "--help"])
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .ok()?;
+    let help = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() || !help.contains("--journal") {
+        return None;
+    }
+    let object_store_flag = OBJECT_STORE_FLAGS
+        .into_iter()
+        .find(|f| help.contains(&format!("{f} ")))?;
+    Some(CompactorFlags {
+        object_store_flag,
+        has_shards: help.contains("--shards"),
+    })
+}
+
+/// Spawns `exe args..` with output appended to `<logs>/<name>.log`.
+fn spawn(exe: &Path, name: &str, args: &[String], logs: &Path) -> anyhow::Result<Proc> {
+    let log = logs.join(format!("{name}.log"));
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)
+        .with_context(|| format!("open {}", log.display()))?;
+    let child = Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(f.try_clone().context("clone log handle")?)
+        .stderr(f)
+        // A backstop: if this process unwinds without stopping its children, they die with it.
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("start {name}"))?;
+    tracing::info!(child = name, pid = child.id(), "started");
+    Ok(Proc {
+        name: name.to_string(),
+        child,
+        log,
+        exited: None,
+    })
+}
+
+/// The journal nodes' addresses: the ones pinned in the data dir by an earlier run, else fresh
+/// free loopback ports, pinned for the next run.
+fn journal_addresses(data_dir: &Path) -> anyhow::Result<Vec<SocketAddr>> {
+    let path = data_dir.join(PORTS_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let addrs = text
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| {
+                    l.split_once('=')
+                        .map(|(_, a)| a.trim())
+                        .unwrap_or(l)
+                        .parse::<SocketAddr>()
+                        .with_context(|| format!("bad line {l:?} in {}", path.display()))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            if addrs.len() as u64 != JOURNAL_NODES {
+                bail!(
+                    "{} names {} journal nodes, expected {JOURNAL_NODES}",
+                    path.display(),
+                    addrs.len()
+                );
+            }
+            for a in &addrs {
+                if TcpListener::bind(a).is_err() {
+                    bail!(
+                        "journal address {a} (pinned in {}) is in use: is another `strata dev` running on this data dir?",
+                        path.display()
+                    );
+                }
+            }
+            Ok(addrs)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let addrs = (0..JOURNAL_NODES)
+                .map(|_| free_loopback_addr())
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let text: String = addrs
+                .iter()
+                .enumerate()
+                .map(|(i, a)| format!("journal-{}={a}\n", i + 1))
+                .collect();
+            let tmp = path.with_extension("tmp");
+            std::fs::write(&tmp, text).with_context(|| format!("write {}", tmp.display()))?;
+            std::fs::rename(&tmp, &path).with_context(|| format!("write {}", path.display()))?;
+            Ok(addrs)
+        }
+        Err(e) => Err(e).with_context(|| format!("read {}", path.display())),
+    }
+}
+
+/// A loopback address whose port was free a moment ago.
+fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
+    let l = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
+    l.local_addr().context("local address")
+}
+
+/// Polls the frontend's `GET /readyz` until it answers 200.
+async fn wait_ready(metrics: SocketAddr, timeout: Duration) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut last = String::from("no answer yet");
+    while tokio::time::Instant::now() < deadline {
+        match tokio::time::timeout(READY_PROBE_TIMEOUT, http_status(metrics, "/readyz")).await {
+            Ok(Ok(200)) => return Ok(()),
+            Ok(Ok(code)) => last = format!("/readyz answered {code}"),
+            Ok(Err(e)) => last = format!("{e:#}"),
+            Err(_) => last = "/readyz timed out".into(),
+        }
+        tokio::time::sleep(READY_POLL).await;
+    }
+    bail!("frontend not ready after {timeout:?}: {last}")
+}
+
+/// The status code of `GET <path>` on `addr` (HTTP/1.1, connection closed after).
+async fn http_status(addr: SocketAddr, path: &str) -> anyhow::Result<u16> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut buf = Vec::new();
+    (&mut stream)
+        .take(READY_MAX_RESPONSE as u64)
+        .read_to_end(&mut buf)
+        .await?;
+    let head = String::from_utf8_lossy(&buf);
+    let code = head
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse::<u16>().ok())
+        .with_context(|| format!("not an HTTP answer: {:?}", head.lines().next()))?;
+    Ok(code)
+}
+
+/// Index of a child that has exited, recording its status.
+fn reap_exited(procs: &mut [Proc]) -> Option<usize> {
+    for (i, p) in procs.iter_mut().enumerate() {
+        if p.exited.is_none()
+            && let Ok(Some(status)) = p.child.try_wait()
+        {
+            p.exited = Some(status);
+            return Some(i);
+        }
+    }
+    None
+}
+
+async fn shutdown(procs: &mut [Proc], grace: Duration, why: &str) -> anyhow::Result<()> {
+    println!("strata dev: {why}, stopping...");
+    stop_all(procs, grace).await;
+    println!("strata dev: stopped");
+    Ok(())
+}
+
+/// Stops the children: frontend and compactor first, then the journal nodes; each gets SIGTERM
+/// and `grace` to exit, then SIGKILL.
+async fn stop_all(procs: &mut [Proc], grace: Duration) {
+    let (journals, others): (Vec<&mut Proc>, Vec<&mut Proc>) = procs
+        .iter_mut()
+        .partition(|p| p.name.starts_with("journal"));
+    stop_group(others, grace).await;
+    stop_group(journals, grace).await;
+}
+
+async fn stop_group(group: Vec<&mut Proc>, grace: Duration) {
+    for p in &group {
+        if p.exited.is_none()
+            && let Some(pid) = p.child.id().and_then(|id| i32::try_from(id).ok())
+        {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGTERM);
+        }
+    }
+    // One grace period for the whole group: they were all signalled at once.
+    let deadline = tokio::time::Instant::now() + grace;
+    for p in group {
+        if p.exited.is_some() {
+            continue;
+        }
+        match tokio::time::timeout_at(deadline, p.child.wait()).await {
+            Ok(Ok(status)) => {
+                p.exited = Some(status);
+                println!("  {} stopped ({})", p.name, describe(p.exited));
+            }
+            _ => {
+                let _ = p.child.start_kill();
+                p.exited = p.child.wait().await.ok();
+                println!("  {} killed after {grace:?}", p.name);
+            }
+        }
+    }
+}
+
+fn describe(status: Option<ExitStatus>) -> String {
+    match status {
+        Some(s) => s.to_string(),
+        None => "status unknown".into(),
+    }
 }

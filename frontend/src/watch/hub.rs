@@ -1,0 +1,568 @@
+//! The per-tenant watcher hub: which watchers exist, which are synced (fed by `notify`) and
+//! which are unsynced (behind, caught up from the store's history by their stream), and the
+//! bounded per-stream delivery queues. `notify` never blocks: a watcher whose stream queue is
+//! full is moved to unsynced at the first revision it did not get, as etcd's watchable store
+//! moves slow watchers aside.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use api::mvccpb::Event;
+use tokio::sync::{Notify, mpsc};
+
+use super::WatchError;
+use super::spec::{WatchSpec, event_revision};
+
+/// Responses buffered per watch stream before its watchers are moved to unsynced (etcd's
+/// `chanBufLen`).
+pub const DEFAULT_STREAM_BUFFER: usize = 128;
+
+/// The watch id etcd uses for "no watcher" (a failed create, a stream-wide progress response).
+pub const INVALID_WATCH_ID: i64 = -1;
+
+/// Identifies one watch stream (one gRPC `Watch` call) inside a hub.
+pub type StreamId = u64;
+
+/// What the hub hands a stream: a batch for one watcher, or a progress notification.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delivery {
+    /// Events of whole revisions for `watch_id`, already filtered and shaped for it; `revision`
+    /// is the header revision etcd sends with them.
+    Events {
+        watch_id: i64,
+        revision: i64,
+        events: Vec<Event>,
+    },
+    /// Every watcher named (one, or all of the stream's for `INVALID_WATCH_ID`) has received
+    /// every event up to `revision`.
+    Progress { watch_id: i64, revision: i64 },
+}
+
+/// How a catch-up attempt ended (see [`WatchHub::try_sync`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncOutcome {
+    /// The watcher is synced: `notify` feeds it from now on.
+    Synced,
+    /// The hub has seen revisions at or past the position: read the store again.
+    Behind,
+    /// The watcher no longer exists (cancelled meanwhile).
+    Gone,
+}
+
+/// One unsynced watcher as its stream needs it for catching up.
+#[derive(Debug, Clone)]
+pub struct Unsynced {
+    pub watch_id: i64,
+    pub spec: Arc<WatchSpec>,
+    pub next_rev: i64,
+}
+
+/// A watcher registered by [`WatchHub::register`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Registered {
+    pub watch_id: i64,
+    /// The revision etcd puts in the created response's header.
+    pub revision: i64,
+    /// False when the watcher starts behind and its stream must catch it up.
+    pub synced: bool,
+}
+
+/// The receiving side a stream gets from [`WatchHub::open_stream`].
+pub struct StreamHandle {
+    pub id: StreamId,
+    pub deliveries: mpsc::Receiver<Delivery>,
+    /// Woken when one of the stream's watchers became unsynced and needs catching up.
+    pub wake: Arc<Notify>,
+}
+
+struct Watcher {
+    spec: Arc<WatchSpec>,
+    /// Every event below this revision has been queued for (or skipped by) the watcher.
+    next_rev: i64,
+    synced: bool,
+}
+
+struct StreamSlot {
+    tx: mpsc::Sender<Delivery>,
+    wake: Arc<Notify>,
+    watchers: HashMap<i64, Watcher>,
+    /// etcd's next generated watch id for this stream.
+    next_id: i64,
+    /// A `RequestProgress` arrived while a watcher was unsynced (or the queue was full): it is
+    /// answered as soon as every watcher of the stream is synced (etcd 3.5 `deferredProgress`).
+    progress_deferred: bool,
+}
+
+impl StreamSlot {
+    fn all_synced(&self) -> bool {
+        self.watchers.values().all(|w| w.synced)
+    }
+
+    /// Queues a stream-wide progress response if every watcher is synced; true when answered
+    /// (or when there is nobody to answer, as etcd does).
+    fn try_progress_all(&mut self, revision: i64) -> bool {
+        if self.watchers.is_empty() {
+            return true;
+        }
+        if !self.all_synced() {
+            return false;
+        }
+        let d = Delivery::Progress {
+            watch_id: INVALID_WATCH_ID,
+            revision,
+        };
+        self.tx.try_send(d).is_ok()
+    }
+}
+
+struct HubState {
+    /// The last revision passed to `notify`.
+    revision: i64,
+    streams: HashMap<StreamId, StreamSlot>,
+    next_stream: StreamId,
+}
+
+/// A tenant's watchers. Shared by the replica's apply loop (`notify`) and every watch stream of
+/// the tenant on this frontend.
+pub struct WatchHub {
+    state: Mutex<HubState>,
+    stream_buffer: usize,
+    tenant: String,
+}
+
+impl Default for WatchHub {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WatchHub {
+    /// A hub for the default tenant with etcd's per-stream buffer.
+    pub fn new() -> Self {
+        Self::for_tenant("default")
+    }
+
+    /// A hub whose metrics carry `tenant` as their label.
+    pub fn for_tenant(tenant: &str) -> Self {
+        Self::with_buffer(tenant, DEFAULT_STREAM_BUFFER)
+    }
+
+    /// A hub whose streams buffer at most `stream_buffer` responses (at least 1) before their
+    /// watchers fall back to catching up from history.
+    pub fn with_buffer(tenant: &str, stream_buffer: usize) -> Self {
+        Self {
+            state: Mutex::new(HubState {
+                revision: 0,
+                streams: HashMap::new(),
+                next_stream: 1,
+            }),
+            stream_buffer: stream_buffer.max(1),
+            tenant: tenant.to_string(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        // A panic while holding the lock leaves plain maps behind, still consistent enough to
+        // serve; recover rather than poisoning every stream of the tenant.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The last revision `notify` was called with.
+    pub fn revision(&self) -> i64 {
+        self.lock().revision
+    }
+
+    /// Number of watchers over all streams.
+    pub fn watcher_count(&self) -> usize {
+        self.lock().streams.values().map(|s| s.watchers.len()).sum()
+    }
+
+    /// Number of watchers currently behind (being caught up from history).
+    pub fn unsynced_count(&self) -> usize {
+        self.lock()
+            .streams
+            .values()
+            .map(|s| s.watchers.values().filter(|w| !w.synced).count())
+            .sum()
+    }
+
+    /// The tenant label of this hub's metrics.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+
+    /// Called by the replica after applying an entry (in revision order, also with no events):
+    /// hands each synced watcher the events it selects, one delivery per revision; a watcher
+    /// whose stream queue is full becomes unsynced at the first revision it missed. Never waits.
+    pub fn notify(&self, revision: i64, events: &[Event]) {
+        let mut st = self.lock();
+        if revision > st.revision {
+            st.revision = revision;
+        }
+        let hub_rev = st.revision;
+        let groups = group_by_revision(events);
+        let mut newly_unsynced = 0usize;
+        for slot in st.streams.values_mut() {
+            let mut wake = false;
+            for (&watch_id, w) in slot.watchers.iter_mut() {
+                if !w.synced {
+                    continue;
+                }
+                for &(rev, group) in &groups {
+                    if rev < w.next_rev {
+                        continue;
+                    }
+                    let selected: Vec<Event> = group
+                        .iter()
+                        .filter(|e| w.spec.selects(e))
+                        .map(|e| w.spec.shape(e))
+                        .collect();
+                    if selected.is_empty() {
+                        continue;
+                    }
+                    let d = Delivery::Events {
+                        watch_id,
+                        revision: rev,
+                        events: selected,
+                    };
+                    match slot.tx.try_send(d) {
+                        Ok(()) => w.next_rev = rev + 1,
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            // Everything below `rev` is queued; `rev` and later come from
+                            // history once the stream has room again.
+                            w.next_rev = rev;
+                            w.synced = false;
+                            newly_unsynced += 1;
+                            wake = true;
+                            break;
+                        }
+                        // The stream is going away; its drop guard removes it.
+                        Err(mpsc::error::TrySendError::Closed(_)) => break,
+                    }
+                }
+            }
+            if wake {
+                slot.wake.notify_one();
+            }
+            if slot.progress_deferred && slot.try_progress_all(hub_rev) {
+                slot.progress_deferred = false;
+            }
+        }
+        drop(st);
+        if newly_unsynced > 0 {
+            tracing::debug!(
+                tenant = %self.tenant,
+                watchers = newly_unsynced,
+                revision,
+                "watchers fell behind their stream and are caught up from history"
+            );
+            metrics::counter!("strata_watch_slow_watchers_total", "tenant" => self.tenant.clone())
+                .increment(newly_unsynced as u64);
+        }
+    }
+
+    /// Opens a stream: its delivery queue and wake-up signal.
+    pub fn open_stream(&self) -> StreamHandle {
+        let (tx, rx) = mpsc::channel(self.stream_buffer);
+        let wake = Arc::new(Notify::new());
+        let mut st = self.lock();
+        let id = st.next_stream;
+        st.next_stream += 1;
+        st.streams.insert(
+            id,
+            StreamSlot {
+                tx,
+                wake: wake.clone(),
+                watchers: HashMap::new(),
+                next_id: 0,
+                progress_deferred: false,
+            },
+        );
+        StreamHandle {
+            id,
+            deliveries: rx,
+            wake,
+        }
+    }
+
+    /// Closes a stream and drops all its watchers.
+    pub fn close_stream(&self, stream: StreamId) {
+        self.lock().streams.remove(&stream);
+    }
+
+    /// Registers a watcher on `stream`. `watch_id` 0 asks for a generated id (etcd's
+    /// `AutoWatchID`); a taken id fails with [`WatchError::DuplicateId`]. `start_rev` 0 means
+    /// "from now"; `store_rev` is the store's revision read just before this call (the store is
+    /// never behind the hub), so "now" never includes a write already acknowledged.
+    pub fn register(
+        &self,
+        stream: StreamId,
+        watch_id: i64,
+        spec: WatchSpec,
+        start_rev: i64,
+        store_rev: i64,
+    ) -> Result<Registered, WatchError> {
+        let mut st = self.lock();
+        let now = st.revision.max(store_rev);
+        let slot = st
+            .streams
+            .get_mut(&stream)
+            .ok_or(WatchError::StreamClosed)?;
+        let id = if watch_id == 0 {
+            while slot.watchers.contains_key(&slot.next_id) {
+                slot.next_id += 1;
+            }
+            let id = slot.next_id;
+            slot.next_id += 1;
+            id
+        } else if slot.watchers.contains_key(&watch_id) {
+            return Err(WatchError::DuplicateId);
+        } else {
+            watch_id
+        };
+        // As etcd: synced when starting now or in the future, else caught up from history.
+        let synced = start_rev == 0 || start_rev > now;
+        let next_rev = if start_rev == 0 { now + 1 } else { start_rev };
+        slot.watchers.insert(
+            id,
+            Watcher {
+                spec: Arc::new(spec),
+                next_rev,
+                synced,
+            },
+        );
+        if !synced {
+            slot.wake.notify_one();
+        }
+        Ok(Registered {
+            watch_id: id,
+            revision: now,
+            synced,
+        })
+    }
+
+    /// Removes a watcher; false if the stream has no such watcher.
+    pub fn cancel(&self, stream: StreamId, watch_id: i64) -> bool {
+        self.lock()
+            .streams
+            .get_mut(&stream)
+            .and_then(|s| s.watchers.remove(&watch_id))
+            .is_some()
+    }
+
+    /// The stream's unsynced watchers, lowest position first.
+    pub fn unsynced(&self, stream: StreamId) -> Vec<Unsynced> {
+        let st = self.lock();
+        let mut out: Vec<Unsynced> = st
+            .streams
+            .get(&stream)
+            .map(|s| {
+                s.watchers
+                    .iter()
+                    .filter(|(_, w)| !w.synced)
+                    .map(|(&watch_id, w)| Unsynced {
+                        watch_id,
+                        spec: w.spec.clone(),
+                        next_rev: w.next_rev,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        out.sort_by_key(|u| (u.next_rev, u.watch_id));
+        out
+    }
+
+    /// After a stream sent an unsynced watcher every event below `next_rev` from the store's
+    /// history: marks it synced if the hub has not been notified of `next_rev` or later yet
+    /// (then `notify` delivers everything from `next_rev` on), else records the position.
+    pub fn try_sync(&self, stream: StreamId, watch_id: i64, next_rev: i64) -> SyncOutcome {
+        let mut st = self.lock();
+        let hub_rev = st.revision;
+        let Some(slot) = st.streams.get_mut(&stream) else {
+            return SyncOutcome::Gone;
+        };
+        let Some(w) = slot.watchers.get_mut(&watch_id) else {
+            return SyncOutcome::Gone;
+        };
+        w.next_rev = next_rev;
+        if hub_rev >= next_rev {
+            return SyncOutcome::Behind;
+        }
+        w.synced = true;
+        if slot.progress_deferred && slot.try_progress_all(hub_rev) {
+            slot.progress_deferred = false;
+        }
+        SyncOutcome::Synced
+    }
+
+    /// etcd's `RequestProgress`: queues a progress response (watch id -1) with the hub's
+    /// revision if every watcher of the stream is synced, else defers it until they are.
+    pub fn request_progress(&self, stream: StreamId) {
+        let mut st = self.lock();
+        let rev = st.revision;
+        if let Some(slot) = st.streams.get_mut(&stream)
+            && !slot.progress_deferred
+            && !slot.try_progress_all(rev)
+        {
+            slot.progress_deferred = true;
+        }
+    }
+
+    /// The periodic progress notification of one watcher: queued only while it is synced (as
+    /// etcd's `progressIfSync`); true if queued.
+    pub fn progress_one(&self, stream: StreamId, watch_id: i64) -> bool {
+        let st = self.lock();
+        let rev = st.revision;
+        let Some(slot) = st.streams.get(&stream) else {
+            return false;
+        };
+        match slot.watchers.get(&watch_id) {
+            Some(w) if w.synced => slot
+                .tx
+                .try_send(Delivery::Progress {
+                    watch_id,
+                    revision: rev,
+                })
+                .is_ok(),
+            _ => false,
+        }
+    }
+}
+
+/// Splits events (in revision order) into runs of one revision each.
+fn group_by_revision(events: &[Event]) -> Vec<(i64, &[Event])> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=events.len() {
+        if i == events.len() || event_revision(&events[i]) != event_revision(&events[start]) {
+            out.push((event_revision(&events[start]), &events[start..i]));
+            start = i;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::mvccpb::KeyValue;
+    use api::mvccpb::event::EventType;
+
+    fn put(key: &str, rev: i64) -> Event {
+        Event {
+            r#type: EventType::Put as i32,
+            kv: Some(KeyValue {
+                key: key.as_bytes().to_vec(),
+                mod_revision: rev,
+                create_revision: rev,
+                version: 1,
+                value: b"v".to_vec(),
+                ..Default::default()
+            }),
+            prev_kv: None,
+        }
+    }
+
+    #[test]
+    fn generated_ids_skip_taken_ones_and_duplicates_fail() {
+        let hub = WatchHub::new();
+        let s = hub.open_stream();
+        let spec = || WatchSpec::range(b"a", b"");
+        assert_eq!(hub.register(s.id, 1, spec(), 0, 0).unwrap().watch_id, 1);
+        assert_eq!(hub.register(s.id, 0, spec(), 0, 0).unwrap().watch_id, 0);
+        assert_eq!(hub.register(s.id, 0, spec(), 0, 0).unwrap().watch_id, 2);
+        assert!(matches!(
+            hub.register(s.id, 2, spec(), 0, 0),
+            Err(WatchError::DuplicateId)
+        ));
+        // Ids are per stream.
+        let s2 = hub.open_stream();
+        assert_eq!(hub.register(s2.id, 2, spec(), 0, 0).unwrap().watch_id, 2);
+        assert_eq!(hub.watcher_count(), 4);
+        hub.close_stream(s.id);
+        assert_eq!(hub.watcher_count(), 1);
+    }
+
+    #[test]
+    fn notify_groups_per_revision_and_respects_start() {
+        let hub = WatchHub::new();
+        let mut s = hub.open_stream();
+        let r = hub
+            .register(s.id, 0, WatchSpec::range(b"a", b"\0"), 0, 3)
+            .unwrap();
+        assert_eq!((r.revision, r.synced), (3, true));
+        // Revision 3 is "before now" for this watcher even if the hub is told of it late.
+        hub.notify(3, &[put("a", 3)]);
+        hub.notify(5, &[put("a", 4), put("b", 5), put("c", 5)]);
+        let d1 = s.deliveries.try_recv().unwrap();
+        let d2 = s.deliveries.try_recv().unwrap();
+        assert!(s.deliveries.try_recv().is_err());
+        assert_eq!(
+            d1,
+            Delivery::Events {
+                watch_id: r.watch_id,
+                revision: 4,
+                events: vec![put("a", 4)]
+            }
+        );
+        assert!(
+            matches!(d2, Delivery::Events { revision: 5, ref events, .. } if events.len() == 2)
+        );
+    }
+
+    #[test]
+    fn full_queue_moves_watcher_to_unsynced_at_first_missed_revision() {
+        let hub = WatchHub::with_buffer("t", 2);
+        let mut s = hub.open_stream();
+        let w = hub
+            .register(s.id, 0, WatchSpec::range(b"k", b""), 0, 1)
+            .unwrap()
+            .watch_id;
+        for rev in 2..=6 {
+            hub.notify(rev, &[put("k", rev)]);
+        }
+        assert_eq!(s.deliveries.len(), 2);
+        let u = hub.unsynced(s.id);
+        assert_eq!(u.len(), 1);
+        assert_eq!((u[0].watch_id, u[0].next_rev), (w, 4));
+        // Progress requests are deferred while a watcher is unsynced.
+        hub.request_progress(s.id);
+        assert_eq!(s.deliveries.len(), 2);
+        while s.deliveries.try_recv().is_ok() {}
+        // Caught up to 5 while the hub is at 6: behind; to 7: synced, and the deferred
+        // progress is answered then.
+        assert_eq!(hub.try_sync(s.id, w, 6), SyncOutcome::Behind);
+        assert_eq!(hub.try_sync(s.id, w, 7), SyncOutcome::Synced);
+        assert_eq!(
+            s.deliveries.try_recv().unwrap(),
+            Delivery::Progress {
+                watch_id: INVALID_WATCH_ID,
+                revision: 6
+            }
+        );
+        hub.notify(7, &[put("k", 7)]);
+        assert!(matches!(
+            s.deliveries.try_recv().unwrap(),
+            Delivery::Events { revision: 7, .. }
+        ));
+    }
+
+    #[test]
+    fn past_start_is_unsynced_future_start_is_synced() {
+        let hub = WatchHub::new();
+        let s = hub.open_stream();
+        hub.notify(10, &[]);
+        let past = hub
+            .register(s.id, 0, WatchSpec::range(b"k", b""), 10, 10)
+            .unwrap();
+        assert!(!past.synced);
+        let future = hub
+            .register(s.id, 0, WatchSpec::range(b"k", b""), 11, 10)
+            .unwrap();
+        assert!(future.synced);
+        assert!(!hub.progress_one(s.id, past.watch_id));
+        assert!(hub.progress_one(s.id, future.watch_id));
+        assert!(hub.cancel(s.id, past.watch_id));
+        assert!(!hub.cancel(s.id, past.watch_id));
+    }
+}

@@ -1,0 +1,95 @@
+//! etcd's Watch service: the per-tenant watcher hub fed by the replica's apply loop, the
+//! per-stream state machine (creates, cancels, progress, unsynced catch-up from history,
+//! fragmentation) and the tonic service. Decisions are written down in `docs/watch.md`.
+
+mod fragment;
+mod hub;
+mod service;
+mod spec;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use api::etcdserverpb::ResponseHeader;
+use memstore::MemStore;
+
+pub use fragment::fragments;
+pub use hub::{
+    DEFAULT_STREAM_BUFFER, Delivery, INVALID_WATCH_ID, Registered, StreamHandle, StreamId,
+    SyncOutcome, Unsynced, WatchHub,
+};
+pub use service::WatchService;
+pub use spec::{WatchSpec, event_revision};
+pub use stream::run_stream;
+
+/// etcd's default `--watch-progress-notify-interval`.
+pub const DEFAULT_PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(10 * 60);
+
+/// etcd's floor for the progress interval (`minWatchProgressInterval`).
+pub const MIN_PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_millis(100);
+
+/// etcd's default `--max-request-bytes` (1.5 MiB) plus its gRPC overhead allowance (512 KiB):
+/// the size above which a `fragment=true` watcher's responses are split.
+pub const DEFAULT_MAX_RESPONSE_BYTES: usize = 1536 * 1024 + 512 * 1024;
+
+/// Most events read from history per catch-up response (etcd sends at most 1000 revisions per
+/// unsynced batch); one revision's events are never split.
+pub const DEFAULT_CATCH_UP_BATCH: usize = 1000;
+
+/// Responses queued towards gRPC per stream before the stream task waits for the client.
+pub const OUTPUT_BUFFER: usize = 16;
+
+/// How watch streams behave; `Default` is etcd's defaults.
+#[derive(Debug, Clone)]
+pub struct WatchConfig {
+    /// Period of `progress_notify` responses to idle synced watchers (etcd adds up to 10 %
+    /// jitter; so do we). Clamped to at least [`MIN_PROGRESS_NOTIFY_INTERVAL`].
+    pub progress_notify_interval: Duration,
+    /// Responses of `fragment=true` watchers at least this large are split.
+    pub max_response_bytes: usize,
+    /// Most events per catch-up response read from history.
+    pub catch_up_batch: usize,
+}
+
+impl Default for WatchConfig {
+    fn default() -> Self {
+        Self {
+            progress_notify_interval: DEFAULT_PROGRESS_NOTIFY_INTERVAL,
+            max_response_bytes: DEFAULT_MAX_RESPONSE_BYTES,
+            catch_up_batch: DEFAULT_CATCH_UP_BATCH,
+        }
+    }
+}
+
+/// Errors of the watch layer; their `Display` is etcd's text where a client sees it.
+#[derive(Debug, thiserror::Error)]
+pub enum WatchError {
+    /// A create request named a watch id already in use on the stream.
+    #[error("mvcc: duplicate watch ID provided on the WatchStream")]
+    DuplicateId,
+    /// The stream was closed (by the client or on shutdown).
+    #[error("watch stream closed")]
+    StreamClosed,
+}
+
+/// Where a watch stream's tenant lives. Implemented by the frontend core.
+pub trait WatchSource: Send + Sync + 'static {
+    /// Resolves the tenant of a Watch stream (from its request metadata/peer) to its store and
+    /// hub.
+    fn resolve(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+    ) -> Result<WatchTarget, tonic::Status>;
+}
+
+/// A tenant's store and hub, and the header fields this frontend answers with.
+#[derive(Clone)]
+pub struct WatchTarget {
+    pub store: Arc<RwLock<MemStore>>,
+    pub hub: Arc<WatchHub>,
+    /// cluster_id, member_id, raft_term; the revision is filled per response.
+    pub header: ResponseHeader,
+}

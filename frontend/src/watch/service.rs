@@ -1,0 +1,50 @@
+//! The tonic `Watch` service: resolves each stream's tenant through the frontend's
+//! [`WatchSource`] and spawns one stream task per call.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use api::etcdserverpb::watch_server::Watch;
+use api::etcdserverpb::{WatchRequest, WatchResponse};
+use futures::Stream;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::{OUTPUT_BUFFER, WatchConfig, WatchSource, run_stream};
+
+/// etcd's `Watch` service over the frontend's tenants.
+pub struct WatchService<S: WatchSource> {
+    source: Arc<S>,
+    config: WatchConfig,
+}
+
+impl<S: WatchSource> WatchService<S> {
+    /// A service with etcd's defaults.
+    pub fn new(source: Arc<S>) -> Self {
+        Self::with_config(source, WatchConfig::default())
+    }
+
+    /// A service with explicit settings (progress interval, fragment size, catch-up batch).
+    pub fn with_config(source: Arc<S>, config: WatchConfig) -> Self {
+        Self { source, config }
+    }
+}
+
+type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl<S: WatchSource> Watch for WatchService<S> {
+    type WatchStream = ResponseStream;
+
+    async fn watch(
+        &self,
+        request: Request<Streaming<WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let target = self.source.resolve(request.metadata())?;
+        let input = request.into_inner();
+        let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
+        tokio::spawn(run_stream(target, self.config.clone(), input, tx));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}

@@ -1,0 +1,429 @@
+//! One watch stream (one gRPC `Watch` call): answers create/cancel/progress requests as etcd's
+//! `serverWatchStream` does, forwards the hub's deliveries, catches unsynced watchers up from the
+//! store's history, sends periodic progress notifications and fragments large responses. One
+//! task per stream, so everything a stream sends is in one order.
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::time::Duration;
+
+use api::etcdserverpb::watch_request::RequestUnion;
+use api::etcdserverpb::{ResponseHeader, WatchCreateRequest, WatchRequest, WatchResponse};
+use api::mvccpb::Event;
+use futures::{Stream, StreamExt};
+use memstore::MemStore;
+use rand::Rng;
+use tokio::sync::mpsc;
+use tonic::Status;
+use tracing::Instrument;
+
+use super::hub::{Delivery, INVALID_WATCH_ID, StreamHandle, SyncOutcome, Unsynced, WatchHub};
+use super::spec::{WatchSpec, event_revision};
+use super::{MIN_PROGRESS_NOTIFY_INTERVAL, WatchConfig, WatchError, WatchTarget, fragments};
+
+/// etcd's `rpctypes.ErrCompacted` text, the cancel reason for a negative start revision.
+const ERR_COMPACTED_REASON: &str = "etcdserver: mvcc: required revision has been compacted";
+
+/// Per-watcher options the stream needs (the hub keeps the selection).
+struct WatcherOpts {
+    progress_notify: bool,
+    fragment: bool,
+    /// etcd's `progress[id]`: true when nothing was sent to the watcher since the last tick,
+    /// so the next tick sends a progress notification.
+    progress_due: bool,
+}
+
+/// The client is gone: stop the stream.
+struct Closed;
+
+/// Removes the stream's watchers from the hub however the task ends.
+struct HubGuard {
+    hub: Arc<WatchHub>,
+    stream: u64,
+}
+
+impl Drop for HubGuard {
+    fn drop(&mut self) {
+        self.hub.close_stream(self.stream);
+    }
+}
+
+struct StreamTask {
+    store: Arc<RwLock<MemStore>>,
+    hub: Arc<WatchHub>,
+    header: ResponseHeader,
+    config: WatchConfig,
+    stream: u64,
+    out: mpsc::Sender<Result<WatchResponse, Status>>,
+    active: HashMap<i64, WatcherOpts>,
+}
+
+/// Serves one watch stream until the client goes away: reads requests from `input`, writes
+/// responses to `out`. The frontend's `WatchService` spawns it per gRPC call; tests drive it
+/// directly with channels.
+pub async fn run_stream<S>(
+    target: WatchTarget,
+    config: WatchConfig,
+    input: S,
+    out: mpsc::Sender<Result<WatchResponse, Status>>,
+) where
+    S: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send,
+{
+    let StreamHandle {
+        id,
+        deliveries,
+        wake,
+    } = target.hub.open_stream();
+    let _guard = HubGuard {
+        hub: target.hub.clone(),
+        stream: id,
+    };
+    let span = tracing::debug_span!("watch_stream", tenant = %target.hub.tenant(), stream = id);
+    let task = StreamTask {
+        store: target.store,
+        hub: target.hub,
+        header: target.header,
+        config,
+        stream: id,
+        out,
+        active: HashMap::new(),
+    };
+    serve(task, input, deliveries, wake).instrument(span).await;
+}
+
+async fn serve<S>(
+    mut task: StreamTask,
+    mut input: S,
+    mut deliveries: mpsc::Receiver<Delivery>,
+    wake: Arc<tokio::sync::Notify>,
+) where
+    S: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send,
+{
+    let period = progress_period(task.config.progress_notify_interval);
+    let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut input_open = true;
+    loop {
+        let step = tokio::select! {
+            _ = task.out.closed() => Err(Closed),
+            d = deliveries.recv() => match d {
+                Some(d) => task.deliver(d).await,
+                None => Err(Closed),
+            },
+            r = input.next(), if input_open => match r {
+                Some(Ok(req)) => task.handle_request(req).await,
+                Some(Err(status)) => {
+                    tracing::debug!(%status, "watch stream receive failed");
+                    Err(Closed)
+                }
+                // The client closed its side: as etcd, keep sending until it goes away.
+                None => {
+                    input_open = false;
+                    Ok(())
+                }
+            },
+            () = wake.notified() => task.catch_up(&mut deliveries).await,
+            _ = ticker.tick() => {
+                task.periodic_progress();
+                Ok(())
+            }
+        };
+        if step.is_err() {
+            break;
+        }
+    }
+    tracing::debug!("watch stream closed");
+}
+
+/// etcd's interval: clamped to its minimum, plus up to 10 % jitter so watchers created
+/// together do not report together.
+fn progress_period(interval: Duration) -> Duration {
+    let base = interval.max(MIN_PROGRESS_NOTIFY_INTERVAL);
+    let jitter_ms = (base.as_millis() / 10).max(1) as u64;
+    base + Duration::from_millis(rand::rng().random_range(0..jitter_ms))
+}
+
+fn read_store(store: &RwLock<MemStore>) -> RwLockReadGuard<'_, MemStore> {
+    // A poisoned lock means the apply loop panicked; the replica reports that. Reading the
+    // last consistent state is still what a watcher should see until the stream closes.
+    store.read().unwrap_or_else(|p| p.into_inner())
+}
+
+impl StreamTask {
+    fn header(&self, revision: i64) -> Option<ResponseHeader> {
+        Some(ResponseHeader {
+            revision,
+            ..self.header
+        })
+    }
+
+    fn store_revision(&self) -> i64 {
+        read_store(&self.store).revision()
+    }
+
+    async fn send(&self, resp: WatchResponse) -> Result<(), Closed> {
+        self.out.send(Ok(resp)).await.map_err(|_| Closed)
+    }
+
+    /// Sends events of whole revisions to a watcher, fragmenting if it asked for that.
+    async fn send_events(
+        &mut self,
+        watch_id: i64,
+        revision: i64,
+        events: Vec<Event>,
+    ) -> Result<(), Closed> {
+        let Some(opts) = self.active.get_mut(&watch_id) else {
+            // Cancelled: etcd drops what was still queued for it.
+            return Ok(());
+        };
+        opts.progress_due = false;
+        let fragment = opts.fragment;
+        let n = events.len() as u64;
+        let resp = WatchResponse {
+            header: self.header(revision),
+            watch_id,
+            events,
+            ..Default::default()
+        };
+        if fragment {
+            for part in fragments(resp, self.config.max_response_bytes) {
+                self.send(part).await?;
+            }
+        } else {
+            self.send(resp).await?;
+        }
+        metrics::counter!("strata_watch_events_sent_total", "tenant" => self.hub.tenant().to_string())
+            .increment(n);
+        Ok(())
+    }
+
+    async fn deliver(&mut self, d: Delivery) -> Result<(), Closed> {
+        match d {
+            Delivery::Events {
+                watch_id,
+                revision,
+                events,
+            } => self.send_events(watch_id, revision, events).await,
+            Delivery::Progress { watch_id, revision } => {
+                if watch_id != INVALID_WATCH_ID && !self.active.contains_key(&watch_id) {
+                    return Ok(());
+                }
+                self.send(WatchResponse {
+                    header: self.header(revision),
+                    watch_id,
+                    ..Default::default()
+                })
+                .await
+            }
+        }
+    }
+
+    async fn handle_request(&mut self, req: WatchRequest) -> Result<(), Closed> {
+        match req.request_union {
+            Some(RequestUnion::CreateRequest(c)) => self.create(c).await,
+            Some(RequestUnion::CancelRequest(c)) => {
+                if self.hub.cancel(self.stream, c.watch_id) {
+                    self.active.remove(&c.watch_id);
+                    let rev = self.store_revision();
+                    self.send(WatchResponse {
+                        header: self.header(rev),
+                        watch_id: c.watch_id,
+                        canceled: true,
+                        ..Default::default()
+                    })
+                    .await?;
+                }
+                // etcd answers nothing for an unknown id.
+                Ok(())
+            }
+            Some(RequestUnion::ProgressRequest(_)) => {
+                self.hub.request_progress(self.stream);
+                Ok(())
+            }
+            // etcd ignores a request without a body rather than ending the stream.
+            None => Ok(()),
+        }
+    }
+
+    async fn create(&mut self, c: WatchCreateRequest) -> Result<(), Closed> {
+        let store_rev = self.store_revision();
+        if c.start_revision < 0 {
+            return self
+                .send(WatchResponse {
+                    header: self.header(store_rev),
+                    watch_id: INVALID_WATCH_ID,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: ERR_COMPACTED_REASON.to_string(),
+                    ..Default::default()
+                })
+                .await;
+        }
+        let spec = WatchSpec::from_request(&c);
+        match self
+            .hub
+            .register(self.stream, c.watch_id, spec, c.start_revision, store_rev)
+        {
+            Ok(reg) => {
+                self.active.insert(
+                    reg.watch_id,
+                    WatcherOpts {
+                        progress_notify: c.progress_notify,
+                        fragment: c.fragment,
+                        progress_due: true,
+                    },
+                );
+                tracing::debug!(
+                    watch_id = reg.watch_id,
+                    start_revision = c.start_revision,
+                    synced = reg.synced,
+                    "watcher created"
+                );
+                self.send(WatchResponse {
+                    header: self.header(reg.revision),
+                    watch_id: reg.watch_id,
+                    created: true,
+                    ..Default::default()
+                })
+                .await
+            }
+            Err(e @ WatchError::DuplicateId) => {
+                self.send(WatchResponse {
+                    header: self.header(store_rev),
+                    watch_id: INVALID_WATCH_ID,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: e.to_string(),
+                    ..Default::default()
+                })
+                .await
+            }
+            Err(WatchError::StreamClosed) => Err(Closed),
+        }
+    }
+
+    /// Catches every unsynced watcher of the stream up from the store's history.
+    async fn catch_up(&mut self, deliveries: &mut mpsc::Receiver<Delivery>) -> Result<(), Closed> {
+        // The list first, then the queue length: whatever was queued for these watchers
+        // before they fell behind is in the queue now, and goes out before their history.
+        let behind = self.hub.unsynced(self.stream);
+        if behind.is_empty() {
+            return Ok(());
+        }
+        let queued = deliveries.len();
+        for _ in 0..queued {
+            match deliveries.try_recv() {
+                Ok(d) => self.deliver(d).await?,
+                Err(_) => break,
+            }
+        }
+        for u in behind {
+            self.catch_up_one(u).await?;
+        }
+        Ok(())
+    }
+
+    async fn catch_up_one(&mut self, u: Unsynced) -> Result<(), Closed> {
+        let mut next = u.next_rev;
+        loop {
+            if !self.active.contains_key(&u.watch_id) {
+                return Ok(());
+            }
+            let (read, store_rev, compact_rev) = {
+                let store = read_store(&self.store);
+                (
+                    store.events(
+                        next,
+                        &u.spec.key,
+                        &u.spec.range_end,
+                        self.config.catch_up_batch,
+                    ),
+                    store.revision(),
+                    store.compact_revision(),
+                )
+            };
+            let events = match read {
+                Ok(events) => events,
+                Err(memstore::Error::Compacted) => {
+                    return self.cancel_compacted(u.watch_id, compact_rev).await;
+                }
+                Err(e) => {
+                    tracing::error!(watch_id = u.watch_id, error = %e, "watch history read failed");
+                    return self.cancel_with_reason(u.watch_id, e.to_string()).await;
+                }
+            };
+            let last = events.last().map(event_revision);
+            let selected: Vec<Event> = events
+                .iter()
+                .filter(|e| u.spec.selects(e))
+                .map(|e| u.spec.shape(e))
+                .collect();
+            if !selected.is_empty() {
+                self.send_events(u.watch_id, store_rev, selected).await?;
+            }
+            next = match last {
+                // Possibly cut at the batch bound: read on from the next revision.
+                Some(l) if l < store_rev => l + 1,
+                _ => store_rev + 1,
+            };
+            if next > store_rev {
+                match self.hub.try_sync(self.stream, u.watch_id, next) {
+                    SyncOutcome::Synced | SyncOutcome::Gone => return Ok(()),
+                    SyncOutcome::Behind => {}
+                }
+            }
+        }
+    }
+
+    /// etcd's answer to a watcher whose position was compacted: canceled, compact_revision
+    /// set, no reason, header revision 0 (as etcd 3.4/3.5 send it).
+    async fn cancel_compacted(&mut self, watch_id: i64, compact_rev: i64) -> Result<(), Closed> {
+        if !self.hub.cancel(self.stream, watch_id) {
+            return Ok(());
+        }
+        self.active.remove(&watch_id);
+        tracing::debug!(
+            watch_id,
+            compact_rev,
+            "watcher cancelled: position compacted"
+        );
+        self.send(WatchResponse {
+            header: self.header(0),
+            watch_id,
+            canceled: true,
+            compact_revision: compact_rev,
+            ..Default::default()
+        })
+        .await
+    }
+
+    async fn cancel_with_reason(&mut self, watch_id: i64, reason: String) -> Result<(), Closed> {
+        if !self.hub.cancel(self.stream, watch_id) {
+            return Ok(());
+        }
+        self.active.remove(&watch_id);
+        let rev = self.store_revision();
+        self.send(WatchResponse {
+            header: self.header(rev),
+            watch_id,
+            canceled: true,
+            cancel_reason: reason,
+            ..Default::default()
+        })
+        .await
+    }
+
+    /// etcd's progress ticker: a watcher with `progress_notify` that was sent nothing since the
+    /// last tick gets a progress notification (only while synced).
+    fn periodic_progress(&mut self) {
+        for (&id, opts) in self.active.iter_mut() {
+            if !opts.progress_notify {
+                continue;
+            }
+            if opts.progress_due {
+                self.hub.progress_one(self.stream, id);
+            }
+            opts.progress_due = true;
+        }
+    }
+}

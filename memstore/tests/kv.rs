@@ -402,6 +402,9 @@ fn revision_reads_compacted_and_future() {
     );
 }
 
+/// (etcd compact revision, reads at etcd revisions with their values, whether the key stays).
+type CompactionRow = (i64, &'static [(i64, Option<&'static str>)], bool);
+
 /// The worked example of etcd's key_index.go, one row per compaction (docs/memstore.md).
 #[test]
 fn key_index_compaction_worked_example() {
@@ -417,7 +420,7 @@ fn key_index_compaction_worked_example() {
         h
     };
     // (etcd compact rev, revisions whose reads still work and their values)
-    let rows: [(i64, &[(i64, Option<&str>)], bool); 5] = [
+    let rows: [CompactionRow; 5] = [
         (
             2,
             &[(2, Some("r2")), (3, None), (4, Some("r4")), (5, None)],

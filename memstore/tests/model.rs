@@ -1,0 +1,709 @@
+//! Property test: random operation sequences applied to the memstore and to a deliberately
+//! naive reference model (a full snapshot of every revision); every range at every revision,
+//! every outcome, every event and every replay of history must agree. A checkpoint taken in the
+//! middle of each sequence must load into a store that behaves identically for the rest.
+//!
+//! Deterministic: the seed is fixed (or `MEMSTORE_MODEL_SEED=<u64>`), printed, and proptest
+//! shrinks a failure to a minimal sequence. Cases: `MEMSTORE_MODEL_CASES` (default 192).
+
+use std::collections::BTreeMap;
+
+use api::etcdserverpb::{
+    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest,
+    LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, compare, request_op,
+    response_op,
+};
+use api::mvccpb::{Event, KeyValue, event::EventType};
+use api::strata::entry::{Entry, LeaderChange, Tick, entry::Request};
+use memstore::checkpoint::{self, CheckpointMeta};
+use memstore::{Config, Error, MemStore, Outcome};
+use proptest::prelude::*;
+use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
+
+const KEYS: [&str; 5] = ["a", "ab", "b", "c", "d"];
+const ENDS: [&str; 5] = ["", "b", "c", "e", "\0"];
+const DEFAULT_SEED: u64 = 0x5747_a7a0_2026_1130;
+const DEFAULT_CASES: u32 = 192;
+const EXTEND_MS: i64 = 1_000;
+const MIN_TTL: i64 = 2;
+
+type Snapshot = BTreeMap<Vec<u8>, KeyValue>;
+
+fn in_range(k: &[u8], key: &[u8], end: &[u8]) -> bool {
+    if end.is_empty() {
+        k == key
+    } else if end == [0] {
+        k >= key
+    } else {
+        k >= key && k < end
+    }
+}
+
+/// The naive model: one full copy of the key space per revision.
+struct Model {
+    now: i64,
+    compact: i64,
+    snaps: Vec<Snapshot>, // snaps[r - 1] is the state at revision r
+    events: Vec<Event>,
+    /// id -> (ttl, deadline)
+    leases: BTreeMap<i64, (i64, i64)>,
+}
+
+/// What the model predicts for one entry.
+#[derive(Debug, PartialEq)]
+enum Predicted {
+    Failed(Error),
+    Put(Option<KeyValue>),
+    Delete(i64, Vec<KeyValue>),
+    Txn(TxnShape),
+    Ok,
+}
+
+/// The parts of a txn response the model checks.
+#[derive(Debug, PartialEq)]
+struct TxnShape {
+    succeeded: bool,
+    ops: Vec<OpShape>,
+}
+
+#[derive(Debug, PartialEq)]
+enum OpShape {
+    Range(Vec<KeyValue>, i64),
+    Put,
+    Delete(i64),
+    Txn(TxnShape),
+}
+
+struct Write<'a> {
+    model: &'a Model,
+    cur: Snapshot,
+    rev: i64,
+    events: Vec<Event>,
+}
+
+impl Write<'_> {
+    fn put(&mut self, p: &PutRequest) -> Option<KeyValue> {
+        let prev = self.cur.get(&p.key).cloned();
+        let kv = KeyValue {
+            key: p.key.clone(),
+            create_revision: prev.as_ref().map_or(self.rev, |x| x.create_revision),
+            mod_revision: self.rev,
+            version: prev.as_ref().map_or(1, |x| x.version + 1),
+            value: p.value.clone(),
+            lease: p.lease,
+        };
+        self.cur.insert(p.key.clone(), kv.clone());
+        self.events.push(Event {
+            r#type: EventType::Put as i32,
+            kv: Some(kv),
+            prev_kv: self.model.head().get(&p.key).cloned(),
+        });
+        prev
+    }
+
+    fn delete(&mut self, key: &[u8], end: &[u8]) -> Vec<KeyValue> {
+        let victims: Vec<KeyValue> = self
+            .cur
+            .values()
+            .filter(|kv| in_range(&kv.key, key, end))
+            .cloned()
+            .collect();
+        for kv in &victims {
+            self.cur.remove(&kv.key);
+            self.events.push(Event {
+                r#type: EventType::Delete as i32,
+                kv: Some(KeyValue {
+                    key: kv.key.clone(),
+                    mod_revision: self.rev,
+                    ..Default::default()
+                }),
+                prev_kv: self.model.head().get(&kv.key).cloned(),
+            });
+        }
+        victims
+    }
+}
+
+impl Model {
+    fn new() -> Self {
+        Model {
+            now: 1_000_000,
+            compact: 0,
+            snaps: vec![Snapshot::new()],
+            events: Vec::new(),
+            leases: BTreeMap::new(),
+        }
+    }
+
+    fn rev(&self) -> i64 {
+        self.snaps.len() as i64
+    }
+
+    fn head(&self) -> &Snapshot {
+        self.snaps.last().unwrap()
+    }
+
+    fn at(&self, rev: i64) -> Result<&Snapshot, Error> {
+        if rev > self.rev() {
+            return Err(Error::FutureRevision);
+        }
+        let rev = if rev <= 0 { self.rev() } else { rev };
+        if rev < self.compact {
+            return Err(Error::Compacted);
+        }
+        Ok(&self.snaps[rev as usize - 1])
+    }
+
+    fn range(&self, key: &[u8], end: &[u8], rev: i64) -> Result<Vec<KeyValue>, Error> {
+        Ok(self
+            .at(rev)?
+            .values()
+            .filter(|kv| in_range(&kv.key, key, end))
+            .cloned()
+            .collect())
+    }
+
+    fn begin(&self) -> Write<'_> {
+        Write {
+            model: self,
+            cur: self.head().clone(),
+            rev: self.rev() + 1,
+            events: Vec::new(),
+        }
+    }
+
+    fn commit(&mut self, snap: Snapshot, events: Vec<Event>, out: &mut Vec<Event>) {
+        if !events.is_empty() {
+            self.snaps.push(snap);
+            self.events.extend(events.iter().cloned());
+            out.extend(events);
+        }
+    }
+
+    fn revoke(&mut self, id: i64, out: &mut Vec<Event>) {
+        self.leases.remove(&id);
+        let keys: Vec<Vec<u8>> = self
+            .head()
+            .values()
+            .filter(|kv| kv.lease == id)
+            .map(|kv| kv.key.clone())
+            .collect();
+        let mut w = self.begin();
+        for k in keys {
+            w.delete(&k, b"");
+        }
+        let (cur, events) = (w.cur, w.events);
+        self.commit(cur, events, out);
+    }
+
+    fn apply(&mut self, now: i64, req: &Request, out: &mut Vec<Event>) -> Predicted {
+        self.now = now;
+        if matches!(req, Request::LeaderChange(_)) {
+            for (ttl, deadline) in self.leases.values_mut() {
+                *deadline = now + *ttl * 1000 + EXTEND_MS;
+            }
+        } else {
+            while let Some((&id, _)) = self
+                .leases
+                .iter()
+                .filter(|(_, (_, d))| *d <= now)
+                .min_by_key(|(id, (_, d))| (*d, **id))
+            {
+                self.revoke(id, out);
+            }
+        }
+        match self.request(req, out) {
+            Ok(p) => p,
+            Err(e) => Predicted::Failed(e),
+        }
+    }
+
+    fn request(&mut self, req: &Request, out: &mut Vec<Event>) -> Result<Predicted, Error> {
+        match req {
+            Request::Put(p) => {
+                if p.lease != 0 && !self.leases.contains_key(&p.lease) {
+                    return Err(Error::LeaseNotFound);
+                }
+                let mut w = self.begin();
+                let prev = w.put(p);
+                let (cur, events) = (w.cur, w.events);
+                self.commit(cur, events, out);
+                Ok(Predicted::Put(if p.prev_kv { prev } else { None }))
+            }
+            Request::DeleteRange(d) => {
+                let mut w = self.begin();
+                let victims = w.delete(&d.key, &d.range_end);
+                let (cur, events) = (w.cur, w.events);
+                self.commit(cur, events, out);
+                Ok(Predicted::Delete(
+                    victims.len() as i64,
+                    if d.prev_kv { victims } else { Vec::new() },
+                ))
+            }
+            Request::Txn(t) => {
+                // Request validation is the shared `validate` module (unit-tested on its own).
+                memstore::validate::txn(t, memstore::DEFAULT_MAX_TXN_OPS)?;
+                self.check_branch(t)?;
+                let mut w = self.begin();
+                let shape = run_txn(&mut w, t, self.head());
+                let (cur, events) = (w.cur, w.events);
+                self.commit(cur, events, out);
+                Ok(Predicted::Txn(shape))
+            }
+            Request::Compact(c) => {
+                if c.revision <= self.compact {
+                    return Err(Error::Compacted);
+                }
+                if c.revision > self.rev() {
+                    return Err(Error::FutureRevision);
+                }
+                self.compact = c.revision;
+                Ok(Predicted::Ok)
+            }
+            Request::LeaseGrant(g) => {
+                if self.leases.contains_key(&g.id) {
+                    return Err(Error::LeaseExists);
+                }
+                let ttl = g.ttl.max(MIN_TTL);
+                self.leases.insert(g.id, (ttl, self.now + ttl * 1000));
+                Ok(Predicted::Ok)
+            }
+            Request::LeaseRevoke(r) => {
+                if !self.leases.contains_key(&r.id) {
+                    return Err(Error::LeaseNotFound);
+                }
+                self.revoke(r.id, out);
+                Ok(Predicted::Ok)
+            }
+            Request::LeaseKeepAlive(k) => {
+                let Some((ttl, deadline)) = self.leases.get_mut(&k.id) else {
+                    return Err(Error::LeaseNotFound);
+                };
+                *deadline = self.now + *ttl * 1000;
+                Ok(Predicted::Ok)
+            }
+            _ => Ok(Predicted::Ok),
+        }
+    }
+
+    /// Apply-time checks of the branches a txn takes, against the state before it.
+    fn check_branch(&self, t: &TxnRequest) -> Result<(), Error> {
+        let ops = if compares_hold(self.head(), &t.compare) {
+            &t.success
+        } else {
+            &t.failure
+        };
+        for op in ops {
+            match &op.request {
+                Some(request_op::Request::RequestPut(p))
+                    if p.lease != 0 && !self.leases.contains_key(&p.lease) =>
+                {
+                    return Err(Error::LeaseNotFound);
+                }
+                Some(request_op::Request::RequestTxn(inner)) => self.check_branch(inner)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+fn compares_hold(snap: &Snapshot, compares: &[Compare]) -> bool {
+    compares.iter().all(|c| {
+        let kvs: Vec<&KeyValue> = snap
+            .values()
+            .filter(|kv| in_range(&kv.key, &c.key, &c.range_end))
+            .collect();
+        let value_target = c.target == compare::CompareTarget::Value as i32;
+        if kvs.is_empty() && value_target {
+            return false;
+        }
+        let zero = KeyValue::default();
+        let check = |kv: &KeyValue| {
+            let ord = match c.target_union.clone() {
+                Some(compare::TargetUnion::Value(v)) => kv.value.cmp(&v),
+                Some(compare::TargetUnion::Version(v)) => kv.version.cmp(&v),
+                Some(compare::TargetUnion::ModRevision(v)) => kv.mod_revision.cmp(&v),
+                Some(compare::TargetUnion::CreateRevision(v)) => kv.create_revision.cmp(&v),
+                Some(compare::TargetUnion::Lease(v)) => kv.lease.cmp(&v),
+                None => std::cmp::Ordering::Equal,
+            };
+            match compare::CompareResult::try_from(c.result).unwrap() {
+                compare::CompareResult::Equal => ord.is_eq(),
+                compare::CompareResult::NotEqual => ord.is_ne(),
+                compare::CompareResult::Greater => ord.is_gt(),
+                compare::CompareResult::Less => ord.is_lt(),
+            }
+        };
+        if kvs.is_empty() {
+            check(&zero)
+        } else {
+            kvs.into_iter().all(check)
+        }
+    })
+}
+
+/// Executes the taken branches; nested compares read `before` (the state before the txn).
+fn run_txn(w: &mut Write<'_>, t: &TxnRequest, before: &Snapshot) -> TxnShape {
+    let succeeded = compares_hold(before, &t.compare);
+    let ops = if succeeded { &t.success } else { &t.failure };
+    let mut shapes = Vec::new();
+    for op in ops {
+        shapes.push(match &op.request {
+            Some(request_op::Request::RequestRange(r)) => {
+                let kvs = w
+                    .cur
+                    .values()
+                    .filter(|kv| in_range(&kv.key, &r.key, &r.range_end))
+                    .cloned()
+                    .collect();
+                let read_rev = if w.events.is_empty() {
+                    w.rev - 1
+                } else {
+                    w.rev
+                };
+                OpShape::Range(kvs, read_rev)
+            }
+            Some(request_op::Request::RequestPut(p)) => {
+                w.put(p);
+                OpShape::Put
+            }
+            Some(request_op::Request::RequestDeleteRange(d)) => {
+                OpShape::Delete(w.delete(&d.key, &d.range_end).len() as i64)
+            }
+            Some(request_op::Request::RequestTxn(inner)) => OpShape::Txn(run_txn(w, inner, before)),
+            None => unreachable!("validation refuses empty ops"),
+        });
+    }
+    TxnShape {
+        succeeded,
+        ops: shapes,
+    }
+}
+
+fn shape_of(resp: &api::etcdserverpb::TxnResponse) -> TxnShape {
+    TxnShape {
+        succeeded: resp.succeeded,
+        ops: resp
+            .responses
+            .iter()
+            .map(|r| match r.response.as_ref().unwrap() {
+                response_op::Response::ResponseRange(x) => {
+                    OpShape::Range(x.kvs.clone(), x.header.as_ref().unwrap().revision)
+                }
+                response_op::Response::ResponsePut(_) => OpShape::Put,
+                response_op::Response::ResponseDeleteRange(x) => OpShape::Delete(x.deleted),
+                response_op::Response::ResponseTxn(x) => OpShape::Txn(shape_of(x)),
+            })
+            .collect(),
+    }
+}
+
+fn observed(outcome: &Outcome) -> Predicted {
+    match outcome {
+        Outcome::Failed(e) => Predicted::Failed(e.clone()),
+        Outcome::Put(p) => Predicted::Put(p.prev_kv.clone()),
+        Outcome::DeleteRange(d) => Predicted::Delete(d.deleted, d.prev_kvs.clone()),
+        Outcome::Txn(t) => Predicted::Txn(shape_of(t)),
+        _ => Predicted::Ok,
+    }
+}
+
+// ---- generators ----
+
+fn key() -> impl Strategy<Value = Vec<u8>> {
+    prop::sample::select(KEYS.to_vec()).prop_map(|k| k.as_bytes().to_vec())
+}
+
+fn end() -> impl Strategy<Value = Vec<u8>> {
+    prop::sample::select(ENDS.to_vec()).prop_map(|k| k.as_bytes().to_vec())
+}
+
+fn put_req() -> impl Strategy<Value = PutRequest> {
+    (
+        key(),
+        0u8..4,
+        prop_oneof![3 => Just(0i64), 1 => 1i64..4],
+        any::<bool>(),
+    )
+        .prop_map(|(key, v, lease, prev_kv)| PutRequest {
+            key,
+            value: vec![b'0' + v],
+            lease,
+            prev_kv,
+            ..Default::default()
+        })
+}
+
+fn compare_req() -> impl Strategy<Value = Compare> {
+    (
+        key(),
+        prop_oneof![3 => Just(Vec::new()), 1 => end()],
+        0i32..4,
+        0u8..4,
+        0i64..6,
+    )
+        .prop_map(|(key, range_end, result, target, n)| {
+            let (target, union) = match target {
+                0 => (
+                    compare::CompareTarget::Value,
+                    compare::TargetUnion::Value(vec![b'0' + (n as u8 % 4)]),
+                ),
+                1 => (
+                    compare::CompareTarget::Version,
+                    compare::TargetUnion::Version(n % 3),
+                ),
+                2 => (
+                    compare::CompareTarget::Mod,
+                    compare::TargetUnion::ModRevision(n),
+                ),
+                _ => (
+                    compare::CompareTarget::Lease,
+                    compare::TargetUnion::Lease(n % 4),
+                ),
+            };
+            Compare {
+                result,
+                target: target as i32,
+                key,
+                range_end,
+                target_union: Some(union),
+            }
+        })
+}
+
+fn flat_op() -> impl Strategy<Value = RequestOp> {
+    prop_oneof![
+        3 => put_req().prop_map(request_op::Request::RequestPut),
+        1 => (key(), end()).prop_map(|(key, range_end)| request_op::Request::RequestDeleteRange(DeleteRangeRequest { key, range_end, prev_kv: false })),
+        1 => (key(), end()).prop_map(|(key, range_end)| request_op::Request::RequestRange(RangeRequest { key, range_end, ..Default::default() })),
+    ]
+    .prop_map(|r| RequestOp { request: Some(r) })
+}
+
+fn txn_req(depth: u32) -> BoxedStrategy<TxnRequest> {
+    let op: BoxedStrategy<RequestOp> = if depth == 0 {
+        flat_op().boxed()
+    } else {
+        prop_oneof![4 => flat_op(), 1 => txn_req(depth - 1).prop_map(|t| RequestOp { request: Some(request_op::Request::RequestTxn(t)) })].boxed()
+    };
+    (
+        prop::collection::vec(compare_req(), 0..3),
+        prop::collection::vec(op.clone(), 0..4),
+        prop::collection::vec(op, 0..3),
+    )
+        .prop_map(|(compare, success, failure)| TxnRequest {
+            compare,
+            success,
+            failure,
+        })
+        .boxed()
+}
+
+/// One journal entry: how far time moves, and the request.
+fn step() -> impl Strategy<Value = (i64, Request)> {
+    let req = prop_oneof![
+        6 => put_req().prop_map(Request::Put),
+        2 => (key(), end(), any::<bool>()).prop_map(|(key, range_end, prev_kv)| Request::DeleteRange(DeleteRangeRequest { key, range_end, prev_kv })),
+        4 => txn_req(1).prop_map(Request::Txn),
+        1 => (0i64..6).prop_map(|back| Request::Compact(CompactionRequest { revision: -back, physical: true })),
+        2 => (1i64..4, 1i64..12).prop_map(|(id, ttl)| Request::LeaseGrant(LeaseGrantRequest { ttl, id })),
+        1 => (1i64..4).prop_map(|id| Request::LeaseRevoke(LeaseRevokeRequest { id })),
+        1 => (1i64..4).prop_map(|id| Request::LeaseKeepAlive(LeaseKeepAliveRequest { id })),
+        1 => Just(Request::Tick(Tick {})),
+        1 => Just(Request::LeaderChange(LeaderChange { term: 1 })),
+    ];
+    (
+        prop_oneof![3 => Just(0i64), 2 => 0i64..4_000, 1 => 0i64..15_000],
+        req,
+    )
+}
+
+// ---- the check ----
+
+fn entry(now: i64, req: &Request) -> Entry {
+    Entry {
+        format_version: 1,
+        tenant: "t".into(),
+        request_id: Vec::new(),
+        time_ms: now,
+        request: Some(req.clone()),
+    }
+}
+
+/// Compact requests are generated relative to the head: resolve them.
+fn resolve(req: &Request, model: &Model) -> Request {
+    match req {
+        Request::Compact(c) => Request::Compact(CompactionRequest {
+            revision: model.rev() + c.revision,
+            physical: true,
+        }),
+        r => r.clone(),
+    }
+}
+
+fn check_reads(store: &MemStore, model: &Model) -> Result<(), TestCaseError> {
+    prop_assert_eq!(store.revision(), model.rev());
+    prop_assert_eq!(store.compact_revision(), model.compact);
+    for rev in (model.compact.max(1) - 2)..=(model.rev() + 1) {
+        for (k, e) in [("\0", "\0"), ("a", "b"), ("b", ""), ("ab", "\0")] {
+            let req = RangeRequest {
+                key: k.into(),
+                range_end: e.into(),
+                revision: rev,
+                ..Default::default()
+            };
+            let got = store.range(&req).map(|r| r.kvs);
+            prop_assert_eq!(
+                &got,
+                &model.range(k.as_bytes(), e.as_bytes(), rev),
+                "range {:?}..{:?} at {}",
+                k,
+                e,
+                rev
+            );
+        }
+    }
+    let req = RangeRequest {
+        key: "a".into(),
+        range_end: "\0".into(),
+        limit: 2,
+        ..Default::default()
+    };
+    let resp = store.range(&req).unwrap();
+    let all = model.range(b"a", b"\0", 0).unwrap();
+    prop_assert_eq!(resp.count, all.len() as i64);
+    prop_assert_eq!(resp.more, all.len() > 2);
+    prop_assert_eq!(&resp.kvs[..], &all[..all.len().min(2)]);
+    for from in (model.compact - 1)..=(model.rev() + 1) {
+        let got = store.events(from, b"\0", b"\0", usize::MAX);
+        if from <= model.compact {
+            prop_assert_eq!(got, Err(Error::Compacted));
+        } else {
+            let want: Vec<Event> = model
+                .events
+                .iter()
+                .filter(|e| e.kv.as_ref().unwrap().mod_revision >= from)
+                .cloned()
+                .collect();
+            prop_assert_eq!(got.unwrap(), want, "events from {}", from);
+        }
+    }
+    let leases: Vec<i64> = store.lease_leases().leases.iter().map(|l| l.id).collect();
+    prop_assert_eq!(leases, model.leases.keys().copied().collect::<Vec<_>>());
+    for (&id, &(ttl, deadline)) in &model.leases {
+        let t = store.lease_time_to_live(id, true).unwrap();
+        prop_assert_eq!(t.granted_ttl, ttl);
+        prop_assert_eq!(t.ttl, (deadline - store.time_ms()) / 1000);
+        let keys: Vec<Vec<u8>> = model
+            .head()
+            .values()
+            .filter(|kv| kv.lease == id)
+            .map(|kv| kv.key.clone())
+            .collect();
+        prop_assert_eq!(t.keys, keys);
+    }
+    let s = store.stats();
+    prop_assert_eq!(s.keys, model.head().len() as u64);
+    prop_assert_eq!(
+        s.live_bytes,
+        model
+            .head()
+            .values()
+            .map(|kv| (kv.key.len() + kv.value.len()) as u64)
+            .sum::<u64>()
+    );
+    Ok(())
+}
+
+fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
+    let config = Config {
+        leader_change_extend_ms: EXTEND_MS,
+        min_lease_ttl_secs: MIN_TTL,
+        ..Config::default()
+    };
+    let mut store = MemStore::new(config.clone());
+    let mut model = Model::new();
+    let mut restored: Option<MemStore> = None;
+    let mut now = model.now;
+    for (i, (advance, req)) in steps.iter().enumerate() {
+        if i == steps.len() / 2 {
+            let meta = CheckpointMeta {
+                tenant: "t".into(),
+                shard: 0,
+                index: store.applied_index(),
+                revision: store.revision(),
+                created_ms: now,
+            };
+            let bytes = checkpoint::encode(&meta, &store);
+            let (m, mut loaded) =
+                checkpoint::decode(&bytes).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            loaded.set_config(config.clone());
+            prop_assert_eq!(m, meta);
+            prop_assert!(
+                loaded == store,
+                "a loaded checkpoint differs from its store"
+            );
+            restored = Some(loaded);
+        }
+        now += advance;
+        let req = resolve(req, &model);
+        let index = i as u64 + 1;
+        let applied = store.apply(index, &entry(now, &req));
+        let mut events = Vec::new();
+        let predicted = model.apply(now, &req, &mut events);
+        prop_assert_eq!(
+            observed(&applied.outcome),
+            predicted,
+            "step {}: {:?}",
+            i,
+            req
+        );
+        prop_assert_eq!(&applied.events, &events, "events of step {}", i);
+        prop_assert_eq!(applied.revision, model.rev());
+        if let Some(r) = restored.as_mut() {
+            prop_assert_eq!(
+                &r.apply(index, &entry(now, &req)),
+                &applied,
+                "restored store diverged at step {}",
+                i
+            );
+        }
+        check_reads(&store, &model)?;
+    }
+    if let Some(r) = restored {
+        prop_assert!(r == store);
+        prop_assert_eq!(r.hash_kv(0).unwrap(), store.hash_kv(0).unwrap());
+    }
+    Ok(())
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[test]
+fn memstore_agrees_with_the_naive_model() {
+    let seed = env_u64("MEMSTORE_MODEL_SEED").unwrap_or(DEFAULT_SEED);
+    let cases = env_u64("MEMSTORE_MODEL_CASES").map_or(DEFAULT_CASES, |c| c as u32);
+    println!(
+        "memstore model test: seed {seed} ({cases} cases); replay with MEMSTORE_MODEL_SEED={seed}"
+    );
+    let mut bytes = [0u8; 32];
+    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(seed.wrapping_mul(i as u64 + 1)).to_le_bytes());
+    }
+    let config = PtConfig {
+        cases,
+        failure_persistence: None,
+        ..PtConfig::default()
+    };
+    let mut runner =
+        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let result = runner.run(&prop::collection::vec(step(), 1..60), |steps| {
+        run_case(&steps)
+    });
+    if let Err(e) = result {
+        panic!("model disagreement (replay with MEMSTORE_MODEL_SEED={seed}): {e}");
+    }
+}

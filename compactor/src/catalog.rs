@@ -148,7 +148,11 @@ impl Catalog {
                 self.put_multipart(&location, bytes.clone()).await
             } else {
                 self.store
-                    .put_opts(&location, bytes.clone().into(), PutOptions::from(PutMode::Create))
+                    .put_opts(
+                        &location,
+                        bytes.clone().into(),
+                        PutOptions::from(PutMode::Create),
+                    )
                     .await
                     .map(|_| true)
                     .or_else(|e| match e {
@@ -222,25 +226,19 @@ impl Catalog {
         Ok(bytes)
     }
 
-    /// Publishes a manifest naming `new` first, then the newest of the previous manifest's
-    /// checkpoints, `keep` in all. `new` must be fully written already.
+    /// Publishes a manifest naming `checkpoints` (newest first; sorted here anyway) under the
+    /// next free sequence number. Every checkpoint must be fully written already.
     pub async fn publish(
         &self,
         tenant: &str,
         shard: u32,
-        new: CheckpointRef,
-        keep: usize,
+        mut checkpoints: Vec<CheckpointRef>,
         published_ms: i64,
     ) -> Result<Manifest> {
+        checkpoints.sort_by(|a, b| b.index.cmp(&a.index).then(b.created_ms.cmp(&a.created_ms)));
+        let newest = checkpoints.first().cloned().ok_or(ManifestError::Empty)?;
         for _ in 0..MAX_PUBLISH_ATTEMPTS {
             let seqs = self.manifest_seqs(tenant).await?;
-            let previous = self.latest_manifest(tenant).await?;
-            let mut checkpoints = vec![new.clone()];
-            if let Some(prev) = &previous {
-                checkpoints.extend(prev.checkpoints.iter().filter(|c| c.path != new.path).cloned());
-            }
-            checkpoints.sort_by(|a, b| b.index.cmp(&a.index).then(b.created_ms.cmp(&a.created_ms)));
-            checkpoints.truncate(keep.max(1));
             let seq = seqs.last().map_or(1, |s| s + 1);
             let m = Manifest {
                 format_version: MANIFEST_FORMAT_VERSION,
@@ -248,7 +246,7 @@ impl Catalog {
                 shard,
                 seq,
                 published_ms,
-                checkpoints,
+                checkpoints: checkpoints.clone(),
             };
             let path = Path::from(manifest::manifest_path(tenant, seq)?);
             match self
@@ -257,7 +255,14 @@ impl Catalog {
                 .await
             {
                 Ok(_) => {
-                    info!(tenant, shard, seq, index = new.index, revision = new.revision, "published manifest");
+                    info!(
+                        tenant,
+                        shard,
+                        seq,
+                        index = newest.index,
+                        revision = newest.revision,
+                        "published manifest"
+                    );
                     return Ok(m);
                 }
                 Err(object_store::Error::AlreadyExists { .. }) => {
@@ -318,7 +323,12 @@ impl Catalog {
             }
         }
         if gc != Gc::default() {
-            debug!(tenant, manifests = gc.manifests, checkpoints = gc.checkpoints, "garbage collected");
+            debug!(
+                tenant,
+                manifests = gc.manifests,
+                checkpoints = gc.checkpoints,
+                "garbage collected"
+            );
         }
         Ok(gc)
     }

@@ -134,7 +134,12 @@ impl MemJournal {
             });
         }
         let skip = (from - s.first) as usize;
-        Ok(s.records.iter().skip(skip).take(MEM_READ_BATCH).cloned().collect())
+        Ok(s.records
+            .iter()
+            .skip(skip)
+            .take(MEM_READ_BATCH)
+            .cloned()
+            .collect())
     }
 }
 
@@ -145,31 +150,33 @@ impl Journal for MemJournal {
     async fn read(&self, shard: u32, from: u64) -> Result<RecordStream> {
         // Fail at once when `from` is trimmed, as the real client does.
         self.next_batch(shard, from)?;
-        let state = (self.clone(), self.notifier(), from.max(1), VecDeque::<Record>::new());
-        let s = futures::stream::unfold(
-            Some(state),
-            move |st| async move {
-                let (j, mut rx, mut next, mut buf) = st?;
-                loop {
-                    if let Some(r) = buf.pop_front() {
-                        return Some((Ok(r), Some((j, rx, next, buf))));
-                    }
-                    rx.borrow_and_update();
-                    match j.next_batch(shard, next) {
-                        Ok(batch) if !batch.is_empty() => {
-                            next += batch.len() as u64;
-                            buf.extend(batch);
-                        }
-                        Ok(_) => {
-                            if rx.changed().await.is_err() {
-                                return None;
-                            }
-                        }
-                        Err(e) => return Some((Err(e), None)),
-                    }
-                }
-            },
+        let state = (
+            self.clone(),
+            self.notifier(),
+            from.max(1),
+            VecDeque::<Record>::new(),
         );
+        let s = futures::stream::unfold(Some(state), move |st| async move {
+            let (j, mut rx, mut next, mut buf) = st?;
+            loop {
+                if let Some(r) = buf.pop_front() {
+                    return Some((Ok(r), Some((j, rx, next, buf))));
+                }
+                rx.borrow_and_update();
+                match j.next_batch(shard, next) {
+                    Ok(batch) if !batch.is_empty() => {
+                        next += batch.len() as u64;
+                        buf.extend(batch);
+                    }
+                    Ok(_) => {
+                        if rx.changed().await.is_err() {
+                            return None;
+                        }
+                    }
+                    Err(e) => return Some((Err(e), None)),
+                }
+            }
+        });
         Ok(s.boxed())
     }
 
@@ -208,7 +215,10 @@ mod tests {
         let r = waiter.await.unwrap();
         assert_eq!((r.index, r.time_ms), (4, 10), "time stays monotonic");
         assert_eq!(j.trim(0, 3).await.unwrap(), 3);
-        assert!(matches!(j.read(0, 2).await, Err(Error::Trimmed { first_index: 3, .. })));
+        assert!(matches!(
+            j.read(0, 2).await,
+            Err(Error::Trimmed { first_index: 3, .. })
+        ));
         assert_eq!(j.first_index(0).await.unwrap(), 3);
         assert_eq!(j.last_index(0), 4);
     }

@@ -108,10 +108,18 @@ mod tests {
         let sub = dir.path().join("a/b");
         let url = format!("file://{}", sub.display());
         let s = open(&url).unwrap();
-        s.put(&Path::from("x/y"), b"hi".to_vec().into()).await.unwrap();
+        s.put(&Path::from("x/y"), b"hi".to_vec().into())
+            .await
+            .unwrap();
         assert!(sub.join("x/y").exists());
         let s2 = open(sub.to_str().unwrap()).unwrap();
-        let got = s2.get(&Path::from("x/y")).await.unwrap().bytes().await.unwrap();
+        let got = s2
+            .get(&Path::from("x/y"))
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
         assert_eq!(&got[..], b"hi");
     }
 

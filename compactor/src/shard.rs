@@ -1,0 +1,541 @@
+//! One shard's compaction loop: rebuild every tenant's replica from its newest checkpoint, tail
+//! the shard, apply each record to every tenant, and every N records or T seconds run a round:
+//! encode each tenant's checkpoint, upload it and publish its manifest in the background (the
+//! loop keeps applying meanwhile), then trim the journal below what every tenant's published
+//! checkpoints cover. Failed rounds back off; nothing here ever blocks client traffic.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::manifest::{self, CheckpointRef, Manifest};
+use api::record::entry_for_tenant;
+use api::strata::entry::Entry;
+use api::strata::journal::record::Kind;
+use api::strata::journal::{Record, Tick};
+use bytes::Bytes;
+use futures::StreamExt;
+use memstore::MemStore;
+use memstore::checkpoint::{self, CheckpointMeta};
+use prost::Message;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tracing::{debug, error, info, warn};
+
+use crate::catalog::Catalog;
+use crate::clock::wall_ms;
+use crate::config::Config;
+use crate::error::{Error, Result};
+use crate::reader;
+use crate::source::Journal;
+
+/// How often the loop looks at its timers and reports how far behind it is.
+const TICK: Duration = Duration::from_secs(1);
+/// A "behind" warning is logged at most this often while rounds fail.
+const BEHIND_LOG_EVERY: Duration = Duration::from_secs(10);
+
+/// What one shard's loop has done so far; published on a `watch` channel for tests and status.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardStatus {
+    pub shard: u32,
+    /// True once every tenant's replica is loaded and the shard is being tailed.
+    pub running: bool,
+    /// Last journal index applied.
+    pub applied_index: u64,
+    /// Newest published checkpoint index per tenant.
+    pub checkpoints: BTreeMap<String, u64>,
+    /// First index the journal retains after this compactor's last trim (0: never trimmed).
+    pub trimmed_below: u64,
+    /// Rounds that published every tenant's checkpoint.
+    pub rounds: u64,
+    /// Rounds that failed (some object-store or journal call did not succeed).
+    pub failed_rounds: u64,
+    /// Records applied beyond the oldest tenant's newest published checkpoint.
+    pub behind_entries: u64,
+    /// Times the loop restarted from the object store after an error.
+    pub restarts: u64,
+    pub last_error: Option<String>,
+}
+
+struct Tenant {
+    store: MemStore,
+    /// The tenant's newest manifest's checkpoints, newest first (empty: none published yet).
+    published: Vec<CheckpointRef>,
+}
+
+/// What a background round produced for one tenant.
+type RoundResult = Vec<(String, Result<Manifest>)>;
+
+/// One encoded checkpoint waiting to be uploaded.
+struct Job {
+    tenant: String,
+    index: u64,
+    revision: i64,
+    time_ms: i64,
+    bytes: Bytes,
+    previous: Vec<CheckpointRef>,
+}
+
+pub(crate) struct ShardWorker<J: Journal> {
+    pub shard: u32,
+    pub journal: J,
+    pub catalog: Catalog,
+    pub config: Arc<Config>,
+    pub status: watch::Sender<ShardStatus>,
+}
+
+impl<J: Journal> ShardWorker<J> {
+    /// Runs until `shutdown` turns true; every error restarts the loop from the object store
+    /// after a backoff.
+    pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
+        let mut backoff = self.config.retry_min;
+        loop {
+            let result = self.run_once(&mut shutdown).await;
+            let e = match result {
+                Ok(()) => return,
+                Err(e) => e,
+            };
+            if e.is_retryable() {
+                warn!(shard = self.shard, error = %e, retry_in = ?backoff, "compactor loop failed; restarting from the object store");
+            } else {
+                error!(shard = self.shard, error = %e, retry_in = ?backoff, "compactor loop failed; restarting from the object store");
+            }
+            self.status.send_modify(|s| {
+                s.running = false;
+                s.restarts += 1;
+                s.last_error = Some(e.to_string());
+            });
+            metrics::counter!("strata_compactor_restarts_total", "shard" => self.shard.to_string())
+                .increment(1);
+            tokio::select! {
+                _ = tokio::time::sleep(backoff) => {}
+                _ = stopped(&mut shutdown) => return,
+            }
+            backoff = (backoff * 2).min(self.config.retry_max);
+        }
+    }
+
+    /// Loads every tenant of this shard from its newest usable checkpoint.
+    async fn load(&self) -> Result<(BTreeMap<String, Tenant>, u64)> {
+        let first_index = self.journal.first_index(self.shard).await?.max(1);
+        let mut names: BTreeSet<String> = self.catalog.tenants().await?.into_iter().collect();
+        names.extend(
+            self.config
+                .tenants
+                .iter()
+                .filter(|(_, s)| *s == self.shard)
+                .map(|(t, _)| t.clone()),
+        );
+        let mut tenants = BTreeMap::new();
+        for name in names {
+            let configured_here = self
+                .config
+                .tenants
+                .iter()
+                .any(|(t, s)| *t == name && *s == self.shard);
+            match reader::latest_in(&self.catalog, &name).await {
+                Ok(Some(loaded)) => {
+                    if loaded.manifest.shard != self.shard {
+                        continue;
+                    }
+                    if loaded.meta.index + 1 < first_index {
+                        return Err(Error::Unrecoverable {
+                            tenant: name,
+                            shard: self.shard,
+                            checkpoint: loaded.meta.index,
+                            first_index,
+                        });
+                    }
+                    let bad: BTreeSet<&str> = loaded
+                        .skipped
+                        .iter()
+                        .map(|(r, _)| r.path.as_str())
+                        .collect();
+                    let published = loaded
+                        .manifest
+                        .checkpoints
+                        .iter()
+                        .filter(|c| !bad.contains(c.path.as_str()))
+                        .cloned()
+                        .collect();
+                    info!(shard = self.shard, tenant = %name, index = loaded.meta.index, revision = loaded.meta.revision, "tenant loaded from checkpoint");
+                    tenants.insert(
+                        name,
+                        Tenant {
+                            store: loaded.store,
+                            published,
+                        },
+                    );
+                }
+                Ok(None) if configured_here => {
+                    tenants.insert(
+                        name,
+                        Tenant {
+                            store: MemStore::new(memstore::Config::default()),
+                            published: Vec::new(),
+                        },
+                    );
+                }
+                Ok(None) => {}
+                Err(e) if e.is_retryable() => return Err(e),
+                Err(e) => {
+                    // Every checkpoint of the manifest is unusable. Only a journal that still
+                    // holds the whole history can rebuild the tenant; its shard is unknown, so
+                    // this blocks every shard this compactor owns rather than guess.
+                    if first_index > 1 {
+                        return Err(e);
+                    }
+                    warn!(shard = self.shard, tenant = %name, error = %e, "no usable checkpoint; rebuilding from the whole journal");
+                    tenants.insert(
+                        name,
+                        Tenant {
+                            store: MemStore::new(memstore::Config::default()),
+                            published: Vec::new(),
+                        },
+                    );
+                }
+            }
+        }
+        Ok((tenants, first_index))
+    }
+
+    async fn run_once(&self, shutdown: &mut watch::Receiver<bool>) -> Result<()> {
+        let (mut tenants, first_index) = self.load().await?;
+        let mut stream = self.journal.read(self.shard, first_index).await?;
+        let mut applied = first_index - 1;
+        let mut unnamed: BTreeSet<String> = BTreeSet::new();
+        let mut since_round: u64 = 0;
+        let mut last_round = Instant::now();
+        let mut last_success = Instant::now();
+        let mut last_behind_log = Instant::now();
+        let mut next_attempt = Instant::now();
+        let mut backoff = self.config.retry_min;
+        let mut failures: u64 = 0;
+        // A failed round is retried after its backoff even if no record arrives meanwhile.
+        let mut retry_pending = false;
+        let mut round: Option<JoinHandle<RoundResult>> = None;
+        let mut ticker = tokio::time::interval(TICK);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        self.status.send_modify(|s| {
+            s.shard = self.shard;
+            s.running = true;
+            s.applied_index = applied;
+            s.checkpoints = newest_indexes(&tenants);
+            s.last_error = None;
+        });
+        info!(
+            shard = self.shard,
+            from = first_index,
+            tenants = tenants.len(),
+            "tailing shard"
+        );
+
+        let result = loop {
+            tokio::select! {
+                item = stream.next() => {
+                    let record = match item {
+                        Some(Ok(r)) => r,
+                        Some(Err(e)) => break Err(e),
+                        None => break Err(Error::Journal { shard: self.shard, reason: "read stream ended".into() }),
+                    };
+                    if record.index != applied + 1 {
+                        break Err(Error::Journal {
+                            shard: self.shard,
+                            reason: format!("record {} after {applied}: gap or repeat", record.index),
+                        });
+                    }
+                    if let Err(e) = apply(&mut tenants, &mut unnamed, &record) {
+                        break Err(e);
+                    }
+                    applied = record.index;
+                    since_round += 1;
+                }
+                done = async { round.as_mut().expect("guarded by the if").await }, if round.is_some() => {
+                    round = None;
+                    let results = match done {
+                        Ok(r) => r,
+                        Err(e) => break Err(Error::Task(e.to_string())),
+                    };
+                    let mut ok = true;
+                    for (tenant, r) in results {
+                        match r {
+                            Ok(m) => {
+                                if let Some(t) = tenants.get_mut(&tenant) {
+                                    t.published = m.checkpoints;
+                                }
+                            }
+                            Err(e) => {
+                                ok = false;
+                                warn!(shard = self.shard, tenant = %tenant, error = %e, "checkpoint round failed for tenant");
+                                self.status.send_modify(|s| s.last_error = Some(format!("{tenant}: {e}")));
+                            }
+                        }
+                    }
+                    if ok {
+                        failures = 0;
+                        backoff = self.config.retry_min;
+                        last_success = Instant::now();
+                        self.status.send_modify(|s| s.rounds += 1);
+                        metrics::counter!("strata_compactor_rounds_total", "shard" => self.shard.to_string(), "result" => "ok").increment(1);
+                    } else {
+                        failures += 1;
+                        retry_pending = true;
+                        next_attempt = Instant::now() + backoff;
+                        backoff = (backoff * 2).min(self.config.retry_max);
+                        self.status.send_modify(|s| s.failed_rounds += 1);
+                        metrics::counter!("strata_compactor_rounds_total", "shard" => self.shard.to_string(), "result" => "failed").increment(1);
+                    }
+                    self.status.send_modify(|s| s.checkpoints = newest_indexes(&tenants));
+                    self.trim(&tenants, &unnamed).await;
+                }
+                _ = ticker.tick() => {
+                    let behind = behind_entries(&tenants, applied);
+                    let behind_secs = last_success.elapsed().as_secs_f64();
+                    metrics::gauge!("strata_compactor_applied_index", "shard" => self.shard.to_string()).set(applied as f64);
+                    metrics::gauge!("strata_compactor_behind_entries", "shard" => self.shard.to_string()).set(behind as f64);
+                    metrics::gauge!("strata_compactor_behind_seconds", "shard" => self.shard.to_string()).set(behind_secs);
+                    if failures > 0 && last_behind_log.elapsed() >= BEHIND_LOG_EVERY {
+                        last_behind_log = Instant::now();
+                        warn!(shard = self.shard, behind_entries = behind, behind_seconds = behind_secs as u64, failed_rounds = failures, retry_in = ?next_attempt.saturating_duration_since(Instant::now()), "compactor is behind: object store rounds failing; the journal keeps growing until they succeed");
+                    }
+                }
+                _ = stopped(shutdown) => break Ok(()),
+            }
+            self.status.send_modify(|s| {
+                s.applied_index = applied;
+                s.behind_entries = behind_entries(&tenants, applied);
+            });
+            let due = retry_pending
+                || since_round >= self.config.every_entries
+                || (since_round > 0 && last_round.elapsed() >= self.config.every);
+            if due && round.is_none() && Instant::now() >= next_attempt {
+                match self.start_round(&mut tenants).await {
+                    Ok(Some(handle)) => round = Some(handle),
+                    Ok(None) => {}
+                    Err(e) => break Err(e),
+                }
+                since_round = 0;
+                retry_pending = false;
+                last_round = Instant::now();
+            }
+        };
+        if let Some(r) = round {
+            r.abort();
+        }
+        result
+    }
+
+    /// Encodes every tenant that moved since its newest published checkpoint (here: the loop
+    /// pauses applying while encoding) and starts the upload in the background.
+    async fn start_round(
+        &self,
+        tenants: &mut BTreeMap<String, Tenant>,
+    ) -> Result<Option<JoinHandle<RoundResult>>> {
+        let mut jobs = Vec::new();
+        for (name, t) in tenants.iter_mut() {
+            let index = t.store.applied_index();
+            if index == 0 || t.published.first().is_some_and(|c| c.index >= index) {
+                continue;
+            }
+            let meta = CheckpointMeta {
+                tenant: name.clone(),
+                shard: self.shard,
+                index,
+                revision: t.store.revision(),
+                created_ms: t.store.time_ms(),
+            };
+            let store = std::mem::replace(&mut t.store, MemStore::new(memstore::Config::default()));
+            let (store, bytes) = tokio::task::spawn_blocking(move || {
+                let bytes = checkpoint::encode(&meta, &store);
+                (store, bytes)
+            })
+            .await
+            .map_err(|e| Error::Task(format!("encoding a checkpoint: {e}")))?;
+            jobs.push(Job {
+                tenant: name.clone(),
+                index,
+                revision: store.revision(),
+                time_ms: store.time_ms(),
+                bytes: Bytes::from(bytes),
+                previous: t.published.clone(),
+            });
+            t.store = store;
+        }
+        if jobs.is_empty() {
+            return Ok(None);
+        }
+        let catalog = self.catalog.clone();
+        let shard = self.shard;
+        let keep = self.config.keep;
+        Ok(Some(tokio::spawn(upload_round(catalog, shard, keep, jobs))))
+    }
+
+    /// Trims the journal below the lowest index every tenant's checkpoints cover (the
+    /// checkpoint `trim_lag` places behind each tenant's newest).
+    async fn trim(&self, tenants: &BTreeMap<String, Tenant>, unnamed: &BTreeSet<String>) {
+        if !unnamed.is_empty() {
+            debug!(
+                shard = self.shard,
+                "not trimming: the shard holds tenants that cannot be checkpointed"
+            );
+            return;
+        }
+        let Some(below) = trim_point(tenants, self.config.trim_lag) else {
+            return;
+        };
+        let trimmed_below = self.status.borrow().trimmed_below;
+        if below <= trimmed_below {
+            return;
+        }
+        match self.journal.trim(self.shard, below).await {
+            Ok(first) => {
+                debug!(shard = self.shard, below, first, "journal trimmed");
+                metrics::gauge!("strata_compactor_trimmed_below", "shard" => self.shard.to_string()).set(first as f64);
+                self.status.send_modify(|s| s.trimmed_below = first);
+            }
+            Err(e) => {
+                warn!(shard = self.shard, below, error = %e, "journal trim failed; retrying after the next round")
+            }
+        }
+    }
+}
+
+/// Resolves once `shutdown` is true (or its sender is gone).
+async fn stopped(shutdown: &mut watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
+}
+
+/// The index below which the journal may be trimmed: one past the lowest index covered by the
+/// checkpoint `lag` places behind each tenant's newest. `None` while a tenant has too few.
+fn trim_point(tenants: &BTreeMap<String, Tenant>, lag: usize) -> Option<u64> {
+    let mut low: Option<u64> = None;
+    for t in tenants.values() {
+        let covered = t.published.get(lag)?.index;
+        low = Some(low.map_or(covered, |l| l.min(covered)));
+    }
+    low.map(|l| l + 1)
+}
+
+fn newest_indexes(tenants: &BTreeMap<String, Tenant>) -> BTreeMap<String, u64> {
+    tenants
+        .iter()
+        .filter_map(|(n, t)| t.published.first().map(|c| (n.clone(), c.index)))
+        .collect()
+}
+
+fn behind_entries(tenants: &BTreeMap<String, Tenant>, applied: u64) -> u64 {
+    tenants
+        .values()
+        .map(|t| applied.saturating_sub(t.published.first().map_or(0, |c| c.index)))
+        .max()
+        .unwrap_or(0)
+}
+
+/// The tenant a data record belongs to (None for ticks and leader changes).
+fn owner(record: &Record) -> Result<Option<String>> {
+    match &record.kind {
+        Some(Kind::Data(bytes)) => {
+            let entry = Entry::decode(bytes.as_slice()).map_err(|source| {
+                api::record::DecodeError::Malformed {
+                    index: record.index,
+                    source,
+                }
+            })?;
+            Ok(Some(entry.tenant))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// Applies one record to every tenant replica: its owner gets the entry, every other tenant the
+/// tick it stands for (`api::record::entry_for_tenant`'s rule). A tenant seen for the first time
+/// starts from an empty store (trimming never passes a tenant without a checkpoint, so its whole
+/// history is still in the journal).
+fn apply(
+    tenants: &mut BTreeMap<String, Tenant>,
+    unnamed: &mut BTreeSet<String>,
+    record: &Record,
+) -> Result<()> {
+    let owner = owner(record)?;
+    if let Some(o) = &owner
+        && !tenants.contains_key(o)
+        && !unnamed.contains(o)
+    {
+        if manifest::validate_tenant(o).is_ok() {
+            info!(tenant = %o, index = record.index, "new tenant on shard");
+            tenants.insert(
+                o.clone(),
+                Tenant {
+                    store: MemStore::new(memstore::Config::default()),
+                    published: Vec::new(),
+                },
+            );
+        } else {
+            error!(tenant = ?o, index = record.index, "tenant name cannot name objects: its entries are not checkpointed and the journal will not be trimmed");
+            unnamed.insert(o.clone());
+        }
+    }
+    // The entry every non-owner applies: the same position as a tick.
+    let tick_record = Record {
+        kind: Some(Kind::Tick(Tick {})),
+        ..record.clone()
+    };
+    let shared = entry_for_tenant(
+        if owner.is_some() {
+            &tick_record
+        } else {
+            record
+        },
+        "",
+    )?;
+    for (name, t) in tenants.iter_mut() {
+        if owner.as_deref() == Some(name.as_str()) {
+            let own = entry_for_tenant(record, name)?;
+            t.store.apply(record.index, &own);
+        } else {
+            t.store.apply(record.index, &shared);
+        }
+    }
+    Ok(())
+}
+
+/// Uploads each job's checkpoint, publishes its tenant's manifest and collects garbage; runs in
+/// the background while the shard loop keeps applying.
+async fn upload_round(catalog: Catalog, shard: u32, keep: usize, jobs: Vec<Job>) -> RoundResult {
+    let mut out = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        let tenant = job.tenant.clone();
+        let r = upload_one(&catalog, shard, keep, job).await;
+        out.push((tenant, r));
+    }
+    out
+}
+
+async fn upload_one(catalog: &Catalog, shard: u32, keep: usize, job: Job) -> Result<Manifest> {
+    let started = Instant::now();
+    let size = job.bytes.len();
+    let new = catalog
+        .write_checkpoint(
+            &job.tenant,
+            job.index,
+            job.revision,
+            job.time_ms,
+            wall_ms(),
+            job.bytes,
+        )
+        .await?;
+    let mut list = vec![new];
+    list.extend(job.previous.into_iter().filter(|c| c.index < job.index));
+    list.truncate(keep);
+    let m = catalog.publish(&job.tenant, shard, list, wall_ms()).await?;
+    let secs = started.elapsed().as_secs_f64();
+    metrics::histogram!("strata_compactor_checkpoint_upload_seconds").record(secs);
+    metrics::counter!("strata_compactor_checkpoint_bytes_total", "shard" => shard.to_string())
+        .increment(size as u64);
+    debug!(tenant = %job.tenant, shard, index = job.index, bytes = size, seconds = secs, "checkpoint published");
+    if let Err(e) = catalog.collect_garbage(&job.tenant, &m).await {
+        warn!(tenant = %job.tenant, shard, error = %e, "garbage collection failed; retrying after the next checkpoint");
+    }
+    Ok(m)
+}

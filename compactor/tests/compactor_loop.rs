@@ -1,0 +1,259 @@
+//! The compactor loop against the in-memory journal and real object stores (local directory,
+//! in-memory, and one that can be switched off): checkpoints, trims, fresh replicas equal to full
+//! replays, fallback past a corrupt checkpoint, restarts, and outages.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::manifest;
+use common::{FlakyStore, History, apply_all, assert_same, wait_status};
+use compactor::store::Store;
+use compactor::{Catalog, Compactor, Config, MemJournal, reader};
+use object_store::ObjectStore;
+use object_store::memory::InMemory;
+
+const SHARD: u32 = 0;
+const TENANTS: [&str; 2] = ["default", "acme"];
+
+fn config() -> Config {
+    Config {
+        shards: vec![SHARD],
+        tenants: vec![("default".into(), SHARD)],
+        every_entries: 100,
+        every: Duration::from_millis(500),
+        keep: 3,
+        trim_lag: 1,
+        retry_min: Duration::from_millis(50),
+        retry_max: Duration::from_millis(400),
+    }
+}
+
+/// Every tenant's newest checkpoint covers `index`.
+fn covers_all(s: &compactor::ShardStatus, index: u64) -> bool {
+    TENANTS
+        .iter()
+        .all(|t| s.checkpoints.get(*t).is_some_and(|&i| i >= index))
+}
+
+/// A fresh replica per tenant from its newest checkpoint plus the retained journal equals one
+/// that replayed everything.
+async fn assert_fresh_replicas_match(store: &Store, journal: &MemJournal, h: &History) {
+    for t in TENANTS {
+        let loaded = reader::latest(store.clone(), t)
+            .await
+            .unwrap()
+            .expect("a checkpoint");
+        let mut replica = loaded.store;
+        let tail = journal.records(SHARD, loaded.meta.index + 1);
+        if let Some(first) = tail.first() {
+            assert_eq!(
+                first.index,
+                loaded.meta.index + 1,
+                "{t}: journal trimmed past the checkpoint"
+            );
+        }
+        apply_all(&mut replica, t, &tail);
+        assert_same(t, &replica, &h.reference(t));
+    }
+}
+
+/// Every manifest in the store names only complete objects with the recorded size and CRC, and
+/// the journal is not trimmed past any tenant's newest published checkpoint.
+async fn assert_store_invariants(catalog: &Catalog, journal: &MemJournal) {
+    use compactor::Journal;
+    let first = journal.first_index(SHARD).await.unwrap();
+    for t in catalog.tenants().await.unwrap() {
+        let seqs = catalog.manifest_seqs(&t).await.unwrap();
+        assert!(!seqs.is_empty(), "{t} has a folder but no manifest");
+        for seq in seqs {
+            let Some(m) = catalog.read_manifest(&t, seq).await.unwrap() else {
+                continue;
+            };
+            for r in &m.checkpoints {
+                catalog.read_checkpoint(r).await.unwrap_or_else(|e| {
+                    panic!(
+                        "manifest {seq} of {t} names {} which is unusable: {e}",
+                        r.path
+                    )
+                });
+            }
+        }
+        let newest = catalog.latest_manifest(&t).await.unwrap().unwrap();
+        assert!(
+            first <= newest.newest().unwrap().index + 1,
+            "{t}: journal starts at {first}, newest checkpoint covers {}",
+            newest.newest().unwrap().index
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_trim_and_fresh_replicas_match_full_replay_on_a_local_dir() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = compactor::store::open(dir.path().to_str().unwrap()).unwrap();
+    let catalog = Catalog::new(store.clone());
+    let journal = MemJournal::new();
+    let mut h = History::new(journal.clone(), SHARD, &TENANTS, 11);
+    let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
+    let mut st = c.status(SHARD).unwrap();
+    for _ in 0..6 {
+        h.write(250);
+        let last = h.last_index();
+        wait_status(&mut st, "checkpoints at the last index", |s| {
+            covers_all(s, last)
+        })
+        .await;
+    }
+    let s = wait_status(&mut st, "a trim", |s| s.trimmed_below > 1).await;
+    assert!(s.rounds >= 6, "{s:?}");
+    c.shutdown().await;
+    use compactor::Journal;
+    assert!(
+        journal.first_index(SHARD).await.unwrap() > 1,
+        "journal was trimmed"
+    );
+    assert_fresh_replicas_match(&store, &journal, &h).await;
+    assert_store_invariants(&catalog, &journal).await;
+    // Retention: the newest manifest keeps `keep` checkpoints, and older objects are gone.
+    for t in TENANTS {
+        let m = catalog.latest_manifest(t).await.unwrap().unwrap();
+        assert_eq!(m.checkpoints.len(), 3, "{t}: keep 3");
+        let dir = dir.path().join(manifest::checkpoints_dir(t).unwrap());
+        let files = std::fs::read_dir(dir).unwrap().count();
+        assert!(
+            files <= 3 + 1,
+            "{t}: {files} checkpoint objects left, garbage not collected"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_is_rejected_and_the_previous_checkpoint_is_used() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = compactor::store::open(dir.path().to_str().unwrap()).unwrap();
+    let catalog = Catalog::new(store.clone());
+    let journal = MemJournal::new();
+    let mut h = History::new(journal.clone(), SHARD, &TENANTS, 23);
+    let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
+    let mut st = c.status(SHARD).unwrap();
+    h.write(700);
+    let last = h.last_index();
+    wait_status(&mut st, "checkpoints at the last index", |s| {
+        covers_all(s, last)
+    })
+    .await;
+    c.shutdown().await;
+
+    let m = catalog.latest_manifest("default").await.unwrap().unwrap();
+    assert!(m.checkpoints.len() >= 2);
+    let newest = &m.checkpoints[0];
+    let file = dir.path().join(&newest.path);
+    let mut bytes = std::fs::read(&file).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x40;
+    std::fs::write(&file, &bytes).unwrap();
+
+    // The object's own checksum rejects it even without the manifest's CRC.
+    let Err(err) = memstore::checkpoint::decode(&bytes) else {
+        panic!("a checkpoint with a flipped byte was accepted");
+    };
+    assert!(matches!(err, memstore::Error::Corrupt(_)), "{err:?}");
+
+    let loaded = reader::latest(store.clone(), "default")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        loaded.reference, m.checkpoints[1],
+        "fell back to the previous checkpoint"
+    );
+    assert_eq!(loaded.skipped.len(), 1);
+    // trim_lag = 1 keeps the journal from the previous checkpoint on: replay still works.
+    assert_fresh_replicas_match(&store, &journal, &h).await;
+
+    // A compactor restarted now resumes from the previous checkpoint and publishes new ones
+    // without the corrupt object.
+    let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
+    let mut st = c.status(SHARD).unwrap();
+    h.write(300);
+    let last = h.last_index();
+    wait_status(&mut st, "checkpoints after restart", |s| {
+        covers_all(s, last)
+    })
+    .await;
+    c.shutdown().await;
+    let m2 = catalog.latest_manifest("default").await.unwrap().unwrap();
+    assert!(
+        m2.checkpoints.iter().all(|c| c.path != newest.path),
+        "corrupt object dropped from the manifest"
+    );
+    assert_fresh_replicas_match(&store, &journal, &h).await;
+    assert_store_invariants(&catalog, &journal).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_resumes_from_published_checkpoints() {
+    let store: Store = Arc::new(InMemory::new());
+    let catalog = Catalog::new(store.clone());
+    let journal = MemJournal::new();
+    let mut h = History::new(journal.clone(), SHARD, &TENANTS, 37);
+    for round in 0..3 {
+        let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
+        let mut st = c.status(SHARD).unwrap();
+        h.write(400);
+        let last = h.last_index();
+        wait_status(&mut st, "checkpoints at the last index", |s| {
+            covers_all(s, last)
+        })
+        .await;
+        let s = st.borrow().clone();
+        assert_eq!(s.restarts, 0, "round {round}: {s:?}");
+        c.shutdown().await;
+        assert_fresh_replicas_match(&store, &journal, &h).await;
+        assert_store_invariants(&catalog, &journal).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn object_store_outage_delays_checkpoints_and_the_compactor_catches_up() {
+    let flaky = FlakyStore::new(Arc::new(InMemory::new()));
+    let store: Store = flaky.clone() as Arc<dyn ObjectStore>;
+    let catalog = Catalog::new(store.clone());
+    let journal = MemJournal::new();
+    let mut h = History::new(journal.clone(), SHARD, &TENANTS, 41);
+    let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
+    let mut st = c.status(SHARD).unwrap();
+    h.write(300);
+    let before = h.last_index();
+    let s0 = wait_status(&mut st, "first checkpoints", |s| covers_all(s, before)).await;
+
+    flaky.set_down(true);
+    h.write(600);
+    let s1 = wait_status(&mut st, "failed rounds", |s| s.failed_rounds >= 2).await;
+    assert!(s1.behind_entries >= 600, "lag is reported: {s1:?}");
+    assert_eq!(
+        s1.checkpoints, s0.checkpoints,
+        "nothing published while down"
+    );
+    let trimmed_while_down = s1.trimmed_below;
+    // Appends were never held up: the journal took all of them.
+    assert_eq!(journal.last_index(SHARD), h.last_index());
+
+    flaky.set_down(false);
+    let last = h.last_index();
+    let s2 = wait_status(&mut st, "catch-up", |s| covers_all(s, last)).await;
+    assert_eq!(
+        s2.restarts, 0,
+        "outage handled by retries, not restarts: {s2:?}"
+    );
+    let s3 = wait_status(&mut st, "trim after catch-up", |s| {
+        s.trimmed_below > trimmed_while_down
+    })
+    .await;
+    assert!(s3.trimmed_below > before.min(trimmed_while_down));
+    c.shutdown().await;
+    assert_fresh_replicas_match(&store, &journal, &h).await;
+    assert_store_invariants(&catalog, &journal).await;
+}

@@ -1,0 +1,138 @@
+//! The Cluster and Maintenance services through the `etcd-client` crate: MemberList, Status,
+//! Alarm, Defragment, Hash, HashKV; and Strata's own answers where the service manages what an
+//! etcd member would (membership, leadership, auth).
+
+mod common;
+
+use common::{rev, start, status};
+use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
+use strata_tests::target::TargetKind;
+use tonic::Code;
+
+#[tokio::test]
+async fn member_list_names_the_endpoint() {
+    let (t, mut c) = start().await;
+    let r = c.member_list().await.unwrap();
+    let h = r.header().expect("header");
+    assert_ne!(h.cluster_id(), 0);
+    assert_ne!(h.member_id(), 0);
+    assert!(!r.members().is_empty());
+    assert!(r.members().iter().all(|m| m.id() != 0));
+    assert!(
+        r.members()
+            .iter()
+            .any(|m| m.client_urls().iter().any(|u| u == t.endpoint())),
+        "no member serves {}: {:?}",
+        t.endpoint(),
+        r.members()
+    );
+    assert!(
+        r.members().iter().any(|m| m.id() == h.member_id()),
+        "the answering member is listed"
+    );
+}
+
+#[tokio::test]
+async fn status_alarm_defragment() {
+    let (_t, mut c) = start().await;
+    c.put("s", "1", None).await.unwrap();
+    let s = c.status().await.unwrap();
+    assert!(s.version().starts_with("3."), "{}", s.version());
+    assert!(s.db_size() > 0);
+    assert_ne!(s.leader(), 0);
+    assert!(s.raft_index() > 0);
+    assert!(s.raft_term() > 0);
+    assert!(s.errors().is_empty(), "{:?}", s.errors());
+    assert!(rev(s.header()) >= 2);
+
+    let alarms = c
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await
+        .unwrap();
+    assert_eq!(alarms.alarms().len(), 0, "a fresh cluster has no alarms");
+    // Disarming an alarm that is not raised is a no-op success.
+    let member = c.member_list().await.unwrap().header().unwrap().member_id();
+    let mut opts = AlarmOptions::new();
+    opts.with_member(member);
+    let disarm = c
+        .alarm(AlarmAction::Deactivate, AlarmType::Nospace, Some(opts))
+        .await
+        .unwrap();
+    assert!(disarm.alarms().is_empty());
+
+    c.defragment().await.unwrap();
+    c.put("s", "2", None).await.unwrap();
+    assert_eq!(c.get("s", None).await.unwrap().kvs()[0].value(), b"2");
+}
+
+#[tokio::test]
+async fn hash_and_hash_kv_are_stable_at_a_revision() {
+    let (t, mut c) = start().await;
+    // etcd 3.4 predates HashKVResponse.hash_revision (3.5); Strata speaks 3.5 and fills it.
+    let expect_hash_rev = |r: i64| if t.kind() == TargetKind::Etcd { 0 } else { r };
+    for i in 0..10 {
+        c.put(format!("h/{i}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let at = rev(c.put("h/last", "x", None).await.unwrap().header());
+    let a = c.hash_kv(at).await.unwrap();
+    let b = c.hash_kv(at).await.unwrap();
+    assert_eq!(
+        a.hash(),
+        b.hash(),
+        "HashKV at one revision is deterministic"
+    );
+    assert_eq!(a.hash_revision(), expect_hash_rev(at));
+    c.put("h/more", "y", None).await.unwrap();
+    let later = c.hash_kv(0).await.unwrap();
+    assert_eq!(
+        later.hash_revision(),
+        expect_hash_rev(at + 1),
+        "revision 0 means the latest"
+    );
+    assert_ne!(later.hash(), a.hash(), "a new write changes the hash");
+    let again = c.hash_kv(at).await.unwrap();
+    assert_eq!(again.hash(), a.hash(), "history is hashed as it was");
+    c.compact(at, None).await.unwrap();
+    let compacted = c.hash_kv(0).await.unwrap();
+    assert_eq!(compacted.compact_version(), at);
+    c.hash().await.unwrap();
+}
+
+/// Membership, leadership and auth are the service's business: Strata refuses them clearly.
+/// (Against etcd these RPCs change a real member, so the test only runs against Strata.)
+#[tokio::test]
+async fn strata_refuses_membership_leadership_and_auth_changes_clearly() {
+    let (t, mut c) = start().await;
+    if t.kind() == TargetKind::Etcd {
+        eprintln!("skipped: etcd really changes membership; this checks Strata's own answers");
+        return;
+    }
+    let id = c.member_list().await.unwrap().members()[0].id();
+    let (code, msg) = status(c.member_add(["http://127.0.0.1:1"], None).await);
+    assert_eq!(code, Code::FailedPrecondition);
+    assert!(
+        msg.contains("membership is managed by the service"),
+        "{msg}"
+    );
+    let (code, _) = status(c.member_remove(id).await);
+    assert_eq!(code, Code::FailedPrecondition);
+    let (code, _) = status(
+        c.member_update(id, vec!["http://127.0.0.1:1".to_string()])
+            .await,
+    );
+    assert_eq!(code, Code::FailedPrecondition);
+    let (code, _) = status(c.member_promote(id).await);
+    assert_eq!(code, Code::FailedPrecondition);
+    let (code, msg) = status(c.move_leader(id).await);
+    assert_eq!(code, Code::FailedPrecondition);
+    assert!(msg.contains("leadership is managed"), "{msg}");
+    let (code, _) = status(c.auth_enable().await);
+    assert_eq!(code, Code::Unimplemented);
+    let (code, _) = status(c.user_add("root", "pw", None).await);
+    assert_eq!(code, Code::Unimplemented);
+    // Nothing changed: still one served membership, still no auth.
+    assert_eq!(c.member_list().await.unwrap().members()[0].id(), id);
+    c.put("still", "works", None).await.unwrap();
+}

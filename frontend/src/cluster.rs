@@ -1,0 +1,128 @@
+//! The etcd `Cluster` service: MemberList lists the frontends serving the tenant (this one and
+//! its configured peers) so clients spread over them; membership changes are refused, since the
+//! service manages membership.
+
+use std::sync::Arc;
+
+use api::etcdserverpb::cluster_server::Cluster;
+use api::etcdserverpb::{
+    Member, MemberAddRequest, MemberAddResponse, MemberListRequest, MemberListResponse,
+    MemberPromoteRequest, MemberPromoteResponse, MemberRemoveRequest, MemberRemoveResponse,
+    MemberUpdateRequest, MemberUpdateResponse,
+};
+use tonic::{Request, Response, Status};
+
+use crate::config::stable_id;
+use crate::errors::Error;
+use crate::rpc::{RequestId, handled, unary};
+use crate::tenants::Tenants;
+
+/// The frontends a MemberList reports.
+#[derive(Debug, Clone)]
+pub struct Members {
+    pub members: Vec<Member>,
+}
+
+impl Members {
+    /// This frontend (`own_id`, `own_name`, `own_urls`) followed by one member per peer URL,
+    /// each peer's id derived from its URL the way a peer derives its own default id.
+    pub fn new(own_id: u64, own_name: &str, own_urls: &[String], peers: &[String]) -> Self {
+        let mut members = vec![Member {
+            id: own_id,
+            name: own_name.to_string(),
+            peer_ur_ls: Vec::new(),
+            client_ur_ls: own_urls.to_vec(),
+            is_learner: false,
+        }];
+        for p in peers {
+            if own_urls.contains(p) {
+                continue;
+            }
+            members.push(Member {
+                id: stable_id(p),
+                name: p.clone(),
+                peer_ur_ls: Vec::new(),
+                client_ur_ls: vec![p.clone()],
+                is_learner: false,
+            });
+        }
+        Self { members }
+    }
+}
+
+pub struct ClusterService {
+    tenants: Arc<Tenants>,
+    members: Members,
+}
+
+impl ClusterService {
+    pub fn new(tenants: Arc<Tenants>, members: Members) -> Self {
+        Self { tenants, members }
+    }
+}
+
+#[tonic::async_trait]
+impl Cluster for ClusterService {
+    async fn member_add(
+        &self,
+        _req: Request<MemberAddRequest>,
+    ) -> Result<Response<MemberAddResponse>, Status> {
+        Err(handled(Error::MembershipManaged))
+    }
+
+    async fn member_remove(
+        &self,
+        _req: Request<MemberRemoveRequest>,
+    ) -> Result<Response<MemberRemoveResponse>, Status> {
+        Err(handled(Error::MembershipManaged))
+    }
+
+    async fn member_update(
+        &self,
+        _req: Request<MemberUpdateRequest>,
+    ) -> Result<Response<MemberUpdateResponse>, Status> {
+        Err(handled(Error::MembershipManaged))
+    }
+
+    async fn member_list(
+        &self,
+        req: Request<MemberListRequest>,
+    ) -> Result<Response<MemberListResponse>, Status> {
+        let t = self.tenants.resolve(req.metadata()).map_err(handled)?;
+        let members = self.members.members.clone();
+        unary("MemberList", &t.name, RequestId::random(), async {
+            let revision = t.replica.read().revision();
+            Ok(MemberListResponse {
+                header: Some(t.header(revision)),
+                members,
+            })
+        })
+        .await
+    }
+
+    async fn member_promote(
+        &self,
+        _req: Request<MemberPromoteRequest>,
+    ) -> Result<Response<MemberPromoteResponse>, Status> {
+        Err(handled(Error::MembershipManaged))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn members_list_self_then_peers_without_duplicates() {
+        let own = vec!["http://127.0.0.1:1".to_string()];
+        let peers = vec![
+            "http://127.0.0.1:1".to_string(),
+            "http://127.0.0.1:2".to_string(),
+        ];
+        let m = Members::new(7, "me", &own, &peers);
+        assert_eq!(m.members.len(), 2);
+        assert_eq!(m.members[0].id, 7);
+        assert_eq!(m.members[1].id, stable_id("http://127.0.0.1:2"));
+        assert_eq!(m.members[1].client_ur_ls, vec!["http://127.0.0.1:2"]);
+    }
+}

@@ -1,0 +1,192 @@
+//! The frontend's one configuration struct: its doc comments are `strata frontend --help`.
+
+use std::net::SocketAddr;
+
+/// etcd's default `--max-request-bytes` (1.5 MiB).
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1_572_864;
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// The etcd version reported by `Maintenance.Status` unless configured.
+pub const DEFAULT_ETCD_VERSION: &str = "3.5.17";
+/// Largest `--max-request-bytes` accepted (etcd warns above 10 MiB; gRPC frames stay sane).
+pub const MAX_MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+
+/// Serve the etcd v3 API for one tenant from a replica rebuilt from the journal.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Config {
+    /// Journal node addresses, comma separated (host:port or http://host:port).
+    #[arg(long, value_delimiter = ',', required = true)]
+    pub journal: Vec<String>,
+
+    /// Address for etcd clients (gRPC: KV, Watch, Lease, Cluster, Maintenance, Auth, health).
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    pub listen: SocketAddr,
+
+    /// Address for HTTP /health, /readyz and Prometheus /metrics.
+    #[arg(long, default_value = "127.0.0.1:2381")]
+    pub metrics_listen: SocketAddr,
+
+    /// The tenant this frontend serves (the default tenant until multi-tenancy lands).
+    #[arg(long, default_value = "default")]
+    pub tenant: String,
+
+    /// The journal shard that holds the tenant.
+    #[arg(long, default_value_t = 0)]
+    pub shard: u32,
+
+    /// Client URLs this frontend is reached at, listed by Cluster.MemberList
+    /// (default: http://<listen>).
+    #[arg(long, value_delimiter = ',')]
+    pub advertise_client_urls: Vec<String>,
+
+    /// Member id reported in response headers and MemberList (default: derived from the first
+    /// advertised client URL, so every frontend derives the same ids for its peers).
+    #[arg(long)]
+    pub member_id: Option<u64>,
+
+    /// Member name reported in MemberList (default: the first advertised client URL).
+    #[arg(long)]
+    pub name: Option<String>,
+
+    /// etcd version reported by Maintenance.Status (clients enable features by it).
+    #[arg(long, default_value = DEFAULT_ETCD_VERSION)]
+    pub etcd_version: String,
+
+    /// Largest request accepted, in bytes (etcd's --max-request-bytes).
+    #[arg(long, default_value_t = DEFAULT_MAX_REQUEST_BYTES)]
+    pub max_request_bytes: usize,
+
+    /// Most operations in one txn (etcd's --max-txn-ops); at most the apply-time limit.
+    #[arg(long, default_value_t = DEFAULT_MAX_TXN_OPS)]
+    pub max_txn_ops: usize,
+
+    /// Client URLs of the other frontends serving this tenant, comma separated, listed by
+    /// Cluster.MemberList so clients spread over them.
+    #[arg(long, value_delimiter = ',')]
+    pub peer_frontends: Vec<String>,
+}
+
+/// A configuration that cannot be served.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--journal needs at least one address")]
+    NoJournal,
+    #[error("--tenant must not be empty")]
+    EmptyTenant,
+    #[error("--max-request-bytes must be between 1 and {MAX_MAX_REQUEST_BYTES}, got {0}")]
+    MaxRequestBytes(usize),
+    #[error("--max-txn-ops must be between 1 and the apply-time limit {limit}, got {got}")]
+    MaxTxnOps { got: usize, limit: usize },
+    #[error("--etcd-version must look like 3.5.17, got {0:?}")]
+    EtcdVersion(String),
+    #[error("client URL {0:?} must start with http:// or https://")]
+    Url(String),
+}
+
+impl Config {
+    /// A configuration for tests and embedding: one journal address, loopback port 0 listeners.
+    pub fn for_test(journal: Vec<String>) -> Self {
+        Self {
+            journal,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tenant: "default".into(),
+            shard: 0,
+            advertise_client_urls: Vec::new(),
+            member_id: None,
+            name: None,
+            etcd_version: DEFAULT_ETCD_VERSION.into(),
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            peer_frontends: Vec::new(),
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.journal.is_empty() || self.journal.iter().any(|j| j.trim().is_empty()) {
+            return Err(ConfigError::NoJournal);
+        }
+        if self.tenant.is_empty() {
+            return Err(ConfigError::EmptyTenant);
+        }
+        if self.max_request_bytes == 0 || self.max_request_bytes > MAX_MAX_REQUEST_BYTES {
+            return Err(ConfigError::MaxRequestBytes(self.max_request_bytes));
+        }
+        let limit = memstore::Config::default().max_txn_ops;
+        if self.max_txn_ops == 0 || self.max_txn_ops > limit {
+            return Err(ConfigError::MaxTxnOps {
+                got: self.max_txn_ops,
+                limit,
+            });
+        }
+        let parts: Vec<&str> = self.etcd_version.split('.').collect();
+        if parts.len() != 3 || parts.iter().any(|p| p.parse::<u32>().is_err()) {
+            return Err(ConfigError::EtcdVersion(self.etcd_version.clone()));
+        }
+        for u in self.advertise_client_urls.iter().chain(&self.peer_frontends) {
+            if !(u.starts_with("http://") || u.starts_with("https://")) {
+                return Err(ConfigError::Url(u.clone()));
+            }
+        }
+        Ok(())
+    }
+
+    /// The advertised client URLs, defaulting to `http://<bound address>`.
+    pub fn client_urls(&self, bound: SocketAddr) -> Vec<String> {
+        if self.advertise_client_urls.is_empty() {
+            vec![format!("http://{bound}")]
+        } else {
+            self.advertise_client_urls.clone()
+        }
+    }
+}
+
+/// A stable 64-bit id for a name (member ids from URLs, cluster ids from tenant names):
+/// CRC32C of the name in the high half and of its reverse in the low half; never 0.
+pub fn stable_id(name: &str) -> u64 {
+    let hi = u64::from(crc32c::crc32c(name.as_bytes()));
+    let rev: Vec<u8> = name.bytes().rev().collect();
+    let lo = u64::from(crc32c::crc32c_append(0x5354_5241, &rev));
+    ((hi << 32) | lo).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate() {
+        Config::for_test(vec!["127.0.0.1:1".into()])
+            .validate()
+            .unwrap();
+    }
+
+    #[test]
+    fn bad_values_are_refused() {
+        let ok = Config::for_test(vec!["127.0.0.1:1".into()]);
+        let mut c = ok.clone();
+        c.journal.clear();
+        assert!(matches!(c.validate(), Err(ConfigError::NoJournal)));
+        let mut c = ok.clone();
+        c.max_txn_ops = 0;
+        assert!(matches!(c.validate(), Err(ConfigError::MaxTxnOps { .. })));
+        let mut c = ok.clone();
+        c.etcd_version = "3.5".into();
+        assert!(matches!(c.validate(), Err(ConfigError::EtcdVersion(_))));
+        let mut c = ok.clone();
+        c.peer_frontends = vec!["127.0.0.1:2379".into()];
+        assert!(matches!(c.validate(), Err(ConfigError::Url(_))));
+        let mut c = ok;
+        c.max_request_bytes = 0;
+        assert!(matches!(c.validate(), Err(ConfigError::MaxRequestBytes(0))));
+    }
+
+    #[test]
+    fn stable_ids_differ_and_are_stable() {
+        let a = stable_id("http://127.0.0.1:2379");
+        let b = stable_id("http://127.0.0.1:2380");
+        assert_ne!(a, b);
+        assert_eq!(a, stable_id("http://127.0.0.1:2379"));
+        assert_ne!(stable_id(""), 0);
+    }
+}

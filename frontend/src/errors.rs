@@ -1,0 +1,194 @@
+//! The one place where errors become gRPC statuses: memstore and journal errors, and the
+//! frontend's own refusals, each answered with etcd's exact code and message
+//! (etcd's `api/v3rpc/rpctypes/error.go`), so etcd clients retry, fail over and report as they
+//! do against etcd.
+
+use tonic::{Code, Status};
+
+use crate::log::LogError;
+
+/// Everything a frontend RPC can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The state machine refused the request (at the edge or at apply).
+    #[error(transparent)]
+    Store(#[from] memstore::Error),
+    /// The journal could not take or answer the request.
+    #[error(transparent)]
+    Log(#[from] LogError),
+    /// The encoded request is larger than `--max-request-bytes`.
+    #[error("request of {size} bytes exceeds the limit of {limit}")]
+    RequestTooLarge { size: usize, limit: usize },
+    /// The request's entry was appended (or the read index obtained) but the replica did not
+    /// apply it in time; the outcome is unknown to the client, as with etcd's timeout.
+    #[error("replica did not apply index {index} in time")]
+    Timeout { index: u64 },
+    /// The replica stopped (see `ReplicaState::Failed`).
+    #[error("replica stopped: {0}")]
+    ReplicaFailed(String),
+    /// The frontend is shutting down.
+    #[error("frontend stopping")]
+    Stopped,
+    /// The request names a tenant this frontend does not serve.
+    #[error("tenant {0:?} is not served by this frontend")]
+    UnknownTenant(String),
+    /// Cluster.MemberAdd/Remove/Update/Promote.
+    #[error("membership is managed by the service")]
+    MembershipManaged,
+    /// Maintenance.MoveLeader.
+    #[error("leadership is managed by the journal")]
+    LeadershipManaged,
+    /// Maintenance.Downgrade.
+    #[error("downgrade is managed by the service")]
+    DowngradeManaged,
+    /// Any Auth RPC, until the auth model lands.
+    #[error("auth is not available yet")]
+    AuthUnavailable,
+    /// Maintenance.Snapshot, until the compactor serves checkpoints.
+    #[error("snapshot is not available yet")]
+    SnapshotUnavailable,
+    /// The replica produced an outcome of another kind than the request (an invariant breach).
+    #[error("unexpected outcome for {0}")]
+    UnexpectedOutcome(&'static str),
+}
+
+/// etcd's messages, verbatim.
+pub mod msg {
+    pub const EMPTY_KEY: &str = "etcdserver: key is not provided";
+    pub const KEY_NOT_FOUND: &str = "etcdserver: key not found";
+    pub const VALUE_PROVIDED: &str = "etcdserver: value is provided";
+    pub const LEASE_PROVIDED: &str = "etcdserver: lease is provided";
+    pub const TOO_MANY_OPS: &str = "etcdserver: too many operations in txn request";
+    pub const DUPLICATE_KEY: &str = "etcdserver: duplicate key given in txn request";
+    pub const COMPACTED: &str = "etcdserver: mvcc: required revision has been compacted";
+    pub const FUTURE_REV: &str = "etcdserver: mvcc: required revision is a future revision";
+    pub const NO_SPACE: &str = "etcdserver: mvcc: database space exceeded";
+    pub const LEASE_NOT_FOUND: &str = "etcdserver: requested lease not found";
+    pub const LEASE_EXIST: &str = "etcdserver: lease already exists";
+    pub const LEASE_TTL_TOO_LARGE: &str = "etcdserver: too large lease TTL";
+    pub const REQUEST_TOO_LARGE: &str = "etcdserver: request is too large";
+    pub const NO_LEADER: &str = "etcdserver: no leader";
+    pub const STOPPED: &str = "etcdserver: server stopped";
+    pub const TIMEOUT: &str = "etcdserver: request timed out";
+    pub const CORRUPT: &str = "etcdserver: corrupt cluster";
+    pub const UNHEALTHY: &str = "etcdserver: unhealthy cluster";
+}
+
+/// The gRPC code and message a memstore error is answered with: memstore keeps etcd's code
+/// and message beside each of its errors; this is where they become a status.
+fn store_status(e: &memstore::Error) -> (Code, String) {
+    use memstore::Code as C;
+    let code = match e.grpc_code() {
+        C::InvalidArgument => Code::InvalidArgument,
+        C::OutOfRange => Code::OutOfRange,
+        C::NotFound => Code::NotFound,
+        C::FailedPrecondition => Code::FailedPrecondition,
+        C::ResourceExhausted => Code::ResourceExhausted,
+        C::Unimplemented => Code::Unimplemented,
+        C::DataLoss => Code::DataLoss,
+    };
+    (code, e.grpc_message())
+}
+
+/// Messages of Strata's own refusals (no etcd equivalent), prefixed so they are recognisable.
+fn own(code: Code, m: &str) -> Status {
+    Status::new(code, format!("strata: {m}"))
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        match &e {
+            Error::Store(s) => {
+                let (code, m) = store_status(s);
+                Status::new(code, m)
+            }
+            // Unavailable makes etcd clients retry on another endpoint.
+            Error::Log(LogError::Unavailable(_)) => Status::unavailable(msg::NO_LEADER),
+            Error::Log(LogError::Trimmed { .. }) | Error::ReplicaFailed(_) => {
+                Status::unavailable(msg::UNHEALTHY)
+            }
+            Error::RequestTooLarge { .. } => Status::invalid_argument(msg::REQUEST_TOO_LARGE),
+            Error::Timeout { .. } => Status::unavailable(msg::TIMEOUT),
+            Error::Stopped => Status::unavailable(msg::STOPPED),
+            Error::UnknownTenant(t) => own(
+                Code::NotFound,
+                &format!("tenant {t:?} is not served by this frontend"),
+            ),
+            Error::MembershipManaged => own(
+                Code::FailedPrecondition,
+                "membership is managed by the service; member add, remove, update and promote are not available",
+            ),
+            Error::LeadershipManaged => own(
+                Code::FailedPrecondition,
+                "leadership is managed by the journal; move-leader is not available",
+            ),
+            Error::DowngradeManaged => own(
+                Code::FailedPrecondition,
+                "versions are managed by the service; downgrade is not available",
+            ),
+            Error::AuthUnavailable => own(
+                Code::Unimplemented,
+                "auth (users, roles, permissions, tokens) comes with a later release; nothing was changed",
+            ),
+            Error::SnapshotUnavailable => own(
+                Code::Unimplemented,
+                "snapshot comes with the compactor's checkpoints; not available yet",
+            ),
+            Error::UnexpectedOutcome(what) => {
+                own(Code::Internal, &format!("unexpected outcome for {what}"))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(e: impl Into<Error>) -> Status {
+        Status::from(e.into())
+    }
+
+    #[test]
+    fn store_errors_map_to_etcd_codes_and_messages() {
+        use memstore::Error as E;
+        let table: Vec<(E, Code, &str)> = vec![
+            (E::Compacted, Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"),
+            (E::FutureRevision, Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision"),
+            (E::LeaseNotFound, Code::NotFound, "etcdserver: requested lease not found"),
+            (E::LeaseExists, Code::FailedPrecondition, "etcdserver: lease already exists"),
+            (E::LeaseTtlTooLarge, Code::OutOfRange, "etcdserver: too large lease TTL"),
+            (E::DuplicateKey, Code::InvalidArgument, "etcdserver: duplicate key given in txn request"),
+            (E::TooManyOps, Code::InvalidArgument, "etcdserver: too many operations in txn request"),
+            (E::EmptyKey, Code::InvalidArgument, "etcdserver: key is not provided"),
+            (E::KeyNotFound, Code::InvalidArgument, "etcdserver: key not found"),
+            (E::ValueProvided, Code::InvalidArgument, "etcdserver: value is provided"),
+            (E::LeaseProvided, Code::InvalidArgument, "etcdserver: lease is provided"),
+            (E::NoSpace, Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
+            (E::Corrupt("x".into()), Code::DataLoss, "etcdserver: corrupt cluster"),
+        ];
+        for (e, code, m) in table {
+            let s = status(e);
+            assert_eq!(s.code(), code, "{m}");
+            assert_eq!(s.message(), m);
+        }
+    }
+
+    #[test]
+    fn frontend_errors_map_to_etcd_codes_and_messages() {
+        let s = status(Error::RequestTooLarge { size: 2, limit: 1 });
+        assert_eq!((s.code(), s.message()), (Code::InvalidArgument, "etcdserver: request is too large"));
+        let s = status(Error::Timeout { index: 3 });
+        assert_eq!((s.code(), s.message()), (Code::Unavailable, "etcdserver: request timed out"));
+        let s = status(LogError::Unavailable("down".into()));
+        assert_eq!(s.code(), Code::Unavailable);
+        let s = status(Error::Stopped);
+        assert_eq!((s.code(), s.message()), (Code::Unavailable, "etcdserver: server stopped"));
+        assert_eq!(status(Error::AuthUnavailable).code(), Code::Unimplemented);
+        assert!(status(Error::AuthUnavailable).message().contains("auth"));
+        assert_eq!(status(Error::SnapshotUnavailable).code(), Code::Unimplemented);
+        let s = status(Error::MembershipManaged);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(s.message().contains("membership is managed by the service"));
+    }
+}

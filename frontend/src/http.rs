@@ -1,0 +1,104 @@
+//! The HTTP side port: `/health` (etcd's JSON shape: the replica is ready and a linearizable
+//! barrier through the journal succeeds), `/readyz` (the replica has caught up) and Prometheus
+//! `/metrics`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+
+use crate::log::Log;
+use crate::replica::ReplicaState;
+use crate::tenants::Tenants;
+
+/// How long `/health` waits for its journal round trip.
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long `/metrics` waits for the journal's committed index (for the lag gauge).
+pub const METRICS_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
+
+#[derive(Clone)]
+pub struct HttpState {
+    pub tenants: Arc<Tenants>,
+    pub log: Arc<dyn Log>,
+}
+
+pub fn router(state: HttpState) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(state)
+}
+
+fn health_body(ok: bool, reason: &str) -> String {
+    serde_json::json!({ "health": if ok { "true" } else { "false" }, "reason": reason })
+        .to_string()
+}
+
+async fn health(State(s): State<HttpState>) -> impl IntoResponse {
+    let t = s.tenants.default_tenant();
+    let json = [(header::CONTENT_TYPE, "application/json")];
+    match t.replica.state() {
+        ReplicaState::Ready => {}
+        ReplicaState::CatchingUp => {
+            return (StatusCode::SERVICE_UNAVAILABLE, json, health_body(false, "catching up"));
+        }
+        ReplicaState::Failed(r) => {
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json,
+                health_body(false, &format!("replica stopped: {r}")),
+            );
+        }
+    }
+    match tokio::time::timeout(HEALTH_TIMEOUT, t.barrier()).await {
+        Ok(Ok(())) => (StatusCode::OK, json, health_body(true, "")),
+        Ok(Err(e)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json,
+            health_body(false, &e.to_string()),
+        ),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json,
+            health_body(false, "journal round trip timed out"),
+        ),
+    }
+}
+
+async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
+    match s.tenants.default_tenant().replica.state() {
+        ReplicaState::Ready => (StatusCode::OK, "ok\n".to_string()),
+        ReplicaState::CatchingUp => (StatusCode::SERVICE_UNAVAILABLE, "catching up\n".into()),
+        ReplicaState::Failed(r) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("replica stopped: {r}\n"),
+        ),
+    }
+}
+
+async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
+    let t = s.tenants.default_tenant();
+    let committed = tokio::time::timeout(METRICS_STATUS_TIMEOUT, s.log.status(t.shard))
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .map(|st| st.committed_index);
+    crate::metrics::refresh(t, committed);
+    match crate::metrics::handle() {
+        Some(h) => (
+            StatusCode::OK,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            h.render(),
+        ),
+        None => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+            "another metrics recorder is installed in this process\n".to_string(),
+        ),
+    }
+}

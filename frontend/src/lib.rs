@@ -1,0 +1,26 @@
+//! The stateless frontend: etcd's v3 API (KV, Watch, Lease, Cluster, Maintenance, Auth) served
+//! from a per-tenant memstore replica rebuilt from the journal; writes journalled as intents,
+//! linearizable reads through shared read-index rounds. See README.md and docs/frontend.md.
+
+pub mod auth;
+pub mod cluster;
+pub mod config;
+pub mod errors;
+pub mod http;
+pub mod kv;
+pub mod lease;
+pub mod journal_log;
+pub mod log;
+pub mod maintenance;
+pub mod metrics;
+pub mod read_index;
+pub mod replica;
+pub mod rpc;
+pub mod server;
+pub mod tenant;
+pub mod tenants;
+pub mod watch;
+pub mod writer;
+
+pub use config::Config;
+pub use server::{Frontend, ServeError};

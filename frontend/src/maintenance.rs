@@ -1,0 +1,224 @@
+//! The etcd `Maintenance` service: Status (configurable etcd version, sizes from the replica,
+//! this member as leader, journal index and term), Alarm (list after a linearizable barrier;
+//! activate/deactivate journalled), Defragment (nothing to free in memory: succeeds), Hash and
+//! HashKV from the replica; MoveLeader, Downgrade and (for now) Snapshot refused clearly.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::etcdserverpb::alarm_request::AlarmAction;
+use api::etcdserverpb::maintenance_server::Maintenance;
+use api::etcdserverpb::{
+    AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, DowngradeRequest,
+    DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse,
+    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
+    StatusResponse,
+};
+use api::strata::entry::entry::Request as Intent;
+use futures::Stream;
+use memstore::Outcome;
+use tonic::{Request, Response, Status};
+
+use crate::errors::Error;
+use crate::log::Log;
+use crate::replica::ReplicaState;
+use crate::rpc::{RequestId, handled, unary};
+use crate::tenant::Tenant;
+use crate::tenants::Tenants;
+
+/// How long Status waits for the journal's own status before reporting without it.
+pub const JOURNAL_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
+
+pub struct MaintenanceService {
+    tenants: Arc<Tenants>,
+    log: Arc<dyn Log>,
+    version: String,
+}
+
+impl MaintenanceService {
+    pub fn new(tenants: Arc<Tenants>, log: Arc<dyn Log>, version: String) -> Self {
+        Self {
+            tenants,
+            log,
+            version,
+        }
+    }
+
+    fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
+        self.tenants.resolve(req.metadata()).map_err(handled)
+    }
+}
+
+async fn alarm(t: &Tenant, id: RequestId, req: AlarmRequest) -> Result<AlarmResponse, Error> {
+    if req.action == AlarmAction::Get as i32 {
+        t.barrier().await?;
+        let (alarms, revision) = {
+            let s = t.replica.read();
+            (s.alarms(), s.revision())
+        };
+        return Ok(AlarmResponse {
+            header: Some(t.header(revision)),
+            alarms,
+        });
+    }
+    let applied = t.propose(&id, Intent::Alarm(req)).await?;
+    match applied.outcome {
+        Outcome::Alarm(mut r) => {
+            r.header = Some(t.header(applied.revision));
+            Ok(r)
+        }
+        Outcome::Duplicate { revision } => Ok(AlarmResponse {
+            header: Some(t.header(revision)),
+            alarms: Vec::new(),
+        }),
+        Outcome::Failed(e) => Err(e.into()),
+        _ => Err(Error::UnexpectedOutcome("Alarm")),
+    }
+}
+
+async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusResponse, Error> {
+    let mut errors = Vec::new();
+    let journal = tokio::time::timeout(JOURNAL_STATUS_TIMEOUT, log.status(t.shard)).await;
+    let applied_index = t.replica.applied_index();
+    let (raft_index, raft_term) = match journal {
+        Ok(Ok(s)) => {
+            errors.extend(s.errors.iter().map(|e| format!("journal: {e}")));
+            (s.committed_index.max(applied_index), s.term)
+        }
+        Ok(Err(e)) => {
+            errors.push(format!("journal: {e}"));
+            (applied_index, t.replica.term())
+        }
+        Err(_) => {
+            errors.push("journal: status timed out".to_string());
+            (applied_index, t.replica.term())
+        }
+    };
+    match t.replica.state() {
+        ReplicaState::CatchingUp => errors.push("replica catching up with the journal".into()),
+        ReplicaState::Failed(reason) => errors.push(format!("replica stopped: {reason}")),
+        ReplicaState::Ready => {}
+    }
+    let (stats, revision) = {
+        let s = t.replica.read();
+        (s.stats(), s.revision())
+    };
+    Ok(StatusResponse {
+        header: Some(t.header(revision)),
+        version: version.to_string(),
+        db_size: stats.total_bytes as i64,
+        leader: t.identity.member_id,
+        raft_index,
+        raft_term,
+        raft_applied_index: applied_index,
+        errors,
+        db_size_in_use: stats.live_bytes as i64,
+        is_learner: false,
+        storage_version: String::new(),
+        db_size_quota: 0,
+        downgrade_info: None,
+    })
+}
+
+async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error> {
+    t.barrier().await?;
+    let (h, revision) = {
+        let s = t.replica.read();
+        (s.hash_kv(req.revision)?, s.revision())
+    };
+    Ok(HashKvResponse {
+        header: Some(t.header(revision)),
+        hash: h.hash,
+        compact_revision: h.compact_revision,
+        hash_revision: h.hash_revision,
+    })
+}
+
+async fn hash(t: &Tenant) -> Result<HashResponse, Error> {
+    t.barrier().await?;
+    let (h, revision) = {
+        let s = t.replica.read();
+        (s.hash_kv(0)?, s.revision())
+    };
+    Ok(HashResponse {
+        header: Some(t.header(revision)),
+        hash: h.hash,
+    })
+}
+
+type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Maintenance for MaintenanceService {
+    async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
+        let t = self.tenant(&req)?;
+        let id = RequestId::random();
+        unary("Alarm", &t.name, id, alarm(&t, id, req.into_inner())).await
+    }
+
+    async fn status(
+        &self,
+        req: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let t = self.tenant(&req)?;
+        unary(
+            "Status",
+            &t.name,
+            RequestId::random(),
+            status(&t, self.log.as_ref(), &self.version),
+        )
+        .await
+    }
+
+    async fn defragment(
+        &self,
+        req: Request<DefragmentRequest>,
+    ) -> Result<Response<DefragmentResponse>, Status> {
+        let t = self.tenant(&req)?;
+        unary("Defragment", &t.name, RequestId::random(), async {
+            // The store lives in memory: compaction already frees history; nothing to rewrite.
+            let revision = t.replica.read().revision();
+            Ok(DefragmentResponse {
+                header: Some(t.header(revision)),
+            })
+        })
+        .await
+    }
+
+    async fn hash(&self, req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
+        let t = self.tenant(&req)?;
+        unary("Hash", &t.name, RequestId::random(), hash(&t)).await
+    }
+
+    async fn hash_kv(
+        &self,
+        req: Request<HashKvRequest>,
+    ) -> Result<Response<HashKvResponse>, Status> {
+        let t = self.tenant(&req)?;
+        unary("HashKV", &t.name, RequestId::random(), hash_kv(&t, req.into_inner())).await
+    }
+
+    type SnapshotStream = SnapshotStream;
+
+    async fn snapshot(
+        &self,
+        _req: Request<SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(handled(Error::SnapshotUnavailable))
+    }
+
+    async fn move_leader(
+        &self,
+        _req: Request<MoveLeaderRequest>,
+    ) -> Result<Response<MoveLeaderResponse>, Status> {
+        Err(handled(Error::LeadershipManaged))
+    }
+
+    async fn downgrade(
+        &self,
+        _req: Request<DowngradeRequest>,
+    ) -> Result<Response<DowngradeResponse>, Status> {
+        Err(handled(Error::DowngradeManaged))
+    }
+}

@@ -1,0 +1,52 @@
+//! Prometheus metrics: the process-wide recorder, and the per-tenant gauges refreshed at scrape
+//! time (applied index, journal lag, watchers, keys and bytes). Names carry their unit.
+
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+
+use crate::tenant::Tenant;
+
+/// Latency buckets (seconds) of the request and append histograms.
+pub const LATENCY_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
+static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the Prometheus recorder once per process; `None` if another recorder was installed
+/// first (an embedding program's), in which case `/metrics` reports that.
+pub fn handle() -> Option<&'static PrometheusHandle> {
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets(LATENCY_BUCKETS)
+                .ok()?
+                .build_recorder();
+            let handle = recorder.handle();
+            metrics::set_global_recorder(recorder).ok()?;
+            Some(handle)
+        })
+        .as_ref()
+}
+
+/// Refreshes the gauges that are cheaper to read at scrape time than to keep current.
+pub fn refresh(t: &Tenant, committed_index: Option<u64>) {
+    let tenant = t.name.clone();
+    let applied = t.replica.applied_index();
+    let stats = t.replica.read().stats();
+    metrics::gauge!("strata_frontend_applied_index", "tenant" => tenant.clone()).set(applied as f64);
+    if let Some(c) = committed_index {
+        metrics::gauge!("strata_frontend_journal_lag_entries", "tenant" => tenant.clone())
+            .set(c.saturating_sub(applied) as f64);
+    }
+    metrics::gauge!("strata_frontend_watchers", "tenant" => tenant.clone())
+        .set(t.replica.hub().watcher_count() as f64);
+    metrics::gauge!("strata_frontend_keys", "tenant" => tenant.clone()).set(stats.keys as f64);
+    metrics::gauge!("strata_frontend_live_bytes", "tenant" => tenant.clone())
+        .set(stats.live_bytes as f64);
+    metrics::gauge!("strata_frontend_stored_bytes", "tenant" => tenant.clone())
+        .set(stats.total_bytes as f64);
+    metrics::gauge!("strata_frontend_revision", "tenant" => tenant.clone()).set(stats.revision as f64);
+    metrics::gauge!("strata_frontend_leases", "tenant" => tenant).set(stats.leases as f64);
+}

@@ -1,0 +1,134 @@
+//! Per-request plumbing shared by every service: request ids, the tracing span (tenant and
+//! request id fields), per-RPC counters and latency histograms, and turning errors into statuses
+//! (logged where they are handled: here).
+
+use std::fmt;
+use std::future::Future;
+use std::time::Instant;
+
+use tonic::{Code, Response, Status};
+use tracing::Instrument;
+
+use crate::errors::Error;
+
+/// Metric names (units in the name).
+pub const REQUESTS_TOTAL: &str = "strata_frontend_requests_total";
+pub const REQUEST_DURATION: &str = "strata_frontend_request_duration_seconds";
+
+/// A request's id: 16 random bytes, also the journal entry's request id for writes, so a log
+/// line and a journal entry can be matched.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct RequestId([u8; 16]);
+
+impl RequestId {
+    pub fn random() -> Self {
+        Self(rand::random())
+    }
+
+    pub fn bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RequestId({self})")
+    }
+}
+
+/// Runs one unary RPC body inside its span, records its metrics and maps its error.
+pub async fn unary<T, Fut>(
+    rpc: &'static str,
+    tenant: &str,
+    id: RequestId,
+    body: Fut,
+) -> Result<Response<T>, Status>
+where
+    Fut: Future<Output = Result<T, Error>>,
+{
+    let span = tracing::info_span!("rpc", rpc, tenant, request_id = %id);
+    let start = Instant::now();
+    let result = body.instrument(span.clone()).await;
+    let result = result.map_err(|e| {
+        let _g = span.enter();
+        handled(e)
+    });
+    observe(rpc, tenant, start, result.as_ref().err().map(Status::code));
+    result.map(Response::new)
+}
+
+/// Maps an error to its status, logging it at the level it deserves.
+pub fn handled(e: Error) -> Status {
+    let detail = e.to_string();
+    let status = Status::from(e);
+    match status.code() {
+        Code::Internal | Code::DataLoss => tracing::error!(error = %detail, "request failed"),
+        Code::Unavailable => tracing::warn!(error = %detail, "request failed"),
+        _ => tracing::debug!(error = %detail, "request refused"),
+    }
+    status
+}
+
+/// Records one finished request.
+pub fn observe(rpc: &'static str, tenant: &str, start: Instant, code: Option<Code>) {
+    let code = code.map_or("OK", code_name);
+    metrics::counter!(REQUESTS_TOTAL, "rpc" => rpc, "tenant" => tenant.to_string(), "code" => code)
+        .increment(1);
+    metrics::histogram!(REQUEST_DURATION, "rpc" => rpc, "tenant" => tenant.to_string())
+        .record(start.elapsed().as_secs_f64());
+}
+
+fn code_name(c: Code) -> &'static str {
+    match c {
+        Code::Ok => "OK",
+        Code::Cancelled => "Canceled",
+        Code::Unknown => "Unknown",
+        Code::InvalidArgument => "InvalidArgument",
+        Code::DeadlineExceeded => "DeadlineExceeded",
+        Code::NotFound => "NotFound",
+        Code::AlreadyExists => "AlreadyExists",
+        Code::PermissionDenied => "PermissionDenied",
+        Code::ResourceExhausted => "ResourceExhausted",
+        Code::FailedPrecondition => "FailedPrecondition",
+        Code::Aborted => "Aborted",
+        Code::OutOfRange => "OutOfRange",
+        Code::Unimplemented => "Unimplemented",
+        Code::Internal => "Internal",
+        Code::Unavailable => "Unavailable",
+        Code::DataLoss => "DataLoss",
+        Code::Unauthenticated => "Unauthenticated",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_random_and_print_as_hex() {
+        let a = RequestId::random();
+        let b = RequestId::random();
+        assert_ne!(a, b);
+        let s = a.to_string();
+        assert_eq!(s.len(), 32);
+        assert!(s.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[tokio::test]
+    async fn unary_maps_errors_to_statuses() {
+        let r: Result<Response<()>, Status> =
+            unary("Put", "t", RequestId::random(), async { Err(Error::Stopped) }).await;
+        assert_eq!(r.unwrap_err().code(), Code::Unavailable);
+        let r = unary("Put", "t", RequestId::random(), async { Ok(5) }).await;
+        assert_eq!(r.unwrap().into_inner(), 5);
+    }
+}

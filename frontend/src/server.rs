@@ -1,0 +1,255 @@
+//! Wiring: binds the client and metrics ports, starts the tenant (replica, writer, read index),
+//! and serves every etcd service, `grpc.health.v1` and the HTTP side port until shutdown.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::etcdserverpb::auth_server::AuthServer;
+use api::etcdserverpb::cluster_server::ClusterServer;
+use api::etcdserverpb::kv_server::KvServer;
+use api::etcdserverpb::lease_server::LeaseServer;
+use api::etcdserverpb::maintenance_server::MaintenanceServer;
+use api::etcdserverpb::watch_server::WatchServer;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic_health::ServingStatus;
+
+use crate::auth::AuthService;
+use crate::cluster::{ClusterService, Members};
+use crate::config::{Config, ConfigError, stable_id};
+use crate::kv::KvService;
+use crate::lease::LeaseService;
+use crate::journal_log::JournalLog;
+use crate::log::{Log, LogError};
+use crate::maintenance::MaintenanceService;
+use crate::replica::ReplicaState;
+use crate::tenant::{Identity, Limits, Tenant};
+use crate::tenants::Tenants;
+use crate::watch::WatchService;
+
+/// etcd's allowance for gRPC framing above `--max-request-bytes` (grpcOverheadBytes).
+pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
+/// etcd allows math.MaxUint32 concurrent streams per connection (many watches, keep-alives).
+pub const MAX_CONCURRENT_STREAMS: u32 = u32::MAX;
+/// How long `stop` lets in-flight requests and open streams (watches, keep-alives) finish
+/// before cutting them off.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// gRPC service names reported by grpc.health.v1 besides "" (the whole server).
+const HEALTH_SERVICES: &[&str] = &[
+    "etcdserverpb.KV",
+    "etcdserverpb.Watch",
+    "etcdserverpb.Lease",
+    "etcdserverpb.Cluster",
+    "etcdserverpb.Maintenance",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("cannot bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot reach the journal: {0}")]
+    Journal(#[from] LogError),
+    #[error("gRPC server failed: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+    #[error("HTTP server failed: {0}")]
+    Http(std::io::Error),
+}
+
+/// A running frontend.
+pub struct Frontend {
+    /// Where etcd clients connect.
+    pub client_addr: SocketAddr,
+    /// Where /health, /readyz and /metrics are served.
+    pub metrics_addr: SocketAddr,
+    pub tenants: Arc<Tenants>,
+    shutdown: Option<oneshot::Sender<()>>,
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    http: JoinHandle<std::io::Result<()>>,
+}
+
+impl Frontend {
+    /// Connects to the journal named by `config` and starts serving.
+    pub async fn start(config: Config) -> Result<Self, ServeError> {
+        config.validate()?;
+        let log = JournalLog::connect(&config.journal).await?;
+        Self::start_with_log(config, Arc::new(log)).await
+    }
+
+    /// Starts serving over any `Log` (tests use the in-memory one). `config.journal` is not
+    /// used here.
+    pub async fn start_with_log(config: Config, log: Arc<dyn Log>) -> Result<Self, ServeError> {
+        crate::metrics::handle();
+        let client = bind(config.listen).await?;
+        let metrics = bind(config.metrics_listen).await?;
+        let client_addr = client.local_addr().map_err(|source| ServeError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let metrics_addr = metrics.local_addr().map_err(|source| ServeError::Bind {
+            addr: config.metrics_listen,
+            source,
+        })?;
+
+        let urls = config.client_urls(client_addr);
+        let first_url = urls.first().cloned().unwrap_or_default();
+        let member_id = config.member_id.unwrap_or_else(|| stable_id(&first_url));
+        let name = config.name.clone().unwrap_or_else(|| first_url.clone());
+        let identity = Identity {
+            cluster_id: stable_id(&format!("strata/{}", config.tenant)),
+            member_id,
+        };
+        let limits = Limits {
+            max_request_bytes: config.max_request_bytes,
+            max_txn_ops: config.max_txn_ops,
+        };
+        let store = memstore::MemStore::new(memstore::Config::default());
+        let tenant = Tenant::start(&config.tenant, config.shard, store, log.clone(), limits, identity);
+        let tenants = Arc::new(Tenants::new(tenant.clone()));
+
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter.set_service_status("", ServingStatus::NotServing).await;
+        tokio::spawn(report_health(reporter, tenant.clone()));
+
+        let max_decode = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
+        let members = Members::new(member_id, &name, &urls, &config.peer_frontends);
+        let grpc = tonic::transport::Server::builder()
+            .tcp_nodelay(true)
+            .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            .add_service(health)
+            .add_service(
+                KvServer::new(KvService::new(tenants.clone())).max_decoding_message_size(max_decode),
+            )
+            .add_service(
+                WatchServer::new(WatchService::new(tenants.clone()))
+                    .max_decoding_message_size(max_decode),
+            )
+            .add_service(
+                LeaseServer::new(LeaseService::new(tenants.clone()))
+                    .max_decoding_message_size(max_decode),
+            )
+            .add_service(ClusterServer::new(ClusterService::new(tenants.clone(), members)))
+            .add_service(MaintenanceServer::new(MaintenanceService::new(
+                tenants.clone(),
+                log.clone(),
+                config.etcd_version.clone(),
+            )))
+            .add_service(AuthServer::new(AuthService));
+
+        let (shutdown, stop) = oneshot::channel::<()>();
+        let stop = futures::FutureExt::shared(async move {
+            let _ = stop.await;
+        });
+        let grpc = tokio::spawn(
+            grpc.serve_with_incoming_shutdown(TcpListenerStream::new(client), stop.clone()),
+        );
+        let router = crate::http::router(crate::http::HttpState {
+            tenants: tenants.clone(),
+            log,
+        });
+        let http = tokio::spawn(async move {
+            axum::serve(metrics, router)
+                .with_graceful_shutdown(stop)
+                .await
+        });
+        tracing::info!(
+            tenant = %config.tenant,
+            shard = config.shard,
+            %client_addr,
+            %metrics_addr,
+            member_id = format!("{member_id:x}"),
+            "frontend serving"
+        );
+        Ok(Self {
+            client_addr,
+            metrics_addr,
+            tenants,
+            shutdown: Some(shutdown),
+            grpc,
+            http,
+        })
+    }
+
+    /// Serves until `signal` completes (or a server fails), then stops both ports.
+    pub async fn run_until(mut self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
+        tokio::select! {
+            () = signal => {}
+            r = &mut self.grpc => return flatten_grpc(r),
+            r = &mut self.http => return flatten_http(r),
+        }
+        self.stop().await
+    }
+
+    /// Stops accepting, lets in-flight requests finish for up to `SHUTDOWN_GRACE` (open watch
+    /// and keep-alive streams never finish by themselves), then cuts off the rest.
+    pub async fn stop(mut self) -> Result<(), ServeError> {
+        if let Some(s) = self.shutdown.take() {
+            let _ = s.send(());
+        }
+        let grpc = match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.grpc).await {
+            Ok(r) => flatten_grpc(r),
+            Err(_) => {
+                tracing::info!("open streams outlived the shutdown grace; closing them");
+                self.grpc.abort();
+                Ok(())
+            }
+        };
+        let http = match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.http).await {
+            Ok(r) => flatten_http(r),
+            Err(_) => {
+                self.http.abort();
+                Ok(())
+            }
+        };
+        grpc.and(http)
+    }
+}
+
+fn flatten_grpc(
+    r: Result<Result<(), tonic::transport::Error>, tokio::task::JoinError>,
+) -> Result<(), ServeError> {
+    match r {
+        Ok(r) => r.map_err(ServeError::Grpc),
+        Err(e) => Err(ServeError::Http(std::io::Error::other(e))),
+    }
+}
+
+fn flatten_http(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Result<(), ServeError> {
+    match r {
+        Ok(r) => r.map_err(ServeError::Http),
+        Err(e) => Err(ServeError::Http(std::io::Error::other(e))),
+    }
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// grpc.health.v1 follows the replica: NOT_SERVING until it caught up, SERVING while ready,
+/// NOT_SERVING again if it stopped.
+async fn report_health(reporter: tonic_health::server::HealthReporter, tenant: Arc<Tenant>) {
+    let mut rx = tenant.replica.subscribe_state();
+    loop {
+        let status = match &*rx.borrow_and_update() {
+            ReplicaState::Ready => ServingStatus::Serving,
+            _ => ServingStatus::NotServing,
+        };
+        reporter.set_service_status("", status).await;
+        for s in HEALTH_SERVICES {
+            reporter.set_service_status(*s, status).await;
+        }
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}

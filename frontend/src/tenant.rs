@@ -1,0 +1,150 @@
+//! One served tenant: its replica, its batched writer and shared read-index rounds, and the two
+//! paths every RPC takes: `propose` (a write journalled as an intent, answered with the outcome
+//! this frontend's replica computed) and `barrier` (a linearizable read point).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::ENTRY_FORMAT_VERSION;
+use api::etcdserverpb::ResponseHeader;
+use api::strata::entry::{Entry, entry::Request};
+use memstore::{Applied, MemStore};
+
+use crate::errors::Error;
+use crate::log::Log;
+use crate::read_index::ReadIndexer;
+use crate::replica::{Replica, ReplicaState};
+use crate::rpc::RequestId;
+use crate::writer::Writer;
+
+/// How long a write may take from append to applied, and a linearizable read from read index to
+/// applied, before the client gets etcd's "request timed out" (etcd: 5 s + 2 election timeouts;
+/// longer here because a noisy journal node may retry an append across a leader change).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Limits enforced at the edge, before anything reaches the journal.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_request_bytes: usize,
+    pub max_txn_ops: usize,
+}
+
+/// Identity reported in response headers.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity {
+    pub cluster_id: u64,
+    pub member_id: u64,
+}
+
+pub struct Tenant {
+    pub name: String,
+    pub shard: u32,
+    pub replica: Arc<Replica>,
+    pub limits: Limits,
+    pub identity: Identity,
+    writer: Writer,
+    reads: ReadIndexer,
+}
+
+impl Tenant {
+    /// Starts a tenant's replica (tailing from `store`'s applied index), writer and read-index
+    /// driver.
+    pub fn start(
+        name: &str,
+        shard: u32,
+        store: MemStore,
+        log: Arc<dyn Log>,
+        limits: Limits,
+        identity: Identity,
+    ) -> Arc<Self> {
+        let replica = Replica::new(name, shard, store);
+        tokio::spawn(replica.clone().run(log.clone()));
+        Arc::new(Self {
+            name: name.to_string(),
+            shard,
+            replica,
+            limits,
+            identity,
+            writer: Writer::spawn(log.clone(), shard),
+            reads: ReadIndexer::spawn(log, shard),
+        })
+    }
+
+    /// A response header at `revision`.
+    pub fn header(&self, revision: i64) -> ResponseHeader {
+        ResponseHeader {
+            cluster_id: self.identity.cluster_id,
+            member_id: self.identity.member_id,
+            revision,
+            raft_term: self.replica.term(),
+        }
+    }
+
+    /// Refuses requests larger than `--max-request-bytes` (etcd checks the proposal's size).
+    pub fn check_size(&self, size: usize) -> Result<(), Error> {
+        if size > self.limits.max_request_bytes {
+            return Err(Error::RequestTooLarge {
+                size,
+                limit: self.limits.max_request_bytes,
+            });
+        }
+        Ok(())
+    }
+
+    fn check_replica(&self) -> Result<(), Error> {
+        if let ReplicaState::Failed(reason) = self.replica.state() {
+            return Err(Error::ReplicaFailed(reason));
+        }
+        Ok(())
+    }
+
+    /// Waits until the replica reflects every write committed before this call (shared
+    /// read-index round, then wait for apply).
+    pub async fn barrier(&self) -> Result<(), Error> {
+        self.check_replica()?;
+        let index = tokio::time::timeout(REQUEST_TIMEOUT, self.reads.read_index())
+            .await
+            .map_err(|_| Error::Timeout { index: 0 })??;
+        if !self.replica.wait_applied(index, REQUEST_TIMEOUT).await {
+            self.check_replica()?;
+            return Err(Error::Timeout { index });
+        }
+        Ok(())
+    }
+
+    /// Journals `request` as an intent and answers the outcome this replica computed for it.
+    pub async fn propose(&self, id: &RequestId, request: Request) -> Result<Applied, Error> {
+        self.check_replica()?;
+        let entry = Entry {
+            format_version: ENTRY_FORMAT_VERSION,
+            tenant: self.name.clone(),
+            request_id: id.bytes().to_vec(),
+            time_ms: 0,
+            request: Some(request),
+        };
+        let payload = api::record::encode_entry(&entry);
+        // Registered before the append, so the outcome cannot slip past us.
+        let outcome = self.replica.expect(id.bytes());
+        let index = match tokio::time::timeout(REQUEST_TIMEOUT, self.writer.append(payload)).await
+        {
+            Ok(Ok(index)) => index,
+            Ok(Err(e)) => {
+                self.replica.forget(id.bytes());
+                return Err(e.into());
+            }
+            Err(_) => {
+                self.replica.forget(id.bytes());
+                return Err(Error::Timeout { index: 0 });
+            }
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, outcome).await {
+            Ok(Ok(applied)) => Ok(applied),
+            Ok(Err(_)) => Err(Error::Stopped),
+            Err(_) => {
+                self.replica.forget(id.bytes());
+                self.check_replica()?;
+                Err(Error::Timeout { index })
+            }
+        }
+    }
+}

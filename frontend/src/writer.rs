@@ -1,0 +1,236 @@
+//! Batched appends: concurrent writes to one shard are collected into shared `Append` calls
+//! (group commit), bounded in entries and bytes, with a bounded number of appends in flight.
+
+use std::sync::Arc;
+
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::log::{Log, LogError};
+
+/// Most payloads in one append.
+pub const MAX_BATCH_ENTRIES: usize = 512;
+/// Most payload bytes in one append (a single larger payload still goes alone). Below the
+/// journal's gRPC message limit with room for framing.
+pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
+/// Appends in flight at once; while they run, the next batch fills.
+pub const MAX_INFLIGHT_APPENDS: usize = 4;
+/// Writes waiting to be batched; more wait for room.
+pub const WRITE_QUEUE: usize = 8192;
+
+struct Pending {
+    payload: Vec<u8>,
+    done: oneshot::Sender<Result<u64, LogError>>,
+}
+
+/// Handle to a shard's writer task.
+#[derive(Clone)]
+pub struct Writer {
+    tx: mpsc::Sender<Pending>,
+}
+
+impl Writer {
+    /// Starts the writer task for `shard`; it stops when every handle is dropped.
+    pub fn spawn(log: Arc<dyn Log>, shard: u32) -> Self {
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        tokio::spawn(drive(log, shard, rx));
+        Self { tx }
+    }
+
+    /// Appends one payload (in a batch with whatever else is waiting); answers its index once
+    /// durable.
+    pub async fn append(&self, payload: Vec<u8>) -> Result<u64, LogError> {
+        let (done, rx) = oneshot::channel();
+        self.tx
+            .send(Pending { payload, done })
+            .await
+            .map_err(|_| LogError::Unavailable("writer stopped".into()))?;
+        rx.await
+            .map_err(|_| LogError::Unavailable("writer stopped".into()))?
+    }
+}
+
+async fn drive(log: Arc<dyn Log>, shard: u32, mut rx: mpsc::Receiver<Pending>) {
+    let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_APPENDS));
+    let mut carry: Option<Pending> = None;
+    loop {
+        let first = match carry.take() {
+            Some(p) => p,
+            None => match rx.recv().await {
+                Some(p) => p,
+                None => return,
+            },
+        };
+        // Wait for room before collecting, so the batch grows while appends are in flight.
+        let Ok(permit) = inflight.clone().acquire_owned().await else {
+            return;
+        };
+        let mut bytes = first.payload.len();
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH_ENTRIES {
+            match rx.try_recv() {
+                Ok(p) if bytes + p.payload.len() > MAX_BATCH_BYTES => {
+                    carry = Some(p);
+                    break;
+                }
+                Ok(p) => {
+                    bytes += p.payload.len();
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let log = log.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            metrics::histogram!("strata_frontend_append_batch_entries").record(batch.len() as f64);
+            let (payloads, dones): (Vec<_>, Vec<_>) =
+                batch.into_iter().map(|p| (p.payload, p.done)).unzip();
+            let n = payloads.len();
+            match log.append(shard, payloads).await {
+                Ok(indexes) if indexes.len() == n => {
+                    for (done, index) in dones.into_iter().zip(indexes) {
+                        let _ = done.send(Ok(index));
+                    }
+                }
+                Ok(indexes) => {
+                    let e = LogError::Unavailable(format!(
+                        "journal answered {} indexes for {n} payloads",
+                        indexes.len()
+                    ));
+                    tracing::error!(shard, error = %e, "append answer malformed");
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(shard, error = %e, "append failed");
+                    for done in dones {
+                        let _ = done.send(Err(e.clone()));
+                    }
+                }
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::MemLog;
+    use std::collections::BTreeSet;
+
+    /// Counts appends and their sizes around a MemLog, and can hold appends until released.
+    struct CountingLog {
+        inner: MemLog,
+        appends: std::sync::Mutex<Vec<usize>>,
+        gate: Semaphore,
+    }
+
+    impl Log for CountingLog {
+        fn append(
+            &self,
+            shard: u32,
+            payloads: Vec<Vec<u8>>,
+        ) -> futures::future::BoxFuture<'_, Result<Vec<u64>, LogError>> {
+            Box::pin(async move {
+                self.appends.lock().unwrap().push(payloads.len());
+                let _g = self.gate.acquire().await.unwrap();
+                self.inner.append(shard, payloads).await
+            })
+        }
+        fn read(
+            &self,
+            shard: u32,
+            from: u64,
+        ) -> futures::future::BoxFuture<'_, Result<crate::log::RecordStream, LogError>> {
+            self.inner.read(shard, from)
+        }
+        fn read_index(&self, shard: u32) -> futures::future::BoxFuture<'_, Result<u64, LogError>> {
+            self.inner.read_index(shard)
+        }
+        fn status(
+            &self,
+            shard: u32,
+        ) -> futures::future::BoxFuture<
+            '_,
+            Result<api::strata::journal::StatusResponse, LogError>,
+        > {
+            self.inner.status(shard)
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_writes_share_appends_and_get_distinct_indexes() {
+        let log = Arc::new(CountingLog {
+            inner: MemLog::new(),
+            appends: Default::default(),
+            gate: Semaphore::new(0),
+        });
+        let w = Writer::spawn(log.clone(), 0);
+        let writers: Vec<_> = (0..1000u32)
+            .map(|i| {
+                let w = w.clone();
+                tokio::spawn(async move { w.append(i.to_le_bytes().to_vec()).await })
+            })
+            .collect();
+        // Hold appends until every writer has queued, then let them all through.
+        loop {
+            let a = log.appends.lock().unwrap().clone();
+            if a.len() == MAX_INFLIGHT_APPENDS || a.iter().sum::<usize>() == 1000 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        log.gate.add_permits(1_000_000);
+        let mut seen = BTreeSet::new();
+        for h in writers {
+            let idx = h.await.unwrap().unwrap();
+            assert!(seen.insert(idx), "index {idx} handed out twice");
+        }
+        assert_eq!(seen.len(), 1000);
+        assert_eq!(*seen.iter().next_back().unwrap(), 1000);
+        let appends = log.appends.lock().unwrap().clone();
+        assert_eq!(appends.iter().sum::<usize>(), 1000);
+        assert!(
+            appends.len() < 100,
+            "1000 concurrent writes took {} appends",
+            appends.len()
+        );
+        assert!(appends.iter().all(|&n| n <= MAX_BATCH_ENTRIES));
+    }
+
+    #[tokio::test]
+    async fn batches_respect_the_byte_bound() {
+        let log = Arc::new(CountingLog {
+            inner: MemLog::new(),
+            appends: Default::default(),
+            gate: Semaphore::new(0),
+        });
+        let w = Writer::spawn(log.clone(), 0);
+        let big = MAX_BATCH_BYTES / 2 + 1;
+        let writers: Vec<_> = (0..6)
+            .map(|_| {
+                let w = w.clone();
+                tokio::spawn(async move { w.append(vec![0u8; big]).await })
+            })
+            .collect();
+        tokio::task::yield_now().await;
+        log.gate.add_permits(1000);
+        for h in writers {
+            h.await.unwrap().unwrap();
+        }
+        // Two payloads over half the bound never share an append.
+        assert!(log.appends.lock().unwrap().iter().all(|&n| n == 1));
+    }
+
+    #[tokio::test]
+    async fn append_errors_reach_every_writer_of_the_batch() {
+        let log = MemLog::new();
+        log.set_unavailable(true);
+        let w = Writer::spawn(Arc::new(log.clone()), 0);
+        let e = w.append(vec![1]).await;
+        assert!(matches!(e, Err(LogError::Unavailable(_))));
+        log.set_unavailable(false);
+        assert_eq!(w.append(vec![2]).await.unwrap(), 1);
+    }
+}

@@ -1,0 +1,454 @@
+//! The frontend served in-process over the in-memory journal (`MemLog`), driven by the
+//! `etcd-client` crate: every KV, Lease, Cluster, Maintenance and Auth RPC, their options and
+//! error codes, plus the HTTP side port. The multi-process suites over the real journal live in
+//! `tests/tests/frontend_*.rs`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    AlarmAction, AlarmType, Client, Compare, CompareOp, DeleteOptions, GetOptions,
+    LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
+};
+use frontend::log::MemLog;
+use frontend::{Config, Frontend};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tonic::Code;
+
+const WAIT: Duration = Duration::from_secs(30);
+
+struct Harness {
+    log: MemLog,
+    fe: Frontend,
+    client: Client,
+}
+
+async fn start_with(config: Config, log: MemLog) -> Harness {
+    let fe = Frontend::start_with_log(config, Arc::new(log.clone()))
+        .await
+        .expect("start frontend");
+    let client = Client::connect([format!("http://{}", fe.client_addr)], None)
+        .await
+        .expect("connect");
+    Harness { log, fe, client }
+}
+
+async fn start() -> Harness {
+    start_with(Config::for_test(vec!["unused".into()]), MemLog::new()).await
+}
+
+fn code(e: etcd_client::Error) -> (Code, String) {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => (s.code(), s.message().to_string()),
+        other => panic!("expected a gRPC status, got {other:?}"),
+    }
+}
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let status = buf[9..12].parse().unwrap();
+    let body = buf.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+#[tokio::test]
+async fn put_get_with_options() {
+    let mut h = start().await;
+    let c = &mut h.client;
+    let r = c.put("a", "1", None).await.unwrap();
+    let rev1 = r.header().unwrap().revision();
+    assert_eq!(rev1, 2, "etcd starts at revision 1; the first put makes 2");
+    c.put("b", "2", None).await.unwrap();
+    c.put("c", "3", None).await.unwrap();
+    let r = c.put("a", "4", Some(PutOptions::new().with_prev_key())).await.unwrap();
+    assert_eq!(r.prev_key().unwrap().value(), b"1");
+    let header = r.header().unwrap();
+    assert_ne!(header.cluster_id(), 0);
+    assert_ne!(header.member_id(), 0);
+
+    let r = c.get("a", None).await.unwrap();
+    assert_eq!(r.kvs()[0].value(), b"4");
+    assert_eq!(r.kvs()[0].version(), 2);
+    assert_eq!(r.kvs()[0].create_revision(), rev1);
+
+    // Historical read.
+    let r = c.get("a", Some(GetOptions::new().with_revision(rev1))).await.unwrap();
+    assert_eq!(r.kvs()[0].value(), b"1");
+
+    // Prefix/range, limit, sort, keys-only, count-only, serializable.
+    let r = c
+        .get("", Some(GetOptions::new().with_all_keys().with_limit(2)))
+        .await
+        .unwrap();
+    assert_eq!(r.kvs().len(), 2);
+    assert!(r.more());
+    assert_eq!(r.count(), 3);
+    let r = c
+        .get(
+            "",
+            Some(
+                GetOptions::new()
+                    .with_all_keys()
+                    .with_sort(SortTarget::Key, SortOrder::Descend),
+            ),
+        )
+        .await
+        .unwrap();
+    let keys: Vec<_> = r.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+    assert_eq!(keys, vec![b"c".to_vec(), b"b".to_vec(), b"a".to_vec()]);
+    let r = c
+        .get("a", Some(GetOptions::new().with_prefix().with_keys_only()))
+        .await
+        .unwrap();
+    assert!(r.kvs()[0].value().is_empty());
+    let r = c
+        .get("", Some(GetOptions::new().with_all_keys().with_count_only()))
+        .await
+        .unwrap();
+    assert_eq!((r.count(), r.kvs().len()), (3, 0));
+    let r = c
+        .get("b", Some(GetOptions::new().with_serializable()))
+        .await
+        .unwrap();
+    assert_eq!(r.kvs()[0].value(), b"2");
+
+    // Delete with prev_kv and a range.
+    let r = c
+        .delete("a", Some(DeleteOptions::new().with_prev_key()))
+        .await
+        .unwrap();
+    assert_eq!(r.deleted(), 1);
+    assert_eq!(r.prev_kvs()[0].value(), b"4");
+    let r = c
+        .delete("b", Some(DeleteOptions::new().with_range("d")))
+        .await
+        .unwrap();
+    assert_eq!(r.deleted(), 2);
+    let r = c.get("", Some(GetOptions::new().with_all_keys())).await.unwrap();
+    assert_eq!(r.count(), 0);
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn txn_compare_and_swap() {
+    let mut h = start().await;
+    let c = &mut h.client;
+    let put = c.put("k", "v1", None).await.unwrap();
+    let mod_rev = put.header().unwrap().revision();
+    let txn = Txn::new()
+        .when([Compare::mod_revision("k", CompareOp::Equal, mod_rev)])
+        .and_then([TxnOp::put("k", "v2", None)])
+        .or_else([TxnOp::get("k", None)]);
+    let r = c.txn(txn.clone()).await.unwrap();
+    assert!(r.succeeded());
+    // Same txn again: the mod revision moved, so the failure branch runs and reads.
+    let r = c.txn(txn).await.unwrap();
+    assert!(!r.succeeded());
+    match &r.op_responses()[0] {
+        etcd_client::TxnOpResponse::Get(g) => assert_eq!(g.kvs()[0].value(), b"v2"),
+        other => panic!("expected a get, got {other:?}"),
+    }
+    let r = c
+        .txn(
+            Txn::new()
+                .when([
+                    Compare::value("k", CompareOp::Equal, "v2"),
+                    Compare::version("k", CompareOp::Equal, 2),
+                    Compare::create_revision("k", CompareOp::Equal, mod_rev),
+                ])
+                .and_then([TxnOp::delete("k", None)]),
+        )
+        .await
+        .unwrap();
+    assert!(r.succeeded());
+    assert_eq!(c.get("k", None).await.unwrap().count(), 0);
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_requests_get_etcd_errors_and_change_nothing() {
+    let mut h = start().await;
+    let c = &mut h.client;
+    let before = h.log.last_index();
+
+    let (cd, m) = code(c.put("", "v", None).await.unwrap_err());
+    assert_eq!((cd, m.as_str()), (Code::InvalidArgument, "etcdserver: key is not provided"));
+
+    let big = vec![b'x'; frontend::config::DEFAULT_MAX_REQUEST_BYTES + 1];
+    let (cd, m) = code(c.put("big", big, None).await.unwrap_err());
+    assert_eq!((cd, m.as_str()), (Code::InvalidArgument, "etcdserver: request is too large"));
+
+    let ops: Vec<TxnOp> = (0..129).map(|i| TxnOp::put(format!("k{i}"), "v", None)).collect();
+    let (cd, m) = code(c.txn(Txn::new().and_then(ops)).await.unwrap_err());
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::InvalidArgument, "etcdserver: too many operations in txn request")
+    );
+
+    let dup = Txn::new().and_then([TxnOp::put("d", "1", None), TxnOp::put("d", "2", None)]);
+    let (cd, m) = code(c.txn(dup).await.unwrap_err());
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::InvalidArgument, "etcdserver: duplicate key given in txn request")
+    );
+
+    let (cd, m) = code(
+        c.put("x", "v", Some(PutOptions::new().with_ignore_value()))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((cd, m.as_str()), (Code::InvalidArgument, "etcdserver: value is provided"));
+
+    assert_eq!(h.log.last_index(), before, "refused requests reached the journal");
+
+    let (cd, m) = code(
+        c.get("x", Some(GetOptions::new().with_revision(1000)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision")
+    );
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn compaction_and_compacted_reads() {
+    let mut h = start().await;
+    let c = &mut h.client;
+    let r1 = c.put("k", "1", None).await.unwrap().header().unwrap().revision();
+    let r2 = c.put("k", "2", None).await.unwrap().header().unwrap().revision();
+    c.put("k", "3", None).await.unwrap();
+    c.compact(r2, None).await.unwrap();
+    let (cd, m) = code(
+        c.get("k", Some(GetOptions::new().with_revision(r1)))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+    );
+    let r = c.get("k", Some(GetOptions::new().with_revision(r2))).await.unwrap();
+    assert_eq!(r.kvs()[0].value(), b"2");
+    let (cd, _) = code(c.compact(r1, None).await.unwrap_err());
+    assert_eq!(cd, Code::OutOfRange);
+    let (cd, m) = code(c.compact(10_000, None).await.unwrap_err());
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision")
+    );
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn leases_grant_keepalive_ttl_revoke_and_expiry() {
+    let mut h = start().await;
+    let c = &mut h.client;
+    let lease = c.lease_grant(30, None).await.unwrap();
+    assert_eq!(lease.ttl(), 30);
+    let id = lease.id();
+    assert!(id > 0);
+    c.put("leased", "v", Some(PutOptions::new().with_lease(id)))
+        .await
+        .unwrap();
+
+    let ttl = c
+        .lease_time_to_live(id, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await
+        .unwrap();
+    assert_eq!(ttl.granted_ttl(), 30);
+    assert!(ttl.ttl() > 0 && ttl.ttl() <= 30);
+    assert_eq!(ttl.keys(), &[b"leased".to_vec()]);
+
+    let (mut keeper, mut stream) = c.lease_keep_alive(id).await.unwrap();
+    keeper.keep_alive().await.unwrap();
+    let ka = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!((ka.id(), ka.ttl()), (id, 30));
+
+    let leases = c.leases().await.unwrap();
+    assert!(leases.leases().iter().any(|l| l.id() == id));
+
+    c.lease_revoke(id).await.unwrap();
+    assert_eq!(c.get("leased", None).await.unwrap().count(), 0);
+
+    // Not found: keep-alive answers TTL 0, TimeToLive answers TTL -1, Revoke is NotFound.
+    keeper.keep_alive().await.unwrap();
+    let ka = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(ka.ttl(), 0);
+    let ttl = c.lease_time_to_live(id, None).await.unwrap();
+    assert_eq!(ttl.ttl(), -1);
+    let (cd, m) = code(c.lease_revoke(id).await.unwrap_err());
+    assert_eq!((cd, m.as_str()), (Code::NotFound, "etcdserver: requested lease not found"));
+
+    // Expiry is journal time: advance the log's clock past the TTL and tick.
+    let short = c.lease_grant(5, None).await.unwrap().id();
+    c.put("short", "v", Some(PutOptions::new().with_lease(short)))
+        .await
+        .unwrap();
+    h.log.advance_time(6_000);
+    h.log.tick();
+    assert_eq!(c.get("short", None).await.unwrap().count(), 0);
+    assert_eq!(c.lease_time_to_live(short, None).await.unwrap().ttl(), -1);
+
+    let (cd, m) = code(c.lease_grant(10_000_000_000, None).await.unwrap_err());
+    assert_eq!((cd, m.as_str()), (Code::OutOfRange, "etcdserver: too large lease TTL"));
+    drop((keeper, stream));
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn cluster_maintenance_and_auth() {
+    let mut config = Config::for_test(vec!["unused".into()]);
+    config.peer_frontends = vec!["http://127.0.0.1:1".into()];
+    config.etcd_version = "3.5.99".into();
+    let mut h = start_with(config, MemLog::new()).await;
+    let c = &mut h.client;
+
+    let ml = c.member_list().await.unwrap();
+    assert_eq!(ml.members().len(), 2);
+    assert_eq!(
+        ml.members()[0].client_urls(),
+        &[format!("http://{}", h.fe.client_addr)]
+    );
+    let own_id = ml.members()[0].id();
+    let (cd, m) = code(c.member_add(["http://x:1"], None).await.unwrap_err());
+    assert_eq!(cd, Code::FailedPrecondition);
+    assert!(m.contains("membership is managed by the service"), "{m}");
+    assert_eq!(code(c.member_remove(own_id).await.unwrap_err()).0, Code::FailedPrecondition);
+
+    c.put("k", "v", None).await.unwrap();
+    let st = c.status().await.unwrap();
+    assert_eq!(st.version(), "3.5.99");
+    assert_eq!(st.leader(), own_id);
+    assert_eq!(st.header().unwrap().member_id(), own_id);
+    assert!(st.raft_index() >= 1);
+    assert!(st.db_size() > 0);
+
+    let al = c.alarm(AlarmAction::Get, AlarmType::None, None).await.unwrap();
+    assert!(al.alarms().is_empty());
+    c.defragment().await.unwrap();
+    let h1 = c.hash_kv(0).await.unwrap();
+    assert_eq!(h1.hash(), c.hash_kv(0).await.unwrap().hash());
+    c.put("k", "v2", None).await.unwrap();
+    assert_ne!(h1.hash(), c.hash_kv(0).await.unwrap().hash());
+    c.hash().await.unwrap();
+
+    let (cd, _) = code(c.move_leader(own_id).await.unwrap_err());
+    assert_eq!(cd, Code::FailedPrecondition);
+    let (cd, m) = code(c.auth_enable().await.unwrap_err());
+    assert_eq!(cd, Code::Unimplemented);
+    assert!(m.contains("auth"), "{m}");
+    assert_eq!(code(c.user_list().await.unwrap_err()).0, Code::Unimplemented);
+    match c.snapshot().await {
+        Err(e) => assert_eq!(code(e).0, Code::Unimplemented),
+        Ok(mut s) => {
+            let e = s.message().await.unwrap_err();
+            assert_eq!(code(e).0, Code::Unimplemented);
+        }
+    }
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn watch_is_served_on_the_client_port() {
+    let mut h = start().await;
+    let mut stream = h
+        .client
+        .watch("w", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    h.client.put("w1", "v", None).await.unwrap();
+    loop {
+        let r = tokio::time::timeout(WAIT, stream.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if let Some(ev) = r.events().first() {
+            assert_eq!(ev.kv().unwrap().key(), b"w1");
+            break;
+        }
+    }
+    drop(stream);
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn http_health_readiness_and_metrics() {
+    let mut h = start().await;
+    h.client.put("k", "v", None).await.unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let (s, _) = http_get(h.fe.metrics_addr, "/readyz").await;
+        if s == 200 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (s, body) = http_get(h.fe.metrics_addr, "/health").await;
+    assert_eq!(s, 200);
+    assert!(body.contains(r#""health":"true""#), "{body}");
+    let (s, body) = http_get(h.fe.metrics_addr, "/metrics").await;
+    assert_eq!(s, 200);
+    for m in [
+        "strata_frontend_requests_total",
+        "strata_frontend_request_duration_seconds_bucket",
+        "strata_frontend_applied_index",
+        "strata_frontend_keys",
+        "strata_frontend_journal_lag_entries",
+    ] {
+        assert!(body.contains(m), "{m} missing from /metrics");
+    }
+    // An outage turns /health red (the journal round trip fails) and Unavailable for writes.
+    h.log.set_unavailable(true);
+    let (s, body) = http_get(h.fe.metrics_addr, "/health").await;
+    assert_eq!(s, 503, "{body}");
+    let (cd, _) = code(h.client.put("k", "v", None).await.unwrap_err());
+    assert_eq!(cd, Code::Unavailable);
+    h.log.set_unavailable(false);
+    h.client.put("k", "v3", None).await.unwrap();
+    h.fe.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn another_tenant_in_metadata_is_refused() {
+    let h = start().await;
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", h.fe.client_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut kv = api::etcdserverpb::kv_client::KvClient::new(channel);
+    let mut req = tonic::Request::new(api::etcdserverpb::RangeRequest {
+        key: b"k".to_vec(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-strata-tenant", "someone-else".parse().unwrap());
+    let e = kv.range(req).await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    let mut req = tonic::Request::new(api::etcdserverpb::RangeRequest {
+        key: b"k".to_vec(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-strata-tenant", "default".parse().unwrap());
+    kv.range(req).await.unwrap();
+    h.fe.stop().await.unwrap();
+}

@@ -30,6 +30,11 @@ impl DevDeployment {
     /// Starts `strata dev` on free loopback ports and waits until its frontend serves
     /// linearizable reads.
     pub async fn start() -> Self {
+        Self::start_with(&[]).await
+    }
+
+    /// Like [`DevDeployment::start`], with extra `strata dev` flags.
+    pub async fn start_with(extra: &[String]) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("strata-dev-")
             .tempdir()
@@ -37,19 +42,17 @@ impl DevDeployment {
         let listen = format!("127.0.0.1:{}", free_port());
         let metrics_addr = format!("127.0.0.1:{}", free_port());
         let log = dir.path().join("dev.log");
-        let child = spawn_in_own_group(
-            &strata_bin(),
-            &[
-                "dev".into(),
-                "--data-dir".into(),
-                dir.path().join("data").display().to_string(),
-                "--listen".into(),
-                listen.clone(),
-                "--metrics-listen".into(),
-                metrics_addr.clone(),
-            ],
-            &log,
-        );
+        let mut args: Vec<String> = vec![
+            "dev".into(),
+            "--data-dir".into(),
+            dir.path().join("data").display().to_string(),
+            "--listen".into(),
+            listen.clone(),
+            "--metrics-listen".into(),
+            metrics_addr.clone(),
+        ];
+        args.extend(extra.iter().cloned());
+        let child = spawn_in_own_group(&strata_bin(), &args, &log);
         let dev = Self {
             child: Some(child),
             endpoint: format!("http://{listen}"),

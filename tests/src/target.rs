@@ -1,6 +1,8 @@
 //! The system an end-to-end suite runs against: Strata (`strata dev`, the default) or a real
 //! etcd 3.4 when `STRATA_TEST_TARGET=etcd`, so every expectation can be checked against etcd.
 
+use std::time::Duration;
+
 use crate::deployment::DevDeployment;
 use crate::etcd::EtcdServer;
 
@@ -29,12 +31,44 @@ pub enum Target {
     Etcd(EtcdServer),
 }
 
+/// Server settings a suite needs beyond the defaults.
+#[derive(Clone, Debug, Default)]
+pub struct TargetOptions {
+    /// Period of progress notifications to watchers created with `progress_notify`
+    /// (etcd: `--experimental-watch-progress-notify-interval`; Strata's frontend:
+    /// `--watch-progress-notify-interval`, passed through `strata dev --frontend-arg`).
+    pub progress_notify_interval: Option<Duration>,
+}
+
 impl Target {
     /// Starts a fresh target of the configured kind and waits until it serves.
     pub async fn start() -> Self {
+        Self::start_with(&TargetOptions::default()).await
+    }
+
+    /// Starts a fresh target with `options`.
+    pub async fn start_with(options: &TargetOptions) -> Self {
+        let interval = options
+            .progress_notify_interval
+            .map(|d| format!("{}ms", d.as_millis()));
         match target_kind() {
-            TargetKind::Strata => Self::Strata(DevDeployment::start().await),
-            TargetKind::Etcd => Self::Etcd(EtcdServer::start().await),
+            TargetKind::Strata => {
+                let mut extra = Vec::new();
+                if let Some(i) = &interval {
+                    extra.push(format!(
+                        "--frontend-arg=--watch-progress-notify-interval={i}"
+                    ));
+                }
+                Self::Strata(DevDeployment::start_with(&extra).await)
+            }
+            TargetKind::Etcd => {
+                let mut extra = Vec::new();
+                if let Some(i) = &interval {
+                    extra.push(format!("--experimental-watch-progress-notify-interval={i}"));
+                }
+                let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+                Self::Etcd(EtcdServer::start_with(&extra).await)
+            }
         }
     }
 

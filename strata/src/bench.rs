@@ -9,7 +9,7 @@ mod kv;
 mod report;
 mod watch;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -468,6 +468,7 @@ async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> a
         }
         Workload::TxnCas(a) => {
             let value = Arc::new(keys::value(a.keys.val_size, common.seed));
+            let seen = kv::SeenRevisions::default();
             let mut clients = Vec::with_capacity(n);
             for c in 0..n {
                 clients.push(kv::TxnCasClient {
@@ -475,7 +476,7 @@ async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> a
                     kv: pool.kv(c),
                     keys: a.keys.keygen(client_seed(common.seed, c))?,
                     value: Arc::clone(&value),
-                    seen: HashMap::new(),
+                    seen: Arc::clone(&seen),
                 });
             }
             driver::run(clients, a.total).await

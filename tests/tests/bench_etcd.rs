@@ -166,8 +166,9 @@ fn every_workload_runs_against_etcd() {
     );
     assert_eq!(txn["ok"], 100, "{txn}");
 
-    // The put phase wrote keys 00000000..00000099, so each client's first CAS on a key (which
-    // expects "absent", mod_revision 0) must conflict; it then learns the revision and succeeds.
+    // The put phase wrote keys 00000000..00000099, so the first CAS on each key (which expects
+    // "absent", mod_revision 0) must conflict; the Get teaches the run the key's revision, and
+    // a compare on the right revision fails only if another CAS on that key just succeeded.
     let cas = bench_json(
         &etcd,
         &[

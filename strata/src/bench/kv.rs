@@ -3,7 +3,7 @@
 //! success and reads the key back on failure).
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use api::etcdserverpb::kv_client::KvClient;
@@ -98,15 +98,37 @@ impl Client for TxnPutClient {
     }
 }
 
-/// Compare-and-swap on mod_revision, as kube-apiserver's OptimisticPut does: it remembers the
-/// mod_revision it last saw per key (0 = absent), and on a failed compare learns the current one
-/// from the Get in the txn's failure branch, so its next attempt on that key can succeed.
+/// The mod_revision last seen per key index (absent = 0), shared by every client of a run as
+/// one kube-apiserver's watch cache is shared by its requests.
+pub type SeenRevisions = Arc<Mutex<HashMap<u64, i64>>>;
+
+/// Compare-and-swap on mod_revision, as kube-apiserver's OptimisticPut does: it expects the
+/// mod_revision last seen for the key, and on a failed compare learns the current one from the
+/// Get in the txn's failure branch, so the next attempt on that key can succeed. Conflicts are
+/// then real races between clients writing the same key.
 pub struct TxnCasClient {
     pub pool: Pool,
     pub kv: KvClient<Channel>,
     pub keys: KeyGen,
     pub value: Arc<Vec<u8>>,
-    pub seen: HashMap<u64, i64>,
+    pub seen: SeenRevisions,
+}
+
+fn seen_get(seen: &SeenRevisions, index: u64) -> i64 {
+    // A poisoned map only means another client panicked mid-insert; its data is still valid.
+    let map = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    map.get(&index).copied().unwrap_or(0)
+}
+
+/// Records `revision` for `index` unless a newer one is already known.
+fn seen_update(seen: &SeenRevisions, index: u64, revision: i64) {
+    let mut map = seen
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let slot = map.entry(index).or_insert(0);
+    *slot = (*slot).max(revision);
 }
 
 /// The OptimisticPut txn: `If(ModRevision(key) == expected).Then(Put(key, value)).Else(Get(key))`.
@@ -138,13 +160,13 @@ pub fn cas_txn(key: Vec<u8>, value: Vec<u8>, expected_mod_revision: i64) -> TxnR
 impl Client for TxnCasClient {
     fn op(&mut self, op: u64) -> OpFuture<'_> {
         let index = self.keys.index(op);
-        let expected = self.seen.get(&index).copied().unwrap_or(0);
+        let expected = seen_get(&self.seen, index);
         let req = cas_txn(self.keys.key_of(index), self.value.to_vec(), expected);
         Box::pin(async move {
             let resp = self.kv.txn(self.pool.request(req)).await?.into_inner();
             if resp.succeeded {
                 let revision = resp.header.map_or(0, |h| h.revision);
-                self.seen.insert(index, revision);
+                seen_update(&self.seen, index, revision);
                 return Ok(Outcome::Done);
             }
             let current = resp
@@ -156,7 +178,7 @@ impl Client for TxnCasClient {
                 })
                 .and_then(|range| range.kvs.into_iter().next())
                 .map_or(0, |kv| kv.mod_revision);
-            self.seen.insert(index, current);
+            seen_update(&self.seen, index, current);
             Ok(Outcome::Conflict)
         })
     }
@@ -165,6 +187,17 @@ impl Client for TxnCasClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn seen_revisions_only_move_forward() {
+        let seen = SeenRevisions::default();
+        assert_eq!(seen_get(&seen, 3), 0);
+        seen_update(&seen, 3, 10);
+        seen_update(&seen, 3, 7); // a slower client's older answer
+        assert_eq!(seen_get(&seen, 3), 10);
+        seen_update(&seen, 3, 12);
+        assert_eq!(seen_get(&seen, 3), 12);
+    }
 
     #[test]
     fn txn_keys_are_distinct_and_wrap() {

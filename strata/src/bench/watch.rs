@@ -445,10 +445,10 @@ pub async fn run(pool: &Pool, plan: &WatchPlan) -> Result<WatchRun, BenchError> 
                 create_samples.merge(o.create_latency);
                 verdict_extra.created += o.created;
                 verdict_extra.cancelled += o.cancelled;
-                if let Some(e) = o.error {
-                    if verdict_extra.stream_errors.len() < MAX_STREAM_ERRORS {
-                        verdict_extra.stream_errors.push(e);
-                    }
+                if let Some(e) = o.error
+                    && verdict_extra.stream_errors.len() < MAX_STREAM_ERRORS
+                {
+                    verdict_extra.stream_errors.push(e);
                 }
             }
             Err(e) => verdict_extra

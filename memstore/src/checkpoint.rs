@@ -2,14 +2,17 @@
 //! header and the rkyv archive of the whole store state, loaded back through checked access.
 //!
 //! Layout (all integers little-endian):
-//! `magic[8] | format_version u32 | crc32c u32 | meta_len u32 | body_len u64 | meta | body`,
-//! the crc covering everything after itself. `meta` is
+//! `magic[8] | format_version u32 | crc32c u32 | meta_len u32 | body_len u64 | meta | zero
+//! padding up to a multiple of 16 | body`, the crc covering everything after itself. The body
+//! starts 16-aligned within the object, so a buffer that is itself 16-aligned is validated in
+//! place; any other buffer is first copied into an aligned one. `meta` is
 //! `tenant_len u32 | tenant | shard u32 | index u64 | revision i64 | created_ms i64`.
 
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
 
-use crate::store::State;
+use crate::keyspace::KeySpace;
+use crate::store::{ArchivedState, State};
 use crate::{Config, Error, MemStore};
 
 /// First bytes of every checkpoint object.
@@ -110,6 +113,11 @@ fn decode_meta(bytes: &[u8]) -> Result<CheckpointMeta, Error> {
     Ok(meta)
 }
 
+/// Where the body starts: after the meta, rounded up to the body's alignment.
+fn body_offset(meta_len: usize) -> usize {
+    (HEADER_LEN + meta_len).div_ceil(BODY_ALIGN) * BODY_ALIGN
+}
+
 /// Writes the whole store as one checkpoint object.
 pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
     let body = rkyv::to_bytes::<rancor::Error>(&store.state)
@@ -122,6 +130,7 @@ pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
     out.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&meta_bytes);
+    out.resize(body_offset(meta_bytes.len()), 0);
     out.extend_from_slice(&body);
     let crc = crc32c::crc32c(&out[16..]);
     out[12..16].copy_from_slice(&crc.to_le_bytes());
@@ -155,20 +164,30 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
     let meta_len = r.u32()? as usize;
     let body_len = usize::try_from(r.u64()?)
         .map_err(|_| Error::Corrupt("body length does not fit in memory".into()))?;
-    if r.buf.len() != meta_len.saturating_add(body_len) {
+    let offset = body_offset(meta_len);
+    if offset.checked_add(body_len) != Some(bytes.len()) {
         return Err(Error::Corrupt(format!(
             "lengths say {meta_len} + {body_len} bytes, object holds {}",
-            r.buf.len()
+            bytes.len()
         )));
     }
     let meta = decode_meta(r.take(meta_len)?)?;
-    let body = r.take(body_len)?;
-    let mut aligned = AlignedVec::<BODY_ALIGN>::with_capacity(body.len());
-    aligned.extend_from_slice(body);
-    let archived = rkyv::access::<rkyv::Archived<State>, rancor::Error>(&aligned)
+    if bytes[HEADER_LEN + meta_len..offset].iter().any(|&b| b != 0) {
+        return Err(Error::Corrupt("non-zero padding".into()));
+    }
+    let body = &bytes[offset..];
+    let copy;
+    let body: &[u8] = if (body.as_ptr() as usize).is_multiple_of(BODY_ALIGN) {
+        body
+    } else {
+        let mut aligned = AlignedVec::<BODY_ALIGN>::with_capacity(body.len());
+        aligned.extend_from_slice(body);
+        copy = aligned;
+        &copy
+    };
+    let archived = rkyv::access::<ArchivedState, rancor::Error>(body)
         .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
-    let state: State = rkyv::deserialize::<State, rancor::Error>(archived)
-        .map_err(|e| Error::Corrupt(format!("archive could not be loaded: {e}")))?;
+    let state = state_from_archived(archived)?;
     if state.applied_index != meta.index || state.revision != meta.revision {
         return Err(Error::Corrupt(format!(
             "meta says index {} revision {}, state holds index {} revision {}",
@@ -176,4 +195,19 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
         )));
     }
     Ok((meta, MemStore::from_state(Config::default(), state)))
+}
+
+fn state_from_archived(a: &ArchivedState) -> Result<State, Error> {
+    let corrupt = |e: rancor::Error| Error::Corrupt(format!("archive could not be loaded: {e}"));
+    Ok(State {
+        applied_index: a.applied_index.to_native(),
+        revision: a.revision.to_native(),
+        compact_revision: a.compact_revision.to_native(),
+        time_ms: a.time_ms.to_native(),
+        keys: KeySpace::from_archived(&a.keys).map_err(Error::Corrupt)?,
+        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
+        dedup: rkyv::deserialize::<_, rancor::Error>(&a.dedup).map_err(corrupt)?,
+        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
+        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+    })
 }

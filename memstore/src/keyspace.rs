@@ -118,28 +118,58 @@ impl KeySpace {
 
     /// Appends a version to `key` (newest last) and keeps the counters.
     pub fn push(&mut self, key: &[u8], v: Version) {
+        self.upsert(key, |_| v);
+    }
+
+    /// Appends the version `make` builds from the key's current versions (None for a key never
+    /// stored), with one map lookup for a known key, and keeps the counters.
+    pub fn upsert(&mut self, key: &[u8], make: impl FnOnce(Option<&[Version]>) -> Version) {
         let kl = key.len() as u64;
-        let added = kl + v.value.len() as u64;
-        let tomb = v.is_tombstone();
         match self.map.get_mut(key) {
             Some(vs) => {
+                let v = make(Some(vs));
                 if let Some(last) = vs.last().filter(|l| !l.is_tombstone()) {
                     self.live_keys -= 1;
                     self.live_bytes -= kl + last.value.len() as u64;
                 }
+                Self::count(
+                    &mut self.live_keys,
+                    &mut self.live_bytes,
+                    &mut self.total_bytes,
+                    kl,
+                    &v,
+                );
                 vs.push(v);
             }
             None => {
+                let v = make(None);
+                Self::count(
+                    &mut self.live_keys,
+                    &mut self.live_bytes,
+                    &mut self.total_bytes,
+                    kl,
+                    &v,
+                );
                 // vec![v] allocates exactly one slot: most keys keep a single version.
                 self.map.insert(key.into(), vec![v]);
             }
         }
-        if !tomb {
-            self.live_keys += 1;
-            self.live_bytes += added;
-        }
-        self.total_bytes += added;
         self.versions += 1;
+    }
+
+    fn count(
+        live_keys: &mut u64,
+        live_bytes: &mut u64,
+        total_bytes: &mut u64,
+        kl: u64,
+        v: &Version,
+    ) {
+        let added = kl + v.value.len() as u64;
+        if !v.is_tombstone() {
+            *live_keys += 1;
+            *live_bytes += added;
+        }
+        *total_bytes += added;
     }
 
     /// Drops history at or below `rev` as etcd's keyIndex.compact does: of the versions <= rev
@@ -165,5 +195,56 @@ impl KeySpace {
         });
         self.total_bytes -= freed_bytes;
         self.versions -= freed_versions;
+    }
+}
+
+impl KeySpace {
+    /// Builds the key space from its archived form: one pass over the archived map (already in
+    /// key order), then a bulk-built `BTreeMap`; the counters are recomputed and must agree.
+    pub fn from_archived(a: &ArchivedKeySpace) -> Result<KeySpace, String> {
+        let mut ks = KeySpace::default();
+        let mut entries: Vec<(Box<[u8]>, Vec<Version>)> = Vec::with_capacity(a.map.len());
+        for (k, vs) in a.map.iter() {
+            let key: &[u8] = k;
+            if vs.is_empty() {
+                return Err("a key without versions".into());
+            }
+            let mut versions = Vec::with_capacity(vs.len());
+            for v in vs.iter() {
+                versions.push(Version {
+                    main: v.main.to_native(),
+                    sub: v.sub.to_native(),
+                    create: v.create.to_native(),
+                    version: v.version.to_native(),
+                    lease: v.lease.to_native(),
+                    value: Box::from(&v.value[..]),
+                });
+            }
+            let kl = key.len() as u64;
+            for v in &versions {
+                ks.total_bytes += kl + v.value.len() as u64;
+            }
+            if let Some(last) = versions.last().filter(|v| !v.is_tombstone()) {
+                ks.live_keys += 1;
+                ks.live_bytes += kl + last.value.len() as u64;
+            }
+            ks.versions += versions.len() as u64;
+            entries.push((Box::from(key), versions));
+        }
+        let n = entries.len();
+        ks.map = entries.into_iter().collect();
+        if ks.map.len() != n {
+            return Err("duplicate keys".into());
+        }
+        let archived_counters = (
+            a.live_keys.to_native(),
+            a.live_bytes.to_native(),
+            a.total_bytes.to_native(),
+            a.versions.to_native(),
+        );
+        if archived_counters != (ks.live_keys, ks.live_bytes, ks.total_bytes, ks.versions) {
+            return Err("key space counters disagree with its keys".into());
+        }
+        Ok(ks)
     }
 }

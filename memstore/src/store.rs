@@ -49,8 +49,9 @@ pub(crate) struct AuthState {
     pub roles: BTreeMap<String, Vec<u8>>,
 }
 
-/// Everything a checkpoint holds.
-#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+/// Everything a checkpoint holds. Archived as is; loaded by `checkpoint::decode`, which builds
+/// the key space itself (bulk-built map) rather than through rkyv's per-entry inserts.
+#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize)]
 pub(crate) struct State {
     pub applied_index: u64,
     pub revision: i64,
@@ -129,55 +130,69 @@ impl Writer<'_> {
     }
 
     fn put(&mut self, req: &PutRequest) -> PutResponse {
-        let prev = self.state.keys.latest_live(&req.key).cloned();
-        let value: Box<[u8]> = match (&prev, req.ignore_value) {
-            (Some(p), true) => p.value.clone(),
-            _ => req.value.as_slice().into(),
+        let (rev, sub) = (self.rev, self.sub);
+        let mut old_lease = 0;
+        let mut prev_event = None;
+        let mut prev_resp = None;
+        let mut kv = None;
+        self.state.keys.upsert(&req.key, |versions| {
+            let prev = versions
+                .and_then(|vs| vs.last())
+                .filter(|v| !v.is_tombstone());
+            prev_event = versions
+                .and_then(|vs| live_at(vs, rev - 1))
+                .map(|v| v.to_kv(&req.key, false));
+            if req.prev_kv {
+                prev_resp = prev.map(|p| p.to_kv(&req.key, false));
+            }
+            old_lease = prev.map_or(0, |p| p.lease);
+            let value: Box<[u8]> = match prev {
+                Some(p) if req.ignore_value => p.value.clone(),
+                _ => req.value.as_slice().into(),
+            };
+            let v = Version {
+                main: rev,
+                sub,
+                create: prev.map_or(rev, |p| p.create),
+                version: prev.map_or(1, |p| p.version + 1),
+                lease: if req.ignore_lease {
+                    old_lease
+                } else {
+                    req.lease
+                },
+                value,
+            };
+            kv = Some(v.to_kv(&req.key, false));
+            v
+        });
+        let lease = if req.ignore_lease {
+            old_lease
+        } else {
+            req.lease
         };
-        let lease = match (&prev, req.ignore_lease) {
-            (Some(p), true) => p.lease,
-            _ => req.lease,
-        };
-        let v = Version {
-            main: self.rev,
-            sub: self.sub,
-            create: prev.as_ref().map_or(self.rev, |p| p.create),
-            version: prev.as_ref().map_or(1, |p| p.version + 1),
-            lease,
-            value,
-        };
-        let kv = v.to_kv(&req.key, false);
-        let prev_event = self.prev_kv_event(&req.key);
-        if let Some(p) = &prev
-            && p.lease != 0
-            && p.lease != lease
-        {
-            self.state.leases.detach(p.lease, &req.key);
+        if old_lease != 0 && old_lease != lease {
+            self.state.leases.detach(old_lease, &req.key);
         }
-        if lease != 0 {
+        if lease != 0 && lease != old_lease {
             self.state.leases.attach(lease, &req.key);
         }
-        self.state.keys.push(&req.key, v);
         self.sub += 1;
         self.events.push(Event {
             r#type: EventType::Put as i32,
-            kv: Some(kv),
+            kv,
             prev_kv: prev_event,
         });
         PutResponse {
             header: Some(ResponseHeader::default()),
-            prev_kv: if req.prev_kv {
-                prev.map(|p| p.to_kv(&req.key, false))
-            } else {
-                None
-            },
+            prev_kv: prev_resp,
         }
     }
 
-    fn delete_key(&mut self, key: &[u8], prev: &Version) {
+    /// Writes a tombstone for a live key whose newest version carries `lease`.
+    fn delete_key(&mut self, key: &[u8], lease: i64) {
         let prev_event = self.prev_kv_event(key);
-        if prev.lease != 0 {
-            self.state.leases.detach(prev.lease, key);
+        if lease != 0 {
+            self.state.leases.detach(lease, key);
         }
         self.state.keys.push(
             key,
@@ -203,22 +218,21 @@ impl Writer<'_> {
     }
 
     fn delete_range(&mut self, req: &DeleteRangeRequest) -> DeleteRangeResponse {
-        let victims: Vec<(Vec<u8>, Version)> = self
+        let mut prev_kvs = Vec::new();
+        let victims: Vec<(Vec<u8>, i64)> = self
             .state
             .keys
             .iter_range(&req.key, &req.range_end)
             .filter_map(|(k, vs)| {
-                vs.last()
-                    .filter(|v| !v.is_tombstone())
-                    .map(|v| (k.to_vec(), v.clone()))
+                let v = vs.last().filter(|v| !v.is_tombstone())?;
+                if req.prev_kv {
+                    prev_kvs.push(v.to_kv(k, false));
+                }
+                Some((k.to_vec(), v.lease))
             })
             .collect();
-        let mut prev_kvs = Vec::new();
-        for (k, v) in &victims {
-            if req.prev_kv {
-                prev_kvs.push(v.to_kv(k, false));
-            }
-            self.delete_key(k, v);
+        for (k, lease) in &victims {
+            self.delete_key(k, *lease);
         }
         DeleteRangeResponse {
             header: Some(ResponseHeader::default()),
@@ -401,8 +415,8 @@ impl MemStore {
         };
         let mut w = Writer::new(&mut self.state, events);
         for key in &lease.keys {
-            if let Some(prev) = w.state.keys.latest_live(key).cloned() {
-                w.delete_key(key, &prev);
+            if let Some(lease) = w.state.keys.latest_live(key).map(|v| v.lease) {
+                w.delete_key(key, lease);
             }
         }
         w.finish()

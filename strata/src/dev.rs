@@ -48,6 +48,10 @@ pub struct Args {
     /// Journal shards (Raft groups) per node.
     #[arg(long, default_value_t = 4)]
     shards: u32,
+    /// An extra flag for `strata frontend`, e.g. `--frontend-arg=--etcd-version=3.5.17`
+    /// (repeatable).
+    #[arg(long = "frontend-arg", allow_hyphen_values = true)]
+    frontend_args: Vec<String>,
     /// Do not start a compactor even if this build has one.
     #[arg(long)]
     no_compactor: bool,
@@ -239,20 +243,17 @@ async fn start_all(
             logs,
         )?);
     }
-    procs.push(spawn(
-        exe,
-        "frontend",
-        &[
-            "frontend".into(),
-            "--journal".into(),
-            journal_list.to_string(),
-            "--listen".into(),
-            args.listen.to_string(),
-            "--metrics-listen".into(),
-            metrics.to_string(),
-        ],
-        logs,
-    )?);
+    let mut frontend: Vec<String> = vec![
+        "frontend".into(),
+        "--journal".into(),
+        journal_list.to_string(),
+        "--listen".into(),
+        args.listen.to_string(),
+        "--metrics-listen".into(),
+        metrics.to_string(),
+    ];
+    frontend.extend(args.frontend_args.iter().cloned());
+    procs.push(spawn(exe, "frontend", &frontend, logs)?);
     if !args.no_compactor
         && let Some(flags) = compactor_flags(exe).await
     {

@@ -8,7 +8,7 @@ mod common;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use common::{WATCH_TIMEOUT, assert_status, connect, rev};
+use common::{WATCH_TIMEOUT, assert_status, connect, rev, start};
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp,
     TxnOpResponse, WatchOptions, WatchResponse, WatchStream,
@@ -24,7 +24,8 @@ const COMPACT_REV_KEY: &str = "compact_rev_key";
 /// kube-apiserver's health key (`/registry` prefix + `/health`).
 const HEALTH_KEY: &str = "/registry/health";
 
-async fn start() -> (Target, Client) {
+/// A target whose watchers with `progress_notify` get a notification every [`PROGRESS_INTERVAL`].
+async fn start_with_progress() -> (Target, Client) {
     let target = Target::start_with(&TargetOptions {
         progress_notify_interval: Some(PROGRESS_INTERVAL),
     })
@@ -295,7 +296,7 @@ async fn optimistic_put_and_delete_with_get_on_failure() {
 
 #[tokio::test]
 async fn watch_from_list_revision_plus_one_with_prev_kv_and_progress() {
-    let (_t, mut c) = start().await;
+    let (_t, mut c) = start_with_progress().await;
     let prefix = "/registry/secrets/";
     c.put(format!("{prefix}a"), "a0", None).await.unwrap();
     c.put(format!("{prefix}b"), "b0", None).await.unwrap();

@@ -6,9 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use object_store::aws::AmazonS3Builder;
-use object_store::azure::MicrosoftAzureBuilder;
-use object_store::gcp::GoogleCloudStorageBuilder;
+use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
+use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
+use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::local::LocalFileSystem;
 use object_store::memory::InMemory;
 use object_store::path::Path;
@@ -48,9 +48,42 @@ fn bad(url: &str, reason: impl std::fmt::Display) -> Error {
     }
 }
 
+/// Bound on one HTTP request to a cloud store (unless `<PREFIX>TIMEOUT` is set).
+const CLIENT_TIMEOUT: &str = "30s";
+/// Bound on connecting to a cloud store (unless `<PREFIX>CONNECT_TIMEOUT` is set).
+const CLIENT_CONNECT_TIMEOUT: &str = "5s";
+
+/// Applies our client defaults (where the environment sets none) and then `options` to a
+/// builder through `set` (which parses the key for its provider; unknown keys are refused).
+fn configure<B>(
+    mut builder: B,
+    env_prefix: &str,
+    options: &[(String, String)],
+    set: impl Fn(B, &str, &str) -> std::result::Result<B, (B, String)>,
+) -> std::result::Result<B, String> {
+    for (key, value) in [
+        ("timeout", CLIENT_TIMEOUT),
+        ("connect_timeout", CLIENT_CONNECT_TIMEOUT),
+    ] {
+        if std::env::var_os(format!("{env_prefix}{}", key.to_ascii_uppercase())).is_none() {
+            builder = set(builder, key, value).map_err(|(_, e)| e)?;
+        }
+    }
+    for (key, value) in options {
+        builder = set(builder, &key.to_ascii_lowercase(), value).map_err(|(_, e)| e)?;
+    }
+    Ok(builder)
+}
+
 /// Opens the store named by `url`; the URL's path (after the bucket) becomes a prefix under which
-/// every object of this deployment lives.
+/// every object of this deployment lives. Cloud settings come from the environment.
 pub fn open(url: &str) -> Result<Store> {
+    open_with(url, &[])
+}
+
+/// `open`, with provider settings given explicitly (keys as the environment variables, lower
+/// case: `aws_endpoint_url`, `aws_allow_http`, ...); they take precedence over the environment.
+pub fn open_with(url: &str, options: &[(String, String)]) -> Result<Store> {
     if !url.contains("://") {
         return open_dir(std::path::Path::new(url), url);
     }
@@ -64,24 +97,42 @@ pub fn open(url: &str) -> Result<Store> {
             return open_dir(&dir, url);
         }
         "memory" => Arc::new(InMemory::new()),
-        "s3" | "s3a" => Arc::new(
-            AmazonS3Builder::from_env()
-                .with_url(url)
-                .with_retry(retry_config())
-                .build()?,
-        ),
-        "gs" => Arc::new(
-            GoogleCloudStorageBuilder::from_env()
-                .with_url(url)
-                .with_retry(retry_config())
-                .build()?,
-        ),
-        "az" | "azure" | "abfs" | "abfss" => Arc::new(
-            MicrosoftAzureBuilder::from_env()
-                .with_url(url)
-                .with_retry(retry_config())
-                .build()?,
-        ),
+        "s3" | "s3a" => {
+            let b = configure(AmazonS3Builder::from_env(), "AWS_", options, |b, k, v| {
+                match k.parse::<AmazonS3ConfigKey>() {
+                    Ok(key) => Ok(b.with_config(key, v)),
+                    Err(e) => Err((b, e.to_string())),
+                }
+            })
+            .map_err(|e| bad(url, e))?;
+            Arc::new(b.with_url(url).with_retry(retry_config()).build()?)
+        }
+        "gs" => {
+            let b = configure(
+                GoogleCloudStorageBuilder::from_env(),
+                "GOOGLE_",
+                options,
+                |b, k, v| match k.parse::<GoogleConfigKey>() {
+                    Ok(key) => Ok(b.with_config(key, v)),
+                    Err(e) => Err((b, e.to_string())),
+                },
+            )
+            .map_err(|e| bad(url, e))?;
+            Arc::new(b.with_url(url).with_retry(retry_config()).build()?)
+        }
+        "az" | "azure" | "abfs" | "abfss" => {
+            let b = configure(
+                MicrosoftAzureBuilder::from_env(),
+                "AZURE_",
+                options,
+                |b, k, v| match k.parse::<AzureConfigKey>() {
+                    Ok(key) => Ok(b.with_config(key, v)),
+                    Err(e) => Err((b, e.to_string())),
+                },
+            )
+            .map_err(|e| bad(url, e))?;
+            Arc::new(b.with_url(url).with_retry(retry_config()).build()?)
+        }
         other => return Err(bad(url, format!("unsupported scheme {other:?}"))),
     };
     if prefix.as_ref().is_empty() {
@@ -132,5 +183,15 @@ mod tests {
     fn s3_urls_build_without_network() {
         // Building a client does no I/O; the bucket comes from the URL.
         open("s3://bucket/some/prefix").unwrap();
+        let opts = [(
+            "AWS_ENDPOINT_URL".to_string(),
+            "http://127.0.0.1:1".to_string(),
+        )];
+        open_with("s3://bucket", &opts).unwrap();
+        let bad_opts = [("aws_no_such_setting".to_string(), "x".to_string())];
+        assert!(matches!(
+            open_with("s3://bucket", &bad_opts),
+            Err(Error::BadUrl { .. })
+        ));
     }
 }

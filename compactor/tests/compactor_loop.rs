@@ -8,9 +8,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::manifest;
-use common::{FlakyStore, History, apply_all, assert_same, wait_status};
+use common::{
+    FlakyStore, History, assert_fresh_replicas_match, assert_store_invariants, covers_all,
+    wait_status,
+};
 use compactor::store::Store;
 use compactor::{Catalog, Compactor, Config, MemJournal, reader};
+
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
 
@@ -30,65 +34,6 @@ fn config() -> Config {
     }
 }
 
-/// Every tenant's newest checkpoint covers `index`.
-fn covers_all(s: &compactor::ShardStatus, index: u64) -> bool {
-    TENANTS
-        .iter()
-        .all(|t| s.checkpoints.get(*t).is_some_and(|&i| i >= index))
-}
-
-/// A fresh replica per tenant from its newest checkpoint plus the retained journal equals one
-/// that replayed everything.
-async fn assert_fresh_replicas_match(store: &Store, journal: &MemJournal, h: &History) {
-    for t in TENANTS {
-        let loaded = reader::latest(store.clone(), t)
-            .await
-            .unwrap()
-            .expect("a checkpoint");
-        let mut replica = loaded.store;
-        let tail = journal.records(SHARD, loaded.meta.index + 1);
-        if let Some(first) = tail.first() {
-            assert_eq!(
-                first.index,
-                loaded.meta.index + 1,
-                "{t}: journal trimmed past the checkpoint"
-            );
-        }
-        apply_all(&mut replica, t, &tail);
-        assert_same(t, &replica, &h.reference(t));
-    }
-}
-
-/// Every manifest in the store names only complete objects with the recorded size and CRC, and
-/// the journal is not trimmed past any tenant's newest published checkpoint.
-async fn assert_store_invariants(catalog: &Catalog, journal: &MemJournal) {
-    use compactor::Journal;
-    let first = journal.first_index(SHARD).await.unwrap();
-    for t in catalog.tenants().await.unwrap() {
-        let seqs = catalog.manifest_seqs(&t).await.unwrap();
-        assert!(!seqs.is_empty(), "{t} has a folder but no manifest");
-        for seq in seqs {
-            let Some(m) = catalog.read_manifest(&t, seq).await.unwrap() else {
-                continue;
-            };
-            for r in &m.checkpoints {
-                catalog.read_checkpoint(r).await.unwrap_or_else(|e| {
-                    panic!(
-                        "manifest {seq} of {t} names {} which is unusable: {e}",
-                        r.path
-                    )
-                });
-            }
-        }
-        let newest = catalog.latest_manifest(&t).await.unwrap().unwrap();
-        assert!(
-            first <= newest.newest().unwrap().index + 1,
-            "{t}: journal starts at {first}, newest checkpoint covers {}",
-            newest.newest().unwrap().index
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checkpoints_trim_and_fresh_replicas_match_full_replay_on_a_local_dir() {
     let dir = tempfile::tempdir().unwrap();
@@ -102,7 +47,7 @@ async fn checkpoints_trim_and_fresh_replicas_match_full_replay_on_a_local_dir() 
         h.write(250);
         let last = h.last_index();
         wait_status(&mut st, "checkpoints at the last index", |s| {
-            covers_all(s, last)
+            covers_all(s, &TENANTS, last)
         })
         .await;
     }
@@ -114,8 +59,8 @@ async fn checkpoints_trim_and_fresh_replicas_match_full_replay_on_a_local_dir() 
         journal.first_index(SHARD).await.unwrap() > 1,
         "journal was trimmed"
     );
-    assert_fresh_replicas_match(&store, &journal, &h).await;
-    assert_store_invariants(&catalog, &journal).await;
+    assert_fresh_replicas_match(&store, &journal, &h, SHARD).await;
+    assert_store_invariants(&catalog, &journal, SHARD).await;
     // Retention: the newest manifest keeps `keep` checkpoints, and older objects are gone.
     for t in TENANTS {
         let m = catalog.latest_manifest(t).await.unwrap().unwrap();
@@ -141,7 +86,7 @@ async fn a_flipped_byte_is_rejected_and_the_previous_checkpoint_is_used() {
     h.write(700);
     let last = h.last_index();
     wait_status(&mut st, "checkpoints at the last index", |s| {
-        covers_all(s, last)
+        covers_all(s, &TENANTS, last)
     })
     .await;
     c.shutdown().await;
@@ -171,7 +116,7 @@ async fn a_flipped_byte_is_rejected_and_the_previous_checkpoint_is_used() {
     );
     assert_eq!(loaded.skipped.len(), 1);
     // trim_lag = 1 keeps the journal from the previous checkpoint on: replay still works.
-    assert_fresh_replicas_match(&store, &journal, &h).await;
+    assert_fresh_replicas_match(&store, &journal, &h, SHARD).await;
 
     // A compactor restarted now resumes from the previous checkpoint and publishes new ones
     // without the corrupt object.
@@ -180,7 +125,7 @@ async fn a_flipped_byte_is_rejected_and_the_previous_checkpoint_is_used() {
     h.write(300);
     let last = h.last_index();
     wait_status(&mut st, "checkpoints after restart", |s| {
-        covers_all(s, last)
+        covers_all(s, &TENANTS, last)
     })
     .await;
     c.shutdown().await;
@@ -189,8 +134,8 @@ async fn a_flipped_byte_is_rejected_and_the_previous_checkpoint_is_used() {
         m2.checkpoints.iter().all(|c| c.path != newest.path),
         "corrupt object dropped from the manifest"
     );
-    assert_fresh_replicas_match(&store, &journal, &h).await;
-    assert_store_invariants(&catalog, &journal).await;
+    assert_fresh_replicas_match(&store, &journal, &h, SHARD).await;
+    assert_store_invariants(&catalog, &journal, SHARD).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -205,14 +150,14 @@ async fn restart_resumes_from_published_checkpoints() {
         h.write(400);
         let last = h.last_index();
         wait_status(&mut st, "checkpoints at the last index", |s| {
-            covers_all(s, last)
+            covers_all(s, &TENANTS, last)
         })
         .await;
         let s = st.borrow().clone();
         assert_eq!(s.restarts, 0, "round {round}: {s:?}");
         c.shutdown().await;
-        assert_fresh_replicas_match(&store, &journal, &h).await;
-        assert_store_invariants(&catalog, &journal).await;
+        assert_fresh_replicas_match(&store, &journal, &h, SHARD).await;
+        assert_store_invariants(&catalog, &journal, SHARD).await;
     }
 }
 
@@ -227,7 +172,10 @@ async fn object_store_outage_delays_checkpoints_and_the_compactor_catches_up() {
     let mut st = c.status(SHARD).unwrap();
     h.write(300);
     let before = h.last_index();
-    let s0 = wait_status(&mut st, "first checkpoints", |s| covers_all(s, before)).await;
+    let s0 = wait_status(&mut st, "first checkpoints", |s| {
+        covers_all(s, &TENANTS, before)
+    })
+    .await;
 
     flaky.set_down(true);
     h.write(600);
@@ -243,7 +191,7 @@ async fn object_store_outage_delays_checkpoints_and_the_compactor_catches_up() {
 
     flaky.set_down(false);
     let last = h.last_index();
-    let s2 = wait_status(&mut st, "catch-up", |s| covers_all(s, last)).await;
+    let s2 = wait_status(&mut st, "catch-up", |s| covers_all(s, &TENANTS, last)).await;
     assert_eq!(
         s2.restarts, 0,
         "outage handled by retries, not restarts: {s2:?}"
@@ -254,6 +202,6 @@ async fn object_store_outage_delays_checkpoints_and_the_compactor_catches_up() {
     .await;
     assert!(s3.trimmed_below > before.min(trimmed_while_down));
     c.shutdown().await;
-    assert_fresh_replicas_match(&store, &journal, &h).await;
-    assert_store_invariants(&catalog, &journal).await;
+    assert_fresh_replicas_match(&store, &journal, &h, SHARD).await;
+    assert_store_invariants(&catalog, &journal, SHARD).await;
 }

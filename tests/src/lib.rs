@@ -7,4 +7,5 @@ pub mod etcd;
 pub mod etcdctl;
 pub mod process;
 pub mod readiness;
+pub mod s3;
 pub mod target;

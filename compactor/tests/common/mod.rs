@@ -20,7 +20,8 @@ use api::strata::entry::entry::Request;
 use api::strata::journal::record::Kind;
 use api::strata::journal::{Record, Tick};
 use async_trait::async_trait;
-use compactor::{MemJournal, ShardStatus};
+use compactor::store::Store;
+use compactor::{Catalog, Journal, MemJournal, ShardStatus, reader};
 use futures::stream::BoxStream;
 use memstore::MemStore;
 use object_store::path::Path;
@@ -304,5 +305,68 @@ impl ObjectStore for FlakyStore {
     ) -> object_store::Result<()> {
         self.check()?;
         self.inner.copy_opts(from, to, options).await
+    }
+}
+
+/// Every tenant's newest checkpoint covers `index`.
+pub fn covers_all(s: &ShardStatus, tenants: &[&str], index: u64) -> bool {
+    tenants
+        .iter()
+        .all(|t| s.checkpoints.get(*t).is_some_and(|&i| i >= index))
+}
+
+/// A fresh replica per tenant from its newest checkpoint plus the retained journal equals one
+/// that replayed everything.
+pub async fn assert_fresh_replicas_match(
+    store: &Store,
+    journal: &MemJournal,
+    h: &History,
+    shard: u32,
+) {
+    for t in &h.tenants {
+        let loaded = reader::latest(store.clone(), t)
+            .await
+            .unwrap()
+            .expect("a checkpoint");
+        let mut replica = loaded.store;
+        let tail = journal.records(shard, loaded.meta.index + 1);
+        if let Some(first) = tail.first() {
+            assert_eq!(
+                first.index,
+                loaded.meta.index + 1,
+                "{t}: journal trimmed past the checkpoint"
+            );
+        }
+        apply_all(&mut replica, t, &tail);
+        assert_same(t, &replica, &h.reference(t));
+    }
+}
+
+/// Every manifest in the store names only complete objects with the recorded size and CRC, and
+/// the journal is not trimmed past any tenant's newest published checkpoint.
+pub async fn assert_store_invariants(catalog: &Catalog, journal: &impl Journal, shard: u32) {
+    let first = journal.first_index(shard).await.unwrap();
+    for t in catalog.tenants().await.unwrap() {
+        let seqs = catalog.manifest_seqs(&t).await.unwrap();
+        assert!(!seqs.is_empty(), "{t} has a folder but no manifest");
+        for seq in seqs {
+            let Some(m) = catalog.read_manifest(&t, seq).await.unwrap() else {
+                continue;
+            };
+            for r in &m.checkpoints {
+                catalog.read_checkpoint(r).await.unwrap_or_else(|e| {
+                    panic!(
+                        "manifest {seq} of {t} names {} which is unusable: {e}",
+                        r.path
+                    )
+                });
+            }
+        }
+        let newest = catalog.latest_manifest(&t).await.unwrap().unwrap();
+        let covered = newest.newest().unwrap().index;
+        assert!(
+            first <= covered + 1,
+            "{t}: journal starts at {first}, newest checkpoint covers {covered}"
+        );
     }
 }

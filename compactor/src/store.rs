@@ -59,18 +59,18 @@ fn configure<B>(
     mut builder: B,
     env_prefix: &str,
     options: &[(String, String)],
-    set: impl Fn(B, &str, &str) -> std::result::Result<B, (B, String)>,
+    set: impl Fn(B, &str, &str) -> std::result::Result<B, String>,
 ) -> std::result::Result<B, String> {
     for (key, value) in [
         ("timeout", CLIENT_TIMEOUT),
         ("connect_timeout", CLIENT_CONNECT_TIMEOUT),
     ] {
         if std::env::var_os(format!("{env_prefix}{}", key.to_ascii_uppercase())).is_none() {
-            builder = set(builder, key, value).map_err(|(_, e)| e)?;
+            builder = set(builder, key, value)?;
         }
     }
     for (key, value) in options {
-        builder = set(builder, &key.to_ascii_lowercase(), value).map_err(|(_, e)| e)?;
+        builder = set(builder, &key.to_ascii_lowercase(), value)?;
     }
     Ok(builder)
 }
@@ -101,7 +101,7 @@ pub fn open_with(url: &str, options: &[(String, String)]) -> Result<Store> {
             let b = configure(AmazonS3Builder::from_env(), "AWS_", options, |b, k, v| {
                 match k.parse::<AmazonS3ConfigKey>() {
                     Ok(key) => Ok(b.with_config(key, v)),
-                    Err(e) => Err((b, e.to_string())),
+                    Err(e) => Err(e.to_string()),
                 }
             })
             .map_err(|e| bad(url, e))?;
@@ -114,7 +114,7 @@ pub fn open_with(url: &str, options: &[(String, String)]) -> Result<Store> {
                 options,
                 |b, k, v| match k.parse::<GoogleConfigKey>() {
                     Ok(key) => Ok(b.with_config(key, v)),
-                    Err(e) => Err((b, e.to_string())),
+                    Err(e) => Err(e.to_string()),
                 },
             )
             .map_err(|e| bad(url, e))?;
@@ -127,7 +127,7 @@ pub fn open_with(url: &str, options: &[(String, String)]) -> Result<Store> {
                 options,
                 |b, k, v| match k.parse::<AzureConfigKey>() {
                     Ok(key) => Ok(b.with_config(key, v)),
-                    Err(e) => Err((b, e.to_string())),
+                    Err(e) => Err(e.to_string()),
                 },
             )
             .map_err(|e| bad(url, e))?;

@@ -4,45 +4,21 @@
 
 use api::etcdserverpb::auth_server::Auth;
 use api::etcdserverpb::{
-    AuthDisableRequest,
-    AuthDisableResponse,
-    AuthEnableRequest,
-    AuthEnableResponse,
-    AuthRoleAddRequest,
-    AuthRoleAddResponse,
-    AuthRoleDeleteRequest,
-    AuthRoleDeleteResponse,
-    AuthRoleGetRequest,
-    AuthRoleGetResponse,
-    AuthRoleGrantPermissionRequest,
-    AuthRoleGrantPermissionResponse,
-    AuthRoleListRequest,
-    AuthRoleListResponse,
-    AuthRoleRevokePermissionRequest,
-    AuthRoleRevokePermissionResponse,
-    AuthStatusRequest,
-    AuthStatusResponse,
-    AuthUserAddRequest,
-    AuthUserAddResponse,
-    AuthUserChangePasswordRequest,
-    AuthUserChangePasswordResponse,
-    AuthUserDeleteRequest,
-    AuthUserDeleteResponse,
-    AuthUserGetRequest,
-    AuthUserGetResponse,
-    AuthUserGrantRoleRequest,
-    AuthUserGrantRoleResponse,
-    AuthUserListRequest,
-    AuthUserListResponse,
-    AuthUserRevokeRoleRequest,
-    AuthUserRevokeRoleResponse,
-    AuthenticateRequest,
-    AuthenticateResponse,
+    AuthDisableRequest, AuthDisableResponse, AuthEnableRequest, AuthEnableResponse,
+    AuthRoleAddRequest, AuthRoleAddResponse, AuthRoleDeleteRequest, AuthRoleDeleteResponse,
+    AuthRoleGetRequest, AuthRoleGetResponse, AuthRoleGrantPermissionRequest,
+    AuthRoleGrantPermissionResponse, AuthRoleListRequest, AuthRoleListResponse,
+    AuthRoleRevokePermissionRequest, AuthRoleRevokePermissionResponse, AuthStatusRequest,
+    AuthStatusResponse, AuthUserAddRequest, AuthUserAddResponse, AuthUserChangePasswordRequest,
+    AuthUserChangePasswordResponse, AuthUserDeleteRequest, AuthUserDeleteResponse,
+    AuthUserGetRequest, AuthUserGetResponse, AuthUserGrantRoleRequest, AuthUserGrantRoleResponse,
+    AuthUserListRequest, AuthUserListResponse, AuthUserRevokeRoleRequest,
+    AuthUserRevokeRoleResponse, AuthenticateRequest, AuthenticateResponse,
 };
 use tonic::{Request, Response, Status};
 
 use crate::errors::Error;
-use crate::rpc::{observe, handled};
+use crate::rpc::{handled, observe};
 
 /// Answers every Auth RPC with `Unimplemented`.
 #[derive(Debug, Default)]
@@ -57,71 +33,122 @@ fn refuse<T>(rpc: &'static str) -> Result<Response<T>, Status> {
 
 #[tonic::async_trait]
 impl Auth for AuthService {
-    async fn auth_enable(&self, _req: Request<AuthEnableRequest>) -> Result<Response<AuthEnableResponse>, Status> {
+    async fn auth_enable(
+        &self,
+        _req: Request<AuthEnableRequest>,
+    ) -> Result<Response<AuthEnableResponse>, Status> {
         refuse("AuthEnable")
     }
 
-    async fn auth_disable(&self, _req: Request<AuthDisableRequest>) -> Result<Response<AuthDisableResponse>, Status> {
+    async fn auth_disable(
+        &self,
+        _req: Request<AuthDisableRequest>,
+    ) -> Result<Response<AuthDisableResponse>, Status> {
         refuse("AuthDisable")
     }
 
-    async fn auth_status(&self, _req: Request<AuthStatusRequest>) -> Result<Response<AuthStatusResponse>, Status> {
+    async fn auth_status(
+        &self,
+        _req: Request<AuthStatusRequest>,
+    ) -> Result<Response<AuthStatusResponse>, Status> {
         refuse("AuthStatus")
     }
 
-    async fn authenticate(&self, _req: Request<AuthenticateRequest>) -> Result<Response<AuthenticateResponse>, Status> {
+    async fn authenticate(
+        &self,
+        _req: Request<AuthenticateRequest>,
+    ) -> Result<Response<AuthenticateResponse>, Status> {
         refuse("Authenticate")
     }
 
-    async fn user_add(&self, _req: Request<AuthUserAddRequest>) -> Result<Response<AuthUserAddResponse>, Status> {
+    async fn user_add(
+        &self,
+        _req: Request<AuthUserAddRequest>,
+    ) -> Result<Response<AuthUserAddResponse>, Status> {
         refuse("UserAdd")
     }
 
-    async fn user_get(&self, _req: Request<AuthUserGetRequest>) -> Result<Response<AuthUserGetResponse>, Status> {
+    async fn user_get(
+        &self,
+        _req: Request<AuthUserGetRequest>,
+    ) -> Result<Response<AuthUserGetResponse>, Status> {
         refuse("UserGet")
     }
 
-    async fn user_list(&self, _req: Request<AuthUserListRequest>) -> Result<Response<AuthUserListResponse>, Status> {
+    async fn user_list(
+        &self,
+        _req: Request<AuthUserListRequest>,
+    ) -> Result<Response<AuthUserListResponse>, Status> {
         refuse("UserList")
     }
 
-    async fn user_delete(&self, _req: Request<AuthUserDeleteRequest>) -> Result<Response<AuthUserDeleteResponse>, Status> {
+    async fn user_delete(
+        &self,
+        _req: Request<AuthUserDeleteRequest>,
+    ) -> Result<Response<AuthUserDeleteResponse>, Status> {
         refuse("UserDelete")
     }
 
-    async fn user_change_password(&self, _req: Request<AuthUserChangePasswordRequest>) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
+    async fn user_change_password(
+        &self,
+        _req: Request<AuthUserChangePasswordRequest>,
+    ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
         refuse("UserChangePassword")
     }
 
-    async fn user_grant_role(&self, _req: Request<AuthUserGrantRoleRequest>) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
+    async fn user_grant_role(
+        &self,
+        _req: Request<AuthUserGrantRoleRequest>,
+    ) -> Result<Response<AuthUserGrantRoleResponse>, Status> {
         refuse("UserGrantRole")
     }
 
-    async fn user_revoke_role(&self, _req: Request<AuthUserRevokeRoleRequest>) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
+    async fn user_revoke_role(
+        &self,
+        _req: Request<AuthUserRevokeRoleRequest>,
+    ) -> Result<Response<AuthUserRevokeRoleResponse>, Status> {
         refuse("UserRevokeRole")
     }
 
-    async fn role_add(&self, _req: Request<AuthRoleAddRequest>) -> Result<Response<AuthRoleAddResponse>, Status> {
+    async fn role_add(
+        &self,
+        _req: Request<AuthRoleAddRequest>,
+    ) -> Result<Response<AuthRoleAddResponse>, Status> {
         refuse("RoleAdd")
     }
 
-    async fn role_get(&self, _req: Request<AuthRoleGetRequest>) -> Result<Response<AuthRoleGetResponse>, Status> {
+    async fn role_get(
+        &self,
+        _req: Request<AuthRoleGetRequest>,
+    ) -> Result<Response<AuthRoleGetResponse>, Status> {
         refuse("RoleGet")
     }
 
-    async fn role_list(&self, _req: Request<AuthRoleListRequest>) -> Result<Response<AuthRoleListResponse>, Status> {
+    async fn role_list(
+        &self,
+        _req: Request<AuthRoleListRequest>,
+    ) -> Result<Response<AuthRoleListResponse>, Status> {
         refuse("RoleList")
     }
 
-    async fn role_delete(&self, _req: Request<AuthRoleDeleteRequest>) -> Result<Response<AuthRoleDeleteResponse>, Status> {
+    async fn role_delete(
+        &self,
+        _req: Request<AuthRoleDeleteRequest>,
+    ) -> Result<Response<AuthRoleDeleteResponse>, Status> {
         refuse("RoleDelete")
     }
 
-    async fn role_grant_permission(&self, _req: Request<AuthRoleGrantPermissionRequest>) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
+    async fn role_grant_permission(
+        &self,
+        _req: Request<AuthRoleGrantPermissionRequest>,
+    ) -> Result<Response<AuthRoleGrantPermissionResponse>, Status> {
         refuse("RoleGrantPermission")
     }
 
-    async fn role_revoke_permission(&self, _req: Request<AuthRoleRevokePermissionRequest>) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
+    async fn role_revoke_permission(
+        &self,
+        _req: Request<AuthRoleRevokePermissionRequest>,
+    ) -> Result<Response<AuthRoleRevokePermissionResponse>, Status> {
         refuse("RoleRevokePermission")
     }
 }
@@ -133,10 +160,16 @@ mod tests {
     #[tokio::test]
     async fn every_auth_rpc_is_unimplemented() {
         let a = AuthService;
-        let s = a.auth_enable(Request::new(AuthEnableRequest {})).await.unwrap_err();
+        let s = a
+            .auth_enable(Request::new(AuthEnableRequest {}))
+            .await
+            .unwrap_err();
         assert_eq!(s.code(), tonic::Code::Unimplemented);
         assert!(s.message().contains("auth"), "{}", s.message());
-        let s = a.auth_status(Request::new(AuthStatusRequest {})).await.unwrap_err();
+        let s = a
+            .auth_status(Request::new(AuthStatusRequest {}))
+            .await
+            .unwrap_err();
         assert_eq!(s.code(), tonic::Code::Unimplemented);
         let s = a
             .user_add(Request::new(AuthUserAddRequest::default()))

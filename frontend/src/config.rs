@@ -123,7 +123,11 @@ impl Config {
         if parts.len() != 3 || parts.iter().any(|p| p.parse::<u32>().is_err()) {
             return Err(ConfigError::EtcdVersion(self.etcd_version.clone()));
         }
-        for u in self.advertise_client_urls.iter().chain(&self.peer_frontends) {
+        for u in self
+            .advertise_client_urls
+            .iter()
+            .chain(&self.peer_frontends)
+        {
             if !(u.starts_with("http://") || u.starts_with("https://")) {
                 return Err(ConfigError::Url(u.clone()));
             }

@@ -153,19 +153,71 @@ mod tests {
     fn store_errors_map_to_etcd_codes_and_messages() {
         use memstore::Error as E;
         let table: Vec<(E, Code, &str)> = vec![
-            (E::Compacted, Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted"),
-            (E::FutureRevision, Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision"),
-            (E::LeaseNotFound, Code::NotFound, "etcdserver: requested lease not found"),
-            (E::LeaseExists, Code::FailedPrecondition, "etcdserver: lease already exists"),
-            (E::LeaseTtlTooLarge, Code::OutOfRange, "etcdserver: too large lease TTL"),
-            (E::DuplicateKey, Code::InvalidArgument, "etcdserver: duplicate key given in txn request"),
-            (E::TooManyOps, Code::InvalidArgument, "etcdserver: too many operations in txn request"),
-            (E::EmptyKey, Code::InvalidArgument, "etcdserver: key is not provided"),
-            (E::KeyNotFound, Code::InvalidArgument, "etcdserver: key not found"),
-            (E::ValueProvided, Code::InvalidArgument, "etcdserver: value is provided"),
-            (E::LeaseProvided, Code::InvalidArgument, "etcdserver: lease is provided"),
-            (E::NoSpace, Code::ResourceExhausted, "etcdserver: mvcc: database space exceeded"),
-            (E::Corrupt("x".into()), Code::DataLoss, "etcdserver: corrupt cluster"),
+            (
+                E::Compacted,
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision has been compacted",
+            ),
+            (
+                E::FutureRevision,
+                Code::OutOfRange,
+                "etcdserver: mvcc: required revision is a future revision",
+            ),
+            (
+                E::LeaseNotFound,
+                Code::NotFound,
+                "etcdserver: requested lease not found",
+            ),
+            (
+                E::LeaseExists,
+                Code::FailedPrecondition,
+                "etcdserver: lease already exists",
+            ),
+            (
+                E::LeaseTtlTooLarge,
+                Code::OutOfRange,
+                "etcdserver: too large lease TTL",
+            ),
+            (
+                E::DuplicateKey,
+                Code::InvalidArgument,
+                "etcdserver: duplicate key given in txn request",
+            ),
+            (
+                E::TooManyOps,
+                Code::InvalidArgument,
+                "etcdserver: too many operations in txn request",
+            ),
+            (
+                E::EmptyKey,
+                Code::InvalidArgument,
+                "etcdserver: key is not provided",
+            ),
+            (
+                E::KeyNotFound,
+                Code::InvalidArgument,
+                "etcdserver: key not found",
+            ),
+            (
+                E::ValueProvided,
+                Code::InvalidArgument,
+                "etcdserver: value is provided",
+            ),
+            (
+                E::LeaseProvided,
+                Code::InvalidArgument,
+                "etcdserver: lease is provided",
+            ),
+            (
+                E::NoSpace,
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+            (
+                E::Corrupt("x".into()),
+                Code::DataLoss,
+                "etcdserver: corrupt cluster",
+            ),
         ];
         for (e, code, m) in table {
             let s = status(e);
@@ -177,16 +229,28 @@ mod tests {
     #[test]
     fn frontend_errors_map_to_etcd_codes_and_messages() {
         let s = status(Error::RequestTooLarge { size: 2, limit: 1 });
-        assert_eq!((s.code(), s.message()), (Code::InvalidArgument, "etcdserver: request is too large"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::InvalidArgument, "etcdserver: request is too large")
+        );
         let s = status(Error::Timeout { index: 3 });
-        assert_eq!((s.code(), s.message()), (Code::Unavailable, "etcdserver: request timed out"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::Unavailable, "etcdserver: request timed out")
+        );
         let s = status(LogError::Unavailable("down".into()));
         assert_eq!(s.code(), Code::Unavailable);
         let s = status(Error::Stopped);
-        assert_eq!((s.code(), s.message()), (Code::Unavailable, "etcdserver: server stopped"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::Unavailable, "etcdserver: server stopped")
+        );
         assert_eq!(status(Error::AuthUnavailable).code(), Code::Unimplemented);
         assert!(status(Error::AuthUnavailable).message().contains("auth"));
-        assert_eq!(status(Error::SnapshotUnavailable).code(), Code::Unimplemented);
+        assert_eq!(
+            status(Error::SnapshotUnavailable).code(),
+            Code::Unimplemented
+        );
         let s = status(Error::MembershipManaged);
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert!(s.message().contains("membership is managed by the service"));

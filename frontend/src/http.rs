@@ -35,8 +35,7 @@ pub fn router(state: HttpState) -> Router {
 }
 
 fn health_body(ok: bool, reason: &str) -> String {
-    serde_json::json!({ "health": if ok { "true" } else { "false" }, "reason": reason })
-        .to_string()
+    serde_json::json!({ "health": if ok { "true" } else { "false" }, "reason": reason }).to_string()
 }
 
 async fn health(State(s): State<HttpState>) -> impl IntoResponse {
@@ -45,7 +44,11 @@ async fn health(State(s): State<HttpState>) -> impl IntoResponse {
     match t.replica.state() {
         ReplicaState::Ready => {}
         ReplicaState::CatchingUp => {
-            return (StatusCode::SERVICE_UNAVAILABLE, json, health_body(false, "catching up"));
+            return (
+                StatusCode::SERVICE_UNAVAILABLE,
+                json,
+                health_body(false, "catching up"),
+            );
         }
         ReplicaState::Failed(r) => {
             return (

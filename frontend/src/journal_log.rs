@@ -9,7 +9,9 @@ use crate::log::{Log, LogError, RecordStream};
 
 fn classify(e: journal::client::ClientError) -> LogError {
     match e {
-        journal::client::ClientError::Trimmed { first_index, .. } => LogError::Trimmed { first_index },
+        journal::client::ClientError::Trimmed { first_index, .. } => {
+            LogError::Trimmed { first_index }
+        }
         other => LogError::Unavailable(other.to_string()),
     }
 }
@@ -53,4 +55,3 @@ impl Log for JournalLog {
         Box::pin(async move { self.client.status(shard).await.map_err(classify) })
     }
 }
-

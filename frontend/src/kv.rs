@@ -154,7 +154,13 @@ impl Kv for KvService {
     ) -> Result<Response<DeleteRangeResponse>, Status> {
         let t = self.tenant(&req)?;
         let id = RequestId::random();
-        unary("DeleteRange", &t.name, id, delete_range(&t, id, req.into_inner())).await
+        unary(
+            "DeleteRange",
+            &t.name,
+            id,
+            delete_range(&t, id, req.into_inner()),
+        )
+        .await
     }
 
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {

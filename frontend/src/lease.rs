@@ -184,7 +184,8 @@ impl Lease for LeaseService {
         let mut incoming = req.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
         let stream_id = RequestId::random();
-        let span = tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);
+        let span =
+            tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);
         tokio::spawn(
             async move {
                 while let Some(msg) = incoming.next().await {
@@ -201,7 +202,12 @@ impl Lease for LeaseService {
                         .instrument(tracing::debug_span!("keep_alive", request_id = %id))
                         .await
                         .map_err(handled);
-                    observe("LeaseKeepAlive", &t.name, start, out.as_ref().err().map(Status::code));
+                    observe(
+                        "LeaseKeepAlive",
+                        &t.name,
+                        start,
+                        out.as_ref().err().map(Status::code),
+                    );
                     let failed = out.is_err();
                     if tx.send(out).await.is_err() || failed {
                         return;
@@ -219,7 +225,13 @@ impl Lease for LeaseService {
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
         let t = self.tenant(&req)?;
         let id = RequestId::random();
-        unary("LeaseTimeToLive", &t.name, id, time_to_live(&t, req.into_inner())).await
+        unary(
+            "LeaseTimeToLive",
+            &t.name,
+            id,
+            time_to_live(&t, req.into_inner()),
+        )
+        .await
     }
 
     async fn lease_leases(

@@ -30,8 +30,11 @@ pub enum LogError {
 
 /// The journal as the frontend uses it (see the module comment for the contract).
 pub trait Log: Send + Sync + 'static {
-    fn append(&self, shard: u32, payloads: Vec<Vec<u8>>)
-    -> BoxFuture<'_, Result<Vec<u64>, LogError>>;
+    fn append(
+        &self,
+        shard: u32,
+        payloads: Vec<Vec<u8>>,
+    ) -> BoxFuture<'_, Result<Vec<u64>, LogError>>;
     fn read(&self, shard: u32, from: u64) -> BoxFuture<'_, Result<RecordStream, LogError>>;
     fn read_index(&self, shard: u32) -> BoxFuture<'_, Result<u64, LogError>>;
     fn status(&self, shard: u32) -> BoxFuture<'_, Result<StatusResponse, LogError>>;
@@ -143,7 +146,9 @@ impl MemLog {
 
     fn check(&self) -> Result<(), LogError> {
         if self.lock().unavailable {
-            return Err(LogError::Unavailable("in-memory log set unavailable".into()));
+            return Err(LogError::Unavailable(
+                "in-memory log set unavailable".into(),
+            ));
         }
         Ok(())
     }
@@ -170,17 +175,18 @@ impl Log for MemLog {
             let log = self.clone();
             let rx = self.last.subscribe();
             let from = from.max(1);
-            let stream = futures::stream::unfold((log, rx, from), |(log, mut rx, next)| async move {
-                loop {
-                    let record = log.lock().records.get(next as usize - 1).cloned();
-                    if let Some(r) = record {
-                        return Some((Ok(r), (log, rx, next + 1)));
+            let stream =
+                futures::stream::unfold((log, rx, from), |(log, mut rx, next)| async move {
+                    loop {
+                        let record = log.lock().records.get(next as usize - 1).cloned();
+                        if let Some(r) = record {
+                            return Some((Ok(r), (log, rx, next + 1)));
+                        }
+                        if rx.changed().await.is_err() {
+                            return None;
+                        }
                     }
-                    if rx.changed().await.is_err() {
-                        return None;
-                    }
-                }
-            });
+                });
             Ok(stream.boxed())
         })
     }

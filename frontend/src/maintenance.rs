@@ -11,9 +11,8 @@ use api::etcdserverpb::alarm_request::AlarmAction;
 use api::etcdserverpb::maintenance_server::Maintenance;
 use api::etcdserverpb::{
     AlarmRequest, AlarmResponse, DefragmentRequest, DefragmentResponse, DowngradeRequest,
-    DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse,
-    MoveLeaderRequest, MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest,
-    StatusResponse,
+    DowngradeResponse, HashKvRequest, HashKvResponse, HashRequest, HashResponse, MoveLeaderRequest,
+    MoveLeaderResponse, SnapshotRequest, SnapshotResponse, StatusRequest, StatusResponse,
 };
 use api::strata::entry::entry::Request as Intent;
 use futures::Stream;
@@ -147,7 +146,8 @@ async fn hash(t: &Tenant) -> Result<HashResponse, Error> {
     })
 }
 
-type SnapshotStream = Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send + 'static>>;
+type SnapshotStream =
+    Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
@@ -196,7 +196,13 @@ impl Maintenance for MaintenanceService {
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
         let t = self.tenant(&req)?;
-        unary("HashKV", &t.name, RequestId::random(), hash_kv(&t, req.into_inner())).await
+        unary(
+            "HashKV",
+            &t.name,
+            RequestId::random(),
+            hash_kv(&t, req.into_inner()),
+        )
+        .await
     }
 
     type SnapshotStream = SnapshotStream;

@@ -35,7 +35,8 @@ pub fn refresh(t: &Tenant, committed_index: Option<u64>) {
     let tenant = t.name.clone();
     let applied = t.replica.applied_index();
     let stats = t.replica.read().stats();
-    metrics::gauge!("strata_frontend_applied_index", "tenant" => tenant.clone()).set(applied as f64);
+    metrics::gauge!("strata_frontend_applied_index", "tenant" => tenant.clone())
+        .set(applied as f64);
     if let Some(c) = committed_index {
         metrics::gauge!("strata_frontend_journal_lag_entries", "tenant" => tenant.clone())
             .set(c.saturating_sub(applied) as f64);
@@ -47,6 +48,7 @@ pub fn refresh(t: &Tenant, committed_index: Option<u64>) {
         .set(stats.live_bytes as f64);
     metrics::gauge!("strata_frontend_stored_bytes", "tenant" => tenant.clone())
         .set(stats.total_bytes as f64);
-    metrics::gauge!("strata_frontend_revision", "tenant" => tenant.clone()).set(stats.revision as f64);
+    metrics::gauge!("strata_frontend_revision", "tenant" => tenant.clone())
+        .set(stats.revision as f64);
     metrics::gauge!("strata_frontend_leases", "tenant" => tenant).set(stats.leases as f64);
 }

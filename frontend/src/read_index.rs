@@ -53,8 +53,7 @@ async fn drive(log: Arc<dyn Log>, shard: u32, mut rx: mpsc::Receiver<Waiter>) {
         }
         let result = log.read_index(shard).await;
         metrics::counter!("strata_frontend_read_index_rounds_total").increment(1);
-        metrics::histogram!("strata_frontend_read_index_round_readers")
-            .record(round.len() as f64);
+        metrics::histogram!("strata_frontend_read_index_round_readers").record(round.len() as f64);
         for w in round.drain(..) {
             let _ = w.send(result.clone());
         }

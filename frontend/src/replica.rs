@@ -118,7 +118,9 @@ impl Replica {
         self.lock_waiters().remove(request_id);
     }
 
-    fn lock_waiters(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, oneshot::Sender<Applied>>> {
+    fn lock_waiters(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, oneshot::Sender<Applied>>> {
         // The map holds no invariant a panic could break half-way.
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }

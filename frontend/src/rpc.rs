@@ -125,8 +125,10 @@ mod tests {
 
     #[tokio::test]
     async fn unary_maps_errors_to_statuses() {
-        let r: Result<Response<()>, Status> =
-            unary("Put", "t", RequestId::random(), async { Err(Error::Stopped) }).await;
+        let r: Result<Response<()>, Status> = unary("Put", "t", RequestId::random(), async {
+            Err(Error::Stopped)
+        })
+        .await;
         assert_eq!(r.unwrap_err().code(), Code::Unavailable);
         let r = unary("Put", "t", RequestId::random(), async { Ok(5) }).await;
         assert_eq!(r.unwrap().into_inner(), 5);

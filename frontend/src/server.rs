@@ -21,9 +21,9 @@ use tonic_health::ServingStatus;
 use crate::auth::AuthService;
 use crate::cluster::{ClusterService, Members};
 use crate::config::{Config, ConfigError, stable_id};
+use crate::journal_log::JournalLog;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
-use crate::journal_log::JournalLog;
 use crate::log::{Log, LogError};
 use crate::maintenance::MaintenanceService;
 use crate::replica::ReplicaState;
@@ -112,11 +112,20 @@ impl Frontend {
             max_txn_ops: config.max_txn_ops,
         };
         let store = memstore::MemStore::new(memstore::Config::default());
-        let tenant = Tenant::start(&config.tenant, config.shard, store, log.clone(), limits, identity);
+        let tenant = Tenant::start(
+            &config.tenant,
+            config.shard,
+            store,
+            log.clone(),
+            limits,
+            identity,
+        );
         let tenants = Arc::new(Tenants::new(tenant.clone()));
 
         let (reporter, health) = tonic_health::server::health_reporter();
-        reporter.set_service_status("", ServingStatus::NotServing).await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
         tokio::spawn(report_health(reporter, tenant.clone()));
 
         let max_decode = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
@@ -126,7 +135,8 @@ impl Frontend {
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
             .add_service(health)
             .add_service(
-                KvServer::new(KvService::new(tenants.clone())).max_decoding_message_size(max_decode),
+                KvServer::new(KvService::new(tenants.clone()))
+                    .max_decoding_message_size(max_decode),
             )
             .add_service(
                 WatchServer::new(WatchService::new(tenants.clone()))
@@ -136,7 +146,10 @@ impl Frontend {
                 LeaseServer::new(LeaseService::new(tenants.clone()))
                     .max_decoding_message_size(max_decode),
             )
-            .add_service(ClusterServer::new(ClusterService::new(tenants.clone(), members)))
+            .add_service(ClusterServer::new(ClusterService::new(
+                tenants.clone(),
+                members,
+            )))
             .add_service(MaintenanceServer::new(MaintenanceService::new(
                 tenants.clone(),
                 log.clone(),

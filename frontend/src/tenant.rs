@@ -125,8 +125,7 @@ impl Tenant {
         let payload = api::record::encode_entry(&entry);
         // Registered before the append, so the outcome cannot slip past us.
         let outcome = self.replica.expect(id.bytes());
-        let index = match tokio::time::timeout(REQUEST_TIMEOUT, self.writer.append(payload)).await
-        {
+        let index = match tokio::time::timeout(REQUEST_TIMEOUT, self.writer.append(payload)).await {
             Ok(Ok(index)) => index,
             Ok(Err(e)) => {
                 self.replica.forget(id.bytes());

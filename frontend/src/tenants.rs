@@ -36,7 +36,9 @@ impl Tenants {
             Some(v) => match v.to_str() {
                 Ok(name) if name == self.default.name => Ok(self.default.clone()),
                 Ok(name) => Err(Error::UnknownTenant(name.to_string())),
-                Err(_) => Err(Error::UnknownTenant(String::from_utf8_lossy(v.as_bytes()).into())),
+                Err(_) => Err(Error::UnknownTenant(
+                    String::from_utf8_lossy(v.as_bytes()).into(),
+                )),
             },
         }
     }

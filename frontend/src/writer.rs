@@ -151,10 +151,8 @@ mod tests {
         fn status(
             &self,
             shard: u32,
-        ) -> futures::future::BoxFuture<
-            '_,
-            Result<api::strata::journal::StatusResponse, LogError>,
-        > {
+        ) -> futures::future::BoxFuture<'_, Result<api::strata::journal::StatusResponse, LogError>>
+        {
             self.inner.status(shard)
         }
     }

@@ -65,7 +65,10 @@ async fn put_get_with_options() {
     assert_eq!(rev1, 2, "etcd starts at revision 1; the first put makes 2");
     c.put("b", "2", None).await.unwrap();
     c.put("c", "3", None).await.unwrap();
-    let r = c.put("a", "4", Some(PutOptions::new().with_prev_key())).await.unwrap();
+    let r = c
+        .put("a", "4", Some(PutOptions::new().with_prev_key()))
+        .await
+        .unwrap();
     assert_eq!(r.prev_key().unwrap().value(), b"1");
     let header = r.header().unwrap();
     assert_ne!(header.cluster_id(), 0);
@@ -77,7 +80,10 @@ async fn put_get_with_options() {
     assert_eq!(r.kvs()[0].create_revision(), rev1);
 
     // Historical read.
-    let r = c.get("a", Some(GetOptions::new().with_revision(rev1))).await.unwrap();
+    let r = c
+        .get("a", Some(GetOptions::new().with_revision(rev1)))
+        .await
+        .unwrap();
     assert_eq!(r.kvs()[0].value(), b"1");
 
     // Prefix/range, limit, sort, keys-only, count-only, serializable.
@@ -107,7 +113,10 @@ async fn put_get_with_options() {
         .unwrap();
     assert!(r.kvs()[0].value().is_empty());
     let r = c
-        .get("", Some(GetOptions::new().with_all_keys().with_count_only()))
+        .get(
+            "",
+            Some(GetOptions::new().with_all_keys().with_count_only()),
+        )
         .await
         .unwrap();
     assert_eq!((r.count(), r.kvs().len()), (3, 0));
@@ -129,7 +138,10 @@ async fn put_get_with_options() {
         .await
         .unwrap();
     assert_eq!(r.deleted(), 2);
-    let r = c.get("", Some(GetOptions::new().with_all_keys())).await.unwrap();
+    let r = c
+        .get("", Some(GetOptions::new().with_all_keys()))
+        .await
+        .unwrap();
     assert_eq!(r.count(), 0);
     h.fe.stop().await.unwrap();
 }
@@ -177,24 +189,38 @@ async fn bad_requests_get_etcd_errors_and_change_nothing() {
     let before = h.log.last_index();
 
     let (cd, m) = code(c.put("", "v", None).await.unwrap_err());
-    assert_eq!((cd, m.as_str()), (Code::InvalidArgument, "etcdserver: key is not provided"));
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::InvalidArgument, "etcdserver: key is not provided")
+    );
 
     let big = vec![b'x'; frontend::config::DEFAULT_MAX_REQUEST_BYTES + 1];
     let (cd, m) = code(c.put("big", big, None).await.unwrap_err());
-    assert_eq!((cd, m.as_str()), (Code::InvalidArgument, "etcdserver: request is too large"));
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::InvalidArgument, "etcdserver: request is too large")
+    );
 
-    let ops: Vec<TxnOp> = (0..129).map(|i| TxnOp::put(format!("k{i}"), "v", None)).collect();
+    let ops: Vec<TxnOp> = (0..129)
+        .map(|i| TxnOp::put(format!("k{i}"), "v", None))
+        .collect();
     let (cd, m) = code(c.txn(Txn::new().and_then(ops)).await.unwrap_err());
     assert_eq!(
         (cd, m.as_str()),
-        (Code::InvalidArgument, "etcdserver: too many operations in txn request")
+        (
+            Code::InvalidArgument,
+            "etcdserver: too many operations in txn request"
+        )
     );
 
     let dup = Txn::new().and_then([TxnOp::put("d", "1", None), TxnOp::put("d", "2", None)]);
     let (cd, m) = code(c.txn(dup).await.unwrap_err());
     assert_eq!(
         (cd, m.as_str()),
-        (Code::InvalidArgument, "etcdserver: duplicate key given in txn request")
+        (
+            Code::InvalidArgument,
+            "etcdserver: duplicate key given in txn request"
+        )
     );
 
     let (cd, m) = code(
@@ -202,9 +228,16 @@ async fn bad_requests_get_etcd_errors_and_change_nothing() {
             .await
             .unwrap_err(),
     );
-    assert_eq!((cd, m.as_str()), (Code::InvalidArgument, "etcdserver: value is provided"));
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::InvalidArgument, "etcdserver: value is provided")
+    );
 
-    assert_eq!(h.log.last_index(), before, "refused requests reached the journal");
+    assert_eq!(
+        h.log.last_index(),
+        before,
+        "refused requests reached the journal"
+    );
 
     let (cd, m) = code(
         c.get("x", Some(GetOptions::new().with_revision(1000)))
@@ -213,7 +246,10 @@ async fn bad_requests_get_etcd_errors_and_change_nothing() {
     );
     assert_eq!(
         (cd, m.as_str()),
-        (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision")
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision is a future revision"
+        )
     );
     h.fe.stop().await.unwrap();
 }
@@ -222,8 +258,20 @@ async fn bad_requests_get_etcd_errors_and_change_nothing() {
 async fn compaction_and_compacted_reads() {
     let mut h = start().await;
     let c = &mut h.client;
-    let r1 = c.put("k", "1", None).await.unwrap().header().unwrap().revision();
-    let r2 = c.put("k", "2", None).await.unwrap().header().unwrap().revision();
+    let r1 = c
+        .put("k", "1", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let r2 = c
+        .put("k", "2", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
     c.put("k", "3", None).await.unwrap();
     c.compact(r2, None).await.unwrap();
     let (cd, m) = code(
@@ -233,16 +281,25 @@ async fn compaction_and_compacted_reads() {
     );
     assert_eq!(
         (cd, m.as_str()),
-        (Code::OutOfRange, "etcdserver: mvcc: required revision has been compacted")
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision has been compacted"
+        )
     );
-    let r = c.get("k", Some(GetOptions::new().with_revision(r2))).await.unwrap();
+    let r = c
+        .get("k", Some(GetOptions::new().with_revision(r2)))
+        .await
+        .unwrap();
     assert_eq!(r.kvs()[0].value(), b"2");
     let (cd, _) = code(c.compact(r1, None).await.unwrap_err());
     assert_eq!(cd, Code::OutOfRange);
     let (cd, m) = code(c.compact(10_000, None).await.unwrap_err());
     assert_eq!(
         (cd, m.as_str()),
-        (Code::OutOfRange, "etcdserver: mvcc: required revision is a future revision")
+        (
+            Code::OutOfRange,
+            "etcdserver: mvcc: required revision is a future revision"
+        )
     );
     h.fe.stop().await.unwrap();
 }
@@ -293,7 +350,10 @@ async fn leases_grant_keepalive_ttl_revoke_and_expiry() {
     let ttl = c.lease_time_to_live(id, None).await.unwrap();
     assert_eq!(ttl.ttl(), -1);
     let (cd, m) = code(c.lease_revoke(id).await.unwrap_err());
-    assert_eq!((cd, m.as_str()), (Code::NotFound, "etcdserver: requested lease not found"));
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::NotFound, "etcdserver: requested lease not found")
+    );
 
     // Expiry is journal time: advance the log's clock past the TTL and tick.
     let short = c.lease_grant(5, None).await.unwrap().id();
@@ -306,7 +366,10 @@ async fn leases_grant_keepalive_ttl_revoke_and_expiry() {
     assert_eq!(c.lease_time_to_live(short, None).await.unwrap().ttl(), -1);
 
     let (cd, m) = code(c.lease_grant(10_000_000_000, None).await.unwrap_err());
-    assert_eq!((cd, m.as_str()), (Code::OutOfRange, "etcdserver: too large lease TTL"));
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::OutOfRange, "etcdserver: too large lease TTL")
+    );
     drop((keeper, stream));
     h.fe.stop().await.unwrap();
 }
@@ -329,7 +392,10 @@ async fn cluster_maintenance_and_auth() {
     let (cd, m) = code(c.member_add(["http://x:1"], None).await.unwrap_err());
     assert_eq!(cd, Code::FailedPrecondition);
     assert!(m.contains("membership is managed by the service"), "{m}");
-    assert_eq!(code(c.member_remove(own_id).await.unwrap_err()).0, Code::FailedPrecondition);
+    assert_eq!(
+        code(c.member_remove(own_id).await.unwrap_err()).0,
+        Code::FailedPrecondition
+    );
 
     c.put("k", "v", None).await.unwrap();
     let st = c.status().await.unwrap();
@@ -339,7 +405,10 @@ async fn cluster_maintenance_and_auth() {
     assert!(st.raft_index() >= 1);
     assert!(st.db_size() > 0);
 
-    let al = c.alarm(AlarmAction::Get, AlarmType::None, None).await.unwrap();
+    let al = c
+        .alarm(AlarmAction::Get, AlarmType::None, None)
+        .await
+        .unwrap();
     assert!(al.alarms().is_empty());
     c.defragment().await.unwrap();
     let h1 = c.hash_kv(0).await.unwrap();
@@ -353,7 +422,10 @@ async fn cluster_maintenance_and_auth() {
     let (cd, m) = code(c.auth_enable().await.unwrap_err());
     assert_eq!(cd, Code::Unimplemented);
     assert!(m.contains("auth"), "{m}");
-    assert_eq!(code(c.user_list().await.unwrap_err()).0, Code::Unimplemented);
+    assert_eq!(
+        code(c.user_list().await.unwrap_err()).0,
+        Code::Unimplemented
+    );
     match c.snapshot().await {
         Err(e) => assert_eq!(code(e).0, Code::Unimplemented),
         Ok(mut s) => {

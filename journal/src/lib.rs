@@ -1,0 +1,19 @@
+//! Strata's journal: the quorum-replicated, totally ordered log of every shard. Owns the
+//! segment storage engine, the openraft glue (log store, state machine, network), the node
+//! (stamping, ticks, ReadIndex, trims, membership) with its gRPC services, and the client.
+//! It never learns what an etcd request is: payloads are opaque bytes.
+
+pub mod client;
+pub mod clock;
+pub mod error;
+pub mod log_store;
+pub mod meta;
+pub mod network;
+pub mod node;
+pub mod segment;
+pub mod service;
+pub mod state_machine;
+pub mod types;
+
+pub use client::{ClientError, JournalClient};
+pub use node::{JournalNode, NodeConfig, NodeError};

@@ -1,0 +1,373 @@
+//! openraft's log storage over the segment log, with group commit: appends are written at
+//! once and acknowledged (`LogFlushed`) by one flusher thread per shard after a single
+//! fdatasync that covers every append queued meanwhile. Also owns the vote (fsync'ed meta
+//! file) and the purge point.
+// openraft's own error types are large; they are its contract, not ours to box.
+#![allow(clippy::result_large_err)]
+
+use std::fmt::Debug;
+use std::ops::{Bound, RangeBounds};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use openraft::storage::{LogFlushed, RaftLogStorage};
+use openraft::{LogState, RaftLogReader, StorageError, StorageIOError, Vote};
+
+use crate::meta::{Meta, MetaError, read_durable, write_durable};
+use crate::segment::{FrameHeader, RecoveryReport, SegmentError, SegmentLog, encode_frame};
+use crate::types::{JEntry, JLogId, NodeId, TypeConfig, decode_entry, encode_rest, header_of};
+
+/// The committed log id is persisted at most this often (a stale value is safe: it only
+/// bounds what is re-applied at start).
+pub const COMMITTED_PERSIST_INTERVAL: Duration = Duration::from_millis(500);
+/// At most this many entries are read per `try_get_log_entries` frame batch lock.
+const META_FILE: &str = "meta";
+const COMMITTED_FILE: &str = "committed";
+
+/// Conditions an operator must see (fsync failures, ...), shared by a node's shards.
+pub type ErrorList = Arc<Mutex<Vec<String>>>;
+
+/// Locks a mutex, going on with the data if a panicking thread poisoned it (every critical
+/// section here leaves the data consistent before anything can panic).
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why opening a shard's storage failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    #[error(transparent)]
+    Meta(#[from] MetaError),
+}
+
+/// State shared by the log store, its readers, the flusher and the record readers.
+pub struct LogShared {
+    dir: PathBuf,
+    log: Mutex<SegmentLog>,
+    meta: Mutex<Meta>,
+    committed: Mutex<(Option<JLogId>, Option<Instant>)>,
+    /// Set after an fsync or write failure: nothing is acknowledged any more.
+    failed: AtomicBool,
+    errors: ErrorList,
+    flush_tx: Mutex<Option<mpsc::Sender<LogFlushed<TypeConfig>>>>,
+}
+
+fn sio<E: std::error::Error + 'static>(e: &E) -> StorageError<NodeId> {
+    StorageIOError::write_logs(openraft::AnyError::new(e)).into()
+}
+
+impl LogShared {
+    /// Opens the shard's storage under `dir` (recovering the log) and starts its flusher.
+    pub fn open(
+        dir: &Path,
+        shard: u32,
+        errors: ErrorList,
+    ) -> Result<(Arc<Self>, RecoveryReport), OpenError> {
+        std::fs::create_dir_all(dir).map_err(|source| MetaError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        let meta: Meta = read_durable(&dir.join(META_FILE))?.unwrap_or_default();
+        let first = meta.purged.map_or(0, |p| p.index + 1);
+        let (log, report) = SegmentLog::open(dir, first, meta.floor_time_ms)?;
+        let committed: Option<JLogId> = read_durable(&dir.join(COMMITTED_FILE))?.flatten();
+        let (tx, rx) = mpsc::channel();
+        let shared = Arc::new(LogShared {
+            dir: dir.to_path_buf(),
+            log: Mutex::new(log),
+            meta: Mutex::new(meta),
+            committed: Mutex::new((committed, None)),
+            failed: AtomicBool::new(false),
+            errors,
+            flush_tx: Mutex::new(Some(tx)),
+        });
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name(format!("journal-flush-{shard}"))
+            .spawn(move || flusher(weak, rx))
+            .map_err(|source| MetaError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        Ok((shared, report))
+    }
+
+    /// Stops the flusher thread (pending callbacks are still flushed first).
+    pub fn close(&self) {
+        lock(&self.flush_tx).take();
+    }
+
+    pub fn first_index(&self) -> u64 {
+        lock(&self.log).first_index()
+    }
+
+    /// Index the next entry gets (one past the last present).
+    pub fn next_index(&self) -> u64 {
+        lock(&self.log).next_index()
+    }
+
+    pub fn last_time_ms(&self) -> i64 {
+        lock(&self.log).last_time_ms()
+    }
+
+    pub fn header(&self, index: u64) -> Option<FrameHeader> {
+        lock(&self.log).header(index)
+    }
+
+    pub fn set_floor_time_ms(&self, t: i64) {
+        lock(&self.log).set_floor_time_ms(t);
+    }
+
+    /// True once a write or fsync failed.
+    pub fn failed(&self) -> bool {
+        self.failed.load(Ordering::Acquire)
+    }
+
+    fn fail(&self, what: String) {
+        tracing::error!(dir = %self.dir.display(), error = %what, "journal storage failed; no more appends are acknowledged");
+        self.failed.store(true, Ordering::Release);
+        let mut errs = lock(&self.errors);
+        if !errs.contains(&what) {
+            errs.push(what);
+        }
+    }
+
+    /// Reads frames [start, end) (clipped to what is present): header and body rest each.
+    pub fn read_frames(
+        &self,
+        start: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<(FrameHeader, Vec<u8>)>, SegmentError> {
+        let located = {
+            let log = lock(&self.log);
+            let end = end.min(log.next_index());
+            let mut v = Vec::new();
+            let mut bytes = 0usize;
+            for i in start..end {
+                let l = log.locate(i)?;
+                bytes += l.2 as usize;
+                v.push(l);
+                if bytes >= max_bytes {
+                    break;
+                }
+            }
+            v
+        };
+        located
+            .into_iter()
+            .map(|(f, off, len)| SegmentLog::read_located(&f, off, len))
+            .collect()
+    }
+}
+
+/// The flusher: one fdatasync for every batch of queued appends, then their callbacks.
+fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
+    while let Ok(first) = rx.recv() {
+        let mut batch = vec![first];
+        while let Ok(cb) = rx.try_recv() {
+            batch.push(cb);
+        }
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let result = if shared.failed() {
+            Err(std::io::Error::other(
+                "journal storage failed earlier; see status errors",
+            ))
+        } else {
+            let file = lock(&shared.log).active_file();
+            file.sync_data()
+        };
+        if let Err(e) = &result {
+            shared.fail(format!("fsync failed: {e}"));
+        }
+        for cb in batch {
+            cb.log_io_completed(match &result {
+                Ok(()) => Ok(()),
+                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+            });
+        }
+    }
+}
+
+/// openraft's log store (and log reader) for one shard.
+#[derive(Clone)]
+pub struct LogStore {
+    pub shared: Arc<LogShared>,
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<JEntry>, StorageError<NodeId>> {
+        let start = match range.start_bound() {
+            Bound::Included(x) => *x,
+            Bound::Excluded(x) => x + 1,
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(x) => x + 1,
+            Bound::Excluded(x) => *x,
+            Bound::Unbounded => u64::MAX,
+        };
+        let start = start.max(self.shared.first_index());
+        let frames = self
+            .shared
+            .read_frames(start, end, usize::MAX)
+            .map_err(|e| {
+                StorageError::from(StorageIOError::read_logs(openraft::AnyError::new(&e)))
+            })?;
+        frames
+            .iter()
+            .map(|(h, rest)| {
+                decode_entry(h, rest).map_err(|e| {
+                    StorageError::from(StorageIOError::read_log_at_index(
+                        h.index,
+                        openraft::AnyError::new(&e),
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = LogStore;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, StorageError<NodeId>> {
+        let purged = lock(&self.shared.meta).purged;
+        let last = lock(&self.shared.log).last();
+        let last_log_id = last
+            .map(|h| {
+                openraft::LogId::new(openraft::CommittedLeaderId::new(h.term, h.node), h.index)
+            })
+            .or(purged);
+        Ok(LogState {
+            last_purged_log_id: purged,
+            last_log_id,
+        })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        let mut meta = lock(&self.shared.meta);
+        let mut next = meta.clone();
+        next.vote = Some(*vote);
+        write_durable(&self.shared.dir.join(META_FILE), &next).map_err(|e| {
+            self.shared.fail(format!("saving the vote failed: {e}"));
+            StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
+        })?;
+        *meta = next;
+        Ok(())
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
+        Ok(lock(&self.shared.meta).vote)
+    }
+
+    async fn save_committed(
+        &mut self,
+        committed: Option<JLogId>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let mut c = lock(&self.shared.committed);
+        c.0 = committed;
+        let due =
+            c.1.is_none_or(|t| t.elapsed() >= COMMITTED_PERSIST_INTERVAL);
+        if due {
+            c.1 = Some(Instant::now());
+            if let Err(e) = write_durable(&self.shared.dir.join(COMMITTED_FILE), &committed) {
+                // Only an optimisation for restarts: log it, do not fail the node.
+                tracing::warn!(error = %e, "could not persist the committed index");
+            }
+        }
+        Ok(())
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<JLogId>, StorageError<NodeId>> {
+        Ok(lock(&self.shared.committed).0)
+    }
+
+    async fn append<I>(
+        &mut self,
+        entries: I,
+        callback: LogFlushed<TypeConfig>,
+    ) -> Result<(), StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = JEntry> + Send,
+        I::IntoIter: Send,
+    {
+        if self.shared.failed() {
+            let e = std::io::Error::other("journal storage failed earlier; see status errors");
+            callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+            return Err(sio(&e));
+        }
+        {
+            let mut log = lock(&self.shared.log);
+            let mut time = log.last_time_ms();
+            let mut headers = Vec::new();
+            let mut frames = Vec::new();
+            let mut rest = Vec::new();
+            for e in entries {
+                let h = header_of(&e, time);
+                time = h.time_ms;
+                rest.clear();
+                encode_rest(&e, &mut rest);
+                encode_frame(&mut frames, &h, &rest);
+                headers.push(h);
+            }
+            if let Err(e) = log.append(&headers, &frames) {
+                drop(log);
+                self.shared.fail(format!("log write failed: {e}"));
+                callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
+                return Err(sio(&e));
+            }
+        }
+        let tx = lock(&self.shared.flush_tx).clone();
+        match tx {
+            Some(tx) => {
+                if let Err(mpsc::SendError(cb)) = tx.send(callback) {
+                    cb.log_io_completed(Err(std::io::Error::other("journal flusher stopped")));
+                }
+            }
+            None => callback.log_io_completed(Err(std::io::Error::other("journal storage closed"))),
+        }
+        Ok(())
+    }
+
+    async fn truncate(&mut self, log_id: JLogId) -> Result<(), StorageError<NodeId>> {
+        tracing::info!(index = log_id.index, "truncating the journal log");
+        lock(&self.shared.log).truncate(log_id.index).map_err(|e| {
+            self.shared.fail(format!("log truncate failed: {e}"));
+            sio(&e)
+        })
+    }
+
+    async fn purge(&mut self, log_id: JLogId) -> Result<(), StorageError<NodeId>> {
+        tracing::info!(upto = log_id.index, "purging the journal log");
+        let mut meta = lock(&self.shared.meta);
+        let mut next = meta.clone();
+        next.purged = Some(log_id);
+        let t = self.shared.header(log_id.index).map(|h| h.time_ms);
+        next.floor_time_ms = t
+            .unwrap_or(self.shared.last_time_ms())
+            .max(meta.floor_time_ms);
+        write_durable(&self.shared.dir.join(META_FILE), &next).map_err(|e| {
+            StorageError::from(StorageIOError::write_logs(openraft::AnyError::new(&e)))
+        })?;
+        *meta = next;
+        drop(meta);
+        lock(&self.shared.log)
+            .purge(log_id.index)
+            .map_err(|e| sio(&e))
+    }
+}

@@ -1,0 +1,236 @@
+//! Raft traffic between journal nodes over gRPC (the `strata.journal.Raft` service): the
+//! openraft network (client side, one lazily connected channel per peer address shared by all
+//! shards) and the service that hands incoming messages to the right shard's Raft.
+// openraft's own error types are large; they are its contract, not ours to box.
+#![allow(clippy::result_large_err)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use api::strata::journal::raft_client::RaftClient;
+use api::strata::journal::{RaftAppendRequest, RaftMessage, RaftReply};
+use openraft::error::{
+    InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
+};
+use openraft::network::{RPCOption, RaftNetwork, RaftNetworkFactory};
+use openraft::raft::{
+    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
+    VoteRequest, VoteResponse,
+};
+use openraft::{BasicNode, Vote};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::log_store::lock;
+use crate::types::{JLogId, NodeId, TypeConfig, decode_wire, encode_wire};
+
+/// Timeout of connecting to a peer.
+pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Largest gRPC message between nodes (a batch of up to `max_payload_entries` entries).
+pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Addresses of peers: the local `--peers` list wins over addresses in the membership (so an
+/// operator or a test can route a node's traffic differently), and channels are shared.
+pub struct Peers {
+    overrides: BTreeMap<NodeId, String>,
+    channels: Mutex<HashMap<String, Channel>>,
+}
+
+impl Peers {
+    pub fn new(overrides: BTreeMap<NodeId, String>) -> Self {
+        Peers {
+            overrides,
+            channels: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The address to dial for `id`, given the address the membership records.
+    pub fn addr_of(&self, id: NodeId, recorded: &str) -> String {
+        self.overrides
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(|| recorded.to_string())
+    }
+
+    pub fn overrides(&self) -> &BTreeMap<NodeId, String> {
+        &self.overrides
+    }
+
+    fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+        let mut map = lock(&self.channels);
+        if let Some(c) = map.get(addr) {
+            return Ok(c.clone());
+        }
+        let url = if addr.starts_with("http") {
+            addr.to_string()
+        } else {
+            format!("http://{addr}")
+        };
+        let ch = Endpoint::from_shared(url)?
+            .connect_timeout(PEER_CONNECT_TIMEOUT)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
+            .connect_lazy();
+        map.insert(addr.to_string(), ch.clone());
+        Ok(ch)
+    }
+}
+
+/// The openraft network factory of one shard.
+#[derive(Clone)]
+pub struct Network {
+    pub shard: u32,
+    pub peers: Arc<Peers>,
+}
+
+/// A connection to one peer for one shard.
+pub struct PeerConn {
+    shard: u32,
+    target: NodeId,
+    client: Result<RaftClient<Channel>, String>,
+}
+
+impl RaftNetworkFactory<TypeConfig> for Network {
+    type Network = PeerConn;
+
+    async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerConn {
+        let addr = self.peers.addr_of(target, &node.addr);
+        let client = self
+            .peers
+            .channel(&addr)
+            .map(|c| {
+                RaftClient::new(c)
+                    .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                    .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+            })
+            .map_err(|e| format!("bad peer address {addr}: {e}"));
+        PeerConn {
+            shard: self.shard,
+            target,
+            client,
+        }
+    }
+}
+
+/// Header of an AppendEntries request (its entries travel in binary).
+#[derive(Serialize, Deserialize)]
+struct AppendHeader {
+    vote: Vote<NodeId>,
+    prev_log_id: Option<JLogId>,
+    leader_commit: Option<JLogId>,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Msg(String);
+
+fn decode_reply<T: DeserializeOwned, E: DeserializeOwned + std::error::Error>(
+    target: NodeId,
+    reply: Result<tonic::Response<RaftReply>, tonic::Status>,
+) -> Result<T, RPCError<NodeId, BasicNode, E>> {
+    let reply = reply.map_err(|s| {
+        if matches!(
+            s.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+        ) {
+            RPCError::Unreachable(Unreachable::new(&Msg(s.to_string())))
+        } else {
+            RPCError::Network(NetworkError::new(&Msg(s.to_string())))
+        }
+    })?;
+    let r: Result<T, E> = serde_json::from_slice(&reply.into_inner().json)
+        .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+    r.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
+}
+
+impl PeerConn {
+    fn client<E: std::error::Error>(
+        &self,
+    ) -> Result<RaftClient<Channel>, RPCError<NodeId, BasicNode, E>> {
+        self.client
+            .clone()
+            .map_err(|e| RPCError::Unreachable(Unreachable::new(&Msg(e))))
+    }
+}
+
+fn with_timeout<T>(msg: T, option: &RPCOption) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.set_timeout(option.hard_ttl());
+    req
+}
+
+impl RaftNetwork<TypeConfig> for PeerConn {
+    async fn append_entries(
+        &mut self,
+        rpc: AppendEntriesRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let header = AppendHeader {
+            vote: rpc.vote,
+            prev_log_id: rpc.prev_log_id,
+            leader_commit: rpc.leader_commit,
+        };
+        let msg = RaftAppendRequest {
+            shard: self.shard,
+            header: serde_json::to_vec(&header)
+                .map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
+            entries: rpc.entries.iter().map(encode_wire).collect(),
+        };
+        let mut c = self.client()?;
+        decode_reply(
+            self.target,
+            c.append_entries(with_timeout(msg, &option)).await,
+        )
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        rpc: InstallSnapshotRequest<TypeConfig>,
+        option: RPCOption,
+    ) -> Result<
+        InstallSnapshotResponse<NodeId>,
+        RPCError<NodeId, BasicNode, RaftError<NodeId, InstallSnapshotError>>,
+    > {
+        let msg = RaftMessage {
+            shard: self.shard,
+            json: serde_json::to_vec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
+        };
+        let mut c = self.client()?;
+        decode_reply(
+            self.target,
+            c.install_snapshot(with_timeout(msg, &option)).await,
+        )
+    }
+
+    async fn vote(
+        &mut self,
+        rpc: VoteRequest<NodeId>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<NodeId>, RPCError<NodeId, BasicNode, RaftError<NodeId>>> {
+        let msg = RaftMessage {
+            shard: self.shard,
+            json: serde_json::to_vec(&rpc).map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
+        };
+        let mut c = self.client()?;
+        decode_reply(self.target, c.vote(with_timeout(msg, &option)).await)
+    }
+}
+
+/// Rebuilds an AppendEntries request received over the wire.
+pub fn decode_append(req: &RaftAppendRequest) -> Result<AppendEntriesRequest<TypeConfig>, String> {
+    let h: AppendHeader = serde_json::from_slice(&req.header).map_err(|e| e.to_string())?;
+    let entries = req
+        .entries
+        .iter()
+        .map(|b| decode_wire(b).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(AppendEntriesRequest {
+        vote: h.vote,
+        prev_log_id: h.prev_log_id,
+        leader_commit: h.leader_commit,
+        entries,
+    })
+}

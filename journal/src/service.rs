@@ -1,0 +1,330 @@
+//! The gRPC services of a journal node: `Journal` (clients), `JournalAdmin` (membership) and
+//! `Raft` (peers), all on one listener.
+
+use std::collections::BTreeSet;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use api::strata::journal::journal_admin_server::{JournalAdmin, JournalAdminServer};
+use api::strata::journal::journal_server::{Journal, JournalServer};
+use api::strata::journal::raft_server::{Raft as RaftSvc, RaftServer};
+use api::strata::journal::{
+    AppendRequest, AppendResponse, RaftAppendRequest, RaftMessage, RaftReply, ReadIndexRequest,
+    ReadIndexResponse, ReadRequest, ReadResponse, ReplaceNodeRequest, ReplaceNodeResponse,
+    StatusRequest, StatusResponse, TrimRequest, TrimResponse,
+};
+use futures::Stream;
+use openraft::BasicNode;
+use serde::Serialize;
+use tokio::sync::mpsc;
+use tonic::transport::server::Router;
+use tonic::{Request, Response, Status};
+
+use crate::error::ShardError;
+use crate::log_store::lock;
+use crate::network::{MAX_RAFT_MESSAGE_BYTES, decode_append};
+use crate::node::{JournalNode, MAX_APPEND_BYTES, MAX_APPEND_ENTRIES, MAX_ENTRY_BYTES, Shard};
+use crate::segment::SegmentError;
+use crate::types::record_of;
+
+/// Records per Read message at most (and bytes, below).
+pub const READ_BATCH_BYTES: usize = 1024 * 1024;
+/// Read messages buffered per stream before the server waits for the client.
+pub const READ_STREAM_BUFFER: usize = 16;
+/// Largest client message accepted (above the entry limit, so oversize gets our own error).
+pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// All services of `node`, ready to serve.
+pub fn router(node: Arc<JournalNode>) -> Router {
+    let svc = JournalSvc {
+        node: Arc::clone(&node),
+    };
+    tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(
+            JournalServer::new(svc.clone())
+                .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
+        )
+        .add_service(JournalAdminServer::new(svc.clone()))
+        .add_service(
+            RaftServer::new(svc)
+                .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
+        )
+}
+
+#[derive(Clone)]
+struct JournalSvc {
+    node: Arc<JournalNode>,
+}
+
+impl JournalSvc {
+    fn shard(&self, id: u32) -> Result<Arc<Shard>, Status> {
+        self.node.shard(id).cloned().map_err(Status::from)
+    }
+}
+
+type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadResponse, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Journal for JournalSvc {
+    async fn append(
+        &self,
+        request: Request<AppendRequest>,
+    ) -> Result<Response<AppendResponse>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        if req.payloads.len() > MAX_APPEND_ENTRIES {
+            return Err(ShardError::Invalid(format!(
+                "{} entries in one append exceed the limit of {MAX_APPEND_ENTRIES}",
+                req.payloads.len()
+            ))
+            .into());
+        }
+        let mut total = 0;
+        for p in &req.payloads {
+            if p.len() > MAX_ENTRY_BYTES {
+                return Err(ShardError::TooLarge {
+                    size: p.len(),
+                    max: MAX_ENTRY_BYTES,
+                }
+                .into());
+            }
+            total += p.len();
+        }
+        if total > MAX_APPEND_BYTES {
+            return Err(ShardError::RequestTooLarge {
+                size: total,
+                max: MAX_APPEND_BYTES,
+            }
+            .into());
+        }
+        let indexes = shard.append(req.payloads).await?;
+        Ok(Response::new(AppendResponse { indexes }))
+    }
+
+    type ReadStream = ReadStream;
+
+    async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadStream>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        let first = shard.log.first_index();
+        if req.from < first {
+            return Err(ShardError::Trimmed {
+                shard: shard.id,
+                first_index: first,
+            }
+            .into());
+        }
+        let (tx, rx) = mpsc::channel(READ_STREAM_BUFFER);
+        tokio::spawn(stream_records(
+            shard,
+            req.from,
+            tx,
+            self.node.stopping.subscribe(),
+        ));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn read_index(
+        &self,
+        request: Request<ReadIndexRequest>,
+    ) -> Result<Response<ReadIndexResponse>, Status> {
+        let shard = self.shard(request.into_inner().shard)?;
+        let index = shard.read_index().await?;
+        Ok(Response::new(ReadIndexResponse { index }))
+    }
+
+    async fn trim(&self, request: Request<TrimRequest>) -> Result<Response<TrimResponse>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        let first_index = shard.trim(req.below).await?;
+        Ok(Response::new(TrimResponse { first_index }))
+    }
+
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        let shard = self.shard(request.into_inner().shard)?;
+        let (leader_id, leader_addr) = shard.leader();
+        let (term, last_index) = {
+            let m = shard.raft.metrics();
+            let m = m.borrow();
+            (m.current_term, m.last_log_index.unwrap_or(0))
+        };
+        let applied_end = *shard.sm.applied_end.borrow();
+        Ok(Response::new(StatusResponse {
+            node_id: self.node.id,
+            leader_id: leader_id.unwrap_or(0),
+            leader_addr: leader_addr.unwrap_or_default(),
+            term,
+            first_index: shard.log.first_index(),
+            committed_index: applied_end.saturating_sub(1),
+            last_index,
+            shard_count: self.node.shards.len() as u32,
+            errors: lock(&self.node.errors).clone(),
+        }))
+    }
+}
+
+/// Streams committed records of `shard` from `from` into `tx` until the client goes away.
+async fn stream_records(
+    shard: Arc<Shard>,
+    mut next: u64,
+    tx: mpsc::Sender<Result<ReadResponse, Status>>,
+    mut stopping: tokio::sync::watch::Receiver<bool>,
+) {
+    let mut applied = shard.sm.applied_end.subscribe();
+    loop {
+        if *stopping.borrow_and_update() {
+            let _ = tx
+                .send(Err(Status::unavailable("journal node is stopping")))
+                .await;
+            return;
+        }
+        let first = shard.log.first_index();
+        if next < first {
+            let _ = tx
+                .send(Err(ShardError::Trimmed {
+                    shard: shard.id,
+                    first_index: first,
+                }
+                .into()))
+                .await;
+            return;
+        }
+        let end = *applied.borrow_and_update();
+        if next < end {
+            let frames = match shard.log.read_frames(next, end, READ_BATCH_BYTES) {
+                Ok(f) => f,
+                Err(SegmentError::Missing { .. }) if shard.log.first_index() > next => continue,
+                Err(e) => {
+                    tracing::error!(shard = shard.id, error = %e, "journal read failed");
+                    let _ = tx.send(Err(Status::internal(e.to_string()))).await;
+                    return;
+                }
+            };
+            let mut records = Vec::with_capacity(frames.len());
+            for (h, rest) in &frames {
+                match record_of(h, rest) {
+                    Ok(r) => records.push(r),
+                    Err(e) => {
+                        let _ = tx
+                            .send(Err(Status::internal(format!("record {}: {e}", h.index))))
+                            .await;
+                        return;
+                    }
+                }
+            }
+            if records.is_empty() {
+                let _ = tx
+                    .send(Err(Status::internal(format!("record {next} is missing"))))
+                    .await;
+                return;
+            }
+            next += records.len() as u64;
+            if tx.send(Ok(ReadResponse { records })).await.is_err() {
+                return;
+            }
+            continue;
+        }
+        tokio::select! {
+            r = applied.changed() => if r.is_err() { return },
+            _ = stopping.changed() => {}
+            _ = tx.closed() => return,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl JournalAdmin for JournalSvc {
+    async fn replace_node(
+        &self,
+        request: Request<ReplaceNodeRequest>,
+    ) -> Result<Response<ReplaceNodeResponse>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        let map_err = |e: openraft::error::RaftError<
+            u64,
+            openraft::error::ClientWriteError<u64, BasicNode>,
+        >|
+         -> Status {
+            match e {
+                openraft::error::RaftError::APIError(
+                    openraft::error::ClientWriteError::ForwardToLeader(_),
+                ) => ShardError::NotLeader {
+                    shard: shard.id,
+                    leader_addr: shard.leader().1,
+                }
+                .into(),
+                other => Status::failed_precondition(other.to_string()),
+            }
+        };
+        let mut voters: BTreeSet<u64> = self.node.voters(&shard);
+        if req.add_id != 0 && !voters.contains(&req.add_id) {
+            tracing::info!(shard = shard.id, add = req.add_id, addr = %req.add_addr, "adding a learner");
+            shard
+                .raft
+                .add_learner(req.add_id, BasicNode::new(req.add_addr.clone()), true)
+                .await
+                .map_err(map_err)?;
+            voters.insert(req.add_id);
+        }
+        if req.remove_id != 0 {
+            voters.remove(&req.remove_id);
+        }
+        if voters != self.node.voters(&shard) {
+            tracing::info!(shard = shard.id, ?voters, "changing the voters");
+            shard
+                .raft
+                .change_membership(voters.clone(), false)
+                .await
+                .map_err(map_err)?;
+        }
+        Ok(Response::new(ReplaceNodeResponse {
+            voters: self.node.voters(&shard).into_iter().collect(),
+        }))
+    }
+}
+
+fn reply<T: Serialize>(v: &T) -> Result<Response<RaftReply>, Status> {
+    serde_json::to_vec(v)
+        .map(|json| Response::new(RaftReply { json }))
+        .map_err(|e| Status::internal(e.to_string()))
+}
+
+#[tonic::async_trait]
+impl RaftSvc for JournalSvc {
+    async fn append_entries(
+        &self,
+        request: Request<RaftAppendRequest>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        let rpc = decode_append(&req).map_err(Status::invalid_argument)?;
+        reply(&shard.raft.append_entries(rpc).await)
+    }
+
+    async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        let rpc = serde_json::from_slice(&req.json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        reply(&shard.raft.vote(rpc).await)
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: Request<RaftMessage>,
+    ) -> Result<Response<RaftReply>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        let rpc = serde_json::from_slice(&req.json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        reply(&shard.raft.install_snapshot(rpc).await)
+    }
+}

@@ -1,0 +1,266 @@
+//! The journal's Raft state machine. The journal's "state" is the log itself, so this only
+//! tracks how far the shard has applied (readers wait on it), the membership history, and the
+//! trim point; its snapshot is the trim point (log id of the last trimmed entry, membership,
+//! time stamp), persisted so a restart after a trim knows where the log starts.
+
+use std::io::Cursor;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use openraft::storage::RaftStateMachine;
+use openraft::{
+    BasicNode, EntryPayload, RaftSnapshotBuilder, Snapshot, SnapshotMeta, StorageError,
+    StorageIOError, StoredMembership,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::log_store::{LogShared, lock};
+use crate::meta::{MetaError, read_durable, write_durable};
+use crate::types::{JEntry, JLogId, JournalRequest, NodeId, TypeConfig};
+
+const SNAPSHOT_FILE: &str = "snapshot";
+/// Membership history kept for building snapshots at an older index.
+const MAX_MEMBERSHIP_HISTORY: usize = 16;
+
+/// The persisted snapshot: openraft's meta plus the time stamp of its last entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotBlob {
+    pub meta: SnapshotMeta<NodeId, BasicNode>,
+    pub time_ms: i64,
+}
+
+#[derive(Default)]
+struct SmState {
+    last_applied: Option<JLogId>,
+    memberships: Vec<StoredMembership<NodeId, BasicNode>>,
+    snapshot: Option<SnapshotBlob>,
+    builds: u64,
+}
+
+/// Shared between openraft's state machine handle and the shard's server side.
+pub struct SmShared {
+    path: PathBuf,
+    state: Mutex<SmState>,
+    log: Arc<LogShared>,
+    /// One past the last applied index: readers serve records below it.
+    pub applied_end: watch::Sender<u64>,
+    /// The first index a trim asked to keep (0: none yet).
+    pub trim_target: watch::Sender<u64>,
+}
+
+/// openraft's state machine (and snapshot builder) handle.
+#[derive(Clone)]
+pub struct StateMachine {
+    pub shared: Arc<SmShared>,
+}
+
+fn serr<E: std::error::Error + 'static>(e: &E) -> StorageError<NodeId> {
+    StorageIOError::write_snapshot(None, openraft::AnyError::new(e)).into()
+}
+
+impl StateMachine {
+    /// Loads the persisted snapshot (if any) from `dir`.
+    pub fn open(dir: &Path, log: Arc<LogShared>) -> Result<Self, MetaError> {
+        let path = dir.join(SNAPSHOT_FILE);
+        let blob: Option<SnapshotBlob> = read_durable(&path)?;
+        let mut st = SmState::default();
+        let mut applied_end = 0;
+        let mut trim = 0;
+        if let Some(b) = &blob {
+            st.last_applied = b.meta.last_log_id;
+            st.memberships.push(b.meta.last_membership.clone());
+            applied_end = b.meta.last_log_id.map_or(0, |l| l.index + 1);
+            trim = applied_end;
+            log.set_floor_time_ms(b.time_ms);
+        }
+        st.snapshot = blob;
+        Ok(StateMachine {
+            shared: Arc::new(SmShared {
+                path,
+                state: Mutex::new(st),
+                log,
+                applied_end: watch::Sender::new(applied_end),
+                trim_target: watch::Sender::new(trim),
+            }),
+        })
+    }
+
+    fn effective_membership(
+        st: &SmState,
+        index: Option<u64>,
+    ) -> StoredMembership<NodeId, BasicNode> {
+        st.memberships
+            .iter()
+            .rev()
+            .find(|m| index.is_none_or(|i| m.log_id().is_none_or(|l| l.index <= i)))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    async fn build_snapshot(&mut self) -> Result<Snapshot<TypeConfig>, StorageError<NodeId>> {
+        let target = *self.shared.trim_target.borrow();
+        let mut st = lock(&self.shared.state);
+        let current = st.snapshot.as_ref().and_then(|s| s.meta.last_log_id);
+        // The snapshot covers exactly what the last trim dropped: entries below trim_target.
+        let want = target.checked_sub(1);
+        let header = want.and_then(|i| self.shared.log.header(i));
+        let blob = match (header, current) {
+            (Some(h), cur) if cur.is_none_or(|c| c.index < h.index) => {
+                let log_id =
+                    openraft::LogId::new(openraft::CommittedLeaderId::new(h.term, h.node), h.index);
+                st.builds += 1;
+                let blob = SnapshotBlob {
+                    meta: SnapshotMeta {
+                        last_log_id: Some(log_id),
+                        last_membership: Self::effective_membership(&st, Some(h.index)),
+                        snapshot_id: format!("{}-{}-{}", h.term, h.index, st.builds),
+                    },
+                    time_ms: h.time_ms,
+                };
+                write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
+                // Older membership entries than the snapshot's are no longer needed.
+                let keep_from = st
+                    .memberships
+                    .iter()
+                    .rposition(|m| m.log_id().is_none_or(|l| l.index <= h.index))
+                    .unwrap_or(0);
+                st.memberships.drain(..keep_from);
+                st.snapshot = Some(blob.clone());
+                blob
+            }
+            _ => match &st.snapshot {
+                Some(b) => b.clone(),
+                None => {
+                    // Asked with nothing trimmed (openraft at start with a purged log but no
+                    // snapshot file, which our purge order never leaves): cover what is applied.
+                    let blob = SnapshotBlob {
+                        meta: SnapshotMeta {
+                            last_log_id: st.last_applied,
+                            last_membership: Self::effective_membership(&st, None),
+                            snapshot_id: "applied".into(),
+                        },
+                        time_ms: self.shared.log.last_time_ms(),
+                    };
+                    write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
+                    st.snapshot = Some(blob.clone());
+                    blob
+                }
+            },
+        };
+        let data = serde_json::to_vec(&blob).map_err(|e| serr(&e))?;
+        Ok(Snapshot {
+            meta: blob.meta,
+            snapshot: Box::new(Cursor::new(data)),
+        })
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotBuilder = StateMachine;
+
+    async fn applied_state(
+        &mut self,
+    ) -> Result<(Option<JLogId>, StoredMembership<NodeId, BasicNode>), StorageError<NodeId>> {
+        let st = lock(&self.shared.state);
+        Ok((st.last_applied, Self::effective_membership(&st, None)))
+    }
+
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError<NodeId>>
+    where
+        I: IntoIterator<Item = JEntry> + Send,
+        I::IntoIter: Send,
+    {
+        let mut out = Vec::new();
+        let mut st = lock(&self.shared.state);
+        for e in entries {
+            st.last_applied = Some(e.log_id);
+            match e.payload {
+                EntryPayload::Membership(m) => {
+                    st.memberships
+                        .push(StoredMembership::new(Some(e.log_id), m));
+                    if st.memberships.len() > MAX_MEMBERSHIP_HISTORY {
+                        st.memberships.remove(0);
+                    }
+                }
+                EntryPayload::Normal(JournalRequest::Trim { below, .. }) => {
+                    let below = below.min(e.log_id.index);
+                    self.shared.trim_target.send_if_modified(|t| {
+                        if below > *t {
+                            *t = below;
+                            true
+                        } else {
+                            false
+                        }
+                    });
+                }
+                _ => {}
+            }
+            out.push(());
+        }
+        if let Some(l) = st.last_applied {
+            self.shared.applied_end.send_replace(l.index + 1);
+        }
+        Ok(out)
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn begin_receiving_snapshot(
+        &mut self,
+    ) -> Result<Box<Cursor<Vec<u8>>>, StorageError<NodeId>> {
+        Ok(Box::new(Cursor::new(Vec::new())))
+    }
+
+    async fn install_snapshot(
+        &mut self,
+        meta: &SnapshotMeta<NodeId, BasicNode>,
+        snapshot: Box<Cursor<Vec<u8>>>,
+    ) -> Result<(), StorageError<NodeId>> {
+        let mut blob: SnapshotBlob = serde_json::from_slice(snapshot.get_ref()).map_err(|e| {
+            StorageError::from(StorageIOError::read_snapshot(
+                None,
+                openraft::AnyError::new(&e),
+            ))
+        })?;
+        blob.meta = meta.clone();
+        write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
+        self.shared.log.set_floor_time_ms(blob.time_ms);
+        let mut st = lock(&self.shared.state);
+        st.last_applied = meta.last_log_id;
+        st.memberships = vec![meta.last_membership.clone()];
+        st.snapshot = Some(blob);
+        let end = meta.last_log_id.map_or(0, |l| l.index + 1);
+        self.shared.trim_target.send_if_modified(|t| {
+            if end > *t {
+                *t = end;
+                true
+            } else {
+                false
+            }
+        });
+        self.shared.applied_end.send_replace(end);
+        tracing::info!(upto = end, "installed a trim snapshot from the leader");
+        Ok(())
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<Snapshot<TypeConfig>>, StorageError<NodeId>> {
+        let st = lock(&self.shared.state);
+        match &st.snapshot {
+            None => Ok(None),
+            Some(b) => {
+                let data = serde_json::to_vec(b).map_err(|e| serr(&e))?;
+                Ok(Some(Snapshot {
+                    meta: b.meta.clone(),
+                    snapshot: Box::new(Cursor::new(data)),
+                }))
+            }
+        }
+    }
+}

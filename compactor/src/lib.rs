@@ -5,6 +5,7 @@ pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod journal_source;
 pub mod reader;
 pub mod shard;
 pub mod source;

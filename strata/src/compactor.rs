@@ -1,9 +1,151 @@
-//! `strata compactor`: not built yet; its issue owns this file.
+//! `strata compactor`: tails the owned journal shards, checkpoints every tenant to object
+//! storage, publishes manifests, trims the journal; optionally serves Prometheus `/metrics`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use compactor::{Catalog, Compactor, Config};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tracing::{info, warn};
+
+/// Largest HTTP request head the metrics endpoint reads.
+const MAX_HTTP_REQUEST: usize = 8 * 1024;
 
 /// Flags of `strata compactor`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Journal nodes, comma-separated `host:port` (any subset; the client finds leaders).
+    #[arg(long, value_delimiter = ',', required = true)]
+    journal: Vec<String>,
+    /// Where checkpoints go: `file:///dir` (or a path), `s3://bucket[/prefix]`,
+    /// `gs://bucket[/prefix]`, `az://container[/prefix]`, `memory://`. Cloud settings come from
+    /// the environment (AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID, AWS_ALLOW_HTTP, ...).
+    #[arg(long = "object-store", env = "STRATA_OBJECT_STORE")]
+    object_store: String,
+    /// Journal shards this compactor owns, comma-separated (one compactor per shard).
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    shards: Vec<u32>,
+    /// Checkpoint a shard's tenants after this many journal records.
+    #[arg(long, default_value_t = compactor::config::DEFAULT_EVERY_ENTRIES)]
+    every_entries: u64,
+    /// ... or at least this often while records arrive.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    every: Duration,
+    /// Checkpoints kept per tenant (restore points).
+    #[arg(long, default_value_t = compactor::config::DEFAULT_KEEP)]
+    keep: usize,
+    /// Trim the journal below the checkpoint this many places behind the newest (1 keeps one
+    /// fallback checkpoint usable with the journal; 0 trims to the newest).
+    #[arg(long, default_value_t = compactor::config::DEFAULT_TRIM_LAG)]
+    trim_lag: usize,
+    /// Tenants to checkpoint even before they write, as `name` (shard 0) or `name=shard`;
+    /// repeatable. Tenants found in the object store or the journal are checkpointed too.
+    #[arg(long = "tenant", default_value = "default")]
+    tenants: Vec<String>,
+    /// First pause after a failed checkpoint round (doubles up to --retry-max).
+    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
+    retry_min: Duration,
+    /// Longest pause between failed checkpoint rounds.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    retry_max: Duration,
+    /// Serve Prometheus metrics at http://<addr>/metrics.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
+}
 
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("strata compactor is not built yet")
+fn parse_tenant(s: &str) -> anyhow::Result<(String, u32)> {
+    match s.split_once('=') {
+        Some((t, shard)) => Ok((
+            t.to_string(),
+            shard
+                .parse()
+                .with_context(|| format!("--tenant {s}: shard is not a number"))?,
+        )),
+        None => Ok((s.to_string(), 0)),
+    }
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let config = Config {
+        shards: args.shards,
+        tenants: args
+            .tenants
+            .iter()
+            .map(|t| parse_tenant(t))
+            .collect::<anyhow::Result<_>>()?,
+        every_entries: args.every_entries,
+        every: args.every,
+        keep: args.keep,
+        trim_lag: args.trim_lag,
+        retry_min: args.retry_min,
+        retry_max: args.retry_max,
+    };
+    config.validate()?;
+    if let Some(addr) = args.metrics_listen {
+        serve_metrics(addr).await?;
+    }
+    let store = compactor::store::open(&args.object_store)?;
+    let journal = journal::client::JournalClient::connect(&args.journal).await?;
+    info!(object_store = %args.object_store, shards = ?config.shards, every_entries = config.every_entries, every = ?config.every, keep = config.keep, "compactor starting");
+    let c = Compactor::spawn(config, journal, Catalog::new(store));
+    shutdown_signal().await;
+    info!("compactor stopping");
+    c.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            warn!(error = %e, "cannot listen for SIGTERM; stopping on Ctrl-C only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Installs the Prometheus recorder and serves its text exposition on `GET /metrics`.
+async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
+    let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .context("install the metrics recorder")?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("bind {addr}"))?;
+    info!(addr = %listener.local_addr()?, "serving /metrics");
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let handle = handle.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::with_capacity(1024);
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_HTTP_REQUEST {
+                    match sock.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let (status, body) = if buf.starts_with(b"GET /metrics ") {
+                    ("200 OK", handle.render())
+                } else {
+                    ("404 Not Found", "not found\n".to_string())
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    Ok(())
 }

@@ -121,6 +121,11 @@ impl History {
         self.entry(&t, request)
     }
 
+    /// The next random record kind, for tests that append through a real journal.
+    pub fn next_kind(&mut self) -> Kind {
+        self.random_kind()
+    }
+
     /// Appends `n` records, journal time moving 50-450 ms per record.
     pub fn write(&mut self, n: usize) {
         for _ in 0..n {

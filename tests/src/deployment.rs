@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::process::{ChildGuard, free_port, strata_bin};
-use crate::readiness::{tail_file, wait_ready};
+use crate::readiness::{tail_file, wait_ready, wait_ready_while};
 
 /// How long a fresh deployment may take to serve linearizable reads.
 pub const START_TIMEOUT: Duration = Duration::from_secs(90);
@@ -53,17 +53,26 @@ impl DevDeployment {
         ];
         args.extend(extra.iter().cloned());
         let child = spawn_in_own_group(&strata_bin(), &args, &log);
-        let dev = Self {
+        let mut dev = Self {
             child: Some(child),
             endpoint: format!("http://{listen}"),
             metrics_addr,
             log,
             dir,
         };
-        if let Err(e) = wait_ready(&dev.endpoint, START_TIMEOUT).await {
+        let endpoint = dev.endpoint.clone();
+        let child = dev.child.as_mut().expect("just spawned");
+        let ready = wait_ready_while(&endpoint, START_TIMEOUT, || match child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(format!("strata dev exited during start-up ({status})")),
+            Err(e) => Err(format!("cannot wait for strata dev: {e}")),
+        })
+        .await;
+        if let Err(e) = ready {
             panic!(
-                "strata dev did not become ready: {e}\n--- strata dev log ---\n{}",
-                dev.log_tail()
+                "strata dev did not become ready: {e}\n--- strata dev log ---\n{}\n--- frontend log ---\n{}",
+                dev.log_tail(),
+                tail_file(&dev.dir.path().join("data/logs/frontend.log"))
             );
         }
         dev
@@ -305,6 +314,8 @@ fn spawn_in_own_group(program: &Path, args: &[String], log: &Path) -> Child {
     Command::new(program)
         .args(args)
         .stdin(Stdio::null())
+        // Plain logs in files (tracing-subscriber honours NO_COLOR); children inherit it.
+        .env("NO_COLOR", "1")
         .stdout(f.try_clone().expect("clone log"))
         .stderr(f)
         .process_group(0)

@@ -17,9 +17,20 @@ pub const LOG_TAIL_BYTES: usize = 6000;
 /// Polls `endpoint` (`http://host:port`) with a linearizable Range until one succeeds, or
 /// returns the last error after `timeout`.
 pub async fn wait_ready(endpoint: &str, timeout: Duration) -> Result<(), String> {
+    wait_ready_while(endpoint, timeout, || Ok(())).await
+}
+
+/// Like [`wait_ready`], but gives up as soon as `alive` reports that the process serving the
+/// endpoint is gone.
+pub async fn wait_ready_while(
+    endpoint: &str,
+    timeout: Duration,
+    mut alive: impl FnMut() -> Result<(), String>,
+) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut last = String::from("never probed");
     while tokio::time::Instant::now() < deadline {
+        alive()?;
         match tokio::time::timeout(PROBE_TIMEOUT, probe(endpoint)).await {
             Ok(Ok(())) => return Ok(()),
             Ok(Err(e)) => last = e,

@@ -79,6 +79,7 @@ fn put_entry(i: usize) -> Entry {
 }
 
 fn build(n: usize) -> MemStore {
+    // (criterion part only; the one-off figures time their own build)
     let mut s = MemStore::new(Config::default());
     for i in 0..n {
         s.apply(i as u64 + 1, &put_entry(i));
@@ -91,23 +92,91 @@ fn scatter(i: usize, n: usize) -> usize {
     (i.wrapping_mul(2_654_435_761)) % n
 }
 
+/// CPU time this thread has spent on a core (ns), from the kernel's schedstat: figures on a
+/// shared, busy machine are quoted in CPU time as well as wall time.
+fn cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|x| x.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Runs `f`, prints wall and CPU seconds and the rate of `n` operations per CPU second.
+fn timed<T>(what: &str, n: usize, f: impl FnOnce() -> T) -> T {
+    let (w, c) = (Instant::now(), cpu_ns());
+    let out = f();
+    let cpu = (cpu_ns() - c) as f64 / 1e9;
+    let wall = w.elapsed().as_secs_f64();
+    println!(
+        "figure: {what}: wall {wall:.3} s, cpu {cpu:.3} s, {:.0} ops per cpu-second ({n} ops)",
+        n as f64 / cpu
+    );
+    out
+}
+
 fn one_off_figures() {
     let before = ALLOCATED.load(Ordering::Relaxed);
-    let t = Instant::now();
-    let mut store = build(BIG);
-    let build_time = t.elapsed();
-    let used = ALLOCATED.load(Ordering::Relaxed) - before;
-    let raw = (BIG * (KEY_LEN + VALUE_LEN)) as f64;
-    println!(
-        "figure: build 1M keys by apply: {:.2} s ({:.0} puts/s)",
-        build_time.as_secs_f64(),
-        BIG as f64 / build_time.as_secs_f64()
+    let entries: Vec<Entry> = (0..BIG).map(put_entry).collect();
+    let entries_bytes = ALLOCATED.load(Ordering::Relaxed) - before;
+    let mut store = timed(
+        "apply 1M puts of new keys (64 B key, 256 B value)",
+        BIG,
+        || {
+            let mut s = MemStore::new(Config::default());
+            for (i, e) in entries.iter().enumerate() {
+                s.apply(i as u64 + 1, e);
+            }
+            s
+        },
     );
+    let used = ALLOCATED.load(Ordering::Relaxed) - before - entries_bytes;
+    drop(entries);
+    let raw = (BIG * (KEY_LEN + VALUE_LEN)) as f64;
     println!(
         "figure: memory for 1M keys (64 B key, 256 B value, one version): {} bytes = {:.1} B/key = {:.3}x raw key+value",
         used,
         used as f64 / BIG as f64,
         used as f64 / raw
+    );
+    let reads: Vec<RangeRequest> = (0..BIG)
+        .map(|i| RangeRequest {
+            key: key(scatter(i, BIG)),
+            ..Default::default()
+        })
+        .collect();
+    timed("point reads, uniformly random over 1M keys", BIG, || {
+        for r in &reads {
+            black_box(store.range(r).expect("read"));
+        }
+    });
+    let hot: Vec<RangeRequest> = (0..BIG)
+        .map(|i| RangeRequest {
+            key: key(scatter(i % 1000, BIG)),
+            ..Default::default()
+        })
+        .collect();
+    timed("point reads, 1000 hot keys of the 1M", BIG, || {
+        for r in &hot {
+            black_box(store.range(r).expect("read"));
+        }
+    });
+    drop(reads);
+    drop(hot);
+    let prefixes: Vec<RangeRequest> = (0..500)
+        .map(|i| prefix_request(scatter(i, BIG / KEYS_PER_NAMESPACE)))
+        .collect();
+    timed("1000-key prefix ranges", prefixes.len(), || {
+        for r in &prefixes {
+            black_box(store.range(r).expect("range"));
+        }
+    });
+    let rev = store.revision();
+    timed(
+        "events(): catch-up of the last 10 revisions over all 1M keys",
+        1,
+        || {
+            black_box(store.events(rev - 9, b"\0", b"\0", 1000).expect("events"));
+        },
     );
     let meta = CheckpointMeta {
         tenant: "bench".into(),
@@ -116,23 +185,17 @@ fn one_off_figures() {
         revision: store.revision(),
         created_ms: 0,
     };
-    let t = Instant::now();
-    let bytes = checkpoint::encode(&meta, &store);
-    let enc = t.elapsed();
-    let t = Instant::now();
-    let (_, loaded) = checkpoint::decode(&bytes).expect("bench checkpoint loads");
-    let dec = t.elapsed();
-    println!(
-        "figure: checkpoint of 1M keys: {} bytes, write {:.3} s, load {:.3} s",
-        bytes.len(),
-        enc.as_secs_f64(),
-        dec.as_secs_f64()
-    );
+    let bytes = timed("checkpoint write, 1M keys", 1, || {
+        checkpoint::encode(&meta, &store)
+    });
+    println!("figure: checkpoint size: {} bytes", bytes.len());
+    let (_, loaded) = timed("checkpoint load, 1M keys", 1, || {
+        checkpoint::decode(&bytes).expect("bench checkpoint loads")
+    });
     assert!(loaded == store);
     drop(loaded);
     drop(bytes);
     // After a compaction at the head (the steady state of a compacted tenant).
-    let rev = store.revision();
     store.apply(
         BIG as u64 + 1,
         &Entry {
@@ -152,6 +215,17 @@ fn one_off_figures() {
         used as f64 / BIG as f64,
         used as f64 / raw
     );
+}
+
+fn prefix_request(ns: usize) -> RangeRequest {
+    let prefix = format!("/registry/pods/ns{ns:04}/").into_bytes();
+    let mut end = prefix.clone();
+    *end.last_mut().expect("non-empty prefix") += 1;
+    RangeRequest {
+        key: prefix,
+        range_end: end,
+        ..Default::default()
+    }
 }
 
 fn benches(c: &mut Criterion) {

@@ -66,6 +66,7 @@ impl LogShared {
     pub fn open(
         dir: &Path,
         shard: u32,
+        segment_bytes: u64,
         errors: ErrorList,
     ) -> Result<(Arc<Self>, RecoveryReport), OpenError> {
         std::fs::create_dir_all(dir).map_err(|source| MetaError::Io {
@@ -74,7 +75,8 @@ impl LogShared {
         })?;
         let meta: Meta = read_durable(&dir.join(META_FILE))?.unwrap_or_default();
         let first = meta.purged.map_or(0, |p| p.index + 1);
-        let (log, report) = SegmentLog::open(dir, first, meta.floor_time_ms)?;
+        let (mut log, report) = SegmentLog::open(dir, first, meta.floor_time_ms)?;
+        log.set_segment_target_bytes(segment_bytes);
         let committed: Option<JLogId> = read_durable(&dir.join(COMMITTED_FILE))?.flatten();
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(LogShared {

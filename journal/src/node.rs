@@ -71,6 +71,8 @@ pub struct NodeConfig {
     pub idle_tick: Duration,
     /// A node added to an existing cluster (`replace-node`): never initialises a shard.
     pub join: bool,
+    /// Size at which a segment file is closed and a new one started.
+    pub segment_bytes: u64,
 }
 
 enum Proposal {
@@ -387,7 +389,7 @@ impl JournalNode {
         let mut shards = Vec::new();
         for s in 0..config.shards {
             let dir = config.data_dir.join(format!("shard-{s}"));
-            let (log, report) = LogShared::open(&dir, s, Arc::clone(&errors))
+            let (log, report) = LogShared::open(&dir, s, config.segment_bytes, Arc::clone(&errors))
                 .map_err(|source| NodeError::Open { shard: s, source })?;
             tracing::info!(
                 shard = s,

@@ -35,6 +35,7 @@ async fn start(dir: &std::path::Path, port: u16, idle_tick: Duration) -> Running
         shards: 2,
         idle_tick,
         join: false,
+        segment_bytes: 4096,
     })
     .await
     .unwrap();

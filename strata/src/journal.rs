@@ -44,6 +44,9 @@ struct NodeArgs {
     /// leaders to add this node (`strata journal replace-node`).
     #[arg(long)]
     join: bool,
+    /// Size at which a segment file is closed and a new one started.
+    #[arg(long, default_value_t = journal::segment::SEGMENT_TARGET_BYTES)]
+    segment_bytes: u64,
 }
 
 #[derive(Subcommand)]
@@ -134,11 +137,17 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
         shards: a.shards,
         idle_tick: a.idle_tick,
         join: a.join,
+        segment_bytes: a.segment_bytes,
     };
     tracing::info!(id, %listen, shards = config.shards, data_dir = %config.data_dir.display(), "starting journal node");
     let node = journal::JournalNode::open(config).await?;
     let shutdown = async {
-        let _ = tokio::signal::ctrl_c().await;
+        let mut term =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = async { match term.as_mut() { Some(t) => { t.recv().await; } None => std::future::pending().await } } => {}
+        }
         tracing::info!("shutting down");
     };
     node.serve(listener, shutdown).await?;

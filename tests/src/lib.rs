@@ -5,6 +5,7 @@
 pub mod deployment;
 pub mod etcd;
 pub mod etcdctl;
+pub mod journal;
 pub mod process;
 pub mod readiness;
 pub mod s3;

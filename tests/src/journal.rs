@@ -1,0 +1,307 @@
+//! A journal cluster of `strata journal` processes on loopback for tests: start, kill -9,
+//! restart, per-node clients, waiting for leaders, reading a node's whole shard, and a TCP
+//! proxy the test controls to cut a node off from its peers.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::strata::journal::Record;
+use journal::JournalClient;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::process::{ChildGuard, free_port};
+
+/// How long the harness waits for a cluster to converge before failing the test.
+pub const CONVERGE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One `strata journal` process.
+pub struct JournalProc {
+    pub id: u64,
+    pub addr: String,
+    pub data_dir: PathBuf,
+    pub peers: String,
+    pub join: bool,
+    log: PathBuf,
+    guard: Option<ChildGuard>,
+}
+
+impl JournalProc {
+    fn args(&self, shards: u32, extra: &[String]) -> Vec<String> {
+        let mut a = vec![
+            "journal".into(),
+            "--id".into(),
+            self.id.to_string(),
+            "--listen".into(),
+            self.addr.clone(),
+            "--peers".into(),
+            self.peers.clone(),
+            "--data-dir".into(),
+            self.data_dir.display().to_string(),
+            "--shards".into(),
+            shards.to_string(),
+        ];
+        if self.join {
+            a.push("--join".into());
+        }
+        a.extend_from_slice(extra);
+        a
+    }
+
+    pub fn is_running(&mut self) -> bool {
+        self.guard.as_mut().is_some_and(ChildGuard::is_running)
+    }
+
+    /// Path of the node's log file (stdout and stderr).
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+}
+
+/// A cluster of journal processes sharing a temporary directory.
+pub struct JournalCluster {
+    pub dir: tempfile::TempDir,
+    pub shards: u32,
+    pub nodes: Vec<JournalProc>,
+    pub extra_args: Vec<String>,
+}
+
+impl JournalCluster {
+    /// Starts `n` nodes (ids 1..=n) with `shards` shards, every node dialling its peers
+    /// directly.
+    pub fn start(n: u64, shards: u32, extra_args: &[String]) -> Self {
+        let addrs: BTreeMap<u64, String> = (1..=n)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let peers: BTreeMap<u64, String> = (1..=n).map(|id| (id, peers_arg(&addrs))).collect();
+        Self::start_with_peers(&addrs, &peers, shards, extra_args)
+    }
+
+    /// Starts nodes listening at `addrs`, node `id` given `peers[id]` as its `--peers` (so a
+    /// test can route some links through proxies).
+    pub fn start_with_peers(
+        addrs: &BTreeMap<u64, String>,
+        peers: &BTreeMap<u64, String>,
+        shards: u32,
+        extra_args: &[String],
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = JournalCluster {
+            dir,
+            shards,
+            nodes: Vec::new(),
+            extra_args: extra_args.to_vec(),
+        };
+        for (id, addr) in addrs {
+            c.add_node(*id, addr.clone(), peers[id].clone(), false);
+        }
+        c
+    }
+
+    /// Adds and starts a node.
+    pub fn add_node(&mut self, id: u64, addr: String, peers: String, join: bool) -> usize {
+        let data_dir = self.dir.path().join(format!("node-{id}"));
+        let log = self.dir.path().join(format!("node-{id}.log"));
+        self.nodes.push(JournalProc {
+            id,
+            addr,
+            data_dir,
+            peers,
+            join,
+            log,
+            guard: None,
+        });
+        let i = self.nodes.len() - 1;
+        self.restart(i);
+        i
+    }
+
+    /// (Re)starts node `i` with its data directory as it is.
+    pub fn restart(&mut self, i: usize) {
+        let n = &mut self.nodes[i];
+        let args = n.args(self.shards, &self.extra_args);
+        n.guard = Some(ChildGuard::strata(
+            &format!("journal-{}", n.id),
+            &args,
+            Some(&n.log),
+        ));
+    }
+
+    /// `kill -9` node `i`.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut g) = self.nodes[i].guard.take() {
+            g.kill();
+        }
+    }
+
+    /// Index in `nodes` of the node with id `id`.
+    pub fn index_of(&self, id: u64) -> usize {
+        self.nodes
+            .iter()
+            .position(|n| n.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    pub fn endpoints(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr.clone()).collect()
+    }
+
+    /// A client of every node.
+    pub async fn client(&self) -> JournalClient {
+        JournalClient::connect(&self.endpoints())
+            .await
+            .expect("client")
+    }
+
+    /// A client of node `i` only.
+    pub async fn client_of(&self, i: usize) -> JournalClient {
+        JournalClient::connect(std::slice::from_ref(&self.nodes[i].addr))
+            .await
+            .expect("client")
+    }
+
+    /// Waits until every shard has a leader that the running nodes agree on; returns the
+    /// leader id of each shard.
+    pub async fn wait_leaders(&self, running: &[usize]) -> Vec<u64> {
+        let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
+        let mut clients = Vec::new();
+        for &i in running {
+            clients.push(self.client_of(i).await);
+        }
+        'again: loop {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "shards have no agreed leader after {CONVERGE_TIMEOUT:?}; logs in {}",
+                self.dir.path().display()
+            );
+            let mut leaders = Vec::new();
+            for s in 0..self.shards {
+                let mut seen = None;
+                for (c, &i) in clients.iter().zip(running) {
+                    let st = match c.status_of(&self.nodes[i].addr, s).await {
+                        Ok(st) => st,
+                        Err(_) => {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue 'again;
+                        }
+                    };
+                    if st.leader_id == 0 || seen.is_some_and(|l| l != st.leader_id) {
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        continue 'again;
+                    }
+                    seen = Some(st.leader_id);
+                }
+                leaders.push(seen.unwrap_or(0));
+            }
+            return leaders;
+        }
+    }
+
+    /// Waits until node `i` has applied (committed) at least `index` on `shard`.
+    pub async fn wait_committed(&self, i: usize, shard: u32, index: u64) {
+        let c = self.client_of(i).await;
+        let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
+        loop {
+            if let Ok(st) = c.status_of(&self.nodes[i].addr, shard).await
+                && st.committed_index >= index
+            {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {} did not reach index {index} on shard {shard}",
+                self.nodes[i].id
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every record of `shard` on node `i` from `from` up to and including `to`.
+    pub async fn read_node(&self, i: usize, shard: u32, from: u64, to: u64) -> Vec<Record> {
+        use futures::StreamExt;
+        self.wait_committed(i, shard, to).await;
+        let c = self.client_of(i).await;
+        let mut s = Box::pin(c.read(shard, from).await.expect("read"));
+        let mut out = Vec::new();
+        while out.len() as u64 <= to - from {
+            let r = tokio::time::timeout(CONVERGE_TIMEOUT, s.next())
+                .await
+                .expect("read timed out")
+                .expect("stream ended")
+                .expect("read error");
+            out.push(r);
+        }
+        out
+    }
+}
+
+/// `1=addr,2=addr,...`
+pub fn peers_arg(addrs: &BTreeMap<u64, String>) -> String {
+    addrs
+        .iter()
+        .map(|(id, a)| format!("{id}={a}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// A TCP proxy on loopback that the test can cut (existing connections are dropped, new ones
+/// refused by closing them at once) and heal.
+pub struct TcpProxy {
+    pub addr: String,
+    cut: Arc<watch::Sender<bool>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl TcpProxy {
+    /// Proxies a fresh loopback port to `target`.
+    pub async fn start(target: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let cut = Arc::new(watch::Sender::new(false));
+        let c = Arc::clone(&cut);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if *c.borrow() {
+                    drop(inbound);
+                    continue;
+                }
+                let mut rx = c.subscribe();
+                let target = target.clone();
+                tokio::spawn(async move {
+                    let Ok(outbound) = TcpStream::connect(&target).await else {
+                        return;
+                    };
+                    let _ = inbound.set_nodelay(true);
+                    let _ = outbound.set_nodelay(true);
+                    let (mut a, mut b) = (inbound, outbound);
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
+                        _ = rx.wait_for(|cut| *cut) => {}
+                    }
+                });
+            }
+        });
+        TcpProxy { addr, cut, task }
+    }
+
+    /// Drops every connection through the proxy and refuses new ones.
+    pub fn cut(&self) {
+        self.cut.send_replace(true);
+    }
+
+    /// Lets connections through again.
+    pub fn heal(&self) {
+        self.cut.send_replace(false);
+    }
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

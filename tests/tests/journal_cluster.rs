@@ -1,0 +1,237 @@
+//! Three `strata journal` processes on loopback: kill -9 the leader under 256 concurrent
+//! appenders, whole-cluster restart, trim on every node, and replacing a dead node.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use api::strata::journal::record::Kind;
+use journal::ClientError;
+use strata_tests::journal::{JournalCluster, peers_arg};
+use strata_tests::process::free_port;
+use tokio::sync::Mutex;
+
+/// Concurrent appenders in the failover test.
+const APPENDERS: usize = 256;
+/// The shard the tests drive.
+const SHARD: u32 = 0;
+
+type Acked = Arc<Mutex<BTreeMap<u64, Vec<u8>>>>;
+
+/// Checks that every node holds the same gap-free records from `from` to the highest acked
+/// index, and that every acknowledged index holds the acknowledged bytes.
+async fn check_all_nodes(
+    c: &JournalCluster,
+    nodes: &[usize],
+    from: u64,
+    acked: &BTreeMap<u64, Vec<u8>>,
+) {
+    let last = *acked.keys().last().expect("something was acked");
+    let mut reference: Option<Vec<api::strata::journal::Record>> = None;
+    for &i in nodes {
+        let recs = c.read_node(i, SHARD, from, last).await;
+        let mut prev_time = i64::MIN;
+        for (k, r) in recs.iter().enumerate() {
+            assert_eq!(r.index, from + k as u64, "node {} has a gap", c.nodes[i].id);
+            assert!(r.time_ms >= prev_time, "time went back at {}", r.index);
+            prev_time = r.time_ms;
+            if let Some(p) = acked.get(&r.index) {
+                assert_eq!(
+                    r.kind,
+                    Some(Kind::Data(p.clone())),
+                    "node {} index {}",
+                    c.nodes[i].id,
+                    r.index
+                );
+            }
+        }
+        match &reference {
+            None => reference = Some(recs),
+            Some(r0) => assert_eq!(r0, &recs, "node {} differs", c.nodes[i].id),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn kill_leader_under_256_appenders_then_restart() {
+    let mut c = JournalCluster::start(3, 2, &[]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let acked: Acked = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..APPENDERS {
+        let (client, acked, stop) = (client.clone(), Arc::clone(&acked), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let mut seq = 0u64;
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let p = format!("appender {t} seq {seq}").into_bytes();
+                seq += 1;
+                match client.append(SHARD, vec![p.clone()]).await {
+                    Ok(idx) => {
+                        acked.lock().await.insert(idx[0], p);
+                    }
+                    Err(e) => failures.push(e.to_string()),
+                }
+            }
+            failures
+        }));
+    }
+    let wait_acks = |n: usize| {
+        let acked = Arc::clone(&acked);
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+            while acked.lock().await.len() < n {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "appends stalled below {n}"
+                );
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    wait_acks(2000).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    c.kill(leader);
+    let at_kill = acked.lock().await.len();
+    // The appenders carry on under a new leader.
+    wait_acks(at_kill + 2000).await;
+    c.restart(leader);
+    wait_acks(at_kill + 3000).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let failures = t.await.unwrap();
+        assert!(failures.is_empty(), "appends failed: {failures:?}");
+    }
+    let acked = acked.lock().await.clone();
+    check_all_nodes(&c, &[0, 1, 2], 0, &acked).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn whole_cluster_restart_keeps_every_committed_entry() {
+    let mut c = JournalCluster::start(3, 1, &[]);
+    c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let mut acked = BTreeMap::new();
+    for i in 0..200u32 {
+        let p = format!("entry {i}").into_bytes();
+        let idx = client
+            .append(SHARD, vec![p.clone(), p.clone()])
+            .await
+            .unwrap();
+        acked.insert(idx[0], p.clone());
+        acked.insert(idx[1], p);
+    }
+    for i in 0..3 {
+        c.kill(i);
+    }
+    for i in 0..3 {
+        c.restart(i);
+    }
+    c.wait_leaders(&[0, 1, 2]).await;
+    check_all_nodes(&c, &[0, 1, 2], 0, &acked).await;
+    // And it takes writes again.
+    let client = c.client().await;
+    let idx = client
+        .append(SHARD, vec![b"after restart".to_vec()])
+        .await
+        .unwrap();
+    assert!(idx[0] > *acked.keys().last().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn trim_drops_the_prefix_on_every_node() {
+    let c = JournalCluster::start(3, 1, &["--segment-bytes".into(), "4096".into()]);
+    c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let mut last = 0;
+    for i in 0..300u32 {
+        last = client
+            .append(SHARD, vec![vec![i as u8; 100]])
+            .await
+            .unwrap()[0];
+    }
+    let first = client.trim(SHARD, 200).await.unwrap();
+    assert_eq!(first, 200);
+    for (i, n) in c.nodes.iter().enumerate() {
+        let nc = c.client_of(i).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let st = nc.status_of(&n.addr, SHARD).await.unwrap();
+            if st.first_index == 200 {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "node {} still starts at {}",
+                n.id,
+                st.first_index
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The segment files holding only trimmed records are gone.
+        let seg0 = n.data_dir.join("shard-0").join(format!("{:020}.seg", 0));
+        assert!(!seg0.exists(), "{} still exists", seg0.display());
+        match nc.read(SHARD, 10).await {
+            Err(ClientError::Trimmed {
+                first_index: 200, ..
+            }) => {}
+            Err(e) => panic!("node {}: wrong error {e}", n.id),
+            Ok(_) => panic!("node {}: read below the trim point succeeded", n.id),
+        }
+        let recs = c.read_node(i, SHARD, 200, last).await;
+        assert_eq!(recs.len() as u64, last - 199);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn replace_a_dead_node_with_one_command() {
+    let mut c = JournalCluster::start(3, 2, &[]);
+    c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let mut acked = BTreeMap::new();
+    for i in 0..100u32 {
+        let p = format!("before {i}").into_bytes();
+        acked.insert(client.append(SHARD, vec![p.clone()]).await.unwrap()[0], p);
+    }
+    // Node 3 dies for good; node 4 joins in its place.
+    c.kill(2);
+    let addr4 = format!("127.0.0.1:{}", free_port());
+    let mut addrs: BTreeMap<u64, String> = c.nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
+    addrs.remove(&3);
+    addrs.insert(4, addr4.clone());
+    let n4 = c.add_node(4, addr4.clone(), peers_arg(&addrs), true);
+    let out = std::process::Command::new(strata_tests::process::strata_bin())
+        .args([
+            "journal",
+            "replace-node",
+            "--endpoints",
+            &format!("{},{}", c.nodes[0].addr, c.nodes[1].addr),
+            "--shards",
+            "2",
+            "--remove",
+            "3",
+            "--add",
+            &format!("4={addr4}"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "replace-node failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("shard 0: voters [1, 2, 4]"), "{text}");
+    assert!(text.contains("shard 1: voters [1, 2, 4]"), "{text}");
+    // With node 2 down too, nodes 1 and 4 are a majority: node 4 is a voter.
+    c.kill(1);
+    let client = c.client().await;
+    for i in 0..20u32 {
+        let p = format!("after {i}").into_bytes();
+        acked.insert(client.append(SHARD, vec![p.clone()]).await.unwrap()[0], p);
+    }
+    check_all_nodes(&c, &[0, n4], 0, &acked).await;
+}

@@ -153,6 +153,8 @@ pub struct Deployment {
 pub struct Frontend {
     pub listen: String,
     pub metrics: String,
+    /// Client URLs of the other frontends (`--peer-frontends`, listed by MemberList).
+    pub peers: Vec<String>,
     child: ChildGuard,
     log: PathBuf,
 }
@@ -165,8 +167,8 @@ impl Frontend {
 }
 
 impl Deployment {
-    /// Starts three journal nodes (one cluster, same `--peers`) and `frontends` frontends, and
-    /// waits until every frontend serves linearizable reads.
+    /// Starts three journal nodes (one cluster, same `--peers`) and `frontends` frontends that
+    /// know each other, and waits until every frontend serves linearizable reads.
     pub async fn start(frontends: usize) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("strata-deploy-")
@@ -206,46 +208,58 @@ impl Deployment {
                 )
             })
             .collect();
-        let mut deployment = Self {
+        let addrs: Vec<(String, String)> = (0..frontends)
+            .map(|_| {
+                (
+                    format!("127.0.0.1:{}", free_port()),
+                    format!("127.0.0.1:{}", free_port()),
+                )
+            })
+            .collect();
+        let fronts = (0..frontends)
+            .map(|i| {
+                let (listen, metrics) = addrs[i].clone();
+                let peers: Vec<String> = addrs
+                    .iter()
+                    .enumerate()
+                    .filter(|(j, _)| *j != i)
+                    .map(|(_, (l, _))| format!("http://{l}"))
+                    .collect();
+                let log = dir.path().join(format!("frontend-{i}.log"));
+                let child = ChildGuard::strata(
+                    &format!("frontend-{i}"),
+                    &frontend_args(&journal_addrs, &listen, &metrics, &peers),
+                    Some(&log),
+                );
+                Frontend {
+                    listen,
+                    metrics,
+                    peers,
+                    child,
+                    log,
+                }
+            })
+            .collect();
+        let deployment = Self {
             journal_addrs,
             journals,
-            frontends: Vec::new(),
+            frontends: fronts,
             dir,
         };
-        for _ in 0..frontends {
-            deployment.add_frontend().await;
+        for i in 0..frontends {
+            deployment.wait_frontend(i).await;
         }
         deployment
     }
 
-    /// Starts one more frontend and waits until it is ready; returns its index.
-    pub async fn add_frontend(&mut self) -> usize {
-        let index = self.frontends.len();
-        let listen = format!("127.0.0.1:{}", free_port());
-        let metrics = format!("127.0.0.1:{}", free_port());
-        let log = self.dir.path().join(format!("frontend-{index}.log"));
-        let child = ChildGuard::strata(
-            &format!("frontend-{index}"),
-            &frontend_args(&self.journal_addrs, &listen, &metrics),
-            Some(&log),
-        );
-        self.frontends.push(Frontend {
-            listen,
-            metrics,
-            child,
-            log,
-        });
-        self.wait_frontend(index).await;
-        index
-    }
-
-    /// Restarts frontend `index` (after [`Deployment::kill_frontend`]) on the same ports.
+    /// Restarts frontend `index` (after [`Deployment::kill_frontend`]) on the same ports and
+    /// waits until it is ready.
     pub async fn restart_frontend(&mut self, index: usize) {
         let f = &mut self.frontends[index];
         f.child.kill();
         f.child = ChildGuard::strata(
             &format!("frontend-{index}"),
-            &frontend_args(&self.journal_addrs, &f.listen, &f.metrics),
+            &frontend_args(&self.journal_addrs, &f.listen, &f.metrics, &f.peers),
             Some(&f.log),
         );
         self.wait_frontend(index).await;
@@ -291,8 +305,13 @@ impl Deployment {
 }
 
 /// The command line of one `strata frontend` over the given journal nodes.
-pub fn frontend_args(journals: &[String], listen: &str, metrics: &str) -> Vec<String> {
-    vec![
+pub fn frontend_args(
+    journals: &[String],
+    listen: &str,
+    metrics: &str,
+    peers: &[String],
+) -> Vec<String> {
+    let mut args = vec![
         "frontend".into(),
         "--journal".into(),
         journals.join(","),
@@ -300,7 +319,12 @@ pub fn frontend_args(journals: &[String], listen: &str, metrics: &str) -> Vec<St
         listen.into(),
         "--metrics-listen".into(),
         metrics.into(),
-    ]
+    ];
+    if !peers.is_empty() {
+        args.push("--peer-frontends".into());
+        args.push(peers.join(","));
+    }
+    args
 }
 
 /// Spawns `program args..` as the leader of a new process group, output appended to `log`.

@@ -108,21 +108,39 @@ machine_state() { # label
   {
     echo "## $1 ($(date -u +%H:%M:%SZ))"
     echo "load average: $(cut -d' ' -f1-3 /proc/loadavg); cores: $(nproc)"
-    echo "other compilers running: $(pgrep -c -x rustc 2>/dev/null || echo 0) rustc, $(pgrep -c -x cargo 2>/dev/null || echo 0) cargo"
+    echo "other compilers running: $(pgrep -c -x rustc 2>/dev/null || true) rustc, $(pgrep -c -x cargo 2>/dev/null || true) cargo"
   } >>"$OUT/machine.md"
 }
 
-# Runs one workload: name, endpoints, then strata bench flags. Saves json/<system>-<name>.json.
+# CPU seconds (user + system) used so far by the server processes this script started.
+CLK_TCK="$(getconf CLK_TCK)"
+server_cpu() {
+  local p total=0
+  for p in "${PIDS[@]:-}"; do
+    [ -r "/proc/$p/stat" ] || continue
+    total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
+  done
+  echo "$total"
+}
+
+# Runs one workload: name, endpoints, then strata bench flags. Saves json/<system>-<name>.json
+# and json/<system>-<name>.cpu (server and load-generator CPU seconds during the workload: far
+# less sensitive to a busy machine than throughput).
 SYSTEM=""
 run() {
   local name="$1" eps="$2"; shift 2
-  local file="$OUT/json/$SYSTEM-$name.json"
+  local file="$OUT/json/$SYSTEM-$name.json" t0 t1 bench_cpu
   log "$SYSTEM: $name: strata bench --endpoints=$eps $*"
   machine_state "$SYSTEM $name (before)"
-  if ! bench --endpoints="$eps" --json "$@" >"$file" 2>>"$OUT/logs/bench-$SYSTEM-$name.err"; then
-    echo "  failed (exit $?): see $OUT/logs/bench-$SYSTEM-$name.err" | tee -a "$OUT/run.log" >&2
+  t0="$(server_cpu)"
+  local TIMEFORMAT='%U %S'
+  if ! { time bench --endpoints="$eps" --json "$@" >"$file" 2>>"$OUT/logs/bench-$SYSTEM-$name.err"; } 2>"$OUT/json/.time"; then
+    echo "  failed: see $OUT/logs/bench-$SYSTEM-$name.err" | tee -a "$OUT/run.log" >&2
     [ -s "$file" ] || echo '{"failed": true}' >"$file"
   fi
+  t1="$(server_cpu)"
+  bench_cpu="$(awk '{print $1 + $2}' "$OUT/json/.time")"
+  echo "$(( t1 - t0 )) $CLK_TCK $bench_cpu" >"$OUT/json/$SYSTEM-$name.cpu"
 }
 
 # ---------------------------------------------------------------- WORKLOADS
@@ -225,6 +243,21 @@ for f in glob.glob(os.path.join(out, "json", "*.json")):
     except ValueError:
         res[(system, name)] = {"failed": True}
 
+for f in glob.glob(os.path.join(out, "json", "*.cpu")):
+    system, name = os.path.basename(f)[:-4].split("-", 1)
+    try:
+        ticks, hz, bench_s = open(f).read().split()
+        r = res.setdefault((system, name), {})
+        r["server_cpu_s"] = int(ticks) / int(hz)
+        r["bench_cpu_s"] = float(bench_s)
+    except (ValueError, OSError):
+        pass
+
+def per_op_ms(system, name, count_path):
+    cpu = get(system, name, "server_cpu_s")
+    n = get(system, name, *count_path)
+    return cpu * 1000.0 / n if cpu is not None and n else None
+
 def get(system, name, *path):
     v = res.get((system, name))
     for p in path:
@@ -240,7 +273,9 @@ def fmt(v, unit=""):
         return "yes" if v else "NO"
     if isinstance(v, int):
         return f"{v:,}"
-    return f"{v:,.0f}{unit}" if v >= 100 else f"{v:.2f}{unit}"
+    if v >= 100:
+        return f"{v:,.0f}{unit}"
+    return f"{v:.2f}{unit}" if v >= 1 or v == 0 else f"{v:.3f}{unit}"
 
 def ratio(a, b):
     return f"{a / b:.2f}x" if a and b else "n/a"
@@ -267,6 +302,12 @@ row(f"watch {watchers} watchers: delivery p50 ms (from put ack)", W, "delivery_f
 row(f"watch {watchers} watchers: delivery p99 ms (from put ack)", W, "delivery_from_ack", "latency_ms", "p99")
 row(f"watch {watchers} watchers: delivery p99 ms (from put send)", W, "delivery_from_send", "latency_ms", "p99")
 row("watch-latency, 10 watchers: p99 ms (from put ack)", "watch-latency-10", "delivery_from_ack", "latency_ms", "p99")
+def cpu_row(label, name, *count_path):
+    rows.append([label] + [fmt(per_op_ms(s, name, count_path)) for s, _ in systems])
+cpu_row("server CPU ms per put (256 clients)", "put-256", "ok")
+cpu_row("server CPU ms per linearizable range", "range-l-64", "ok")
+cpu_row("server CPU ms per serializable range", "range-s-64", "ok")
+cpu_row(f"server CPU ms per watch event delivered", W, "verify", "delivered")
 
 widths = [max(len(r[i]) for r in rows + [["workload"] + [l for _, l in systems]]) for i in range(4)]
 def line(cells):

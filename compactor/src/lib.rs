@@ -7,6 +7,7 @@ pub mod config;
 pub mod error;
 pub mod journal_source;
 pub mod reader;
+pub mod restore;
 pub mod shard;
 pub mod source;
 pub mod store;

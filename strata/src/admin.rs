@@ -1,9 +1,232 @@
-//! `strata admin`: not built yet; its issue owns this file.
+//! `strata admin`: operator commands. `backup list` shows the checkpoints kept in object storage
+//! (restore points); `backup restore` brings a tenant back to one of them through the journal,
+//! so every frontend and the compactor follow.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use anyhow::{Context, bail};
+use api::record::{encode_entry, entry_for_tenant};
+use api::strata::entry::Entry;
+use compactor::{Catalog, reader, restore};
+use futures::StreamExt;
+use journal::client::JournalClient;
+use memstore::{MemStore, Outcome};
+
+/// Entries appended per journal call during a restore.
+const RESTORE_APPEND_BATCH: usize = 100;
+/// Bound on waiting for one journal record while replaying.
+const RECORD_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Flags of `strata admin`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
 
-pub async fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("strata admin is not built yet")
+#[derive(clap::Subcommand)]
+enum Command {
+    /// Checkpoints kept in object storage: list them, restore a tenant to one.
+    #[command(subcommand)]
+    Backup(Backup),
+}
+
+#[derive(clap::Subcommand)]
+enum Backup {
+    /// List every retained checkpoint (newest first) of one tenant or of all.
+    List(ListArgs),
+    /// Restore a tenant's keys, values and leases to a retained checkpoint, as journal entries
+    /// (guarded txns: a write racing the restore is never overwritten; the restore re-plans).
+    /// Revisions move forward, and watchers see the changes as events.
+    Restore(RestoreArgs),
+}
+
+#[derive(clap::Args)]
+struct ListArgs {
+    /// Object store the compactor writes to (same URL and environment as `strata compactor`).
+    #[arg(long = "object-store", env = "STRATA_OBJECT_STORE")]
+    object_store: String,
+    /// Only this tenant.
+    #[arg(long)]
+    tenant: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct RestoreArgs {
+    #[arg(long = "object-store", env = "STRATA_OBJECT_STORE")]
+    object_store: String,
+    /// Journal nodes, comma-separated `host:port`.
+    #[arg(long, value_delimiter = ',', required = true)]
+    journal: Vec<String>,
+    #[arg(long, default_value = "default")]
+    tenant: String,
+    /// Journal index of the checkpoint to restore (see `backup list`).
+    #[arg(long)]
+    index: u64,
+    /// Plans tried before giving up when concurrent writes keep touching the same keys.
+    #[arg(long, default_value_t = 5)]
+    attempts: u32,
+}
+
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    match args.command {
+        Command::Backup(Backup::List(a)) => list(a).await,
+        Command::Backup(Backup::Restore(a)) => restore(a).await,
+    }
+}
+
+fn rfc3339(ms: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+async fn list(args: ListArgs) -> anyhow::Result<()> {
+    let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
+    let tenants = match args.tenant {
+        Some(t) => vec![t],
+        None => catalog.tenants().await?,
+    };
+    println!(
+        "{:<20} {:>5} {:>20} {:>12} {:>12}  {:<20}  PATH",
+        "TENANT", "SHARD", "INDEX", "REVISION", "BYTES", "CREATED"
+    );
+    for t in tenants {
+        let Some(m) = catalog.latest_manifest(&t).await? else {
+            continue;
+        };
+        for c in &m.checkpoints {
+            println!(
+                "{:<20} {:>5} {:>20} {:>12} {:>12}  {:<20}  {}",
+                t,
+                m.shard,
+                c.index,
+                c.revision,
+                c.size,
+                rfc3339(c.created_ms),
+                c.path
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Applies journal records of `shard` to `store` until it has applied `upto`; returns the
+/// outcome of every record applied.
+async fn replay<S>(
+    store: &mut MemStore,
+    stream: &mut S,
+    tenant: &str,
+    upto: u64,
+) -> anyhow::Result<Vec<(u64, Outcome)>>
+where
+    S: futures::Stream<Item = Result<api::strata::journal::Record, journal::client::ClientError>>
+        + Unpin,
+{
+    let mut out = Vec::new();
+    while store.applied_index() < upto {
+        let r = tokio::time::timeout(RECORD_TIMEOUT, stream.next())
+            .await
+            .context("journal read timed out")?
+            .context("journal read stream ended")??;
+        let e = entry_for_tenant(&r, tenant)?;
+        out.push((r.index, store.apply(r.index, &e).outcome));
+    }
+    Ok(out)
+}
+
+async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
+    let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
+    let client = JournalClient::connect(&args.journal).await?;
+    let tenant = args.tenant.as_str();
+    let manifest = catalog
+        .latest_manifest(tenant)
+        .await?
+        .with_context(|| format!("tenant {tenant} has no checkpoints"))?;
+    let Some(r) = manifest.checkpoints.iter().find(|c| c.index == args.index) else {
+        bail!(
+            "tenant {tenant} has no checkpoint at index {}; retained: {:?}",
+            args.index,
+            manifest
+                .checkpoints
+                .iter()
+                .map(|c| c.index)
+                .collect::<Vec<_>>()
+        );
+    };
+    let shard = manifest.shard;
+    let (_, target) = reader::load(&catalog, tenant, r).await?;
+
+    for attempt in 1..=args.attempts {
+        // The tenant's state as of now: newest checkpoint plus the journal up to a read index.
+        let loaded = reader::latest_in(&catalog, tenant)
+            .await?
+            .context("the tenant's newest checkpoint vanished")?;
+        let mut current = loaded.store;
+        let mut stream = Box::pin(client.read(shard, current.applied_index() + 1).await?);
+        let upto = client.read_index(shard).await?;
+        replay(&mut current, &mut stream, tenant, upto).await?;
+
+        let plan = restore::plan(&current, &target);
+        if plan.is_empty() {
+            println!(
+                "tenant {tenant} already matches checkpoint {} (revision {})",
+                r.index,
+                current.revision()
+            );
+            return Ok(());
+        }
+        let entries = plan.requests.len();
+        let mut ours = Vec::with_capacity(entries);
+        for chunk in plan.requests.chunks(RESTORE_APPEND_BATCH) {
+            let payloads = chunk
+                .iter()
+                .map(|req| {
+                    encode_entry(&Entry {
+                        format_version: api::ENTRY_FORMAT_VERSION,
+                        tenant: tenant.to_string(),
+                        request_id: rand::random::<[u8; 16]>().to_vec(),
+                        time_ms: 0,
+                        request: Some(req.clone()),
+                    })
+                })
+                .collect();
+            ours.extend(client.append(shard, payloads).await?);
+        }
+        let last = ours.last().copied().unwrap_or(upto);
+        let outcomes = replay(&mut current, &mut stream, tenant, last).await?;
+        let mut conflicts = 0;
+        for (index, outcome) in outcomes {
+            if !ours.contains(&index) {
+                continue;
+            }
+            match outcome {
+                Outcome::Txn(t) if !t.succeeded => conflicts += 1,
+                Outcome::Failed(e) => {
+                    tracing::warn!(tenant, index, error = %e, "restore entry refused");
+                    conflicts += 1;
+                }
+                _ => {}
+            }
+        }
+        if conflicts == 0 {
+            println!(
+                "restored tenant {tenant} to checkpoint {} (revision {} then): {} leases granted, {} keys put, {} deleted, {} leases revoked in {entries} journal entries; tenant now at revision {}",
+                r.index,
+                r.revision,
+                plan.grants,
+                plan.puts,
+                plan.deletes,
+                plan.revokes,
+                current.revision()
+            );
+            return Ok(());
+        }
+        eprintln!(
+            "attempt {attempt}: {conflicts} of {entries} restore entries met concurrent writes; planning again"
+        );
+    }
+    bail!(
+        "tenant {tenant}: concurrent writes kept conflicting with the restore after {} attempts",
+        args.attempts
+    )
 }

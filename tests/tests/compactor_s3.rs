@@ -94,10 +94,21 @@ async fn a_large_checkpoint_goes_up_in_parts_and_loads_back() {
         created_ms: s.time_ms(),
     };
     let bytes = bytes::Bytes::from(memstore::checkpoint::encode(&meta, &s));
-    assert!(bytes.len() > compactor::catalog::MULTIPART_THRESHOLD, "{} bytes", bytes.len());
+    assert!(
+        bytes.len() > compactor::catalog::MULTIPART_THRESHOLD,
+        "{} bytes",
+        bytes.len()
+    );
     let started = Instant::now();
     let r = catalog
-        .write_checkpoint("big", meta.index, meta.revision, meta.created_ms, 1, bytes.clone())
+        .write_checkpoint(
+            "big",
+            meta.index,
+            meta.revision,
+            meta.created_ms,
+            1,
+            bytes.clone(),
+        )
         .await
         .unwrap();
     let secs = started.elapsed().as_secs_f64();
@@ -122,7 +133,10 @@ async fn s3_frozen_for_a_while_delays_checkpoints_then_the_compactor_catches_up(
     let mut st = c.status(SHARD).unwrap();
     h.write(300);
     let before = h.last_index();
-    let s0 = wait_status(&mut st, "first checkpoints", |s| covers_all(s, &TENANTS, before)).await;
+    let s0 = wait_status(&mut st, "first checkpoints", |s| {
+        covers_all(s, &TENANTS, before)
+    })
+    .await;
 
     moto.pause();
     h.write(600);
@@ -135,7 +149,10 @@ async fn s3_frozen_for_a_while_delays_checkpoints_then_the_compactor_catches_up(
     tokio::time::sleep(Duration::from_secs(2)).await;
     // ... and nothing can be published or trimmed meanwhile.
     let s2 = st.borrow().clone();
-    assert_eq!(s2.checkpoints, s0.checkpoints, "published while frozen? {s2:?}");
+    assert_eq!(
+        s2.checkpoints, s0.checkpoints,
+        "published while frozen? {s2:?}"
+    );
     assert!(s2.behind_entries >= 600, "lag is reported: {s2:?}");
     assert_eq!(s1.trimmed_below, s2.trimmed_below);
 

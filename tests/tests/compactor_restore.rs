@@ -1,0 +1,259 @@
+//! `strata admin backup list|restore` against three journal processes and a `strata compactor`:
+//! a tenant is restored to an older checkpoint through the journal, and a replica built from the
+//! journal afterwards holds exactly the checkpoint's keys, values, lease attachments and leases,
+//! with revisions that moved forward.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use api::etcdserverpb::{
+    DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest,
+};
+use api::record::{encode_entry, entry_for_tenant};
+use api::strata::entry::Entry;
+use api::strata::entry::entry::Request;
+use compactor::{Catalog, reader};
+use futures::StreamExt;
+use journal::client::JournalClient;
+use memstore::MemStore;
+use strata_tests::deployment::Deployment;
+use strata_tests::process::{ChildGuard, strata_bin};
+use strata_tests::readiness::tail_file;
+
+const SHARD: u32 = 0;
+const TENANT: &str = "default";
+const WAIT: Duration = Duration::from_secs(90);
+/// Leases outlive the test: what is compared must not expire meanwhile.
+const LEASE_TTL: i64 = 3600;
+
+fn entry(request: Request) -> Vec<u8> {
+    encode_entry(&Entry {
+        format_version: api::ENTRY_FORMAT_VERSION,
+        tenant: TENANT.into(),
+        request_id: rand::random::<[u8; 16]>().to_vec(),
+        time_ms: 0,
+        request: Some(request),
+    })
+}
+
+fn put(key: String, value: &str, lease: i64) -> Vec<u8> {
+    entry(Request::Put(PutRequest {
+        key: key.into_bytes(),
+        value: value.as_bytes().to_vec(),
+        lease,
+        ..Default::default()
+    }))
+}
+
+type State = (BTreeMap<Vec<u8>, (Vec<u8>, i64)>, Vec<i64>);
+
+fn state(s: &MemStore) -> State {
+    let all = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        ..Default::default()
+    };
+    let kvs = s
+        .range(&all)
+        .unwrap()
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key, (kv.value, kv.lease)))
+        .collect();
+    let leases = s.lease_leases().leases.into_iter().map(|l| l.id).collect();
+    (kvs, leases)
+}
+
+/// The tenant as of now: newest checkpoint plus the journal up to a read index.
+async fn current(catalog: &Catalog, client: &JournalClient) -> MemStore {
+    let mut s = reader::latest_in(catalog, TENANT)
+        .await
+        .unwrap()
+        .unwrap()
+        .store;
+    let upto = client.read_index(SHARD).await.unwrap();
+    let mut stream = Box::pin(client.read(SHARD, s.applied_index() + 1).await.unwrap());
+    while s.applied_index() < upto {
+        let r = tokio::time::timeout(WAIT, stream.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        s.apply(r.index, &entry_for_tenant(&r, TENANT).unwrap());
+    }
+    s
+}
+
+async fn admin(args: &[String]) -> String {
+    let out = tokio::process::Command::new(strata_bin())
+        .args(args)
+        .output()
+        .await
+        .expect("run strata admin");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "strata {args:?} failed\n--- stdout ---\n{stdout}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+async fn wait_checkpoint(catalog: &Catalog, index: u64, log: &std::path::Path) -> u64 {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        if let Some(m) = catalog.latest_manifest(TENANT).await.unwrap()
+            && m.newest().unwrap().index >= index
+        {
+            return m.newest().unwrap().index;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no checkpoint at {index}\n--- compactor log ---\n{}",
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal() {
+    let deployment = Deployment::start(0).await;
+    let journals = deployment.journal_addrs().to_vec();
+    let objects = deployment.dir().join("objects");
+    let url = format!("file://{}", objects.display());
+    let log = deployment.dir().join("compactor.log");
+    let client = JournalClient::connect(&journals).await.unwrap();
+    let catalog = Catalog::new(compactor::store::open(&url).unwrap());
+    let _compactor = ChildGuard::strata(
+        "compactor",
+        &[
+            "compactor",
+            "--journal",
+            &journals.join(","),
+            "--object-store",
+            &url,
+            "--every-entries",
+            "50",
+            "--every",
+            "500ms",
+            "--keep",
+            "4",
+        ]
+        .map(String::from),
+        Some(&log),
+    );
+
+    // Phase A: two leases, 100 keys (every tenth on lease 100, every seventh on lease 101).
+    let mut a = vec![
+        entry(Request::LeaseGrant(LeaseGrantRequest {
+            ttl: LEASE_TTL,
+            id: 100,
+        })),
+        entry(Request::LeaseGrant(LeaseGrantRequest {
+            ttl: LEASE_TTL,
+            id: 101,
+        })),
+    ];
+    for i in 0..100 {
+        let lease = if i % 10 == 0 {
+            100
+        } else if i % 7 == 0 {
+            101
+        } else {
+            0
+        };
+        a.push(put(format!("k{i:03}"), "a", lease));
+    }
+    let idx = client.append(SHARD, a).await.unwrap();
+    let checkpoint = wait_checkpoint(&catalog, *idx.last().unwrap(), &log).await;
+    let m = catalog.latest_manifest(TENANT).await.unwrap().unwrap();
+    let r = m
+        .checkpoints
+        .iter()
+        .find(|c| c.index == checkpoint)
+        .unwrap();
+    let (_, target) = reader::load(&catalog, TENANT, r).await.unwrap();
+    let want = state(&target);
+    assert_eq!(want.0.len(), 100);
+
+    // Phase B: overwrite, delete, add keys, a new lease, revoke lease 100 (its keys go).
+    let mut b = vec![entry(Request::LeaseGrant(LeaseGrantRequest {
+        ttl: LEASE_TTL,
+        id: 102,
+    }))];
+    for i in 50..150 {
+        b.push(put(
+            format!("k{i:03}"),
+            "b",
+            if i % 3 == 0 { 102 } else { 0 },
+        ));
+    }
+    b.push(entry(Request::DeleteRange(DeleteRangeRequest {
+        key: b"k000".to_vec(),
+        range_end: b"k020".to_vec(),
+        ..Default::default()
+    })));
+    b.push(entry(Request::LeaseRevoke(LeaseRevokeRequest { id: 100 })));
+    let idx = client.append(SHARD, b).await.unwrap();
+    wait_checkpoint(&catalog, *idx.last().unwrap(), &log).await;
+    let before = current(&catalog, &client).await;
+    assert_ne!(state(&before), want, "phase B changed the tenant");
+
+    let listed =
+        admin(&["admin", "backup", "list", "--object-store", &url].map(String::from)).await;
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.contains(TENANT) && l.contains(&format!(" {checkpoint} "))),
+        "backup list shows checkpoint {checkpoint}:\n{listed}"
+    );
+
+    let out = admin(
+        &[
+            "admin",
+            "backup",
+            "restore",
+            "--object-store",
+            &url,
+            "--journal",
+            &journals.join(","),
+            "--tenant",
+            TENANT,
+            "--index",
+            &checkpoint.to_string(),
+        ]
+        .map(String::from),
+    )
+    .await;
+    assert!(out.contains("restored tenant default"), "{out}");
+
+    let after = current(&catalog, &client).await;
+    assert_eq!(
+        state(&after),
+        want,
+        "keys, values, lease attachments and leases as checkpointed"
+    );
+    assert!(
+        after.revision() > before.revision(),
+        "revisions move forward"
+    );
+    // A second restore to the same point has nothing to do.
+    let again = admin(
+        &[
+            "admin",
+            "backup",
+            "restore",
+            "--object-store",
+            &url,
+            "--journal",
+            &journals.join(","),
+            "--index",
+            &checkpoint.to_string(),
+        ]
+        .map(String::from),
+    )
+    .await;
+    assert!(again.contains("already matches"), "{again}");
+    drop(deployment);
+}

@@ -714,3 +714,76 @@ async fn random_histories_match_the_model() {
         }
     }
 }
+
+/// Fan-out figure (docs/watch.md): 1000 watchers of one key over 100 streams, 1000 writes;
+/// every event must reach every watcher. Prints throughput and the mean `notify` cost; asserts
+/// only completeness. Run: `cargo test -p strata-frontend --release -- --ignored
+/// watch_fanout_figure --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a figure, not a check: run on demand with --release"]
+async fn watch_fanout_figure() {
+    const STREAMS: usize = 100;
+    const PER_STREAM: usize = 10;
+    const WRITES: usize = 1000;
+    let mut h = Harness::new(DEFAULT_STREAM_BUFFER);
+    let mut clients = Vec::new();
+    for _ in 0..STREAMS {
+        let mut c = h.open(WatchConfig::default(), 1024);
+        for _ in 0..PER_STREAM {
+            c.create(create_req("k", "", 0)).await;
+        }
+        for _ in 0..PER_STREAM {
+            assert!(c.next().await.created);
+        }
+        clients.push(c);
+    }
+    let readers: Vec<_> = clients
+        .into_iter()
+        .map(|mut c| {
+            tokio::spawn(async move {
+                let mut n = 0;
+                while n < WRITES * PER_STREAM {
+                    n += c.next().await.events.len();
+                }
+                n
+            })
+        })
+        .collect();
+    let start = std::time::Instant::now();
+    let mut in_notify = Duration::ZERO;
+    for i in 0..WRITES {
+        h.index += 1;
+        let entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "test".into(),
+            request_id: h.index.to_be_bytes().to_vec(),
+            time_ms: h.index as i64,
+            request: Some(Request::Put(PutRequest {
+                key: b"k".to_vec(),
+                value: vec![b'v'; 100],
+                ..Default::default()
+            })),
+        };
+        let applied = h.store.write().unwrap().apply(h.index, &entry);
+        let t = std::time::Instant::now();
+        h.hub.notify(applied.revision, &applied.events);
+        in_notify += t.elapsed();
+        if i % 100 == 0 {
+            tokio::task::yield_now().await;
+        }
+    }
+    let mut total = 0;
+    for r in readers {
+        total += r.await.unwrap();
+    }
+    let elapsed = start.elapsed();
+    assert_eq!(total, STREAMS * PER_STREAM * WRITES);
+    println!(
+        "FIGURE: {} watchers, {WRITES} writes: {total} events in {elapsed:?} ({:.0} events/s), \
+         mean notify {:?}, watchers that fell behind: {}",
+        STREAMS * PER_STREAM,
+        total as f64 / elapsed.as_secs_f64(),
+        in_notify / WRITES as u32,
+        h.hub.unsynced_count()
+    );
+}

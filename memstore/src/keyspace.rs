@@ -122,11 +122,15 @@ impl KeySpace {
     }
 
     /// Appends the version `make` builds from the key's current versions (None for a key never
-    /// stored), with one map lookup for a known key, and keeps the counters.
+    /// stored), with one B-tree descent, and keeps the counters.
     pub fn upsert(&mut self, key: &[u8], make: impl FnOnce(Option<&[Version]>) -> Version) {
+        use std::collections::btree_map::Entry;
         let kl = key.len() as u64;
-        match self.map.get_mut(key) {
-            Some(vs) => {
+        // One descent (the entry API) costs far less than a second descent would; the key
+        // allocation it needs up front is the one a new key keeps.
+        match self.map.entry(key.into()) {
+            Entry::Occupied(mut o) => {
+                let vs = o.get_mut();
                 let v = make(Some(vs));
                 if let Some(last) = vs.last().filter(|l| !l.is_tombstone()) {
                     self.live_keys -= 1;
@@ -141,7 +145,7 @@ impl KeySpace {
                 );
                 vs.push(v);
             }
-            None => {
+            Entry::Vacant(e) => {
                 let v = make(None);
                 Self::count(
                     &mut self.live_keys,
@@ -151,7 +155,7 @@ impl KeySpace {
                     &v,
                 );
                 // vec![v] allocates exactly one slot: most keys keep a single version.
-                self.map.insert(key.into(), vec![v]);
+                e.insert(vec![v]);
             }
         }
         self.versions += 1;

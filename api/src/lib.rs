@@ -3,8 +3,6 @@
 //! Strata's own RPCs. May not touch: anything with behaviour; this crate is generated types plus
 //! small helpers for them.
 
-
-
 #[allow(clippy::all, clippy::pedantic)] // generated code
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");

@@ -39,9 +39,9 @@ pub fn entry_for_tenant(record: &Record, tenant: &str) -> Result<Entry, DecodeEr
     match &record.kind {
         None => Err(DecodeError::Empty { index }),
         Some(Kind::Tick(_)) => Ok(shard_wide(Request::Tick(Tick {}))),
-        Some(Kind::LeaderChange(lc)) => {
-            Ok(shard_wide(Request::LeaderChange(LeaderChange { term: lc.term })))
-        }
+        Some(Kind::LeaderChange(lc)) => Ok(shard_wide(Request::LeaderChange(LeaderChange {
+            term: lc.term,
+        }))),
         Some(Kind::Data(bytes)) => {
             let mut entry = Entry::decode(bytes.as_slice())
                 .map_err(|source| DecodeError::Malformed { index, source })?;
@@ -134,8 +134,13 @@ mod tests {
 
     #[test]
     fn leader_change_passes_through() {
-        let r = record(Kind::LeaderChange(crate::strata::journal::LeaderChange { term: 5 }));
+        let r = record(Kind::LeaderChange(crate::strata::journal::LeaderChange {
+            term: 5,
+        }));
         let e = entry_for_tenant(&r, "a").unwrap();
-        assert!(matches!(e.request, Some(Request::LeaderChange(LeaderChange { term: 5 }))));
+        assert!(matches!(
+            e.request,
+            Some(Request::LeaderChange(LeaderChange { term: 5 }))
+        ));
     }
 }

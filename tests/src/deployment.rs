@@ -23,6 +23,8 @@ pub struct DevDeployment {
     endpoint: String,
     metrics_addr: String,
     log: PathBuf,
+    /// The full `strata dev` command line, for [`DevDeployment::restart`].
+    args: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -52,14 +54,28 @@ impl DevDeployment {
             metrics_addr.clone(),
         ];
         args.extend(extra.iter().cloned());
-        let child = spawn_in_own_group(&strata_bin(), &args, &log);
         let mut dev = Self {
-            child: Some(child),
+            child: None,
             endpoint: format!("http://{listen}"),
             metrics_addr,
             log,
+            args,
             dir,
         };
+        dev.spawn_and_wait().await;
+        dev
+    }
+
+    /// Stops `strata dev` (SIGTERM) and starts it again on the same data dir and ports.
+    pub async fn restart(&mut self) -> Option<std::process::ExitStatus> {
+        let status = self.stop();
+        self.spawn_and_wait().await;
+        status
+    }
+
+    async fn spawn_and_wait(&mut self) {
+        self.child = Some(spawn_in_own_group(&strata_bin(), &self.args, &self.log));
+        let dev = self;
         let endpoint = dev.endpoint.clone();
         let child = dev.child.as_mut().expect("just spawned");
         let ready = wait_ready_while(&endpoint, START_TIMEOUT, || match child.try_wait() {
@@ -75,7 +91,11 @@ impl DevDeployment {
                 tail_file(&dev.dir.path().join("data/logs/frontend.log"))
             );
         }
-        dev
+    }
+
+    /// Everything `strata dev` printed so far (stdout and stderr).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The frontend's client URL, `http://127.0.0.1:<port>`.

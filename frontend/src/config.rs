@@ -64,6 +64,13 @@ pub struct Config {
     /// Cluster.MemberList so clients spread over them.
     #[arg(long, value_delimiter = ',')]
     pub peer_frontends: Vec<String>,
+
+    /// Where the compactor writes checkpoints (`file:///dir` or a path, `s3://bucket[/prefix]`,
+    /// `gs://...`, `az://...`; cloud settings from the environment). When given, the replica
+    /// starts from the tenant's newest checkpoint and tails the journal from there; without it,
+    /// from the journal's start (which fails once the journal was trimmed).
+    #[arg(long = "object-store", env = "STRATA_OBJECT_STORE")]
+    pub object_store: Option<String>,
 }
 
 /// A configuration that cannot be served.
@@ -99,6 +106,7 @@ impl Config {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             peer_frontends: Vec::new(),
+            object_store: None,
         }
     }
 

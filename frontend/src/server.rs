@@ -62,6 +62,10 @@ pub enum ServeError {
     Grpc(#[from] tonic::transport::Error),
     #[error("HTTP server failed: {0}")]
     Http(std::io::Error),
+    #[error("cannot load the tenant's checkpoint: {0}")]
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
+    #[error("the replica stopped: {0}")]
+    ReplicaFailed(String),
 }
 
 /// A running frontend.
@@ -111,7 +115,7 @@ impl Frontend {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
         };
-        let store = memstore::MemStore::new(memstore::Config::default());
+        let store = initial_store(&config).await?;
         let tenant = Tenant::start(
             &config.tenant,
             config.shard,
@@ -191,10 +195,28 @@ impl Frontend {
         })
     }
 
-    /// Serves until `signal` completes (or a server fails), then stops both ports.
+    /// Serves until `signal` completes, a server fails or the replica stops (then the process
+    /// should exit, so that its supervisor restarts it from the newest checkpoint).
     pub async fn run_until(mut self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
+        let mut state = self.tenants.default_tenant().replica.subscribe_state();
+        let failed = async move {
+            match state
+                .wait_for(|s| matches!(s, ReplicaState::Failed(_)))
+                .await
+            {
+                Ok(s) => match &*s {
+                    ReplicaState::Failed(reason) => reason.clone(),
+                    _ => String::new(),
+                },
+                Err(_) => futures::future::pending().await,
+            }
+        };
         tokio::select! {
             () = signal => {}
+            reason = failed => {
+                let _ = self.stop().await;
+                return Err(ServeError::ReplicaFailed(reason));
+            }
             r = &mut self.grpc => return flatten_grpc(r),
             r = &mut self.http => return flatten_http(r),
         }
@@ -239,6 +261,32 @@ fn flatten_http(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Resul
     match r {
         Ok(r) => r.map_err(ServeError::Http),
         Err(e) => Err(ServeError::Http(std::io::Error::other(e))),
+    }
+}
+
+/// The store the replica starts from: the tenant's newest checkpoint when `--object-store` is
+/// given and holds one, else an empty store (tail from the journal's start).
+async fn initial_store(config: &Config) -> Result<memstore::MemStore, ServeError> {
+    let fresh = || memstore::MemStore::new(memstore::Config::default());
+    let Some(url) = &config.object_store else {
+        return Ok(fresh());
+    };
+    let objects = crate::checkpoint::open(url)?;
+    match crate::checkpoint::latest(&objects, &config.tenant).await? {
+        Some(loaded) => {
+            tracing::info!(
+                tenant = %config.tenant,
+                index = loaded.reference.index,
+                revision = loaded.reference.revision,
+                path = %loaded.reference.path,
+                "starting from checkpoint"
+            );
+            Ok(loaded.store)
+        }
+        None => {
+            tracing::info!(tenant = %config.tenant, "no checkpoint yet; replaying the journal from its start");
+            Ok(fresh())
+        }
     }
 }
 

@@ -1,0 +1,154 @@
+//! A frontend started after the compactor checkpointed and trimmed the journal: with
+//! `--object-store` it starts from the newest checkpoint, tails the rest and serves the same
+//! data (equal HashKV); without it, it refuses to serve a partial replica and exits.
+
+use std::time::{Duration, Instant};
+
+use api::strata::journal::StatusRequest;
+use api::strata::journal::journal_client::JournalClient;
+use etcd_client::{Client, GetOptions};
+use strata_tests::deployment::{Deployment, frontend_args};
+use strata_tests::process::{ChildGuard, free_port};
+use strata_tests::readiness::{tail_file, wait_ready};
+
+const KEYS: usize = 300;
+const WAIT: Duration = Duration::from_secs(90);
+
+async fn first_index(journal: &str) -> u64 {
+    let Ok(mut c) = JournalClient::connect(format!("http://{journal}")).await else {
+        return 0;
+    };
+    c.status(StatusRequest { shard: 0 })
+        .await
+        .map(|r| r.into_inner().first_index)
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn frontend_starts_from_checkpoint_after_trim() {
+    let d = Deployment::start(1).await;
+    let objects = d.dir().join("objects");
+    let compactor_log = d.dir().join("compactor.log");
+    let _compactor = ChildGuard::strata(
+        "compactor",
+        &[
+            "compactor".into(),
+            "--journal".into(),
+            d.journal_addrs().join(","),
+            "--object-store".into(),
+            objects.display().to_string(),
+            "--every-entries".into(),
+            "50".into(),
+            "--every".into(),
+            "1s".into(),
+            "--trim-lag".into(),
+            "0".into(),
+        ],
+        Some(&compactor_log),
+    );
+    let mut c = Client::connect([d.frontend(0).endpoint()], None)
+        .await
+        .unwrap();
+    for i in 0..KEYS {
+        c.put(format!("ck/{i:04}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    // Wait until the compactor trimmed the journal (so a replay from index 1 is impossible).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let mut trimmed = false;
+        for j in d.journal_addrs() {
+            if first_index(j).await > 1 {
+                trimmed = true;
+            }
+        }
+        if trimmed {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "journal never trimmed\n--- compactor log ---\n{}",
+            tail_file(&compactor_log)
+        );
+        // Keep writing so the compactor has rounds to run.
+        c.put("ck/tick", "t", None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // A few writes after the checkpoint: the new frontend must tail them from the journal.
+    for i in 0..20 {
+        c.put(format!("ck/after/{i:02}"), "a", None).await.unwrap();
+    }
+
+    // With --object-store: starts from the checkpoint and serves everything.
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let log = d.dir().join("frontend-ckpt.log");
+    let mut args = frontend_args(d.journal_addrs(), &listen, &metrics, &[]);
+    args.extend(["--object-store".into(), objects.display().to_string()]);
+    let _fe = ChildGuard::strata("frontend-ckpt", &args, Some(&log));
+    let endpoint = format!("http://{listen}");
+    if let Err(e) = wait_ready(&endpoint, WAIT).await {
+        panic!("{e}\n--- frontend log ---\n{}", tail_file(&log));
+    }
+    let log_text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        log_text.contains("starting from checkpoint"),
+        "the new frontend did not use a checkpoint:\n{}",
+        tail_file(&log)
+    );
+    let mut n = Client::connect([endpoint], None).await.unwrap();
+    let all = n
+        .get(
+            "ck/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
+        .await
+        .unwrap();
+    let expected = c
+        .get("ck/", Some(GetOptions::new().with_prefix().with_count_only()))
+        .await
+        .unwrap()
+        .count();
+    assert!(expected as usize >= KEYS + 20);
+    assert_eq!(all.count(), expected);
+    let rev = c
+        .get("ck/", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    n.get("ck/", None).await.unwrap();
+    assert_eq!(
+        n.hash_kv(rev).await.unwrap().hash(),
+        c.hash_kv(rev).await.unwrap().hash(),
+        "the checkpoint-started replica differs at revision {rev}"
+    );
+
+    // Without --object-store: the journal's start is gone, so it must not serve; it exits.
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let log = d.dir().join("frontend-nockpt.log");
+    let mut bare = ChildGuard::strata(
+        "frontend-nockpt",
+        &frontend_args(d.journal_addrs(), &listen, &metrics, &[]),
+        Some(&log),
+    );
+    let deadline = Instant::now() + WAIT;
+    while bare.is_running() {
+        assert!(
+            Instant::now() < deadline,
+            "a frontend without checkpoints kept running over a trimmed journal\n{}",
+            tail_file(&log)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("trimmed"),
+        "{}",
+        tail_file(&log)
+    );
+}

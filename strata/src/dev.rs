@@ -172,13 +172,14 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    // host:port rather than a URL: etcdctl 3.4 sends a URL endpoint as the HTTP/2 authority for
+    // `endpoint status` and `defrag`, which Strata's HTTP/2 stack refuses (docs/e2e.md).
     println!("ready. Try:");
+    println!("  export ETCDCTL_API=3");
+    println!("  etcdctl --endpoints={} put greeting hello", args.listen);
+    println!("  etcdctl --endpoints={} get greeting", args.listen);
     println!(
-        "  ETCDCTL_API=3 etcdctl --endpoints=http://{} put greeting hello",
-        args.listen
-    );
-    println!(
-        "  ETCDCTL_API=3 etcdctl --endpoints=http://{} get greeting",
+        "  etcdctl --endpoints={} endpoint status -w table",
         args.listen
     );
     println!("Ctrl-C stops everything.");

@@ -91,7 +91,10 @@ async fn dev_prints_serves_supervises_stops_and_restarts() {
         &format!("  frontend    {endpoint} (etcd v3 gRPC)"),
         &format!("  metrics     http://{}/metrics", dev.metrics_addr()),
         "ready. Try:",
-        &format!("ETCDCTL_API=3 etcdctl --endpoints={endpoint} put greeting hello"),
+        &format!(
+            "etcdctl --endpoints={} put greeting hello",
+            endpoint.trim_start_matches("http://")
+        ),
     ] {
         assert!(printed.contains(line), "missing {line:?} in:\n{printed}");
     }

@@ -487,6 +487,32 @@ async fn http_health_readiness_and_metrics() {
     ] {
         assert!(body.contains(m), "{m} missing from /metrics");
     }
+    // grpc.health.v1 on the client port: the whole server and each etcd service.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", h.fe.client_addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut hc = tonic_health::pb::health_client::HealthClient::new(channel);
+    for service in [
+        "",
+        "etcdserverpb.KV",
+        "etcdserverpb.Watch",
+        "etcdserverpb.Lease",
+    ] {
+        let r = hc
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            r.status,
+            tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+            "{service:?}"
+        );
+    }
     // An outage turns /health red (the journal round trip fails) and Unavailable for writes.
     h.log.set_unavailable(true);
     let (s, body) = http_get(h.fe.metrics_addr, "/health").await;

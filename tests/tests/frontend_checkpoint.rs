@@ -106,7 +106,10 @@ async fn frontend_starts_from_checkpoint_after_trim() {
         .await
         .unwrap();
     let expected = c
-        .get("ck/", Some(GetOptions::new().with_prefix().with_count_only()))
+        .get(
+            "ck/",
+            Some(GetOptions::new().with_prefix().with_count_only()),
+        )
         .await
         .unwrap()
         .count();

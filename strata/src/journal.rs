@@ -8,6 +8,8 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use clap::Subcommand;
 
+mod bench;
+
 /// Flags of `strata journal`. Without a sub-command, runs one node: every node of a fresh
 /// cluster is started with the same `--peers`, and the cluster forms by itself.
 #[derive(clap::Args)]
@@ -66,6 +68,10 @@ enum Command {
         #[arg(long)]
         add: String,
     },
+    /// Append throughput and latency (p50/p99) at several concurrencies.
+    Bench(bench::BenchArgs),
+    /// This disk's limit: sequential write + fdatasync per second, and its latency.
+    FsyncProbe(bench::ProbeArgs),
 }
 
 fn parse_peers(s: &str) -> anyhow::Result<BTreeMap<u64, String>> {
@@ -97,6 +103,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             remove,
             add,
         }) => replace_node(endpoints, shards, remove, &add).await,
+        Some(Command::Bench(a)) => bench::bench(a).await,
+        Some(Command::FsyncProbe(a)) => bench::fsync_probe(a).await,
         None => run_node(args.node).await,
     }
 }

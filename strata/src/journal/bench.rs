@@ -1,0 +1,163 @@
+//! `strata journal bench` and `strata journal fsync-probe`: the journal's own figures, append
+//! throughput and latency at several concurrencies, and this disk's sequential write+fdatasync
+//! limit.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+/// Largest number of concurrent appenders one run may start.
+const MAX_CLIENTS: usize = 4096;
+
+/// Flags of `strata journal bench`.
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Journal endpoints, comma-separated.
+    #[arg(long, value_delimiter = ',', required = true)]
+    endpoints: Vec<String>,
+    /// Shard to append to.
+    #[arg(long, default_value_t = 0)]
+    shard: u32,
+    /// Concurrency levels to measure, comma-separated; one closed-loop appender each.
+    #[arg(long, value_delimiter = ',', default_value = "1,16,256")]
+    clients: Vec<usize>,
+    /// Measured time per concurrency level (after a warm-up of a tenth of it).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Payload bytes per entry.
+    #[arg(long, default_value_t = 256)]
+    entry_bytes: usize,
+}
+
+/// Flags of `strata journal fsync-probe`.
+#[derive(clap::Args)]
+pub struct ProbeArgs {
+    /// Directory on the disk to probe (a temporary file is written there and removed).
+    #[arg(long, default_value = ".")]
+    dir: PathBuf,
+    /// How long to probe.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Bytes per write.
+    #[arg(long, default_value_t = 4096)]
+    block_bytes: usize,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
+    let client = journal::JournalClient::connect(&a.endpoints).await?;
+    // Wait for a leader (a fresh cluster may still be electing).
+    client
+        .append(a.shard, vec![vec![0u8; a.entry_bytes]])
+        .await
+        .context("first append")?;
+    println!(
+        "journal append, {} B entries, shard {}",
+        a.entry_bytes, a.shard
+    );
+    println!(
+        "{:>8} {:>10} {:>12} {:>9} {:>9} {:>9}",
+        "clients", "appends", "appends/s", "p50 ms", "p99 ms", "max ms"
+    );
+    for &n in &a.clients {
+        anyhow::ensure!(
+            (1..=MAX_CLIENTS).contains(&n),
+            "--clients must be in 1..={MAX_CLIENTS}"
+        );
+        let warm = a.duration / 10;
+        let stop = Arc::new(AtomicBool::new(false));
+        let start = Instant::now() + warm;
+        let mut tasks = Vec::new();
+        for t in 0..n {
+            let (client, stop) = (client.clone(), Arc::clone(&stop));
+            let mut payload = vec![0u8; a.entry_bytes];
+            let tag = (t as u64).to_le_bytes();
+            let k = tag.len().min(payload.len());
+            payload[..k].copy_from_slice(&tag[..k]);
+            let shard = a.shard;
+            tasks.push(tokio::spawn(async move {
+                let mut lat = Vec::new();
+                while !stop.load(Ordering::Relaxed) {
+                    let t0 = Instant::now();
+                    client.append(shard, vec![payload.clone()]).await?;
+                    if t0 >= start {
+                        lat.push(t0.elapsed());
+                    }
+                }
+                Ok::<_, journal::ClientError>(lat)
+            }));
+        }
+        tokio::time::sleep(warm + a.duration).await;
+        stop.store(true, Ordering::Relaxed);
+        let elapsed = start.elapsed();
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await??);
+        }
+        all.sort_unstable();
+        println!(
+            "{:>8} {:>10} {:>12.0} {:>9.2} {:>9.2} {:>9.2}",
+            n,
+            all.len(),
+            all.len() as f64 / elapsed.as_secs_f64(),
+            ms(percentile(&all, 50.0)),
+            ms(percentile(&all, 99.0)),
+            ms(all.last().copied().unwrap_or_default()),
+        );
+    }
+    Ok(())
+}
+
+pub async fn fsync_probe(a: ProbeArgs) -> anyhow::Result<()> {
+    let path = a
+        .dir
+        .join(format!(".strata-fsync-probe-{}", std::process::id()));
+    let res = tokio::task::spawn_blocking(move || -> anyhow::Result<Vec<Duration>> {
+        let mut f = std::fs::File::create(&path).with_context(|| path.display().to_string())?;
+        let block = vec![0x5au8; a.block_bytes];
+        let mut lat = Vec::new();
+        let end = Instant::now() + a.duration;
+        let run = (|| -> std::io::Result<()> {
+            while Instant::now() < end {
+                let t0 = Instant::now();
+                f.write_all(&block)?;
+                f.sync_data()?;
+                lat.push(t0.elapsed());
+            }
+            Ok(())
+        })();
+        let _ = std::fs::remove_file(&path);
+        run?;
+        Ok(lat)
+    })
+    .await??;
+    let mut lat = res;
+    lat.sort_unstable();
+    let total: Duration = lat.iter().sum();
+    println!(
+        "sequential {} B write + fdatasync in {}: {} ops, {:.0} ops/s, p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms",
+        a.block_bytes,
+        a.dir.display(),
+        lat.len(),
+        lat.len() as f64 / total.as_secs_f64().max(f64::MIN_POSITIVE),
+        ms(percentile(&lat, 50.0)),
+        ms(percentile(&lat, 99.0)),
+        ms(lat.last().copied().unwrap_or_default()),
+    );
+    Ok(())
+}

@@ -116,11 +116,6 @@ impl KeySpace {
             .filter(|v| !v.is_tombstone())
     }
 
-    /// Appends a version to `key` (newest last) and keeps the counters.
-    pub fn push(&mut self, key: &[u8], v: Version) {
-        self.upsert(key, |_| v);
-    }
-
     /// Appends the version `make` builds from the key's current versions (None for a key never
     /// stored), with one B-tree descent, and keeps the counters.
     pub fn upsert(&mut self, key: &[u8], make: impl FnOnce(Option<&[Version]>) -> Version) {

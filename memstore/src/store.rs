@@ -120,15 +120,6 @@ impl Writer<'_> {
         if self.sub > 0 { self.rev } else { self.rev - 1 }
     }
 
-    fn prev_kv_event(&self, key: &[u8]) -> Option<KeyValue> {
-        self.state
-            .keys
-            .map
-            .get(key)
-            .and_then(|vs| live_at(vs, self.rev - 1))
-            .map(|v| v.to_kv(key, false))
-    }
-
     fn put(&mut self, req: &PutRequest) -> PutResponse {
         let (rev, sub) = (self.rev, self.sub);
         let mut old_lease = 0;
@@ -190,21 +181,24 @@ impl Writer<'_> {
 
     /// Writes a tombstone for a live key whose newest version carries `lease`.
     fn delete_key(&mut self, key: &[u8], lease: i64) {
-        let prev_event = self.prev_kv_event(key);
         if lease != 0 {
             self.state.leases.detach(lease, key);
         }
-        self.state.keys.push(
-            key,
+        let (rev, sub) = (self.rev, self.sub);
+        let mut prev_event = None;
+        self.state.keys.upsert(key, |versions| {
+            prev_event = versions
+                .and_then(|vs| live_at(vs, rev - 1))
+                .map(|v| v.to_kv(key, false));
             Version {
-                main: self.rev,
-                sub: self.sub,
+                main: rev,
+                sub,
                 create: 0,
                 version: 0,
                 lease: 0,
                 value: Box::default(),
-            },
-        );
+            }
+        });
         self.sub += 1;
         self.events.push(Event {
             r#type: EventType::Delete as i32,

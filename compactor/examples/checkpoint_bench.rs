@@ -14,6 +14,17 @@ use compactor::Catalog;
 use memstore::checkpoint::{self, CheckpointMeta};
 use object_store::ObjectStoreExt;
 
+/// CPU seconds (user + system) this process used so far, from /proc/self/stat (Linux, 100 Hz
+/// ticks): on a shared, busy machine CPU time is a steadier figure than wall time.
+fn cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    // Fields after the command name: state is index 0, utime 11, stime 12.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> T {
     args.get(i).and_then(|s| s.parse().ok()).unwrap_or(default)
 }
@@ -63,16 +74,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         created_ms: store.time_ms(),
     };
     let t = Instant::now();
+    let c = cpu_secs();
     let bytes = bytes::Bytes::from(checkpoint::encode(&meta, &store));
     let encode = t.elapsed().as_secs_f64();
+    let encode_cpu = cpu_secs() - c;
     let mb = bytes.len() as f64 / 1e6;
     println!(
-        "encode: {mb:.1} MB in {encode:.2} s ({:.0} MB/s)",
+        "encode: {mb:.1} MB in {encode:.2} s wall ({:.0} MB/s), {encode_cpu:.2} s CPU",
         mb / encode
     );
 
     let catalog = Catalog::new(compactor::store::open(&url)?);
     let t = Instant::now();
+    let c = cpu_secs();
     let r = catalog
         .write_checkpoint(
             tenant,
@@ -84,20 +98,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         )
         .await?;
     let write = t.elapsed().as_secs_f64();
+    let write_cpu = cpu_secs() - c;
     println!(
-        "write to {url}: {mb:.1} MB in {write:.2} s ({:.0} MB/s)",
+        "write to {url}: {mb:.1} MB in {write:.2} s wall ({:.0} MB/s), {write_cpu:.2} s CPU (this process)",
         mb / write
     );
-    println!("encode + write: {:.0} MB/s", mb / (encode + write));
+    println!("encode + write: {:.0} MB/s wall", mb / (encode + write));
 
     let t = Instant::now();
+    let c = cpu_secs();
     let fetched = catalog.read_checkpoint(&r).await?;
     let read = t.elapsed().as_secs_f64();
+    let read_cpu = cpu_secs() - c;
     let t = Instant::now();
+    let c = cpu_secs();
     let (_, loaded) = checkpoint::decode(&fetched)?;
     let decode = t.elapsed().as_secs_f64();
+    let decode_cpu = cpu_secs() - c;
     println!(
-        "read + verify: {read:.2} s; decode (load {} keys): {decode:.2} s; total load {:.2} s",
+        "read + verify: {read:.2} s wall, {read_cpu:.2} s CPU; decode (load {} keys): {decode:.2} s wall, {decode_cpu:.2} s CPU; total load {:.2} s wall",
         loaded.stats().keys,
         read + decode
     );

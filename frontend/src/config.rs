@@ -1,6 +1,7 @@
 //! The frontend's one configuration struct: its doc comments are `strata frontend --help`.
 
 use std::net::SocketAddr;
+use std::time::Duration;
 
 /// etcd's default `--max-request-bytes` (1.5 MiB).
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1_572_864;
@@ -71,6 +72,11 @@ pub struct Config {
     /// from the journal's start (which fails once the journal was trimmed).
     #[arg(long = "object-store", env = "STRATA_OBJECT_STORE")]
     pub object_store: Option<String>,
+
+    /// Period of progress notifications to idle watchers created with progress_notify (etcd's
+    /// --experimental-watch-progress-notify-interval), e.g. 10m, 500ms; at least 100ms.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub watch_progress_notify_interval: Duration,
 }
 
 /// A configuration that cannot be served.
@@ -107,6 +113,7 @@ impl Config {
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             peer_frontends: Vec::new(),
             object_store: None,
+            watch_progress_notify_interval: crate::watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL,
         }
     }
 

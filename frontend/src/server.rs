@@ -29,7 +29,7 @@ use crate::maintenance::MaintenanceService;
 use crate::replica::ReplicaState;
 use crate::tenant::{Identity, Limits, Tenant};
 use crate::tenants::Tenants;
-use crate::watch::WatchService;
+use crate::watch::{WatchConfig, WatchService};
 
 /// etcd's allowance for gRPC framing above `--max-request-bytes` (grpcOverheadBytes).
 pub const GRPC_OVERHEAD_BYTES: usize = 512 * 1024;
@@ -143,8 +143,14 @@ impl Frontend {
                     .max_decoding_message_size(max_decode),
             )
             .add_service(
-                WatchServer::new(WatchService::new(tenants.clone()))
-                    .max_decoding_message_size(max_decode),
+                WatchServer::new(WatchService::with_config(
+                    tenants.clone(),
+                    WatchConfig {
+                        progress_notify_interval: config.watch_progress_notify_interval,
+                        ..WatchConfig::default()
+                    },
+                ))
+                .max_decoding_message_size(max_decode),
             )
             .add_service(
                 LeaseServer::new(LeaseService::new(tenants.clone()))

@@ -15,7 +15,6 @@ use api::etcdserverpb::watch_server::WatchServer;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic_health::ServingStatus;
 
 use crate::auth::AuthService;
@@ -172,7 +171,12 @@ impl Frontend {
             let _ = stop.await;
         });
         let grpc = tokio::spawn(
-            grpc.serve_with_incoming_shutdown(TcpListenerStream::new(client), stop.clone()),
+            // `Server::tcp_nodelay` is ignored by `serve_with_incoming`: set it on the incoming
+            // stream, or every answer waits for Nagle's timer.
+            grpc.serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(client).with_nodelay(Some(true)),
+                stop.clone(),
+            ),
         );
         let router = crate::http::router(crate::http::HttpState {
             tenants: tenants.clone(),

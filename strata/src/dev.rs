@@ -1,5 +1,5 @@
 //! `strata dev`: a whole local deployment in one command — three journal nodes, a frontend and
-//! (when this build has one) a compactor, as child processes of this binary on 127.0.0.1, with
+//! a compactor (objects in a local folder), as child processes of this binary on 127.0.0.1, with
 //! their data under one directory; supervised, and stopped cleanly on Ctrl-C or SIGTERM.
 
 use std::net::{SocketAddr, TcpListener};
@@ -23,6 +23,8 @@ const PORTS_FILE: &str = "dev-ports";
 const LOG_DIR: &str = "logs";
 /// Sub-directory used as the compactor's object store (`file://` URL).
 const OBJECTS_DIR: &str = "objects";
+/// Tries at picking a free port that no other child of this deployment will take.
+const FREE_PORT_ATTEMPTS: usize = 64;
 /// Pause between two readiness probes of the frontend.
 const READY_POLL: Duration = Duration::from_millis(200);
 /// Pause between two checks of the children's state.
@@ -52,7 +54,7 @@ pub struct Args {
     /// (repeatable).
     #[arg(long = "frontend-arg", allow_hyphen_values = true)]
     frontend_args: Vec<String>,
-    /// Do not start a compactor even if this build has one.
+    /// Do not start a compactor (the journal then keeps every entry).
     #[arg(long)]
     no_compactor: bool,
     /// How long the frontend may take to become ready before `strata dev` gives up.
@@ -86,7 +88,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let journal_addrs = journal_addresses(&data_dir)?;
     let metrics = match args.metrics_listen {
         Some(a) => a,
-        None => free_loopback_addr()?,
+        None => free_loopback_addr_except(&[&[args.listen], journal_addrs.as_slice()].concat())?,
     };
     let peers = journal_addrs
         .iter()
@@ -134,10 +136,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "  compactor   objects in file://{}",
             data_dir.join(OBJECTS_DIR).display()
         );
-    } else if args.no_compactor {
-        println!("  compactor   not started (--no-compactor)");
     } else {
-        println!("  compactor   not started: this build has no `strata compactor`");
+        println!("  compactor   not started (--no-compactor)");
     }
     println!("  logs        {}", logs.display());
     println!("waiting for the frontend to be ready...");
@@ -244,6 +244,11 @@ async fn start_all(
             logs,
         )?);
     }
+    let objects = data_dir.join(OBJECTS_DIR);
+    std::fs::create_dir_all(&objects).with_context(|| format!("create {}", objects.display()))?;
+    let objects_url = format!("file://{}", objects.display());
+    // The frontend starts from the newest checkpoint: once the compactor has trimmed the
+    // journal, a restarted deployment cannot replay from index 1.
     let mut frontend: Vec<String> = vec![
         "frontend".into(),
         "--journal".into(),
@@ -252,71 +257,28 @@ async fn start_all(
         args.listen.to_string(),
         "--metrics-listen".into(),
         metrics.to_string(),
+        "--object-store".into(),
+        objects_url.clone(),
     ];
     frontend.extend(args.frontend_args.iter().cloned());
     procs.push(spawn(exe, "frontend", &frontend, logs)?);
-    if !args.no_compactor
-        && let Some(flags) = compactor_flags(exe).await
-    {
-        let objects = data_dir.join(OBJECTS_DIR);
-        std::fs::create_dir_all(&objects)
-            .with_context(|| format!("create {}", objects.display()))?;
-        let mut argv: Vec<String> = vec!["compactor".into()];
-        argv.extend(flags.args(journal_list, &objects, args.shards));
+    if !args.no_compactor {
+        let shards = (0..args.shards)
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let argv: Vec<String> = vec![
+            "compactor".into(),
+            "--journal".into(),
+            journal_list.to_string(),
+            "--object-store".into(),
+            objects_url,
+            "--shards".into(),
+            shards,
+        ];
         procs.push(spawn(exe, "compactor", &argv, logs)?);
     }
     Ok(())
-}
-
-/// How this build's `strata compactor` takes the journal and the object store, read from its
-/// `--help`; `None` when the build has no compactor yet.
-struct CompactorFlags {
-    object_store_flag: &'static str,
-    has_shards: bool,
-}
-
-/// Names the compactor may give its object-store URL flag, in order of preference.
-const OBJECT_STORE_FLAGS: [&str; 3] = ["--object-store", "--objects", "--store"];
-
-impl CompactorFlags {
-    fn args(&self, journal_list: &str, objects: &Path, shards: u32) -> Vec<String> {
-        let mut v = vec![
-            "--journal".into(),
-            journal_list.to_string(),
-            self.object_store_flag.into(),
-            format!("file://{}", objects.display()),
-        ];
-        if self.has_shards {
-            v.push("--shards".into());
-            v.push(
-                (0..shards)
-                    .map(|s| s.to_string())
-                    .collect::<Vec<_>>()
-                    .join(","),
-            );
-        }
-        v
-    }
-}
-
-async fn compactor_flags(exe: &Path) -> Option<CompactorFlags> {
-    let out = Command::new(exe)
-        .args(["compactor", "--help"])
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .ok()?;
-    let help = String::from_utf8_lossy(&out.stdout);
-    if !out.status.success() || !help.contains("--journal") {
-        return None;
-    }
-    let object_store_flag = OBJECT_STORE_FLAGS
-        .into_iter()
-        .find(|f| help.contains(&format!("{f} ")))?;
-    Some(CompactorFlags {
-        object_store_flag,
-        has_shards: help.contains("--shards"),
-    })
 }
 
 /// Spawns `exe args..` with output appended to `<logs>/<name>.log`.
@@ -401,6 +363,18 @@ fn journal_addresses(data_dir: &Path) -> anyhow::Result<Vec<SocketAddr>> {
 fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
     let l = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
     l.local_addr().context("local address")
+}
+
+/// A free loopback address that is none of `taken`: those may be free right now only because
+/// their owner has not started yet (the client port a test picked, the journal ports).
+fn free_loopback_addr_except(taken: &[SocketAddr]) -> anyhow::Result<SocketAddr> {
+    for _ in 0..FREE_PORT_ATTEMPTS {
+        let a = free_loopback_addr()?;
+        if !taken.iter().any(|t| t.port() == a.port()) {
+            return Ok(a);
+        }
+    }
+    anyhow::bail!("no free loopback port after {FREE_PORT_ATTEMPTS} attempts")
 }
 
 /// Polls the frontend's `GET /readyz` until it answers 200.

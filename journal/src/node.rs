@@ -483,7 +483,17 @@ impl JournalNode {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), NodeError> {
         let router = crate::service::router(Arc::clone(&self));
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        // tonic's `tcp_nodelay` does not reach sockets given through `serve_with_incoming`: set
+        // it here, or small responses wait on Nagle's algorithm.
+        let incoming = futures::StreamExt::map(
+            tokio_stream::wrappers::TcpListenerStream::new(listener),
+            |s| {
+                if let Ok(s) = &s {
+                    let _ = s.set_nodelay(true);
+                }
+                s
+            },
+        );
         let node = Arc::clone(&self);
         let shutdown = async move {
             shutdown.await;

@@ -301,8 +301,6 @@ async fn watch_from_list_revision_plus_one_with_prev_kv_and_request_progress() {
 }
 
 #[tokio::test]
-#[ignore = "needs `strata frontend --watch-progress-notify-interval` (not landed); passes \
-            against etcd (run with --ignored)"]
 async fn watch_from_list_revision_plus_one_with_periodic_progress_notifications() {
     let (_t, c) = start_with_progress().await;
     watch_like_the_apiserver(c, true).await;

@@ -136,13 +136,20 @@ fn assert_exact(seed: u64, got: &[Change], acked: &[Change]) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_watch_on_one_frontend_sees_writes_through_another() {
-    let seed = seed();
-    let d = Deployment::start(2).await;
-    let mut writer = connect(&d.frontend(0).endpoint()).await;
-    let mut reader = connect(&d.frontend(1).endpoint()).await;
-    let prefix = "/fe/".to_string();
+/// Watches `prefix` on `reader` from the revision after `writer`'s current one (so no write of
+/// the load can be missed), then starts two writers on `writer`. Returns that current revision,
+/// the watch stream, the acknowledged writes and the writer tasks.
+async fn watch_then_write(
+    writer: &mut Client,
+    reader: &mut Client,
+    prefix: &str,
+    seed: u64,
+) -> (
+    i64,
+    etcd_client::WatchStream,
+    Arc<Mutex<Vec<Change>>>,
+    Vec<tokio::task::JoinHandle<()>>,
+) {
     let init = writer
         .get("/", None)
         .await
@@ -150,9 +157,9 @@ async fn a_watch_on_one_frontend_sees_writes_through_another() {
         .header()
         .unwrap()
         .revision();
-    let mut stream = reader
+    let stream = reader
         .watch(
-            prefix.as_str(),
+            prefix,
             Some(
                 WatchOptions::new()
                     .with_prefix()
@@ -162,16 +169,28 @@ async fn a_watch_on_one_frontend_sees_writes_through_another() {
         .await
         .expect("watch");
     let acked = Arc::new(Mutex::new(Vec::new()));
-    let writers: Vec<_> = (0..2)
+    let writers = (0..2)
         .map(|w| {
             tokio::spawn(write_load(
                 writer.clone(),
-                prefix.clone(),
+                prefix.to_string(),
                 seed.wrapping_add(w),
                 acked.clone(),
             ))
         })
         .collect();
+    (init, stream, acked, writers)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_watch_on_one_frontend_sees_writes_through_another() {
+    let seed = seed();
+    let d = Deployment::start(2).await;
+    let mut writer = connect(&d.frontend(0).endpoint()).await;
+    let mut reader = connect(&d.frontend(1).endpoint()).await;
+    let prefix = "/fe/".to_string();
+    let (_, mut stream, acked, writers) =
+        watch_then_write(&mut writer, &mut reader, &prefix, seed).await;
     for w in writers {
         tokio::time::timeout(10 * TIMEOUT, w)
             .await
@@ -221,35 +240,8 @@ async fn a_watcher_resumes_on_another_frontend_after_kill_9() {
     let mut writer = connect(&d.frontend(0).endpoint()).await;
     let mut reader = connect(&d.frontend(1).endpoint()).await;
     let prefix = "/kill/".to_string();
-    let init = writer
-        .get("/", None)
-        .await
-        .expect("get")
-        .header()
-        .unwrap()
-        .revision();
-    let mut stream = reader
-        .watch(
-            prefix.as_str(),
-            Some(
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_start_revision(init + 1),
-            ),
-        )
-        .await
-        .expect("watch");
-    let acked = Arc::new(Mutex::new(Vec::new()));
-    let writers: Vec<_> = (0..2)
-        .map(|w| {
-            tokio::spawn(write_load(
-                writer.clone(),
-                prefix.clone(),
-                seed.wrapping_add(w),
-                acked.clone(),
-            ))
-        })
-        .collect();
+    let (init, mut stream, acked, writers) =
+        watch_then_write(&mut writer, &mut reader, &prefix, seed).await;
 
     // Read until a good part of the load was watched, then kill the watching frontend.
     let mut got: Vec<Change> = Vec::new();

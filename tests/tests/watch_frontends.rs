@@ -136,6 +136,35 @@ fn assert_exact(seed: u64, got: &[Change], acked: &[Change]) {
     );
 }
 
+/// Reads `stream` into `got` until a progress response shows the watcher has passed `final_rev`
+/// (asking for progress whenever the stream goes quiet); panics if that takes too long.
+async fn drain_until(stream: &mut etcd_client::WatchStream, final_rev: i64, got: &mut Vec<Change>) {
+    let deadline = tokio::time::Instant::now() + 3 * TIMEOUT;
+    'outer: loop {
+        stream.request_progress().await.expect("request progress");
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let resp = tokio::time::timeout(left, stream.message())
+                .await
+                .expect("watch delivered everything up to the final revision in time")
+                .expect("stream ok")
+                .expect("stream open");
+            assert!(!resp.canceled(), "{resp:?}");
+            if resp.created() {
+                continue;
+            }
+            if resp.events().is_empty() {
+                if resp.header().unwrap().revision() >= final_rev {
+                    break 'outer;
+                }
+                tokio::time::sleep(PROGRESS_POLL).await;
+                continue 'outer;
+            }
+            got.extend(changes(&resp));
+        }
+    }
+}
+
 /// Watches `prefix` on `reader` from the revision after `writer`'s current one (so no write of
 /// the load can be missed), then starts two writers on `writer`. Returns that current revision,
 /// the watch stream, the acknowledged writes and the writer tasks.
@@ -206,30 +235,7 @@ async fn a_watch_on_one_frontend_sees_writes_through_another() {
         .unwrap()
         .revision();
     let mut got = Vec::new();
-    let deadline = tokio::time::Instant::now() + 3 * TIMEOUT;
-    'outer: loop {
-        stream.request_progress().await.expect("request progress");
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let resp = tokio::time::timeout(left, stream.message())
-                .await
-                .expect("watch delivered everything in time")
-                .expect("stream ok")
-                .expect("stream open");
-            assert!(!resp.canceled(), "{resp:?}");
-            if resp.created() {
-                continue;
-            }
-            if resp.events().is_empty() {
-                if resp.header().unwrap().revision() >= final_rev {
-                    break 'outer;
-                }
-                tokio::time::sleep(PROGRESS_POLL).await;
-                continue 'outer;
-            }
-            got.extend(changes(&resp));
-        }
-    }
+    drain_until(&mut stream, final_rev, &mut got).await;
     assert_exact(seed, &got, &acked.lock().unwrap());
 }
 
@@ -291,29 +297,6 @@ async fn a_watcher_resumes_on_another_frontend_after_kill_9() {
         .header()
         .unwrap()
         .revision();
-    let deadline = tokio::time::Instant::now() + 3 * TIMEOUT;
-    'outer: loop {
-        stream.request_progress().await.expect("request progress");
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            let resp = tokio::time::timeout(left, stream.message())
-                .await
-                .expect("resumed watch delivered everything in time")
-                .expect("stream ok")
-                .expect("stream open");
-            assert!(!resp.canceled(), "{resp:?}");
-            if resp.created() {
-                continue;
-            }
-            if resp.events().is_empty() {
-                if resp.header().unwrap().revision() >= final_rev {
-                    break 'outer;
-                }
-                tokio::time::sleep(PROGRESS_POLL).await;
-                continue 'outer;
-            }
-            got.extend(changes(&resp));
-        }
-    }
+    drain_until(&mut stream, final_rev, &mut got).await;
     assert_exact(seed, &got, &acked.lock().unwrap());
 }

@@ -27,11 +27,38 @@ pub fn strata_bin() -> PathBuf {
     bin
 }
 
-/// A loopback port that was free a moment ago. The listener is dropped before returning, so a
-/// process started right after can bind it; tests that can bind port 0 themselves should.
+/// First port handed out by [`free_port`]: below Linux's default ephemeral range
+/// (32768-60999), so no outgoing connection of any process can be given the port between the
+/// moment it is picked and the moment the child binds it.
+const PORT_RANGE_START: u16 = 20_000;
+/// One past the last port handed out by [`free_port`].
+const PORT_RANGE_END: u16 = 32_000;
+/// Ports apart that concurrent test binaries start from (their pids pick the slot).
+const PORT_SLOT: u32 = 997;
+
+/// A loopback port that was free a moment ago and that this process has not handed out before.
+///
+/// Ports come from a fixed range below the ephemeral range, walked by a process-wide cursor
+/// that starts at a slot chosen by the pid: two tests in one binary never get the same port,
+/// two binaries start far apart, and the kernel never gives the port to an outgoing
+/// connection. The port is checked free by binding it; the listener is dropped before
+/// returning so the child can bind it. Tests that can bind port 0 themselves should.
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let span = u32::from(PORT_RANGE_END - PORT_RANGE_START);
+    if CURSOR.load(Ordering::Relaxed) == u32::MAX {
+        let start = (std::process::id() % (span / PORT_SLOT)) * PORT_SLOT;
+        let _ = CURSOR.compare_exchange(u32::MAX, start, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    for _ in 0..span {
+        let offset = CURSOR.fetch_add(1, Ordering::Relaxed) % span;
+        let port = PORT_RANGE_START + u16::try_from(offset).expect("offset is below the span");
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {PORT_RANGE_START}..{PORT_RANGE_END}");
 }
 
 /// A child process that is killed (SIGKILL) and reaped when dropped.
@@ -110,4 +137,30 @@ pub fn wait_for_port(addr: SocketAddr, timeout: Duration) {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("nothing listens on {addr} after {timeout:?}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashSet;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() {
+        let ports: Vec<u16> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..8)
+                .map(|_| s.spawn(|| (0..50).map(|_| free_port()).collect::<Vec<_>>()))
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("thread"))
+                .collect()
+        });
+        let unique: HashSet<u16> = ports.iter().copied().collect();
+        assert_eq!(unique.len(), ports.len(), "a port was handed out twice");
+        for p in &ports {
+            assert!((PORT_RANGE_START..PORT_RANGE_END).contains(p), "port {p}");
+        }
+        let p = free_port();
+        TcpListener::bind(("127.0.0.1", p)).expect("a port from free_port binds");
+    }
 }

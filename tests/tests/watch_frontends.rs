@@ -4,13 +4,14 @@
 //! with a gap-free, duplicate-free history (etcd's "resumable"). Strata only (three journal nodes
 //! and two `strata frontend` processes).
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use etcd_client::{
-    Client, ConnectOptions, DeleteOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions,
-};
+use common::connect;
+use etcd_client::{Client, DeleteOptions, EventType, GetOptions, Txn, TxnOp, WatchOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use strata_tests::deployment::Deployment;
@@ -33,19 +34,6 @@ fn seed() -> u64 {
         .unwrap_or(DEFAULT_SEED);
     println!("REPLAY WITH: WATCH_SEED={seed} cargo test -p strata-tests --test watch_frontends");
     seed
-}
-
-async fn connect(endpoint: &str) -> Client {
-    Client::connect(
-        [endpoint],
-        Some(
-            ConnectOptions::new()
-                .with_timeout(TIMEOUT)
-                .with_connect_timeout(TIMEOUT),
-        ),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"))
 }
 
 /// Random puts, deletes and two-key txns under `prefix`; records every acknowledged change.

@@ -6,13 +6,16 @@
 //! middle of the load (in the past and "now"), two watchers sharing a stream, and a filtered
 //! single-key watcher with prev_kv.
 
+mod common;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::connect;
 use etcd_client::{
-    Client, ConnectOptions, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp,
-    WatchFilterType, WatchOptions, WatchStream,
+    Client, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchFilterType,
+    WatchOptions, WatchStream,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -77,19 +80,6 @@ fn to_ev(e: &etcd_client::Event) -> Ev {
         version: kv.version(),
         prev: e.prev_kv().map(|p| (p.value().to_vec(), p.mod_revision())),
     }
-}
-
-async fn connect(endpoint: &str) -> Client {
-    Client::connect(
-        [endpoint],
-        Some(
-            ConnectOptions::new()
-                .with_timeout(TIMEOUT)
-                .with_connect_timeout(TIMEOUT),
-        ),
-    )
-    .await
-    .unwrap_or_else(|e| panic!("connect to {endpoint}: {e}"))
 }
 
 /// Opens a stream with one watcher and returns it with the created response's revision.

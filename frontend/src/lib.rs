@@ -3,6 +3,7 @@
 //! linearizable reads through shared read-index rounds. See README.md and docs/frontend.md.
 
 pub mod auth;
+pub mod authority;
 pub mod checkpoint;
 pub mod cluster;
 pub mod config;

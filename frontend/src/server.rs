@@ -173,8 +173,13 @@ impl Frontend {
         let grpc = tokio::spawn(
             // `Server::tcp_nodelay` is ignored by `serve_with_incoming`: set it on the incoming
             // stream, or every answer waits for Nagle's timer.
+            // Each connection is wrapped so that a scheme-prefixed `:authority` (etcdctl 3.4
+            // with `http://` endpoints) reaches h2 as `host:port` (see authority.rs).
             grpc.serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(client).with_nodelay(Some(true)),
+                tokio_stream::StreamExt::map(
+                    tonic::transport::server::TcpIncoming::from(client).with_nodelay(Some(true)),
+                    |conn| conn.map(crate::authority::AuthorityNormaliser::new),
+                ),
                 stop.clone(),
             ),
         );

@@ -1,5 +1,7 @@
 //! The durable checkpoint object of one tenant: magic, format version, crc32c, a small meta
 //! header and the rkyv archive of the whole store state, loaded back through checked access.
+//! Format 2 archives the keys as two flat arrays (key records, then every version); format 1
+//! (an archived `BTreeMap` of keys) is still read.
 //!
 //! Layout (all integers little-endian):
 //! `magic[8] | format_version u32 | crc32c u32 | meta_len u32 | body_len u64 | meta | zero
@@ -8,17 +10,23 @@
 //! place; any other buffer is first copied into an aligned one. `meta` is
 //! `tenant_len u32 | tenant | shard u32 | index u64 | revision i64 | created_ms i64`.
 
+use std::collections::{BTreeMap, BTreeSet};
+
 use rkyv::rancor;
 use rkyv::util::AlignedVec;
+use rkyv::with::{Inline, InlineAsBox};
 
-use crate::keyspace::KeySpace;
-use crate::store::{ArchivedState, State};
+use crate::keyspace::{KeySpace, Version};
+use crate::lease::LeaseTable;
+use crate::store::{AuthState, Dedup, State};
 use crate::{Config, Error, MemStore};
 
 /// First bytes of every checkpoint object.
 pub const MAGIC: [u8; 8] = *b"STRATACP";
-/// The format this build writes; `decode` reads this version only (there is no older one yet).
-pub const FORMAT_VERSION: u32 = 1;
+/// The format this build writes; `decode` reads it and `FORMAT_VERSION_V1`.
+pub const FORMAT_VERSION: u32 = 2;
+/// The first format (keys as an archived `BTreeMap`), still read.
+pub const FORMAT_VERSION_V1: u32 = 1;
 /// Bytes before the meta section.
 const HEADER_LEN: usize = 8 + 4 + 4 + 4 + 8;
 /// Longest tenant name a checkpoint may carry (a bound against a corrupt length).
@@ -118,28 +126,140 @@ fn body_offset(meta_len: usize) -> usize {
     (HEADER_LEN + meta_len).div_ceil(BODY_ALIGN) * BODY_ALIGN
 }
 
+/// Format 2's body: the state with its keys flattened, borrowed from the store while it is
+/// written.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct BodyV2<'a> {
+    applied_index: u64,
+    revision: i64,
+    compact_revision: i64,
+    time_ms: i64,
+    /// Every key in ascending order, with how many of `versions` are its own.
+    keys: Vec<KeyRecord<'a>>,
+    /// The versions of every key, key by key, oldest first.
+    versions: Vec<VersionRecord<'a>>,
+    live_keys: u64,
+    live_bytes: u64,
+    total_bytes: u64,
+    version_count: u64,
+    #[rkyv(with = Inline)]
+    leases: &'a LeaseTable,
+    #[rkyv(with = Inline)]
+    dedup: &'a Dedup,
+    #[rkyv(with = Inline)]
+    alarms: &'a BTreeSet<(u64, i32)>,
+    #[rkyv(with = Inline)]
+    auth: &'a AuthState,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct KeyRecord<'a> {
+    #[rkyv(with = InlineAsBox)]
+    key: &'a [u8],
+    versions: u32,
+}
+
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct VersionRecord<'a> {
+    main: i64,
+    sub: u32,
+    create: i64,
+    version: i64,
+    lease: i64,
+    #[rkyv(with = InlineAsBox)]
+    value: &'a [u8],
+}
+
+/// Format 1's key space (an archived ordered map), read for checkpoints written before format 2.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+#[cfg_attr(not(test), allow(dead_code))] // only its archived form is read outside the tests
+struct KeySpaceV1 {
+    map: BTreeMap<Box<[u8]>, Vec<Version>>,
+    live_keys: u64,
+    live_bytes: u64,
+    total_bytes: u64,
+    versions: u64,
+}
+
+/// Format 1's body: the state as it was archived whole.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+#[cfg_attr(not(test), allow(dead_code))] // only its archived form is read outside the tests
+struct StateV1 {
+    applied_index: u64,
+    revision: i64,
+    compact_revision: i64,
+    time_ms: i64,
+    keys: KeySpaceV1,
+    leases: LeaseTable,
+    dedup: Dedup,
+    alarms: BTreeSet<(u64, i32)>,
+    auth: AuthState,
+}
+
+fn body_v2(state: &State) -> BodyV2<'_> {
+    let ks = &state.keys;
+    let mut keys = Vec::with_capacity(ks.len());
+    let mut versions = Vec::with_capacity(ks.versions as usize);
+    for (key, vs) in ks.iter_all() {
+        keys.push(KeyRecord {
+            key,
+            versions: u32::try_from(vs.len())
+                .expect("invariant: a key holds fewer than 2^32 versions"),
+        });
+        versions.extend(vs.iter().map(|v| VersionRecord {
+            main: v.main,
+            sub: v.sub,
+            create: v.create,
+            version: v.version,
+            lease: v.lease,
+            value: &v.value,
+        }));
+    }
+    BodyV2 {
+        applied_index: state.applied_index,
+        revision: state.revision,
+        compact_revision: state.compact_revision,
+        time_ms: state.time_ms,
+        keys,
+        versions,
+        live_keys: ks.live_keys,
+        live_bytes: ks.live_bytes,
+        total_bytes: ks.total_bytes,
+        version_count: ks.versions,
+        leases: &state.leases,
+        dedup: &state.dedup,
+        alarms: &state.alarms,
+        auth: &state.auth,
+    }
+}
+
 /// Writes the whole store as one checkpoint object.
 pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
-    let body = rkyv::to_bytes::<rancor::Error>(&store.state)
-        .expect("invariant: archiving owned in-memory state into a growable buffer cannot fail");
+    let body = rkyv::to_bytes::<rancor::Error>(&body_v2(&store.state))
+        .expect("invariant: archiving in-memory state into a growable buffer cannot fail");
+    frame(meta, FORMAT_VERSION, &body)
+}
+
+/// Header, meta, padding and body, with the crc filled in.
+fn frame(meta: &CheckpointMeta, version: u32, body: &[u8]) -> Vec<u8> {
     let meta_bytes = encode_meta(meta);
-    let mut out = Vec::with_capacity(HEADER_LEN + meta_bytes.len() + body.len());
+    let mut out = Vec::with_capacity(body_offset(meta_bytes.len()) + body.len());
     out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&version.to_le_bytes());
     out.extend_from_slice(&[0u8; 4]); // crc, filled below
     out.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
     out.extend_from_slice(&(body.len() as u64).to_le_bytes());
     out.extend_from_slice(&meta_bytes);
     out.resize(body_offset(meta_bytes.len()), 0);
-    out.extend_from_slice(&body);
+    out.extend_from_slice(body);
     let crc = crc32c::crc32c(&out[16..]);
     out[12..16].copy_from_slice(&crc.to_le_bytes());
     out
 }
 
-/// Reads a checkpoint object back. Every defect (magic, version, checksum, lengths, archive
-/// validation, meta disagreeing with the state) is `Error::Corrupt`, never a panic. The store
-/// gets `Config::default()`; use `MemStore::set_config` to change it.
+/// Reads a checkpoint object back (format 2 or 1). Every defect (magic, version, checksum,
+/// lengths, archive validation, meta disagreeing with the state) is `Error::Corrupt`, never a
+/// panic. The store gets `Config::default()`; use `MemStore::set_config` to change it.
 pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
     let mut r = Reader {
         buf: bytes,
@@ -149,9 +269,10 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
         return Err(Error::Corrupt("not a Strata checkpoint (bad magic)".into()));
     }
     let version = r.u32()?;
-    if version != FORMAT_VERSION {
+    if version != FORMAT_VERSION && version != FORMAT_VERSION_V1 {
         return Err(Error::Corrupt(format!(
-            "checkpoint format version {version}, this build reads {FORMAT_VERSION}"
+            "checkpoint format version {version}, this build reads {FORMAT_VERSION_V1} and \
+             {FORMAT_VERSION}"
         )));
     }
     let crc = r.u32()?;
@@ -185,9 +306,15 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
         copy = aligned;
         &copy
     };
-    let archived = rkyv::access::<ArchivedState, rancor::Error>(body)
-        .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
-    let state = state_from_archived(archived)?;
+    let state = if version == FORMAT_VERSION {
+        let archived = rkyv::access::<ArchivedBodyV2<'_>, rancor::Error>(body)
+            .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
+        state_from_v2(archived)?
+    } else {
+        let archived = rkyv::access::<ArchivedStateV1, rancor::Error>(body)
+            .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
+        state_from_v1(archived)?
+    };
     if state.applied_index != meta.index || state.revision != meta.revision {
         return Err(Error::Corrupt(format!(
             "meta says index {} revision {}, state holds index {} revision {}",
@@ -197,17 +324,209 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
     Ok((meta, MemStore::from_state(Config::default(), state)))
 }
 
-fn state_from_archived(a: &ArchivedState) -> Result<State, Error> {
-    let corrupt = |e: rancor::Error| Error::Corrupt(format!("archive could not be loaded: {e}"));
+fn corrupt(e: rancor::Error) -> Error {
+    Error::Corrupt(format!("archive could not be loaded: {e}"))
+}
+
+fn version_from(v: &ArchivedVersionRecord<'_>) -> Version {
+    Version {
+        main: v.main.to_native(),
+        sub: v.sub.to_native(),
+        create: v.create.to_native(),
+        version: v.version.to_native(),
+        lease: v.lease.to_native(),
+        value: Box::from(&v.value[..]),
+    }
+}
+
+fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
+    let compact_revision = a.compact_revision.to_native();
+    let total: u64 = a
+        .keys
+        .iter()
+        .map(|k| u64::from(k.versions.to_native()))
+        .sum();
+    if total != a.versions.len() as u64 {
+        return Err(Error::Corrupt(format!(
+            "key records name {total} versions, the archive holds {}",
+            a.versions.len()
+        )));
+    }
+    let mut next = 0usize;
+    let records = a.keys.iter().map(|k| {
+        let n = k.versions.to_native() as usize;
+        let versions: Vec<Version> = a.versions[next..next + n]
+            .iter()
+            .map(version_from)
+            .collect();
+        next += n;
+        (Box::<[u8]>::from(&k.key[..]), versions)
+    });
+    let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt)?;
+    check_counters(
+        &keys,
+        (
+            a.live_keys.to_native(),
+            a.live_bytes.to_native(),
+            a.total_bytes.to_native(),
+            a.version_count.to_native(),
+        ),
+    )?;
     Ok(State {
         applied_index: a.applied_index.to_native(),
         revision: a.revision.to_native(),
-        compact_revision: a.compact_revision.to_native(),
+        compact_revision,
         time_ms: a.time_ms.to_native(),
-        keys: KeySpace::from_archived(&a.keys).map_err(Error::Corrupt)?,
+        keys,
         leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
         dedup: rkyv::deserialize::<_, rancor::Error>(&a.dedup).map_err(corrupt)?,
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
     })
+}
+
+fn state_from_v1(a: &ArchivedStateV1) -> Result<State, Error> {
+    let compact_revision = a.compact_revision.to_native();
+    let records = a.keys.map.iter().map(|(k, vs)| {
+        let versions: Vec<Version> = vs
+            .iter()
+            .map(|v| Version {
+                main: v.main.to_native(),
+                sub: v.sub.to_native(),
+                create: v.create.to_native(),
+                version: v.version.to_native(),
+                lease: v.lease.to_native(),
+                value: Box::from(&v.value[..]),
+            })
+            .collect();
+        (Box::<[u8]>::from(&k[..]), versions)
+    });
+    let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt)?;
+    check_counters(
+        &keys,
+        (
+            a.keys.live_keys.to_native(),
+            a.keys.live_bytes.to_native(),
+            a.keys.total_bytes.to_native(),
+            a.keys.versions.to_native(),
+        ),
+    )?;
+    Ok(State {
+        applied_index: a.applied_index.to_native(),
+        revision: a.revision.to_native(),
+        compact_revision,
+        time_ms: a.time_ms.to_native(),
+        keys,
+        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
+        dedup: rkyv::deserialize::<_, rancor::Error>(&a.dedup).map_err(corrupt)?,
+        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
+        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+    })
+}
+
+/// The archived counters must equal the ones recomputed from the keys.
+fn check_counters(keys: &KeySpace, archived: (u64, u64, u64, u64)) -> Result<(), Error> {
+    if archived
+        != (
+            keys.live_keys,
+            keys.live_bytes,
+            keys.total_bytes,
+            keys.versions,
+        )
+    {
+        return Err(Error::Corrupt(
+            "key space counters disagree with its keys".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::etcdserverpb::{DeleteRangeRequest, PutRequest};
+    use api::strata::entry::{Entry, entry::Request};
+
+    /// Writes a store in format 1, as builds before format 2 did.
+    fn encode_v1(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
+        let s = &store.state;
+        let v1 = StateV1 {
+            applied_index: s.applied_index,
+            revision: s.revision,
+            compact_revision: s.compact_revision,
+            time_ms: s.time_ms,
+            keys: KeySpaceV1 {
+                map: s
+                    .keys
+                    .iter_all()
+                    .map(|(k, vs)| (Box::from(k), vs.to_vec()))
+                    .collect(),
+                live_keys: s.keys.live_keys,
+                live_bytes: s.keys.live_bytes,
+                total_bytes: s.keys.total_bytes,
+                versions: s.keys.versions,
+            },
+            leases: s.leases.clone(),
+            dedup: s.dedup.clone(),
+            alarms: s.alarms.clone(),
+            auth: s.auth.clone(),
+        };
+        let body = rkyv::to_bytes::<rancor::Error>(&v1).unwrap();
+        frame(meta, FORMAT_VERSION_V1, &body)
+    }
+
+    fn entry(request: Request) -> Entry {
+        Entry {
+            format_version: 1,
+            tenant: "t".into(),
+            request_id: Vec::new(),
+            time_ms: 1_000,
+            request: Some(request),
+        }
+    }
+
+    #[test]
+    fn format_1_checkpoints_still_load() {
+        let mut store = MemStore::new(Config::default());
+        let mut index = 0;
+        for round in 0..3u8 {
+            for k in 0..50u8 {
+                index += 1;
+                store.apply(
+                    index,
+                    &entry(Request::Put(PutRequest {
+                        key: vec![b'k', k],
+                        value: vec![round; 10],
+                        ..Default::default()
+                    })),
+                );
+            }
+        }
+        index += 1;
+        store.apply(
+            index,
+            &entry(Request::DeleteRange(DeleteRangeRequest {
+                key: vec![b'k', 10],
+                range_end: vec![b'k', 20],
+                ..Default::default()
+            })),
+        );
+        let meta = CheckpointMeta {
+            tenant: "t".into(),
+            shard: 0,
+            index: store.applied_index(),
+            revision: store.revision(),
+            created_ms: 0,
+        };
+        let bytes = encode_v1(&meta, &store);
+        let (m, loaded) = decode(&bytes).unwrap();
+        assert_eq!(m, meta);
+        assert!(loaded == store);
+        assert_eq!(
+            loaded.events(2, b"\0", b"\0", 10_000).unwrap(),
+            store.events(2, b"\0", b"\0", 10_000).unwrap()
+        );
+        let (_, loaded2) = decode(&encode(&meta, &store)).unwrap();
+        assert!(loaded2 == store);
+    }
 }

@@ -1,11 +1,14 @@
-//! The multi-version key space: one ordered map from each key to its compact list of versions
-//! (etcd's key_index generations flattened, tombstones included), with the byte counters the
-//! stats and the quota read.
+//! The multi-version key space: every key with its compact list of versions (etcd's key_index
+//! generations flattened, tombstones included) in a slab, a hash index for point lookups, an
+//! ordered index for ranges, a revision-ordered change log for event replay, and the byte
+//! counters the stats and the quota read.
 
-use std::collections::BTreeMap;
+use std::collections::VecDeque;
+use std::hash::BuildHasher;
 use std::ops::Bound;
 
 use api::mvccpb::KeyValue;
+use hashbrown::HashTable;
 
 /// One stored version of a key: a put, or a tombstone (`version == 0`).
 #[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
@@ -71,12 +74,100 @@ pub(crate) fn bounds<'a>(key: &'a [u8], range_end: &'a [u8]) -> Option<KeyBounds
     }
 }
 
-/// Every key with its versions, plus running byte counters.
-#[derive(
-    Debug, Clone, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
-)]
+/// Whether `key` lies below the upper bound `end`.
+pub(crate) fn below(key: &[u8], end: Bound<&[u8]>) -> bool {
+    match end {
+        Bound::Included(e) => key <= e,
+        Bound::Excluded(e) => key < e,
+        Bound::Unbounded => true,
+    }
+}
+
+/// Slots per slab chunk: the slab grows a chunk at a time, so it never copies itself and never
+/// holds more than one partly used chunk.
+const SLAB_CHUNK_BITS: u32 = 12;
+const SLAB_CHUNK: usize = 1 << SLAB_CHUNK_BITS;
+/// Most slot ids an ordered-index chunk holds; a full chunk splits in two (or, when a key is
+/// appended after the last one, a new chunk starts so sequential loads leave chunks full).
+const ORDER_CHUNK: usize = 512;
+/// Seed of the hash index. Fixed, so the store stays free of randomness; the hash only places
+/// slot ids in the table and never decides anything a client sees.
+const HASH_SEED: u64 = 0x5354_5241_5441_4b56;
+static HASHER: foldhash::quality::FixedState = foldhash::quality::FixedState::with_seed(HASH_SEED);
+
+fn hash_key(key: &[u8]) -> u64 {
+    HASHER.hash_one(key)
+}
+
+/// One key with all its versions, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Slot {
+    pub key: Box<[u8]>,
+    pub versions: Vec<Version>,
+}
+
+/// One entry of the change log: the version of slot `slot` written at (`main`, `sub`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Change {
+    pub main: i64,
+    pub sub: u32,
+    pub slot: u32,
+}
+
+/// The slab of key slots, in fixed-size chunks (a slot id never moves).
+#[derive(Debug, Clone, Default)]
+struct Slab {
+    chunks: Vec<Vec<Option<Slot>>>,
+    /// Ids of emptied slots, reused first.
+    free: Vec<u32>,
+}
+
+impl Slab {
+    fn get(&self, id: u32) -> &Slot {
+        self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
+            .as_ref()
+            .expect("invariant: every indexed slot id holds a key")
+    }
+
+    fn get_mut(&mut self, id: u32) -> &mut Slot {
+        self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
+            .as_mut()
+            .expect("invariant: every indexed slot id holds a key")
+    }
+
+    fn insert(&mut self, slot: Slot) -> u32 {
+        if let Some(id) = self.free.pop() {
+            self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)] =
+                Some(slot);
+            return id;
+        }
+        if self.chunks.last().is_none_or(|c| c.len() == SLAB_CHUNK) {
+            self.chunks.push(Vec::with_capacity(SLAB_CHUNK));
+        }
+        let n = self.chunks.len() - 1;
+        let id = u32::try_from(n * SLAB_CHUNK + self.chunks[n].len())
+            .expect("invariant: a tenant holds fewer than 2^32 keys");
+        self.chunks[n].push(Some(slot));
+        id
+    }
+
+    fn remove(&mut self, id: u32) {
+        self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)] = None;
+        self.free.push(id);
+    }
+}
+
+/// Every key with its versions, the indexes over them, plus running byte counters.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct KeySpace {
-    pub map: BTreeMap<Box<[u8]>, Vec<Version>>,
+    slab: Slab,
+    /// Slot ids by hash of their key: point reads and writes.
+    index: HashTable<u32>,
+    /// Slot ids in key order, in chunks of at most `ORDER_CHUNK`: ranges.
+    order: Vec<Vec<u32>>,
+    /// Every stored version newer than the compact revision, in (main, sub) order: event
+    /// replay. Appended by writes, trimmed at the front by compaction.
+    log: VecDeque<Change>,
     /// Keys whose newest version is a put.
     pub live_keys: u64,
     /// Key + value bytes of the newest version of live keys.
@@ -87,15 +178,136 @@ pub(crate) struct KeySpace {
     pub versions: u64,
 }
 
+/// Logical equality: the same keys with the same versions and counters (the indexes are
+/// derived from them).
+impl PartialEq for KeySpace {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            self.live_keys,
+            self.live_bytes,
+            self.total_bytes,
+            self.versions,
+        ) == (
+            other.live_keys,
+            other.live_bytes,
+            other.total_bytes,
+            other.versions,
+        ) && self.index.len() == other.index.len()
+            && self.log == other.log_remapped(self)
+            && self.iter_all().eq(other.iter_all())
+    }
+}
+
+impl Eq for KeySpace {}
+
+/// Keys and versions in key order over a range.
+pub(crate) struct RangeIter<'a> {
+    ks: &'a KeySpace,
+    chunk: usize,
+    pos: usize,
+    end: Bound<&'a [u8]>,
+    /// A single-key range answered from the hash index.
+    single: Option<Option<&'a Slot>>,
+}
+
+impl<'a> Iterator for RangeIter<'a> {
+    type Item = (&'a [u8], &'a [Version]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if let Some(single) = &mut self.single {
+            return single.take().map(|s| (&s.key[..], &s.versions[..]));
+        }
+        loop {
+            let ids = self.ks.order.get(self.chunk)?;
+            let Some(&id) = ids.get(self.pos) else {
+                self.chunk += 1;
+                self.pos = 0;
+                continue;
+            };
+            self.pos += 1;
+            let slot = self.ks.slab.get(id);
+            if !below(&slot.key, self.end) {
+                self.chunk = self.ks.order.len();
+                return None;
+            }
+            return Some((&slot.key[..], &slot.versions[..]));
+        }
+    }
+}
+
 impl KeySpace {
-    /// Iterates `(key, versions)` over etcd's range.
-    pub fn iter_range<'a>(
-        &'a self,
-        key: &'a [u8],
-        range_end: &'a [u8],
-    ) -> impl Iterator<Item = (&'a [u8], &'a [Version])> + 'a {
-        let inner = bounds(key, range_end).map(|b| self.map.range::<[u8], _>(b));
-        inner.into_iter().flatten().map(|(k, v)| (&k[..], &v[..]))
+    fn find(&self, key: &[u8]) -> Option<u32> {
+        let slab = &self.slab;
+        self.index
+            .find(hash_key(key), |&id| &slab.get(id).key[..] == key)
+            .copied()
+    }
+
+    /// The versions of `key`, oldest first, if it has any.
+    pub fn get(&self, key: &[u8]) -> Option<&[Version]> {
+        self.find(key).map(|id| &self.slab.get(id).versions[..])
+    }
+
+    /// The key and versions of a slot named by the change log.
+    pub fn slot(&self, id: u32) -> &Slot {
+        self.slab.get(id)
+    }
+
+    /// Position of the first key >= `key`: (chunk, offset), offset possibly past the chunk.
+    fn lower_bound(&self, key: &[u8]) -> (usize, usize) {
+        let slab = &self.slab;
+        let c = self
+            .order
+            .partition_point(|ids| &slab.get(ids[0]).key[..] <= key);
+        if c == 0 {
+            return (0, 0);
+        }
+        let ids = &self.order[c - 1];
+        (
+            c - 1,
+            ids.partition_point(|&id| &slab.get(id).key[..] < key),
+        )
+    }
+
+    /// Iterates `(key, versions)` over etcd's range, in key order.
+    pub fn iter_range<'a>(&'a self, key: &'a [u8], range_end: &'a [u8]) -> RangeIter<'a> {
+        match bounds(key, range_end) {
+            None => RangeIter {
+                ks: self,
+                chunk: self.order.len(),
+                pos: 0,
+                end: Bound::Unbounded,
+                single: None,
+            },
+            Some(_) if range_end.is_empty() => RangeIter {
+                ks: self,
+                chunk: 0,
+                pos: 0,
+                end: Bound::Unbounded,
+                single: Some(self.find(key).map(|id| self.slab.get(id))),
+            },
+            Some((_, end)) => {
+                let (chunk, pos) = self.lower_bound(key);
+                RangeIter {
+                    ks: self,
+                    chunk,
+                    pos,
+                    end,
+                    single: None,
+                }
+            }
+        }
+    }
+
+    /// Every key with its versions, in key order.
+    pub fn iter_all(&self) -> RangeIter<'_> {
+        RangeIter {
+            ks: self,
+            chunk: 0,
+            pos: 0,
+            end: Bound::Unbounded,
+            single: None,
+        }
     }
 
     /// Live keys visible at `rev` in the range, in key order.
@@ -110,140 +322,245 @@ impl KeySpace {
     }
 
     pub fn latest_live(&self, key: &[u8]) -> Option<&Version> {
-        self.map
-            .get(key)
+        self.get(key)
             .and_then(|vs| vs.last())
             .filter(|v| !v.is_tombstone())
     }
 
+    /// Number of keys stored (tombstoned ones with history included).
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    /// The change log entries with main revision >= `from_rev`, oldest first.
+    pub fn changes_from(&self, from_rev: i64) -> impl Iterator<Item = &Change> + '_ {
+        let start = self.log.partition_point(|c| c.main < from_rev);
+        self.log.range(start..)
+    }
+
     /// Appends the version `make` builds from the key's current versions (None for a key never
-    /// stored), with one B-tree descent, and keeps the counters.
+    /// stored), with one hash probe (plus the ordered insert for a new key), and keeps the
+    /// counters and the change log.
     pub fn upsert(&mut self, key: &[u8], make: impl FnOnce(Option<&[Version]>) -> Version) {
-        use std::collections::btree_map::Entry;
         let kl = key.len() as u64;
-        // One descent (the entry API) costs far less than a second descent would; the key
-        // allocation it needs up front is the one a new key keeps.
-        match self.map.entry(key.into()) {
-            Entry::Occupied(mut o) => {
-                let vs = o.get_mut();
-                let v = make(Some(vs));
-                if let Some(last) = vs.last().filter(|l| !l.is_tombstone()) {
+        let h = hash_key(key);
+        let slab = &self.slab;
+        let found = self
+            .index
+            .find(h, |&id| &slab.get(id).key[..] == key)
+            .copied();
+        let (id, v) = match found {
+            Some(id) => {
+                let slot = self.slab.get_mut(id);
+                let v = make(Some(&slot.versions));
+                if let Some(last) = slot.versions.last().filter(|l| !l.is_tombstone()) {
                     self.live_keys -= 1;
                     self.live_bytes -= kl + last.value.len() as u64;
                 }
-                Self::count(
-                    &mut self.live_keys,
-                    &mut self.live_bytes,
-                    &mut self.total_bytes,
-                    kl,
-                    &v,
-                );
-                vs.push(v);
+                (id, v)
             }
-            Entry::Vacant(e) => {
+            None => {
                 let v = make(None);
-                Self::count(
-                    &mut self.live_keys,
-                    &mut self.live_bytes,
-                    &mut self.total_bytes,
-                    kl,
-                    &v,
-                );
-                // vec![v] allocates exactly one slot: most keys keep a single version.
-                e.insert(vec![v]);
+                let (chunk, pos) = self.lower_bound(key);
+                // Most keys keep a single version: the Vec gets exactly one slot.
+                let id = self.slab.insert(Slot {
+                    key: key.into(),
+                    versions: Vec::with_capacity(1),
+                });
+                let slab = &self.slab;
+                self.index
+                    .insert_unique(h, id, |&i| hash_key(&slab.get(i).key));
+                self.order_insert(chunk, pos, id);
+                (id, v)
             }
-        }
-        self.versions += 1;
-    }
-
-    fn count(
-        live_keys: &mut u64,
-        live_bytes: &mut u64,
-        total_bytes: &mut u64,
-        kl: u64,
-        v: &Version,
-    ) {
+        };
         let added = kl + v.value.len() as u64;
         if !v.is_tombstone() {
-            *live_keys += 1;
-            *live_bytes += added;
+            self.live_keys += 1;
+            self.live_bytes += added;
         }
-        *total_bytes += added;
+        self.total_bytes += added;
+        self.versions += 1;
+        self.log.push_back(Change {
+            main: v.main,
+            sub: v.sub,
+            slot: id,
+        });
+        self.slab.get_mut(id).versions.push(v);
+    }
+
+    /// Puts slot `id` at ordered position (`chunk`, `pos`) as `lower_bound` found it.
+    fn order_insert(&mut self, chunk: usize, pos: usize, id: u32) {
+        if self.order.is_empty() {
+            let mut ids = Vec::with_capacity(ORDER_CHUNK);
+            ids.push(id);
+            self.order.push(ids);
+            return;
+        }
+        let last = self.order.len() - 1;
+        let ids = &mut self.order[chunk];
+        if ids.len() < ORDER_CHUNK {
+            ids.insert(pos, id);
+        } else if chunk == last && pos == ids.len() {
+            let mut fresh = Vec::with_capacity(ORDER_CHUNK);
+            fresh.push(id);
+            self.order.push(fresh);
+        } else {
+            let mut tail = Vec::with_capacity(ORDER_CHUNK);
+            tail.extend_from_slice(&ids[ORDER_CHUNK / 2..]);
+            ids.truncate(ORDER_CHUNK / 2);
+            if pos <= ORDER_CHUNK / 2 {
+                ids.insert(pos, id);
+            } else {
+                tail.insert(pos - ORDER_CHUNK / 2, id);
+            }
+            self.order.insert(chunk + 1, tail);
+        }
     }
 
     /// Drops history at or below `rev` as etcd's keyIndex.compact does: of the versions <= rev
-    /// only the newest survives, and only if it is a put; keys left empty disappear.
+    /// only the newest survives, and only if it is a put; keys left empty disappear. The change
+    /// log forgets every change at or below `rev` (events are never replayed from there).
     pub fn compact(&mut self, rev: i64) {
+        while self.log.front().is_some_and(|c| c.main <= rev) {
+            self.log.pop_front();
+        }
         let mut freed_bytes = 0u64;
         let mut freed_versions = 0u64;
-        self.map.retain(|key, vs| {
-            let n = vs.partition_point(|v| v.main <= rev);
-            if n == 0 {
-                return true;
-            }
-            let keep_from = if vs[n - 1].is_tombstone() { n } else { n - 1 };
-            if keep_from > 0 {
-                for v in &vs[..keep_from] {
-                    freed_bytes += (key.len() + v.value.len()) as u64;
+        let mut emptied = Vec::new();
+        for ids in &self.order {
+            for &id in ids {
+                let slot = self.slab.get_mut(id);
+                let vs = &mut slot.versions;
+                let n = vs.partition_point(|v| v.main <= rev);
+                if n == 0 {
+                    continue;
                 }
-                freed_versions += keep_from as u64;
-                vs.drain(..keep_from);
-                vs.shrink_to_fit();
+                let keep_from = if vs[n - 1].is_tombstone() { n } else { n - 1 };
+                if keep_from > 0 {
+                    for v in &vs[..keep_from] {
+                        freed_bytes += (slot.key.len() + v.value.len()) as u64;
+                    }
+                    freed_versions += keep_from as u64;
+                    vs.drain(..keep_from);
+                    vs.shrink_to_fit();
+                }
+                if vs.is_empty() {
+                    emptied.push(id);
+                }
             }
-            !vs.is_empty()
-        });
+        }
         self.total_bytes -= freed_bytes;
         self.versions -= freed_versions;
+        if emptied.is_empty() {
+            return;
+        }
+        for &id in &emptied {
+            let h = hash_key(&self.slab.get(id).key);
+            if let Ok(e) = self.index.find_entry(h, |&i| i == id) {
+                e.remove();
+            }
+            self.slab.remove(id);
+        }
+        // Re-pack the ordered index into full chunks (compaction walks every key anyway).
+        let slab = &self.slab;
+        let kept: Vec<u32> = self
+            .order
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|&id| {
+                slab.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
+                    .is_some()
+            })
+            .collect();
+        self.order = pack_order(&kept);
+        self.index.shrink_to_fit(|&i| hash_key(&slab.get(i).key));
+    }
+
+    /// The change log expressed in `other`'s slot ids (for equality across two key spaces).
+    fn log_remapped(&self, other: &KeySpace) -> VecDeque<Change> {
+        self.log
+            .iter()
+            .map(|c| Change {
+                slot: other.find(&self.slab.get(c.slot).key).unwrap_or(u32::MAX),
+                ..*c
+            })
+            .collect()
+    }
+
+    /// Builds a key space from keys in strictly ascending order, each with its versions oldest
+    /// first; the change log gets every version above `compact_rev`. Errors name the defect.
+    pub fn from_sorted(
+        keys: impl Iterator<Item = (Box<[u8]>, Vec<Version>)>,
+        compact_rev: i64,
+    ) -> Result<KeySpace, String> {
+        let (lower, _) = keys.size_hint();
+        let mut ks = KeySpace {
+            index: HashTable::with_capacity(lower),
+            ..KeySpace::default()
+        };
+        let mut ordered: Vec<u32> = Vec::with_capacity(lower);
+        let mut log: Vec<Change> = Vec::new();
+        for (key, versions) in keys {
+            if versions.is_empty() {
+                return Err("a key without versions".into());
+            }
+            if let Some(&prev) = ordered.last()
+                && ks.slab.get(prev).key >= key
+            {
+                return Err("keys out of order or duplicated".into());
+            }
+            let kl = key.len() as u64;
+            let mut last: Option<(i64, u32)> = None;
+            for v in &versions {
+                if last.is_some_and(|l| l >= (v.main, v.sub)) {
+                    return Err("versions out of revision order".into());
+                }
+                last = Some((v.main, v.sub));
+                ks.total_bytes += kl + v.value.len() as u64;
+            }
+            if let Some(l) = versions.last().filter(|v| !v.is_tombstone()) {
+                ks.live_keys += 1;
+                ks.live_bytes += kl + l.value.len() as u64;
+            }
+            ks.versions += versions.len() as u64;
+            let h = hash_key(&key);
+            let id = ks.slab.insert(Slot { key, versions });
+            for v in &ks.slab.get(id).versions {
+                if v.main > compact_rev {
+                    log.push(Change {
+                        main: v.main,
+                        sub: v.sub,
+                        slot: id,
+                    });
+                }
+            }
+            let slab = &ks.slab;
+            ks.index
+                .insert_unique(h, id, |&i| hash_key(&slab.get(i).key));
+            ordered.push(id);
+        }
+        log.sort_unstable_by_key(|c| (c.main, c.sub));
+        if log
+            .windows(2)
+            .any(|w| (w[0].main, w[0].sub) == (w[1].main, w[1].sub))
+        {
+            return Err("two changes at one revision and sub-revision".into());
+        }
+        ks.log = log.into();
+        ks.order = pack_order(&ordered);
+        Ok(ks)
     }
 }
 
-impl KeySpace {
-    /// Builds the key space from its archived form: one pass over the archived map (already in
-    /// key order), then a bulk-built `BTreeMap`; the counters are recomputed and must agree.
-    pub fn from_archived(a: &ArchivedKeySpace) -> Result<KeySpace, String> {
-        let mut ks = KeySpace::default();
-        let mut entries: Vec<(Box<[u8]>, Vec<Version>)> = Vec::with_capacity(a.map.len());
-        for (k, vs) in a.map.iter() {
-            let key: &[u8] = k;
-            if vs.is_empty() {
-                return Err("a key without versions".into());
-            }
-            let mut versions = Vec::with_capacity(vs.len());
-            for v in vs.iter() {
-                versions.push(Version {
-                    main: v.main.to_native(),
-                    sub: v.sub.to_native(),
-                    create: v.create.to_native(),
-                    version: v.version.to_native(),
-                    lease: v.lease.to_native(),
-                    value: Box::from(&v.value[..]),
-                });
-            }
-            let kl = key.len() as u64;
-            for v in &versions {
-                ks.total_bytes += kl + v.value.len() as u64;
-            }
-            if let Some(last) = versions.last().filter(|v| !v.is_tombstone()) {
-                ks.live_keys += 1;
-                ks.live_bytes += kl + last.value.len() as u64;
-            }
-            ks.versions += versions.len() as u64;
-            entries.push((Box::from(key), versions));
-        }
-        let n = entries.len();
-        ks.map = entries.into_iter().collect();
-        if ks.map.len() != n {
-            return Err("duplicate keys".into());
-        }
-        let archived_counters = (
-            a.live_keys.to_native(),
-            a.live_bytes.to_native(),
-            a.total_bytes.to_native(),
-            a.versions.to_native(),
-        );
-        if archived_counters != (ks.live_keys, ks.live_bytes, ks.total_bytes, ks.versions) {
-            return Err("key space counters disagree with its keys".into());
-        }
-        Ok(ks)
-    }
+/// Ordered-index chunks, full, from slot ids in key order.
+fn pack_order(ids: &[u32]) -> Vec<Vec<u32>> {
+    ids.chunks(ORDER_CHUNK)
+        .map(|c| {
+            let mut v = Vec::with_capacity(ORDER_CHUNK);
+            v.extend_from_slice(c);
+            v
+        })
+        .collect()
 }

@@ -1,7 +1,8 @@
 //! `MemStore`: one tenant's whole state and the deterministic `apply` that moves it, plus the
 //! reads (range, events, leases, hash) served from it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 use api::etcdserverpb::{
     AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, CompactionResponse,
@@ -14,7 +15,7 @@ use api::etcdserverpb::{
 use api::mvccpb::{Event, KeyValue, event::EventType};
 use api::strata::entry::{Entry, entry::Request};
 
-use crate::keyspace::{KeySpace, Version, live_at};
+use crate::keyspace::{KeySpace, Version, below, bounds, live_at};
 use crate::lease::LeaseTable;
 use crate::{Applied, Config, Error, HashKv, Outcome, Stats, validate};
 
@@ -49,9 +50,8 @@ pub(crate) struct AuthState {
     pub roles: BTreeMap<String, Vec<u8>>,
 }
 
-/// Everything a checkpoint holds. Archived as is; loaded by `checkpoint::decode`, which builds
-/// the key space itself (bulk-built map) rather than through rkyv's per-entry inserts.
-#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize)]
+/// Everything a checkpoint holds (`checkpoint` archives it with the keys flattened).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct State {
     pub applied_index: u64,
     pub revision: i64,
@@ -698,48 +698,44 @@ impl MemStore {
         if from_rev <= self.state.compact_revision {
             return Err(Error::Compacted);
         }
-        let mut found: Vec<Found<'_>> = Vec::new();
-        for (k, vs) in self.state.keys.iter_range(key, range_end) {
-            let start = vs.partition_point(|v| v.main < from_rev);
-            for v in &vs[start..] {
-                found.push((v.main, v.sub, k, v, vs));
+        let ks = &self.state.keys;
+        let Some((_, end)) = bounds(key, range_end) else {
+            return Ok(Vec::new());
+        };
+        let few: Vec<(&[u8], &[Version])> = ks
+            .iter_range(key, range_end)
+            .take(EVENTS_FEW_KEYS + 1)
+            .collect();
+        if few.len() <= EVENTS_FEW_KEYS {
+            // Few keys: merge their own histories from `from_rev` in (revision, sub) order.
+            let mut heap = BinaryHeap::with_capacity(few.len());
+            for (i, (_, vs)) in few.iter().enumerate() {
+                let j = vs.partition_point(|v| v.main < from_rev);
+                if let Some(v) = vs.get(j) {
+                    heap.push(Reverse((v.main, v.sub, i, j)));
+                }
             }
+            let changes = std::iter::from_fn(|| {
+                let Reverse((_, _, i, j)) = heap.pop()?;
+                let (k, vs) = few[i];
+                if let Some(v) = vs.get(j + 1) {
+                    heap.push(Reverse((v.main, v.sub, i, j + 1)));
+                }
+                Some((k, &vs[j], vs))
+            });
+            return Ok(cut_events(changes, max));
         }
-        found.sort_unstable_by_key(|&(main, sub, ..)| (main, sub));
-        let mut out = Vec::new();
-        let mut i = 0;
-        while i < found.len() {
-            let main = found[i].0;
-            let end = i + found[i..].iter().take_while(|f| f.0 == main).count();
-            if !out.is_empty() && out.len() + (end - i) > max {
-                break;
+        // Many keys: walk the change log from `from_rev`, keeping the changes in the range.
+        let changes = ks.changes_from(from_rev).filter_map(|c| {
+            let slot = ks.slot(c.slot);
+            if &slot.key[..] < key || !below(&slot.key, end) {
+                return None;
             }
-            for &(main, _, k, v, vs) in &found[i..end] {
-                let prev_kv = live_at(vs, main - 1).map(|p| p.to_kv(k, false));
-                out.push(if v.is_tombstone() {
-                    Event {
-                        r#type: EventType::Delete as i32,
-                        kv: Some(KeyValue {
-                            key: k.to_vec(),
-                            mod_revision: main,
-                            ..Default::default()
-                        }),
-                        prev_kv,
-                    }
-                } else {
-                    Event {
-                        r#type: EventType::Put as i32,
-                        kv: Some(v.to_kv(k, false)),
-                        prev_kv,
-                    }
-                });
-            }
-            i = end;
-            if out.len() >= max {
-                break;
-            }
-        }
-        Ok(out)
+            let vs = &slot.versions[..];
+            let j = vs.partition_point(|v| (v.main, v.sub) < (c.main, c.sub));
+            Some((&slot.key[..], &vs[j], vs))
+        });
+        Ok(cut_events(changes, max))
     }
 
     /// Remaining TTL (whole seconds, truncated, as etcd) against `time_ms()`.
@@ -791,7 +787,7 @@ impl MemStore {
             return Err(Error::Compacted);
         }
         let mut h = 0u32;
-        for (k, vs) in &self.state.keys.map {
+        for (k, vs) in self.state.keys.iter_all() {
             for v in vs.iter().take_while(|v| v.main <= rev) {
                 h = crc32c::crc32c_append(h, &(k.len() as u64).to_le_bytes());
                 h = crc32c::crc32c_append(h, k);
@@ -814,8 +810,62 @@ impl MemStore {
     }
 }
 
-/// One stored version found by `events`: (main, sub, key, version, all versions of the key).
-type Found<'a> = (i64, u32, &'a [u8], &'a Version, &'a [Version]);
+/// Ranges with at most this many keys replay events from the keys' own histories (a merge);
+/// wider ones walk the revision-ordered change log.
+const EVENTS_FEW_KEYS: usize = 64;
+
+/// One change for `events`: the key, the version written, and all versions of the key.
+type Change<'a> = (&'a [u8], &'a Version, &'a [Version]);
+
+/// Turns changes in (revision, sub) order into events, at most `max` of them but never part
+/// of a revision (a first revision larger than `max` comes whole). Stops reading `changes` as
+/// soon as the answer is known.
+fn cut_events<'a>(changes: impl Iterator<Item = Change<'a>>, max: usize) -> Vec<Event> {
+    let mut out = Vec::new();
+    let mut group: Vec<Change<'a>> = Vec::new();
+    let mut changes = changes.peekable();
+    while let Some(first) = changes.next() {
+        let main = first.1.main;
+        group.clear();
+        group.push(first);
+        loop {
+            if !out.is_empty() && out.len() + group.len() > max {
+                return out;
+            }
+            match changes.next_if(|c| c.1.main == main) {
+                Some(c) => group.push(c),
+                None => break,
+            }
+        }
+        out.extend(group.iter().map(|&(k, v, vs)| event_of(k, v, vs)));
+        if out.len() >= max {
+            break;
+        }
+    }
+    out
+}
+
+/// The watch event of version `v` of key `k`; prev_kv is the key at `v.main - 1`.
+fn event_of(k: &[u8], v: &Version, vs: &[Version]) -> Event {
+    let prev_kv = live_at(vs, v.main - 1).map(|p| p.to_kv(k, false));
+    if v.is_tombstone() {
+        Event {
+            r#type: EventType::Delete as i32,
+            kv: Some(KeyValue {
+                key: k.to_vec(),
+                mod_revision: v.main,
+                ..Default::default()
+            }),
+            prev_kv,
+        }
+    } else {
+        Event {
+            r#type: EventType::Put as i32,
+            kv: Some(v.to_kv(k, false)),
+            prev_kv,
+        }
+    }
+}
 
 fn splitmix64(x: u64) -> u64 {
     let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -955,10 +1005,7 @@ pub(crate) fn range_at(
     let keys = &state.keys;
     // Point read: no scan.
     if req.range_end.is_empty() {
-        let found = keys
-            .map
-            .get(req.key.as_slice())
-            .and_then(|vs| live_at(vs, rev));
+        let found = keys.get(&req.key).and_then(|vs| live_at(vs, rev));
         let pass = found.is_some_and(|v| passes_filters(req, v));
         let count = i64::from(found.is_some());
         let kvs = match found {

@@ -4,6 +4,8 @@ use std::time::Duration;
 
 use api::manifest;
 
+use crate::auto_compaction::Policy;
+
 /// Default: a checkpoint round after this many journal records of a shard.
 pub const DEFAULT_EVERY_ENTRIES: u64 = 10_000;
 /// Default: a checkpoint round at least this often while records arrive.
@@ -33,6 +35,9 @@ pub struct Config {
     pub trim_lag: usize,
     pub retry_min: Duration,
     pub retry_max: Duration,
+    /// Auto-compaction of every tenant's MVCC history (etcd's `--auto-compaction-*`); `None`
+    /// is etcd's default: off.
+    pub auto_compaction: Option<Policy>,
 }
 
 impl Default for Config {
@@ -46,6 +51,7 @@ impl Default for Config {
             trim_lag: DEFAULT_TRIM_LAG,
             retry_min: DEFAULT_RETRY_MIN,
             retry_max: DEFAULT_RETRY_MAX,
+            auto_compaction: None,
         }
     }
 }

@@ -42,4 +42,10 @@ impl Journal for JournalClient {
             .map_err(|e| map(shard, 0, e))?;
         Ok(status.first_index)
     }
+
+    async fn append_entries(&self, shard: u32, payloads: Vec<Vec<u8>>) -> Result<Vec<u64>> {
+        JournalClient::append(self, shard, payloads)
+            .await
+            .map_err(|e| map(shard, 0, e))
+    }
 }

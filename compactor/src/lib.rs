@@ -1,6 +1,7 @@
 //! The compactor: tails journal shards, keeps a memstore replica per tenant, writes checkpoints
 //! to object storage, publishes manifests, trims the journal (see README.md).
 
+pub mod auto_compaction;
 pub mod catalog;
 pub mod clock;
 pub mod config;

@@ -8,9 +8,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use api::etcdserverpb::CompactionRequest;
 use api::manifest::{self, CheckpointRef, Manifest};
 use api::record::entry_for_tenant;
 use api::strata::entry::Entry;
+use api::strata::entry::entry::Request;
 use api::strata::journal::record::Kind;
 use api::strata::journal::{Record, Tick};
 use bytes::Bytes;
@@ -18,11 +20,12 @@ use futures::StreamExt;
 use memstore::MemStore;
 use memstore::checkpoint::{self, CheckpointMeta};
 use prost::Message;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, info, warn};
 
+use crate::auto_compaction::Tracker;
 use crate::catalog::Catalog;
 use crate::clock::wall_ms;
 use crate::config::Config;
@@ -34,6 +37,13 @@ use crate::source::Journal;
 const TICK: Duration = Duration::from_secs(1);
 /// A "behind" warning is logged at most this often while rounds fail.
 const BEHIND_LOG_EVERY: Duration = Duration::from_secs(10);
+/// Auto-compaction outcomes waiting for the loop (one per tenant at most is in flight).
+const AUTO_OUTCOMES: usize = 64;
+/// Bytes of a request id (the frontend's convention).
+const REQUEST_ID_BYTES: usize = 16;
+
+/// The answer of one journalled auto-compaction: (tenant, revision, appended).
+type AutoOutcome = (String, i64, bool);
 
 /// What one shard's loop has done so far; published on a `watch` channel for tests and status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -215,6 +225,16 @@ impl<J: Journal> ShardWorker<J> {
         // A failed round is retried after its backoff even if no record arrives meanwhile.
         let mut retry_pending = false;
         let mut round: Option<JoinHandle<RoundResult>> = None;
+        // Auto-compaction: one tracker per tenant, checked on its own interval; the appends run
+        // in the background and report here.
+        let started = Instant::now();
+        let mut trackers: BTreeMap<String, Tracker> = BTreeMap::new();
+        let mut auto_ticker = self.config.auto_compaction.map(|p| {
+            let mut t = tokio::time::interval(p.check_every);
+            t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            t
+        });
+        let (auto_tx, mut auto_rx) = mpsc::channel::<AutoOutcome>(AUTO_OUTCOMES);
         let mut ticker = tokio::time::interval(TICK);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         self.status.send_modify(|s| {
@@ -300,6 +320,14 @@ impl<J: Journal> ShardWorker<J> {
                         warn!(shard = self.shard, behind_entries = behind, behind_seconds = behind_secs as u64, failed_rounds = failures, retry_in = ?next_attempt.saturating_duration_since(Instant::now()), "compactor is behind: object store rounds failing; the journal keeps growing until they succeed");
                     }
                 }
+                _ = async { auto_ticker.as_mut().expect("guarded by the if").tick().await }, if auto_ticker.is_some() => {
+                    self.auto_compact(&tenants, &mut trackers, started.elapsed(), &auto_tx);
+                }
+                Some((tenant, revision, ok)) = auto_rx.recv() => {
+                    if let Some(t) = trackers.get_mut(&tenant) {
+                        t.done(started.elapsed(), revision, ok);
+                    }
+                }
                 _ = stopped(shutdown) => break Ok(()),
             }
             self.status.send_modify(|s| {
@@ -324,6 +352,59 @@ impl<J: Journal> ShardWorker<J> {
             r.abort();
         }
         result
+    }
+
+    /// One auto-compaction check of every tenant: a due compaction is appended to the journal
+    /// as an ordinary Compact entry of the tenant (a fresh request id, as a client's), so every
+    /// replica compacts at the same revision when it applies it.
+    fn auto_compact(
+        &self,
+        tenants: &BTreeMap<String, Tenant>,
+        trackers: &mut BTreeMap<String, Tracker>,
+        now: Duration,
+        outcomes: &mpsc::Sender<AutoOutcome>,
+    ) {
+        let Some(policy) = self.config.auto_compaction else {
+            return;
+        };
+        for (name, t) in tenants {
+            let revision = t.store.revision();
+            let Some(tracker) = trackers.get_mut(name) else {
+                trackers.insert(name.clone(), Tracker::new(policy, now, revision));
+                continue;
+            };
+            let Some(at) = tracker.check(now, revision, t.store.compact_revision()) else {
+                continue;
+            };
+            info!(shard = self.shard, tenant = %name, revision = at, current = revision, mode = ?policy.mode, "auto-compaction");
+            let entry = Entry {
+                format_version: api::ENTRY_FORMAT_VERSION,
+                tenant: name.clone(),
+                request_id: rand::random::<[u8; REQUEST_ID_BYTES]>().to_vec(),
+                time_ms: 0,
+                request: Some(Request::Compact(CompactionRequest {
+                    revision: at,
+                    physical: false,
+                })),
+            };
+            let payload = api::record::encode_entry(&entry);
+            let journal = self.journal.clone();
+            let shard = self.shard;
+            let tenant = name.clone();
+            let outcomes = outcomes.clone();
+            tokio::spawn(async move {
+                let ok = match journal.append_entries(shard, vec![payload]).await {
+                    Ok(_) => true,
+                    Err(e) => {
+                        warn!(shard, tenant = %tenant, revision = at, error = %e, "auto-compaction append failed; retrying at the next check");
+                        false
+                    }
+                };
+                let result = if ok { "ok" } else { "failed" };
+                metrics::counter!("strata_compactor_auto_compactions_total", "shard" => shard.to_string(), "result" => result).increment(1);
+                let _ = outcomes.send((tenant, at, ok)).await;
+            });
+        }
     }
 
     /// Encodes every tenant that moved since its newest published checkpoint (here: the loop

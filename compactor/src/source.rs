@@ -22,10 +22,17 @@ pub type RecordStream = BoxStream<'static, Result<Record>>;
 ///   then waits for new ones; `Error::Trimmed` if `from` is below the trim point.
 /// - `trim(shard, below)` drops records below `below` and returns the first retained index.
 /// - `first_index(shard)` is the first retained index (1 on a journal never trimmed).
+/// - `append_entries(shard, payloads)` appends encoded entries and returns their indexes once
+///   committed (the compactor appends only auto-compaction requests).
 pub trait Journal: Clone + Send + Sync + 'static {
     fn read(&self, shard: u32, from: u64) -> impl Future<Output = Result<RecordStream>> + Send;
     fn trim(&self, shard: u32, below: u64) -> impl Future<Output = Result<u64>> + Send;
     fn first_index(&self, shard: u32) -> impl Future<Output = Result<u64>> + Send;
+    fn append_entries(
+        &self,
+        shard: u32,
+        payloads: Vec<Vec<u8>>,
+    ) -> impl Future<Output = Result<Vec<u64>>> + Send;
 }
 
 /// An in-memory journal: appends stamp the given time; readers wake on every append.
@@ -195,6 +202,19 @@ impl Journal for MemJournal {
     async fn first_index(&self, shard: u32) -> Result<u64> {
         let shards = self.inner.shards.lock().expect("mem journal lock poisoned");
         Ok(shards.get(&shard).map_or(1, |s| s.first))
+    }
+
+    async fn append_entries(&self, shard: u32, payloads: Vec<Vec<u8>>) -> Result<Vec<u64>> {
+        // Stamped with the newest time of the shard: the in-memory journal has no clock.
+        let time_ms = {
+            let shards = self.inner.shards.lock().expect("mem journal lock poisoned");
+            shards.get(&shard).map_or(0, |s| s.last_time_ms)
+        };
+        Ok(self.append(
+            shard,
+            time_ms,
+            payloads.into_iter().map(Kind::Data).collect(),
+        ))
     }
 }
 

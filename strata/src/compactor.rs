@@ -49,6 +49,19 @@ pub struct Args {
     /// Longest pause between failed checkpoint rounds.
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     retry_max: Duration,
+    /// Auto-compaction of every tenant's MVCC history, as etcd's flag: `periodic` keeps about
+    /// --auto-compaction-retention of wall-clock history, `revision` keeps that many revisions.
+    /// Off unless a retention is given (etcd's default; kube-apiserver compacts by itself).
+    #[arg(long, default_value = "periodic")]
+    auto_compaction_mode: String,
+    /// What auto-compaction keeps: a duration (`1h`, `30m`) or a bare number of hours for
+    /// `periodic`, a number of revisions for `revision`; `0` turns it off.
+    #[arg(long, default_value = "0")]
+    auto_compaction_retention: String,
+    /// How often auto-compaction checks each tenant (default as etcd: retention/10, at most
+    /// 6 minutes, for periodic; 5 minutes for revision).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    auto_compaction_check_interval: Option<Duration>,
     /// Serve Prometheus metrics at http://<addr>/metrics.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -80,6 +93,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         trim_lag: args.trim_lag,
         retry_min: args.retry_min,
         retry_max: args.retry_max,
+        auto_compaction: compactor::auto_compaction::Policy::parse(
+            &args.auto_compaction_mode,
+            &args.auto_compaction_retention,
+            args.auto_compaction_check_interval,
+        )?,
     };
     config.validate()?;
     if let Some(addr) = args.metrics_listen {
@@ -87,7 +105,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     let store = compactor::store::open(&args.object_store)?;
     let journal = journal::client::JournalClient::connect(&args.journal).await?;
-    info!(object_store = %args.object_store, shards = ?config.shards, every_entries = config.every_entries, every = ?config.every, keep = config.keep, "compactor starting");
+    info!(object_store = %args.object_store, shards = ?config.shards, every_entries = config.every_entries, every = ?config.every, keep = config.keep, auto_compaction = ?config.auto_compaction, "compactor starting");
     let c = Compactor::spawn(config, journal, Catalog::new(store));
     shutdown_signal().await;
     info!("compactor stopping");

@@ -57,6 +57,16 @@ pub struct Args {
     /// Do not start a compactor (the journal then keeps every entry).
     #[arg(long)]
     no_compactor: bool,
+    /// Auto-compaction mode of the compactor, as etcd's flag: `periodic` or `revision`.
+    #[arg(long, default_value = "periodic")]
+    auto_compaction_mode: String,
+    /// Auto-compaction retention, as etcd's flag (`1h`, `30m`, hours, or revisions); `0`, the
+    /// default as in etcd, is off: kube-apiserver compacts by itself every 5 minutes.
+    #[arg(long, default_value = "0")]
+    auto_compaction_retention: String,
+    /// An extra flag for `strata compactor`, e.g. `--compactor-arg=--every=10s` (repeatable).
+    #[arg(long = "compactor-arg", allow_hyphen_values = true)]
+    compactor_args: Vec<String>,
     /// How long the frontend may take to become ready before `strata dev` gives up.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     ready_timeout: Duration,
@@ -267,7 +277,7 @@ async fn start_all(
             .map(|s| s.to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let argv: Vec<String> = vec![
+        let mut argv: Vec<String> = vec![
             "compactor".into(),
             "--journal".into(),
             journal_list.to_string(),
@@ -275,7 +285,12 @@ async fn start_all(
             objects_url,
             "--shards".into(),
             shards,
+            "--auto-compaction-mode".into(),
+            args.auto_compaction_mode.clone(),
+            "--auto-compaction-retention".into(),
+            args.auto_compaction_retention.clone(),
         ];
+        argv.extend(args.compactor_args.iter().cloned());
         procs.push(spawn(exe, "compactor", &argv, logs)?);
     }
     Ok(())

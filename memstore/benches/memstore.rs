@@ -1,4 +1,5 @@
-//! Memstore figures: puts applied/s, point reads/s, 1000-key prefix ranges/s (criterion), and
+//! Memstore figures: puts applied/s, point reads/s, 1000-key prefix ranges/s, event catch-up of
+//! a watcher 100k revisions behind (criterion), and
 //! bytes of memory per key plus checkpoint write/load time for 1M keys (measured once, with a
 //! counting global allocator). Run: `cargo bench -p strata-memstore`; figures go to
 //! docs/benchmarks/memstore.md.
@@ -45,6 +46,8 @@ const BIG: usize = 1_000_000;
 const PUT_BATCH: usize = 100_000;
 const READ_BATCH: usize = 4096;
 const KEYS_PER_NAMESPACE: usize = 1000;
+/// How far behind the head the catch-up watcher of the events bench starts.
+const WATCH_BEHIND: i64 = 100_000;
 
 /// 64-byte keys shaped like Kubernetes' (`/registry/pods/<ns>/<name>`), 1000 per namespace.
 fn key(i: usize) -> Vec<u8> {
@@ -162,6 +165,34 @@ fn one_off_figures() {
     });
     drop(reads);
     drop(hot);
+    // The same reads with each request's key copied into one reused request, as a server
+    // decodes a request just before serving it (the request is in cache, the store is not).
+    let flat: Vec<u8> = (0..BIG).flat_map(|i| key(scatter(i, BIG))).collect();
+    let mut req = RangeRequest::default();
+    timed(
+        "point reads, uniformly random over 1M keys, request decoded into a reused buffer",
+        BIG,
+        || {
+            for k in flat.chunks(KEY_LEN) {
+                req.key.clear();
+                req.key.extend_from_slice(k);
+                black_box(store.range(&req).expect("read"));
+            }
+        },
+    );
+    let flat: Vec<u8> = (0..BIG).flat_map(|i| key(scatter(i % 1000, BIG))).collect();
+    timed(
+        "point reads, 1000 hot keys of the 1M, request decoded into a reused buffer",
+        BIG,
+        || {
+            for k in flat.chunks(KEY_LEN) {
+                req.key.clear();
+                req.key.extend_from_slice(k);
+                black_box(store.range(&req).expect("read"));
+            }
+        },
+    );
+    drop(flat);
     let prefixes: Vec<RangeRequest> = (0..500)
         .map(|i| prefix_request(scatter(i, BIG / KEYS_PER_NAMESPACE)))
         .collect();
@@ -178,6 +209,26 @@ fn one_off_figures() {
             black_box(store.events(rev - 9, b"\0", b"\0", 1000).expect("events"));
         },
     );
+    let behind = rev - WATCH_BEHIND;
+    let got = timed(
+        "events(): watcher of all keys 100k revisions behind, max 1000",
+        1,
+        || black_box(store.events(behind, b"\0", b"\0", 1000).expect("events")),
+    );
+    assert_eq!(got.len(), 1000);
+    let watched = prefix_request(950);
+    let got = timed(
+        "events(): watcher of one 1000-key prefix (ns0950) 100k revisions behind, max 1000",
+        1,
+        || {
+            black_box(
+                store
+                    .events(behind, &watched.key, &watched.range_end, 1000)
+                    .expect("events"),
+            )
+        },
+    );
+    assert_eq!(got.len(), 1000);
     let meta = CheckpointMeta {
         tenant: "bench".into(),
         shard: 0,
@@ -295,6 +346,13 @@ fn benches(c: &mut Criterion) {
         .collect();
     let got = store.range(&prefixes[0]).expect("prefix").kvs.len();
     assert_eq!(got, KEYS_PER_NAMESPACE);
+    let behind = store.revision() - WATCH_BEHIND;
+    let mut g = c.benchmark_group("events");
+    g.throughput(Throughput::Elements(1000));
+    g.bench_function("watcher_100k_behind_max_1000", |b| {
+        b.iter(|| black_box(store.events(behind, b"\0", b"\0", 1000).expect("events")))
+    });
+    g.finish();
     let mut g = c.benchmark_group("range");
     g.throughput(Throughput::Elements(prefixes.len() as u64));
     g.bench_function("prefix_1000_keys", |b| {

@@ -104,6 +104,8 @@ fn hash_key(key: &[u8]) -> u64 {
 pub(crate) struct Slot {
     pub key: Box<[u8]>,
     pub versions: Vec<Version>,
+    /// `hash_key(key)`, kept so growing or shrinking the hash index never reads the keys.
+    hash: u64,
 }
 
 /// One entry of the change log: the version of slot `slot` written at (`main`, `sub`).
@@ -238,8 +240,12 @@ impl<'a> Iterator for RangeIter<'a> {
 impl KeySpace {
     fn find(&self, key: &[u8]) -> Option<u32> {
         let slab = &self.slab;
+        let h = hash_key(key);
         self.index
-            .find(hash_key(key), |&id| &slab.get(id).key[..] == key)
+            .find(h, |&id| {
+                let s = slab.get(id);
+                s.hash == h && &s.key[..] == key
+            })
             .copied()
     }
 
@@ -267,6 +273,18 @@ impl KeySpace {
             c - 1,
             ids.partition_point(|&id| &slab.get(id).key[..] < key),
         )
+    }
+
+    /// Where a new key goes in the ordered index; a key after every other one (sequential
+    /// loads) costs one comparison.
+    fn insert_position(&self, key: &[u8]) -> (usize, usize) {
+        if let Some(ids) = self.order.last()
+            && let Some(&id) = ids.last()
+            && &self.slab.get(id).key[..] < key
+        {
+            return (self.order.len() - 1, ids.len());
+        }
+        self.lower_bound(key)
     }
 
     /// Iterates `(key, versions)` over etcd's range, in key order.
@@ -347,7 +365,10 @@ impl KeySpace {
         let slab = &self.slab;
         let found = self
             .index
-            .find(h, |&id| &slab.get(id).key[..] == key)
+            .find(h, |&id| {
+                let s = slab.get(id);
+                s.hash == h && &s.key[..] == key
+            })
             .copied();
         let (id, v) = match found {
             Some(id) => {
@@ -361,15 +382,15 @@ impl KeySpace {
             }
             None => {
                 let v = make(None);
-                let (chunk, pos) = self.lower_bound(key);
+                let (chunk, pos) = self.insert_position(key);
                 // Most keys keep a single version: the Vec gets exactly one slot.
                 let id = self.slab.insert(Slot {
                     key: key.into(),
                     versions: Vec::with_capacity(1),
+                    hash: h,
                 });
                 let slab = &self.slab;
-                self.index
-                    .insert_unique(h, id, |&i| hash_key(&slab.get(i).key));
+                self.index.insert_unique(h, id, |&i| slab.get(i).hash);
                 self.order_insert(chunk, pos, id);
                 (id, v)
             }
@@ -422,8 +443,10 @@ impl KeySpace {
     /// only the newest survives, and only if it is a put; keys left empty disappear. The change
     /// log forgets every change at or below `rev` (events are never replayed from there).
     pub fn compact(&mut self, rev: i64) {
-        while self.log.front().is_some_and(|c| c.main <= rev) {
-            self.log.pop_front();
+        let gone = self.log.partition_point(|c| c.main <= rev);
+        self.log.drain(..gone);
+        if self.log.capacity() > 2 * self.log.len() {
+            self.log.shrink_to_fit();
         }
         let mut freed_bytes = 0u64;
         let mut freed_versions = 0u64;
@@ -456,7 +479,7 @@ impl KeySpace {
             return;
         }
         for &id in &emptied {
-            let h = hash_key(&self.slab.get(id).key);
+            let h = self.slab.get(id).hash;
             if let Ok(e) = self.index.find_entry(h, |&i| i == id) {
                 e.remove();
             }
@@ -475,7 +498,7 @@ impl KeySpace {
             })
             .collect();
         self.order = pack_order(&kept);
-        self.index.shrink_to_fit(|&i| hash_key(&slab.get(i).key));
+        self.index.shrink_to_fit(|&i| slab.get(i).hash);
     }
 
     /// The change log expressed in `other`'s slot ids (for equality across two key spaces).
@@ -525,8 +548,12 @@ impl KeySpace {
                 ks.live_bytes += kl + l.value.len() as u64;
             }
             ks.versions += versions.len() as u64;
-            let h = hash_key(&key);
-            let id = ks.slab.insert(Slot { key, versions });
+            let hash = hash_key(&key);
+            let id = ks.slab.insert(Slot {
+                key,
+                versions,
+                hash,
+            });
             for v in &ks.slab.get(id).versions {
                 if v.main > compact_rev {
                     log.push(Change {
@@ -537,8 +564,7 @@ impl KeySpace {
                 }
             }
             let slab = &ks.slab;
-            ks.index
-                .insert_unique(h, id, |&i| hash_key(&slab.get(i).key));
+            ks.index.insert_unique(hash, id, |&i| slab.get(i).hash);
             ordered.push(id);
         }
         log.sort_unstable_by_key(|c| (c.main, c.sub));

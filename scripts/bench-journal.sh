@@ -6,14 +6,19 @@
 #   3. etcd 3.4 (3 members on loopback, default fsync): `strata bench put` with 256-byte values
 #      at the same concurrencies, against the leader.
 # Usage: scripts/bench-journal.sh [--quick]
-# Needs: etcd (Debian's etcd-server) on PATH. Builds `strata` in release mode.
+# Needs: etcd (Debian's etcd-server) on PATH. Builds `strata` in release mode, unless
+# STRATA_BIN names a binary to measure instead (e.g. an older build, for a before/after).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
 [ "${1:-}" = "--quick" ] && QUICK=1
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/strata-target}"
-cargo build --release -p strata >&2
-BIN="$CARGO_TARGET_DIR/release/strata"
+if [ -n "${STRATA_BIN:-}" ]; then
+  BIN="$STRATA_BIN"
+else
+  cargo build --release -p strata >&2
+  BIN="$CARGO_TARGET_DIR/release/strata"
+fi
 DUR=10s; ETCD_TOTAL=(3000 30000 100000)
 [ "$QUICK" = 1 ] && { DUR=2s; ETCD_TOTAL=(300 3000 10000); }
 WORK="$(mktemp -d /tmp/strata-bench-journal.XXXXXX)"

@@ -18,7 +18,11 @@ use openraft::{LogState, RaftLogReader, StorageError, StorageIOError, Vote};
 
 use crate::meta::{Meta, MetaError, read_durable, write_durable};
 use crate::segment::{FrameHeader, RecoveryReport, SegmentError, SegmentLog, encode_frame};
-use crate::types::{JEntry, JLogId, NodeId, TypeConfig, decode_entry, encode_rest, header_of};
+use crate::types::{
+    CodecError, JEntry, JLogId, NodeId, TypeConfig, decode_entry, encode_rest, header_of,
+    records_of,
+};
+use api::strata::journal::Record;
 
 /// The committed log id is persisted at most this often (a stale value is safe: it only
 /// bounds what is re-applied at start).
@@ -34,6 +38,15 @@ pub type ErrorList = Arc<Mutex<Vec<String>>>;
 /// section here leaves the data consistent before anything can panic).
 pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Why records could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Segment(#[from] SegmentError),
+    #[error("entry {index}: {source}")]
+    Codec { index: u64, source: CodecError },
 }
 
 /// Why opening a shard's storage failed.
@@ -75,7 +88,8 @@ impl LogShared {
         })?;
         let meta: Meta = read_durable(&dir.join(META_FILE))?.unwrap_or_default();
         let first = meta.purged.map_or(0, |p| p.index + 1);
-        let (mut log, report) = SegmentLog::open(dir, first, meta.floor_time_ms)?;
+        let (mut log, report) =
+            SegmentLog::open(dir, first, meta.floor_time_ms, meta.floor_record)?;
         log.set_segment_target_bytes(segment_bytes);
         let committed: Option<JLogId> = read_durable(&dir.join(COMMITTED_FILE))?.flatten();
         let (tx, rx) = mpsc::channel();
@@ -123,6 +137,53 @@ impl LogShared {
 
     pub fn set_floor_time_ms(&self, t: i64) {
         lock(&self.log).set_floor_time_ms(t);
+    }
+
+    /// Record index of the first record present (the first one a reader may ask for).
+    pub fn first_record(&self) -> u64 {
+        lock(&self.log).first_record()
+    }
+
+    /// Record index the next record gets (one past the last present).
+    pub fn next_record(&self) -> u64 {
+        lock(&self.log).next_record()
+    }
+
+    /// Header of the entry holding record `record`, if present.
+    pub fn entry_of_record(&self, record: u64) -> Option<FrameHeader> {
+        lock(&self.log).entry_of_record(record)
+    }
+
+    /// Raises the record floor (where an emptied log continues; from an installed snapshot).
+    pub fn set_floor_record(&self, r: u64) {
+        lock(&self.log).set_floor_record(r);
+    }
+
+    /// The records [from, end) (clipped to what is present, at most about `max_bytes` of
+    /// frames): locates the entry holding `from` and expands entries into records.
+    pub fn read_records(
+        &self,
+        from: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Record>, ReadError> {
+        let Some(first) = self.entry_of_record(from) else {
+            return Ok(Vec::new());
+        };
+        let last = match end.checked_sub(1).and_then(|e| self.entry_of_record(e)) {
+            Some(h) => h.index + 1,
+            None => self.next_index(),
+        };
+        let frames = self.read_frames(first.index, last, max_bytes)?;
+        let mut out = Vec::new();
+        for (h, rest) in &frames {
+            records_of(h, rest, from, &mut out).map_err(|e| ReadError::Codec {
+                index: h.index,
+                source: e,
+            })?;
+        }
+        out.retain(|r| r.index < end);
+        Ok(out)
     }
 
     /// True once a write or fsync failed.
@@ -316,12 +377,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         {
             let mut log = lock(&self.shared.log);
             let mut time = log.last_time_ms();
+            let mut record = log.next_record();
             let mut headers = Vec::new();
             let mut frames = Vec::new();
             let mut rest = Vec::new();
             for e in entries {
-                let h = header_of(&e, time);
+                let h = header_of(&e, time, record);
                 time = h.time_ms;
+                record = h.end_record();
                 rest.clear();
                 encode_rest(&e, &mut rest);
                 encode_frame(&mut frames, &h, &rest);
@@ -359,10 +422,16 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut meta = lock(&self.shared.meta);
         let mut next = meta.clone();
         next.purged = Some(log_id);
-        let t = self.shared.header(log_id.index).map(|h| h.time_ms);
-        next.floor_time_ms = t
+        let h = self.shared.header(log_id.index);
+        next.floor_time_ms = h
+            .map(|h| h.time_ms)
             .unwrap_or(self.shared.last_time_ms())
             .max(meta.floor_time_ms);
+        // An entry not in this log was purged by an installed snapshot, which set the floor.
+        next.floor_record = h
+            .map(|h| h.end_record())
+            .unwrap_or_else(|| lock(&self.shared.log).floor_record())
+            .max(meta.floor_record);
         write_durable(&self.shared.dir.join(META_FILE), &next).map_err(|e| {
             StorageError::from(StorageIOError::write_logs(openraft::AnyError::new(&e)))
         })?;

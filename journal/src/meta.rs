@@ -34,6 +34,9 @@ pub struct Meta {
     pub purged: Option<JLogId>,
     /// Time of the purged entry: the time floor of an empty log.
     pub floor_time_ms: i64,
+    /// Record end of the purged entry: the record index an empty log continues from.
+    #[serde(default)]
+    pub floor_record: u64,
 }
 
 /// Writes `value` to `path` atomically and durably.
@@ -103,6 +106,7 @@ mod tests {
             vote: Some(openraft::Vote::new(3, 1)),
             purged: None,
             floor_time_ms: 12,
+            floor_record: 40,
         };
         write_durable(&p, &m).unwrap();
         assert_eq!(read_durable::<Meta>(&p).unwrap(), Some(m));

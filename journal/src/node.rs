@@ -10,7 +10,7 @@ use std::time::Duration;
 use openraft::error::{ClientWriteError, RaftError};
 use openraft::{BasicNode, Raft, ServerState, SnapshotPolicy};
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::clock;
@@ -36,6 +36,14 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1000;
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 2000;
 /// Entries per AppendEntries message.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 1024;
+/// Raft entries of client payloads proposed and not yet committed, per shard. Append calls that
+/// arrive while this many are in flight queue up and are coalesced into the next entry, so
+/// under load one entry (one trip through openraft) carries many records.
+pub const MAX_INFLIGHT_ENTRIES: usize = 2;
+/// Coalescing stops adding further Append calls to an entry at this many payload bytes...
+pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
+/// ...or at this many records (a single larger call still goes whole into one entry).
+pub const MAX_BATCH_RECORDS: usize = 4096;
 /// Default interval after which an idle shard gets a tick.
 pub const DEFAULT_IDLE_TICK: Duration = Duration::from_millis(500);
 
@@ -126,6 +134,12 @@ impl Shard {
         (id, addr)
     }
 
+    /// The first record a reader may ask for: what storage holds, raised to the trim point
+    /// (storage keeps the whole entry holding the trim point).
+    pub fn first_record(&self) -> u64 {
+        self.log.first_record().max(*self.sm.trim_target.borrow())
+    }
+
     fn not_leader(&self) -> ShardError {
         ShardError::NotLeader {
             shard: self.id,
@@ -163,8 +177,8 @@ impl Shard {
         }
     }
 
-    /// Appends payloads; answers with their indexes once they are committed (durable on a
-    /// majority) and applied on this leader.
+    /// Appends payloads; answers with their record indexes once they are committed (durable on
+    /// a majority) and applied on this leader.
     pub async fn append(&self, payloads: Vec<Vec<u8>>) -> Result<Vec<u64>, ShardError> {
         if payloads.is_empty() {
             return Ok(Vec::new());
@@ -186,7 +200,8 @@ impl Shard {
         rx.await.map_err(|_| self.unavailable("shutting down"))?
     }
 
-    /// Proposes a trim; answers with the first index that will be retained.
+    /// Proposes a trim; answers with the first record index that will be retained (the first
+    /// record of the entry holding `below`: whole entries are trimmed).
     pub async fn trim(&self, below: u64) -> Result<u64, ShardError> {
         let (tx, rx) = oneshot::channel();
         self.proposals
@@ -207,7 +222,13 @@ impl Shard {
     }
 }
 
-/// Orders, stamps and proposes one shard's entries; appends idle ticks.
+/// Append calls coalesced into one Raft entry: each caller's record count and reply.
+type Waiters = Vec<(usize, oneshot::Sender<Result<Vec<u64>, ShardError>>)>;
+
+/// Orders, stamps and proposes one shard's entries; appends idle ticks. Append calls queued
+/// while `MAX_INFLIGHT_ENTRIES` entries are in flight are coalesced into one entry (bounded by
+/// `MAX_BATCH_BYTES` / `MAX_BATCH_RECORDS`); each caller gets the record indexes of its own
+/// payloads, in order.
 async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick: Duration) {
     let mut last_stamp = i64::MIN;
     let mut last_activity = Instant::now();
@@ -216,24 +237,30 @@ async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick
         last_stamp = t;
         t
     };
+    let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_ENTRIES));
+    // A proposal taken from the queue that did not fit into the entry being built.
+    let mut carry: Option<Proposal> = None;
     loop {
-        let proposal = tokio::select! {
-            p = rx.recv() => match p {
-                Some(p) => p,
-                None => return,
-            },
-            _ = tokio::time::sleep_until(last_activity + idle_tick) => {
-                last_activity = Instant::now();
-                if shard.is_leader() {
-                    let time_ms = stamp(&shard);
-                    match shard.raft.client_write_ff(JournalRequest::Tick { time_ms }).await {
-                        // Nobody waits for a tick; keep its responder alive until it is done.
-                        Ok(r) => drop(tokio::spawn(r)),
-                        Err(e) => tracing::debug!(shard = shard.id, error = %e, "idle tick not proposed"),
+        let proposal = match carry.take() {
+            Some(p) => p,
+            None => tokio::select! {
+                p = rx.recv() => match p {
+                    Some(p) => p,
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(last_activity + idle_tick) => {
+                    last_activity = Instant::now();
+                    if shard.is_leader() {
+                        let time_ms = stamp(&shard);
+                        match shard.raft.client_write_ff(JournalRequest::Tick { time_ms }).await {
+                            // Nobody waits for a tick; keep its responder alive until it is done.
+                            Ok(r) => drop(tokio::spawn(r)),
+                            Err(e) => tracing::debug!(shard = shard.id, error = %e, "idle tick not proposed"),
+                        }
                     }
+                    continue;
                 }
-                continue;
-            }
+            },
         };
         last_activity = Instant::now();
         match proposal {
@@ -242,43 +269,60 @@ async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
                 }
-                let mut receivers = Vec::with_capacity(payloads.len());
-                let mut failed = None;
-                for payload in payloads {
-                    let time_ms = stamp(&shard);
-                    match shard
-                        .raft
-                        .client_write_ff(JournalRequest::Data { time_ms, payload })
-                        .await
-                    {
-                        Ok(r) => receivers.push(r),
-                        Err(e) => {
-                            failed = Some(shard.fatal(e.to_string()));
+                // Wait for an in-flight slot; calls arriving meanwhile queue up and join.
+                let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
+                    return;
+                };
+                let mut bytes: usize = payloads.iter().map(Vec::len).sum();
+                let mut waiters: Waiters = vec![(payloads.len(), reply)];
+                let mut all = payloads;
+                while all.len() < MAX_BATCH_RECORDS && bytes < MAX_BATCH_BYTES {
+                    match rx.try_recv() {
+                        Ok(Proposal::Append { payloads, reply })
+                            if all.len() + payloads.len() <= MAX_BATCH_RECORDS
+                                && bytes + payloads.iter().map(Vec::len).sum::<usize>()
+                                    <= MAX_BATCH_BYTES =>
+                        {
+                            bytes += payloads.iter().map(Vec::len).sum::<usize>();
+                            waiters.push((payloads.len(), reply));
+                            all.extend(payloads);
+                        }
+                        Ok(other) => {
+                            carry = Some(other);
                             break;
                         }
+                        Err(_) => break,
                     }
                 }
-                let s = Arc::clone(&shard);
-                tokio::spawn(async move {
-                    let mut indexes = Vec::with_capacity(receivers.len());
-                    for r in receivers {
-                        match r.await {
-                            Ok(Ok(resp)) => indexes.push(resp.log_id.index),
-                            Ok(Err(e)) => {
-                                let _ = reply.send(Err(s.map_write_error(RaftError::APIError(e))));
-                                return;
-                            }
-                            Err(_) => {
-                                let _ = reply.send(Err(s.fatal("raft stopped".into())));
-                                return;
-                            }
-                        }
+                let time_ms = stamp(&shard);
+                tracing::trace!(
+                    shard = shard.id,
+                    calls = waiters.len(),
+                    records = all.len(),
+                    "proposing a batch"
+                );
+                match shard
+                    .raft
+                    .client_write_ff(JournalRequest::Data {
+                        time_ms,
+                        payloads: all,
+                    })
+                    .await
+                {
+                    Ok(r) => {
+                        let s = Arc::clone(&shard);
+                        tokio::spawn(async move {
+                            let res = match r.await {
+                                Ok(Ok(resp)) => Ok(resp.data),
+                                Ok(Err(e)) => Err(s.map_write_error(RaftError::APIError(e))),
+                                Err(_) => Err(s.fatal("raft stopped".into())),
+                            };
+                            drop(permit);
+                            answer(waiters, res);
+                        });
                     }
-                    let _ = reply.send(match failed {
-                        Some(e) => Err(e),
-                        None => Ok(indexes),
-                    });
-                });
+                    Err(e) => answer(waiters, Err(shard.fatal(e.to_string()))),
+                }
             }
             Proposal::Trim { below, reply } => {
                 if !shard.is_leader() {
@@ -295,7 +339,7 @@ async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick
                     Ok(r) => {
                         tokio::spawn(async move {
                             let res = match r.await {
-                                Ok(Ok(resp)) => Ok(below.min(resp.log_id.index)),
+                                Ok(Ok(resp)) => Ok(resp.data),
                                 Ok(Err(e)) => Err(s.map_write_error(RaftError::APIError(e))),
                                 Err(_) => Err(s.fatal("raft stopped".into())),
                             };
@@ -311,6 +355,25 @@ async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick
     }
 }
 
+/// Answers the Append calls of one entry: `first` is the entry's first record index; each
+/// caller gets the consecutive indexes of its own payloads.
+fn answer(waiters: Waiters, first: Result<u64, ShardError>) {
+    match first {
+        Ok(mut next) => {
+            for (n, reply) in waiters {
+                let indexes: Vec<u64> = (next..next + n as u64).collect();
+                next += n as u64;
+                let _ = reply.send(Ok(indexes));
+            }
+        }
+        Err(e) => {
+            for (_, reply) in waiters {
+                let _ = reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
 /// Serves ReadIndex callers: every caller queued when a round starts shares that round.
 async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWaiter>) {
     while let Some(first) = rx.recv().await {
@@ -319,7 +382,12 @@ async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWait
             waiters.push(w);
         }
         let res = match shard.raft.ensure_linearizable().await {
-            Ok(l) => Ok(l.map_or(0, |l| l.index)),
+            // The last record of the read entry; it is applied here, hence still in the log
+            // unless a trim dropped it, and then the applied end is a safe (later) index.
+            Ok(l) => Ok(l.and_then(|l| shard.log.header(l.index)).map_or_else(
+                || shard.sm.applied_end.borrow().saturating_sub(1),
+                |h| h.end_record() - 1,
+            )),
             Err(RaftError::APIError(_)) => Err(shard.not_leader()),
             Err(RaftError::Fatal(f)) => Err(shard.fatal(f.to_string())),
         };
@@ -334,7 +402,7 @@ async fn trim_loop(shard: Arc<Shard>) {
     let mut rx = shard.sm.trim_target.subscribe();
     loop {
         let target = *rx.borrow_and_update();
-        if target > shard.log.first_index() {
+        if target > shard.log.first_record() {
             tracing::info!(shard = shard.id, below = target, "trimming the journal");
             if let Err(e) = shard.raft.trigger().snapshot().await {
                 tracing::warn!(shard = shard.id, error = %e, "could not trigger the trim snapshot");
@@ -398,6 +466,8 @@ impl JournalNode {
                 torn_tail_cut_bytes = report.torn_tail_cut_bytes,
                 first_index = log.first_index(),
                 next_index = log.next_index(),
+                first_record = log.first_record(),
+                next_record = log.next_record(),
                 "journal shard storage recovered"
             );
             let sm = StateMachine::open(&dir, Arc::clone(&log))

@@ -10,14 +10,18 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Every segment file starts with these 8 bytes (magic + format version 1).
-pub const SEGMENT_MAGIC: &[u8; 8] = b"STRJSEG\x01";
+/// Every segment file starts with these 8 bytes (magic + format version 2: frames carry the
+/// first record index and record count of their Raft entry).
+pub const SEGMENT_MAGIC: &[u8; 8] = b"STRJSEG\x02";
+/// Magic of format version 1 (one record per Raft entry), refused with a clear error.
+pub const SEGMENT_MAGIC_V1: &[u8; 8] = b"STRJSEG\x01";
 /// A new segment is started once the active one holds this many bytes.
 pub const SEGMENT_TARGET_BYTES: u64 = 64 * 1024 * 1024;
 /// Length + CRC32C in front of every frame body.
 pub const FRAME_HEADER_BYTES: usize = 8;
-/// Fixed part of a frame body: index, term, leader node, time_ms.
-pub const BODY_HEADER_BYTES: usize = 32;
+/// Fixed part of a frame body: index, term, leader node, time_ms, first record, record count
+/// (u32) and 4 reserved bytes.
+pub const BODY_HEADER_BYTES: usize = 48;
 /// Largest frame body accepted on read; anything larger is corruption (entries are capped far below).
 pub const MAX_FRAME_BODY_BYTES: usize = 64 * 1024 * 1024;
 const SEGMENT_SUFFIX: &str = ".seg";
@@ -39,6 +43,10 @@ pub enum SegmentError {
     Missing { index: u64, first: u64, next: u64 },
     #[error("segment log: append of index {got} but the next index is {expected}")]
     NotContiguous { got: u64, expected: u64 },
+    #[error(
+        "segment file {path} has format version 1 (one record per Raft entry); this build reads version 2 only: start from an empty data directory (or let the node catch up from its peers after wiping it)"
+    )]
+    OldFormat { path: PathBuf },
 }
 
 impl SegmentError {
@@ -53,10 +61,23 @@ impl SegmentError {
 /// The fixed fields of a frame; the rest of the body is opaque to this module.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FrameHeader {
+    /// Raft log index.
     pub index: u64,
     pub term: u64,
     pub node: u64,
     pub time_ms: i64,
+    /// Record index of the entry's first record: the previous entry's `first_record + count`,
+    /// computed identically on every node from its own log.
+    pub first_record: u64,
+    /// Records the entry carries (at least 1).
+    pub count: u32,
+}
+
+impl FrameHeader {
+    /// One past the entry's last record index.
+    pub fn end_record(&self) -> u64 {
+        self.first_record + u64::from(self.count)
+    }
 }
 
 /// Where a frame lives, and its header (kept in memory so log ids need no disk read).
@@ -94,6 +115,8 @@ pub struct SegmentLog {
     positions: VecDeque<Pos>,
     /// Time of the last frame, or the floor given by the caller when the log is empty.
     floor_time_ms: i64,
+    /// Record index the next frame gets when the log is empty (end of the purged prefix).
+    floor_record: u64,
     /// Size at which the active segment is closed and a new one started.
     target_bytes: u64,
 }
@@ -108,6 +131,9 @@ pub fn encode_frame(out: &mut Vec<u8>, header: &FrameHeader, rest: &[u8]) {
     out.extend_from_slice(&header.term.to_le_bytes());
     out.extend_from_slice(&header.node.to_le_bytes());
     out.extend_from_slice(&header.time_ms.to_le_bytes());
+    out.extend_from_slice(&header.first_record.to_le_bytes());
+    out.extend_from_slice(&header.count.to_le_bytes());
+    out.extend_from_slice(&[0u8; 4]);
     out.extend_from_slice(rest);
     let crc = crc32c::crc32c(&out[start + FRAME_HEADER_BYTES..]);
     out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
@@ -125,6 +151,8 @@ fn decode_body_header(body: &[u8]) -> FrameHeader {
         term: u64_at(body, 8),
         node: u64_at(body, 16),
         time_ms: u64_at(body, 24) as i64,
+        first_record: u64_at(body, 32),
+        count: u32::from_le_bytes([body[40], body[41], body[42], body[43]]),
     }
 }
 
@@ -173,12 +201,14 @@ fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
 
 impl SegmentLog {
     /// Opens (creating if needed) the log in `dir`. Frames with index < `first_index` are
-    /// skipped (they were purged; their segment may still hold them). `floor_time_ms` is the
-    /// time of the entry just before `first_index`, used while the log is empty.
+    /// skipped (they were purged; their segment may still hold them). `floor_time_ms` and
+    /// `floor_record` are the time and the record end of the entry just before `first_index`,
+    /// used while the log is empty.
     pub fn open(
         dir: &Path,
         first_index: u64,
         floor_time_ms: i64,
+        floor_record: u64,
     ) -> Result<(Self, RecoveryReport), SegmentError> {
         std::fs::create_dir_all(dir).map_err(|e| SegmentError::io(dir, e))?;
         let mut keys = Vec::new();
@@ -200,6 +230,7 @@ impl SegmentLog {
             first: first_index,
             positions: VecDeque::new(),
             floor_time_ms,
+            floor_record,
             target_bytes: SEGMENT_TARGET_BYTES,
         };
         let mut report = RecoveryReport::default();
@@ -215,6 +246,8 @@ impl SegmentLog {
             }
         }
         let mut expected: Option<u64> = None;
+        // Record end of the previous frame: each frame must start where the one before ended.
+        let mut prev_end: Option<u64> = None;
         for (i, key) in live.iter().enumerate() {
             let is_last = i + 1 == live.len();
             let path = dir.join(segment_name(*key));
@@ -234,6 +267,9 @@ impl SegmentLog {
                 });
             }
             let mut at = SEGMENT_MAGIC.len();
+            if buf.starts_with(SEGMENT_MAGIC_V1) {
+                return Err(SegmentError::OldFormat { path });
+            }
             if buf.len() < SEGMENT_MAGIC.len() || &buf[..SEGMENT_MAGIC.len()] != SEGMENT_MAGIC {
                 if is_last && buf.len() < SEGMENT_MAGIC.len() && SEGMENT_MAGIC.starts_with(&buf) {
                     // Crashed while creating the segment: rewrite its header.
@@ -277,6 +313,20 @@ impl SegmentLog {
                                 ),
                             });
                         }
+                        if h.count == 0 || prev_end.is_some_and(|e| e != h.first_record) {
+                            return Err(SegmentError::Corrupt {
+                                path,
+                                offset: at as u64,
+                                reason: format!(
+                                    "frame {} starts at record {} with {} records where record {} was expected",
+                                    h.index,
+                                    h.first_record,
+                                    h.count,
+                                    prev_end.unwrap_or(0)
+                                ),
+                            });
+                        }
+                        prev_end = Some(h.end_record());
                         if h.index >= log.first {
                             if log.positions.is_empty() {
                                 log.first = h.index;
@@ -399,6 +449,39 @@ impl SegmentLog {
         self.floor_time_ms = self.floor_time_ms.max(t);
     }
 
+    /// Record index the next frame gets: the last frame's record end, else the floor.
+    pub fn next_record(&self) -> u64 {
+        self.last().map_or(self.floor_record, |h| h.end_record())
+    }
+
+    /// Record index of the first record present (or of the next one, if none is).
+    pub fn first_record(&self) -> u64 {
+        self.positions
+            .front()
+            .map_or(self.floor_record, |p| p.header.first_record)
+    }
+
+    /// The record end of the purged prefix (what an empty log continues from).
+    pub fn floor_record(&self) -> u64 {
+        self.floor_record
+    }
+
+    /// Raises the record floor (a snapshot installed from the leader says where records go on).
+    pub fn set_floor_record(&mut self, r: u64) {
+        self.floor_record = self.floor_record.max(r);
+    }
+
+    /// Header of the entry holding record `record`, if present.
+    pub fn entry_of_record(&self, record: u64) -> Option<FrameHeader> {
+        let i = self
+            .positions
+            .partition_point(|p| p.header.end_record() <= record);
+        self.positions
+            .get(i)
+            .map(|p| p.header)
+            .filter(|h| h.first_record <= record)
+    }
+
     /// Header of the frame at `index`, if present.
     pub fn header(&self, index: u64) -> Option<FrameHeader> {
         let i = index.checked_sub(self.first)?;
@@ -409,7 +492,7 @@ impl SegmentLog {
     /// active segment. Not durable until `sync` (or the flusher) has run.
     pub fn append(&mut self, headers: &[FrameHeader], frames: &[u8]) -> Result<(), SegmentError> {
         if let Some(h) = headers.first()
-            && h.index != self.next_index()
+            && (h.index != self.next_index() || h.first_record != self.next_record())
         {
             return Err(SegmentError::NotContiguous {
                 got: h.index,
@@ -539,6 +622,7 @@ impl SegmentLog {
         }
         if let Some(h) = self.header(upto) {
             self.floor_time_ms = self.floor_time_ms.max(h.time_ms);
+            self.floor_record = self.floor_record.max(h.end_record());
         }
         let drop_n = (upto + 1 - self.first).min(self.positions.len() as u64) as usize;
         self.positions.drain(..drop_n);

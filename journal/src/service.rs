@@ -21,11 +21,11 @@ use tonic::transport::server::Router;
 use tonic::{Request, Response, Status};
 
 use crate::error::ShardError;
+use crate::log_store::ReadError;
 use crate::log_store::lock;
 use crate::network::{MAX_RAFT_MESSAGE_BYTES, decode_append};
 use crate::node::{JournalNode, MAX_APPEND_BYTES, MAX_APPEND_ENTRIES, MAX_ENTRY_BYTES, Shard};
 use crate::segment::SegmentError;
-use crate::types::record_of;
 
 /// Records per Read message at most (and bytes, below).
 pub const READ_BATCH_BYTES: usize = 1024 * 1024;
@@ -109,7 +109,7 @@ impl Journal for JournalSvc {
     async fn read(&self, request: Request<ReadRequest>) -> Result<Response<ReadStream>, Status> {
         let req = request.into_inner();
         let shard = self.shard(req.shard)?;
-        let first = shard.log.first_index();
+        let first = shard.first_record();
         if req.from < first {
             return Err(ShardError::Trimmed {
                 shard: shard.id,
@@ -151,18 +151,15 @@ impl Journal for JournalSvc {
     ) -> Result<Response<StatusResponse>, Status> {
         let shard = self.shard(request.into_inner().shard)?;
         let (leader_id, leader_addr) = shard.leader();
-        let (term, last_index) = {
-            let m = shard.raft.metrics();
-            let m = m.borrow();
-            (m.current_term, m.last_log_index.unwrap_or(0))
-        };
+        let term = shard.raft.metrics().borrow().current_term;
+        let last_index = shard.log.next_record().saturating_sub(1);
         let applied_end = *shard.sm.applied_end.borrow();
         Ok(Response::new(StatusResponse {
             node_id: self.node.id,
             leader_id: leader_id.unwrap_or(0),
             leader_addr: leader_addr.unwrap_or_default(),
             term,
-            first_index: shard.log.first_index(),
+            first_index: shard.first_record(),
             committed_index: applied_end.saturating_sub(1),
             last_index,
             shard_count: self.node.shards.len() as u32,
@@ -186,7 +183,7 @@ async fn stream_records(
                 .await;
             return;
         }
-        let first = shard.log.first_index();
+        let first = shard.first_record();
         if next < first {
             let _ = tx
                 .send(Err(ShardError::Trimmed {
@@ -199,28 +196,23 @@ async fn stream_records(
         }
         let end = *applied.borrow_and_update();
         if next < end {
-            let frames = match shard.log.read_frames(next, end, READ_BATCH_BYTES) {
-                Ok(f) => f,
-                Err(SegmentError::Missing { .. }) if shard.log.first_index() > next => continue,
+            let records = match shard.log.read_records(next, end, READ_BATCH_BYTES) {
+                Ok(r) => r,
+                Err(ReadError::Segment(SegmentError::Missing { .. }))
+                    if shard.first_record() > next =>
+                {
+                    continue;
+                }
                 Err(e) => {
                     tracing::error!(shard = shard.id, error = %e, "journal read failed");
                     let _ = tx.send(Err(Status::internal(e.to_string()))).await;
                     return;
                 }
             };
-            let mut records = Vec::with_capacity(frames.len());
-            for (h, rest) in &frames {
-                match record_of(h, rest) {
-                    Ok(r) => records.push(r),
-                    Err(e) => {
-                        let _ = tx
-                            .send(Err(Status::internal(format!("record {}: {e}", h.index))))
-                            .await;
-                        return;
-                    }
+            if records.first().is_none_or(|r| r.index != next) {
+                if shard.first_record() > next {
+                    continue; // trimmed meanwhile: the check above answers
                 }
-            }
-            if records.is_empty() {
                 let _ = tx
                     .send(Err(Status::internal(format!("record {next} is missing"))))
                     .await;

@@ -23,11 +23,18 @@ const SNAPSHOT_FILE: &str = "snapshot";
 /// Membership history kept for building snapshots at an older index.
 const MAX_MEMBERSHIP_HISTORY: usize = 16;
 
-/// The persisted snapshot: openraft's meta plus the time stamp of its last entry.
+/// The persisted snapshot: openraft's meta plus the time stamp and record end of its last
+/// entry (the first record index retained after the trim).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SnapshotBlob {
     pub meta: SnapshotMeta<NodeId, BasicNode>,
     pub time_ms: i64,
+    #[serde(default)]
+    pub next_record: u64,
+    /// The record index trims asked to keep from (records below it are not served even where
+    /// their entry, holding later records too, is still stored).
+    #[serde(default)]
+    pub trimmed_below: u64,
 }
 
 #[derive(Default)]
@@ -43,9 +50,10 @@ pub struct SmShared {
     path: PathBuf,
     state: Mutex<SmState>,
     log: Arc<LogShared>,
-    /// One past the last applied index: readers serve records below it.
+    /// One past the last applied record index: readers serve records below it.
     pub applied_end: watch::Sender<u64>,
-    /// The first index a trim asked to keep (0: none yet).
+    /// The first record index a trim asked to keep, always the first record of an entry
+    /// (0: none yet).
     pub trim_target: watch::Sender<u64>,
 }
 
@@ -70,9 +78,10 @@ impl StateMachine {
         if let Some(b) = &blob {
             st.last_applied = b.meta.last_log_id;
             st.memberships.push(b.meta.last_membership.clone());
-            applied_end = b.meta.last_log_id.map_or(0, |l| l.index + 1);
-            trim = applied_end;
+            applied_end = b.next_record;
+            trim = b.next_record.max(b.trimmed_below);
             log.set_floor_time_ms(b.time_ms);
+            log.set_floor_record(b.next_record);
         }
         st.snapshot = blob;
         Ok(StateMachine {
@@ -104,9 +113,16 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
         let target = *self.shared.trim_target.borrow();
         let mut st = lock(&self.shared.state);
         let current = st.snapshot.as_ref().and_then(|s| s.meta.last_log_id);
-        // The snapshot covers exactly what the last trim dropped: entries below trim_target.
-        let want = target.checked_sub(1);
-        let header = want.and_then(|i| self.shared.log.header(i));
+        // The snapshot covers exactly what the last trim dropped: the entries whose records
+        // all lie below trim_target (whole entries only: the entry holding trim_target stays).
+        let boundary = self
+            .shared
+            .log
+            .entry_of_record(target)
+            .map_or(target, |h| h.first_record);
+        let header = boundary
+            .checked_sub(1)
+            .and_then(|r| self.shared.log.entry_of_record(r));
         let blob = match (header, current) {
             (Some(h), cur) if cur.is_none_or(|c| c.index < h.index) => {
                 let log_id =
@@ -119,6 +135,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                         snapshot_id: format!("{}-{}-{}", h.term, h.index, st.builds),
                     },
                     time_ms: h.time_ms,
+                    next_record: h.end_record(),
+                    trimmed_below: target,
                 };
                 write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
                 // Older membership entries than the snapshot's are no longer needed.
@@ -131,7 +149,15 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                 st.snapshot = Some(blob.clone());
                 blob
             }
-            _ => match &st.snapshot {
+            _ => match &mut st.snapshot {
+                Some(b) if b.trimmed_below < target => {
+                    // The trim moved within the entry the last snapshot kept: remember it.
+                    let mut next = b.clone();
+                    next.trimmed_below = target;
+                    write_durable(&self.shared.path, &next).map_err(|e| serr(&e))?;
+                    *b = next.clone();
+                    next
+                }
                 Some(b) => b.clone(),
                 None => {
                     // Asked with nothing trimmed (openraft at start with a purged log but no
@@ -143,6 +169,8 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                             snapshot_id: "applied".into(),
                         },
                         time_ms: self.shared.log.last_time_ms(),
+                        next_record: *self.shared.applied_end.borrow(),
+                        trimmed_below: 0,
                     };
                     write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
                     st.snapshot = Some(blob.clone());
@@ -168,15 +196,26 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         Ok((st.last_applied, Self::effective_membership(&st, None)))
     }
 
-    async fn apply<I>(&mut self, entries: I) -> Result<Vec<()>, StorageError<NodeId>>
+    async fn apply<I>(&mut self, entries: I) -> Result<Vec<u64>, StorageError<NodeId>>
     where
         I: IntoIterator<Item = JEntry> + Send,
         I::IntoIter: Send,
     {
         let mut out = Vec::new();
         let mut st = lock(&self.shared.state);
+        let mut end = None;
         for e in entries {
+            // Applied entries are committed, hence in the log (purges stop at the trim point,
+            // which is applied already).
+            let h = self.shared.log.header(e.log_id.index).ok_or_else(|| {
+                StorageError::from(StorageIOError::read_log_at_index(
+                    e.log_id.index,
+                    openraft::AnyError::error("applied entry is missing from the log"),
+                ))
+            })?;
             st.last_applied = Some(e.log_id);
+            end = Some(h.end_record());
+            let mut result = h.first_record;
             match e.payload {
                 EntryPayload::Membership(m) => {
                     st.memberships
@@ -186,7 +225,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                     }
                 }
                 EntryPayload::Normal(JournalRequest::Trim { below, .. }) => {
-                    let below = below.min(e.log_id.index);
+                    // Never past the trim entry itself. Storage drops whole entries below the
+                    // one holding `below`; readers are refused everything below `below`.
+                    let below = below.min(h.first_record);
                     self.shared.trim_target.send_if_modified(|t| {
                         if below > *t {
                             *t = below;
@@ -195,13 +236,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                             false
                         }
                     });
+                    result =
+                        (*self.shared.trim_target.borrow()).max(self.shared.log.first_record());
                 }
                 _ => {}
             }
-            out.push(());
+            out.push(result);
         }
-        if let Some(l) = st.last_applied {
-            self.shared.applied_end.send_replace(l.index + 1);
+        if let Some(end) = end {
+            self.shared.applied_end.send_replace(end);
         }
         Ok(out)
     }
@@ -230,14 +273,16 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         blob.meta = meta.clone();
         write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
         self.shared.log.set_floor_time_ms(blob.time_ms);
+        self.shared.log.set_floor_record(blob.next_record);
         let mut st = lock(&self.shared.state);
         st.last_applied = meta.last_log_id;
         st.memberships = vec![meta.last_membership.clone()];
+        let end = blob.next_record;
+        let trim = end.max(blob.trimmed_below);
         st.snapshot = Some(blob);
-        let end = meta.last_log_id.map_or(0, |l| l.index + 1);
         self.shared.trim_target.send_if_modified(|t| {
-            if end > *t {
-                *t = end;
+            if trim > *t {
+                *t = trim;
                 true
             } else {
                 false

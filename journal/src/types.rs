@@ -1,6 +1,7 @@
 //! The journal's openraft type configuration, the request carried in a Raft entry, and the
 //! binary codec of an entry (segment frame body and Raft wire format alike) and its mapping to
-//! the client-visible `Record`.
+//! the client-visible `Record`s: one Raft entry carries one or more records (a coalesced batch
+//! of payloads), each with its own record index.
 
 use std::io::Cursor;
 
@@ -16,8 +17,11 @@ pub type NodeId = u64;
 /// What the leader proposes. Every variant carries the leader's stamp.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JournalRequest {
-    /// A client payload.
-    Data { time_ms: i64, payload: Vec<u8> },
+    /// Client payloads (of one or several coalesced Append calls), one record each.
+    Data {
+        time_ms: i64,
+        payloads: Vec<Vec<u8>>,
+    },
     /// An idle tick.
     Tick { time_ms: i64 },
     /// Drop records below `below` on every node (a tick to readers).
@@ -38,7 +42,8 @@ openraft::declare_raft_types!(
     /// The journal's Raft types: one shard is one Raft group of these.
     pub TypeConfig:
         D = JournalRequest,
-        R = (),
+        // The record index of the entry's first record (for a trim: the first retained record).
+        R = u64,
         NodeId = NodeId,
         Node = BasicNode,
         Entry = Entry<TypeConfig>,
@@ -68,9 +73,26 @@ pub enum CodecError {
     Membership(#[from] serde_json::Error),
 }
 
+/// Bytes in front of each payload of a data entry (its length).
+const PAYLOAD_LEN_BYTES: usize = 4;
+/// Bytes of the wire header: index, term, leader node, time_ms.
+pub const WIRE_HEADER_BYTES: usize = 32;
+
+/// Records an entry carries: one per payload of a data entry (an empty batch still takes one
+/// position, delivered as a tick), one for every other entry.
+pub fn record_count(payload: &EntryPayload<TypeConfig>) -> u32 {
+    match payload {
+        EntryPayload::Normal(JournalRequest::Data { payloads, .. }) => {
+            u32::try_from(payloads.len().max(1)).unwrap_or(u32::MAX)
+        }
+        _ => 1,
+    }
+}
+
 /// The frame header of `entry`; `fallback_time_ms` stamps entries that carry no time of their
 /// own (openraft's blank and membership entries): the time of the entry before them.
-pub fn header_of(entry: &JEntry, fallback_time_ms: i64) -> FrameHeader {
+/// `first_record` is the record end of the entry before it in this log.
+pub fn header_of(entry: &JEntry, fallback_time_ms: i64, first_record: u64) -> FrameHeader {
     let time_ms = match &entry.payload {
         EntryPayload::Normal(r) => r.time_ms(),
         _ => fallback_time_ms,
@@ -80,6 +102,8 @@ pub fn header_of(entry: &JEntry, fallback_time_ms: i64) -> FrameHeader {
         term: entry.log_id.leader_id.term,
         node: entry.log_id.leader_id.node_id,
         time_ms,
+        first_record,
+        count: record_count(&entry.payload),
     }
 }
 
@@ -92,9 +116,15 @@ pub fn encode_rest(entry: &JEntry, out: &mut Vec<u8>) {
             // Membership serialisation cannot fail: plain maps and sets of integers and strings.
             out.extend_from_slice(&serde_json::to_vec(m).unwrap_or_default());
         }
-        EntryPayload::Normal(JournalRequest::Data { payload, .. }) => {
+        EntryPayload::Normal(JournalRequest::Data { payloads, .. }) => {
             out.push(KIND_DATA);
-            out.extend_from_slice(payload);
+            let n: usize = payloads.iter().map(|p| p.len() + PAYLOAD_LEN_BYTES).sum();
+            out.reserve(n);
+            for p in payloads {
+                // Payloads are capped far below 4 GiB (node::MAX_ENTRY_BYTES).
+                out.extend_from_slice(&(p.len() as u32).to_le_bytes());
+                out.extend_from_slice(p);
+            }
         }
         EntryPayload::Normal(JournalRequest::Tick { .. }) => out.push(KIND_TICK),
         EntryPayload::Normal(JournalRequest::Trim { below, .. }) => {
@@ -112,7 +142,7 @@ pub fn decode_entry(h: &FrameHeader, rest: &[u8]) -> Result<JEntry, CodecError> 
         KIND_MEMBERSHIP => EntryPayload::Membership(serde_json::from_slice(tail)?),
         KIND_DATA => EntryPayload::Normal(JournalRequest::Data {
             time_ms: h.time_ms,
-            payload: tail.to_vec(),
+            payloads: split_payloads(tail)?.map(<[u8]>::to_vec).collect(),
         }),
         KIND_TICK => EntryPayload::Normal(JournalRequest::Tick { time_ms: h.time_ms }),
         KIND_TRIM => {
@@ -134,27 +164,69 @@ pub fn decode_entry(h: &FrameHeader, rest: &[u8]) -> Result<JEntry, CodecError> 
     })
 }
 
-/// The client-visible record of a stored frame.
-pub fn record_of(h: &FrameHeader, rest: &[u8]) -> Result<Record, CodecError> {
+/// The payloads of a data entry's body rest (after the kind byte), checked for truncation.
+fn split_payloads(mut tail: &[u8]) -> Result<impl Iterator<Item = &[u8]>, CodecError> {
+    let mut out = Vec::new();
+    while !tail.is_empty() {
+        let len: [u8; PAYLOAD_LEN_BYTES] = tail
+            .get(..PAYLOAD_LEN_BYTES)
+            .ok_or(CodecError::Truncated)?
+            .try_into()
+            .map_err(|_| CodecError::Truncated)?;
+        let len = u32::from_le_bytes(len) as usize;
+        let end = PAYLOAD_LEN_BYTES + len;
+        out.push(
+            tail.get(PAYLOAD_LEN_BYTES..end)
+                .ok_or(CodecError::Truncated)?,
+        );
+        tail = &tail[end..];
+    }
+    Ok(out.into_iter())
+}
+
+/// The client-visible records of a stored frame with a record index at or after `from`,
+/// appended to `out`.
+pub fn records_of(
+    h: &FrameHeader,
+    rest: &[u8],
+    from: u64,
+    out: &mut Vec<Record>,
+) -> Result<(), CodecError> {
     let (&kind, tail) = rest.split_first().ok_or(CodecError::Empty)?;
-    let kind = match kind {
-        KIND_BLANK => Kind::LeaderChange(LeaderChange { term: h.term }),
-        KIND_DATA => Kind::Data(tail.to_vec()),
-        KIND_MEMBERSHIP | KIND_TICK | KIND_TRIM => Kind::Tick(Tick {}),
-        k => return Err(CodecError::UnknownKind(k)),
-    };
-    Ok(Record {
-        index: h.index,
+    let record = |index: u64, kind: Kind| Record {
+        index,
         term: h.term,
         time_ms: h.time_ms,
         kind: Some(kind),
-    })
+    };
+    let single = match kind {
+        KIND_BLANK => Kind::LeaderChange(LeaderChange { term: h.term }),
+        KIND_DATA => {
+            let mut any = false;
+            for (index, p) in (h.first_record..).zip(split_payloads(tail)?) {
+                any = true;
+                if index >= from {
+                    out.push(record(index, Kind::Data(p.to_vec())));
+                }
+            }
+            if any {
+                return Ok(());
+            }
+            Kind::Tick(Tick {})
+        }
+        KIND_MEMBERSHIP | KIND_TICK | KIND_TRIM => Kind::Tick(Tick {}),
+        k => return Err(CodecError::UnknownKind(k)),
+    };
+    if h.first_record >= from {
+        out.push(record(h.first_record, single));
+    }
+    Ok(())
 }
 
 /// Encodes an entry for the Raft wire: frame header fields + rest, without length/CRC (the
 /// transport has its own integrity).
 pub fn encode_wire(entry: &JEntry) -> Vec<u8> {
-    let h = header_of(entry, 0);
+    let h = header_of(entry, 0, 0);
     let mut out = Vec::with_capacity(64);
     out.extend_from_slice(&h.index.to_le_bytes());
     out.extend_from_slice(&h.term.to_le_bytes());
@@ -166,7 +238,7 @@ pub fn encode_wire(entry: &JEntry) -> Vec<u8> {
 
 /// Decodes `encode_wire`'s output.
 pub fn decode_wire(bytes: &[u8]) -> Result<JEntry, CodecError> {
-    if bytes.len() < crate::segment::BODY_HEADER_BYTES {
+    if bytes.len() < WIRE_HEADER_BYTES {
         return Err(CodecError::Truncated);
     }
     let u = |at: usize| {
@@ -179,8 +251,10 @@ pub fn decode_wire(bytes: &[u8]) -> Result<JEntry, CodecError> {
         term: u(8),
         node: u(16),
         time_ms: u(24) as i64,
+        first_record: 0,
+        count: 0,
     };
-    decode_entry(&h, &bytes[crate::segment::BODY_HEADER_BYTES..])
+    decode_entry(&h, &bytes[WIRE_HEADER_BYTES..])
 }
 
 #[cfg(test)]
@@ -211,7 +285,11 @@ mod tests {
             EntryPayload::Membership(members),
             EntryPayload::Normal(JournalRequest::Data {
                 time_ms: 5,
-                payload: b"xyz".to_vec(),
+                payloads: vec![b"xyz".to_vec()],
+            }),
+            EntryPayload::Normal(JournalRequest::Data {
+                time_ms: 5,
+                payloads: vec![b"a".to_vec(), Vec::new(), vec![7; 300]],
             }),
             EntryPayload::Normal(JournalRequest::Tick { time_ms: 6 }),
             EntryPayload::Normal(JournalRequest::Trim {
@@ -226,21 +304,83 @@ mod tests {
         }
     }
 
-    #[test]
-    fn records_map_kinds() {
-        let h = FrameHeader {
+    fn header(first_record: u64, count: u32) -> FrameHeader {
+        FrameHeader {
             index: 4,
             term: 2,
             node: 1,
             time_ms: 77,
-        };
-        let r = record_of(&h, &[KIND_BLANK]).unwrap();
-        assert_eq!(r.kind, Some(Kind::LeaderChange(LeaderChange { term: 2 })));
-        let r = record_of(&h, &[KIND_DATA, 9, 9]).unwrap();
-        assert_eq!(r.kind, Some(Kind::Data(vec![9, 9])));
-        assert_eq!(r.time_ms, 77);
-        let r = record_of(&h, &[KIND_TRIM, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap();
-        assert_eq!(r.kind, Some(Kind::Tick(Tick {})));
-        assert!(record_of(&h, &[42]).is_err());
+            first_record,
+            count,
+        }
+    }
+
+    fn rest_of(p: EntryPayload<TypeConfig>) -> Vec<u8> {
+        let mut out = Vec::new();
+        encode_rest(&entry(p), &mut out);
+        out
+    }
+
+    #[test]
+    fn records_map_kinds() {
+        let mut out = Vec::new();
+        records_of(&header(10, 1), &[KIND_BLANK], 0, &mut out).unwrap();
+        assert_eq!(
+            out[0].kind,
+            Some(Kind::LeaderChange(LeaderChange { term: 2 }))
+        );
+        assert_eq!(out[0].index, 10);
+        out.clear();
+        records_of(
+            &header(10, 1),
+            &[KIND_TRIM, 0, 0, 0, 0, 0, 0, 0, 0],
+            0,
+            &mut out,
+        )
+        .unwrap();
+        assert_eq!(out[0].kind, Some(Kind::Tick(Tick {})));
+        assert!(records_of(&header(10, 1), &[42], 0, &mut out).is_err());
+    }
+
+    #[test]
+    fn a_batch_is_one_record_per_payload_from_the_asked_index() {
+        let rest = rest_of(EntryPayload::Normal(JournalRequest::Data {
+            time_ms: 77,
+            payloads: vec![vec![1], vec![2, 2], vec![3]],
+        }));
+        let mut out = Vec::new();
+        records_of(&header(20, 3), &rest, 0, &mut out).unwrap();
+        let got: Vec<(u64, Option<Kind>)> = out.iter().map(|r| (r.index, r.kind.clone())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (20, Some(Kind::Data(vec![1]))),
+                (21, Some(Kind::Data(vec![2, 2]))),
+                (22, Some(Kind::Data(vec![3]))),
+            ]
+        );
+        assert!(out.iter().all(|r| r.time_ms == 77 && r.term == 2));
+        out.clear();
+        records_of(&header(20, 3), &rest, 22, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].index, 22);
+        // A truncated batch is an error, never a short read.
+        assert!(records_of(&header(20, 3), &rest[..rest.len() - 1], 0, &mut out).is_err());
+        // An empty batch still takes its one position, as a tick.
+        let empty = rest_of(EntryPayload::Normal(JournalRequest::Data {
+            time_ms: 1,
+            payloads: Vec::new(),
+        }));
+        out.clear();
+        records_of(&header(5, 1), &empty, 0, &mut out).unwrap();
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0].kind, Some(Kind::Tick(Tick {})));
+        assert_eq!(
+            record_count(&EntryPayload::Normal(JournalRequest::Data {
+                time_ms: 1,
+                payloads: Vec::new()
+            })),
+            1
+        );
     }
 }

@@ -21,6 +21,8 @@ fn header(index: u64) -> FrameHeader {
         term: 1 + index / 50,
         node: 1,
         time_ms: 1_000 + index as i64,
+        first_record: index,
+        count: 1,
     }
 }
 
@@ -80,7 +82,7 @@ fn check(log: &SegmentLog, model: &[Vec<u8>], first: u64, synced: usize, seed: u
 fn run_case(seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0).unwrap();
+    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
     log.set_segment_target_bytes(SMALL_SEGMENT_BYTES);
     let mut first = 0u64;
     let mut model: Vec<Vec<u8>> = Vec::new(); // records from `first` on
@@ -136,8 +138,8 @@ fn run_case(seed: u64) {
         bytes.extend_from_slice(&garbage);
         std::fs::write(&last, bytes).unwrap();
     }
-    let (log, _) =
-        SegmentLog::open(dir.path(), first, 0).unwrap_or_else(|e| panic!("seed {seed}: {e}"));
+    let (log, _) = SegmentLog::open(dir.path(), first, 0, first)
+        .unwrap_or_else(|e| panic!("seed {seed}: {e}"));
     let n = check(&log, &model, first, synced, seed);
     // The recovered log takes appends again and survives a clean reopen.
     model.truncate(n);
@@ -145,7 +147,7 @@ fn run_case(seed: u64) {
     append(&mut log, &mut model, first, vec![b"after".to_vec()]);
     log.sync().unwrap();
     drop(log);
-    let (log, report) = SegmentLog::open(dir.path(), first, 0).unwrap();
+    let (log, report) = SegmentLog::open(dir.path(), first, 0, first).unwrap();
     assert_eq!(report.torn_tail_cut_bytes, 0, "seed {seed}");
     assert_eq!(check(&log, &model, first, model.len(), seed), model.len());
 }
@@ -174,7 +176,7 @@ fn random_crash_cuts_recover_a_synced_prefix() {
 }
 
 fn filled_log(dir: &Path, records: u64) -> Vec<Vec<u8>> {
-    let (mut log, _) = SegmentLog::open(dir, 0, 0).unwrap();
+    let (mut log, _) = SegmentLog::open(dir, 0, 0, 0).unwrap();
     log.set_segment_target_bytes(SMALL_SEGMENT_BYTES);
     let mut model = Vec::new();
     let mut rng = StdRng::seed_from_u64(7);
@@ -200,7 +202,7 @@ fn corruption_in_an_older_segment_refuses_to_open() {
     let at = b.len() / 2;
     b[at] ^= 0x01;
     std::fs::write(&segs[0], b).unwrap();
-    match SegmentLog::open(dir.path(), 0, 0) {
+    match SegmentLog::open(dir.path(), 0, 0, 0) {
         Err(SegmentError::Corrupt { .. }) => {}
         Err(e) => panic!("wrong error {e}"),
         Ok(_) => panic!("opened a corrupt log"),
@@ -210,7 +212,7 @@ fn corruption_in_an_older_segment_refuses_to_open() {
 #[test]
 fn corruption_before_valid_records_of_the_last_segment_refuses_to_open() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0).unwrap();
+    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
     let mut model = Vec::new();
     for i in 0..20u8 {
         append(&mut log, &mut model, 0, vec![vec![i; 40]]);
@@ -219,9 +221,9 @@ fn corruption_before_valid_records_of_the_last_segment_refuses_to_open() {
     drop(log);
     let seg = last_segment(dir.path());
     let mut b = std::fs::read(&seg).unwrap();
-    b[8 + 8 + 32 + 3] ^= 0xff; // inside the first record's payload
+    b[8 + 8 + 48 + 3] ^= 0xff; // inside the first record's payload
     std::fs::write(&seg, b).unwrap();
-    let err = SegmentLog::open(dir.path(), 0, 0)
+    let err = SegmentLog::open(dir.path(), 0, 0, 0)
         .err()
         .expect("must refuse");
     assert!(err.to_string().contains("not a torn tail"), "{err}");
@@ -231,7 +233,7 @@ fn corruption_before_valid_records_of_the_last_segment_refuses_to_open() {
 fn truncate_then_append_replaces_the_suffix() {
     let dir = tempfile::tempdir().unwrap();
     let mut model = filled_log(dir.path(), 60);
-    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0).unwrap();
+    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
     log.set_segment_target_bytes(SMALL_SEGMENT_BYTES);
     log.truncate(25).unwrap();
     model.truncate(25);
@@ -243,6 +245,73 @@ fn truncate_then_append_replaces_the_suffix() {
     );
     log.sync().unwrap();
     drop(log);
-    let (log, _) = SegmentLog::open(dir.path(), 0, 0).unwrap();
+    let (log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
     assert_eq!(check(&log, &model, 0, model.len(), 0), 27);
+}
+
+#[test]
+fn records_of_multi_record_entries_are_located_and_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
+    log.set_segment_target_bytes(SMALL_SEGMENT_BYTES);
+    // Entries of 1, 3, 1, 5, ... records: entry i starts where entry i-1 ended.
+    let mut starts = Vec::new();
+    for i in 0..40u64 {
+        let h = FrameHeader {
+            index: i,
+            term: 1,
+            node: 1,
+            time_ms: i as i64,
+            first_record: log.next_record(),
+            count: 1 + (i % 3) as u32 * 2,
+        };
+        starts.push((h.first_record, h.end_record()));
+        let mut frames = Vec::new();
+        encode_frame(&mut frames, &h, &[i as u8; 100]);
+        log.append(&[h], &frames).unwrap();
+    }
+    log.sync().unwrap();
+    let check = |log: &SegmentLog| {
+        for (i, (first, end)) in starts.iter().enumerate() {
+            for r in *first..*end {
+                let h = log.entry_of_record(r).unwrap();
+                assert_eq!(h.index, i as u64, "record {r}");
+            }
+        }
+        assert!(log.entry_of_record(starts.last().unwrap().1).is_none());
+        assert_eq!(log.next_record(), starts.last().unwrap().1);
+    };
+    check(&log);
+    drop(log);
+    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
+    check(&log);
+    // A frame that does not start where the previous ended is refused on append.
+    let h = FrameHeader {
+        index: 40,
+        term: 1,
+        node: 1,
+        time_ms: 40,
+        first_record: log.next_record() + 1,
+        count: 1,
+    };
+    let mut frames = Vec::new();
+    encode_frame(&mut frames, &h, b"x");
+    assert!(log.append(&[h], &frames).is_err());
+    // After purging a prefix, an emptied log continues from the purged entry's record end.
+    log.purge(39).unwrap();
+    assert_eq!(log.first_record(), starts[39].1);
+    assert_eq!(log.next_record(), starts[39].1);
+}
+
+#[test]
+fn a_version_1_segment_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut old = journal::segment::SEGMENT_MAGIC_V1.to_vec();
+    old.extend_from_slice(&[0u8; 64]);
+    std::fs::write(dir.path().join(format!("{:020}.seg", 0)), old).unwrap();
+    let err = SegmentLog::open(dir.path(), 0, 0, 0)
+        .err()
+        .expect("must refuse an old format");
+    assert!(matches!(err, SegmentError::OldFormat { .. }), "{err}");
+    assert!(err.to_string().contains("format version 1"), "{err}");
 }

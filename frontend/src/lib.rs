@@ -19,6 +19,7 @@ pub mod read_index;
 pub mod replica;
 pub mod rpc;
 pub mod server;
+pub mod snapshot;
 pub mod tenant;
 pub mod tenants;
 pub mod watch;

@@ -209,9 +209,10 @@ impl Maintenance for MaintenanceService {
 
     async fn snapshot(
         &self,
-        _req: Request<SnapshotRequest>,
+        req: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(handled(Error::SnapshotUnavailable))
+        let t = self.tenant(&req)?;
+        crate::snapshot::snapshot(t).await.map(Response::new)
     }
 
     async fn move_leader(

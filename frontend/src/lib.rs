@@ -6,6 +6,7 @@ pub mod auth;
 pub mod authority;
 pub mod checkpoint;
 pub mod cluster;
+pub mod coalesce;
 pub mod config;
 pub mod errors;
 pub mod http;

@@ -178,7 +178,14 @@ impl Frontend {
             grpc.serve_with_incoming_shutdown(
                 tokio_stream::StreamExt::map(
                     tonic::transport::server::TcpIncoming::from(client).with_nodelay(Some(true)),
-                    |conn| conn.map(crate::authority::AuthorityNormaliser::new),
+                    // Innermost, `Coalesced` lets many small answers share one write.
+                    |conn| {
+                        conn.map(|s| {
+                            crate::authority::AuthorityNormaliser::new(crate::coalesce::Coalesced(
+                                s,
+                            ))
+                        })
+                    },
                 ),
                 stop.clone(),
             ),

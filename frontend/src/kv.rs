@@ -1,6 +1,7 @@
 //! The etcd `KV` service: Range (linearizable through a shared read-index round, or
-//! serializable from the local replica at once), and Put, DeleteRange, Txn and Compact
-//! journalled as intents and answered with the outcome the replica computed.
+//! serializable from the local replica at once), read-only Txns the same way, and Put,
+//! DeleteRange, other Txns and Compact journalled as intents and answered with the outcome the
+//! replica computed.
 
 use std::sync::Arc;
 
@@ -95,6 +96,9 @@ async fn delete_range(
 async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<TxnResponse, Error> {
     t.check_size(req.encoded_len())?;
     memstore::validate::txn(&req, t.limits.max_txn_ops)?;
+    if crate::read_txn::is_read_only(&req) {
+        return read_only_txn(t, &req).await;
+    }
     let applied = t.propose(&id, Intent::Txn(req)).await?;
     match applied.outcome {
         Outcome::Txn(mut r) => {
@@ -108,6 +112,18 @@ async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<TxnResponse, 
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Txn")),
     }
+}
+
+/// A txn whose every op is a Range: served on the read path like a Range (etcd's
+/// `isTxnReadonly`), compares and ranges at one revision of the local replica.
+async fn read_only_txn(t: &Tenant, req: &TxnRequest) -> Result<TxnResponse, Error> {
+    if !crate::read_txn::is_serializable(req) {
+        t.barrier().await?;
+    }
+    let store = t.replica.read();
+    let mut resp = crate::read_txn::execute(&store, req)?;
+    resp.header = Some(t.header(store.revision()));
+    Ok(resp)
 }
 
 async fn compact(

@@ -17,6 +17,7 @@ pub mod log;
 pub mod maintenance;
 pub mod metrics;
 pub mod read_index;
+pub mod read_txn;
 pub mod replica;
 pub mod rpc;
 pub mod server;

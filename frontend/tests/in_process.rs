@@ -426,13 +426,10 @@ async fn cluster_maintenance_and_auth() {
         code(c.user_list().await.unwrap_err()).0,
         Code::Unimplemented
     );
-    match c.snapshot().await {
-        Err(e) => assert_eq!(code(e).0, Code::Unimplemented),
-        Ok(mut s) => {
-            let e = s.message().await.unwrap_err();
-            assert_eq!(code(e).0, Code::Unimplemented);
-        }
-    }
+    // Snapshot streams the replica's checkpoint (compactor issue): at least one non-empty chunk.
+    let mut s = c.snapshot().await.unwrap();
+    let first = s.message().await.unwrap().expect("a snapshot chunk");
+    assert!(!first.blob().is_empty());
     h.fe.stop().await.unwrap();
 }
 

@@ -1,0 +1,324 @@
+//! Read-only Txns (every op of both branches a Range) answered on the read path, as etcd does
+//! (`isTxnReadonly`): compares and ranges evaluated together against one state of the local
+//! replica, after a read barrier unless every range is serializable (`isTxnSerializable`).
+//! Nothing is journalled: a read-only txn changes nothing, so every replica would compute the
+//! same answer the journalled path computes.
+
+use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use api::etcdserverpb::{
+    Compare, RangeRequest, RequestOp, ResponseOp, TxnRequest, TxnResponse, request_op, response_op,
+};
+use api::mvccpb::KeyValue;
+use memstore::MemStore;
+
+/// Whether every op of both branches is a Range (a nested Txn counts as a write, as in etcd).
+pub fn is_read_only(t: &TxnRequest) -> bool {
+    t.success.iter().chain(&t.failure).all(is_range)
+}
+
+/// Whether every Range of a read-only txn asked for a serializable read.
+pub fn is_serializable(t: &TxnRequest) -> bool {
+    t.success.iter().chain(&t.failure).all(
+        |op| matches!(&op.request, Some(request_op::Request::RequestRange(r)) if r.serializable),
+    )
+}
+
+fn is_range(op: &RequestOp) -> bool {
+    matches!(op.request, Some(request_op::Request::RequestRange(_)))
+}
+
+/// Evaluates a read-only `t` against `store` (the caller holds its read lock, so compares and
+/// ranges see one revision). The header is left for the caller; sub-responses carry the store's
+/// own range headers, as on the journalled path.
+pub fn execute(store: &MemStore, t: &TxnRequest) -> Result<TxnResponse, memstore::Error> {
+    debug_assert!(is_read_only(t));
+    let succeeded = t.compare.iter().all(|c| compare(store, c));
+    let ops = if succeeded { &t.success } else { &t.failure };
+    let mut responses = Vec::with_capacity(ops.len());
+    for op in ops {
+        if let Some(request_op::Request::RequestRange(r)) = &op.request {
+            responses.push(ResponseOp {
+                response: Some(response_op::Response::ResponseRange(store.range(r)?)),
+            });
+        }
+    }
+    Ok(TxnResponse {
+        header: None,
+        succeeded,
+        responses,
+    })
+}
+
+/// etcd's applyCompare: every live key of the compare's range must satisfy it; with no key,
+/// a value compare fails and the others compare against zero.
+fn compare(store: &MemStore, c: &Compare) -> bool {
+    let req = RangeRequest {
+        key: c.key.clone(),
+        range_end: c.range_end.clone(),
+        ..Default::default()
+    };
+    let Ok(found) = store.range(&req) else {
+        return false;
+    };
+    if found.kvs.is_empty() {
+        if c.target == CompareTarget::Value as i32 {
+            return false;
+        }
+        return compare_kv(c, None);
+    }
+    found.kvs.iter().all(|kv| compare_kv(c, Some(kv)))
+}
+
+/// etcd's compareKV; `None` is a missing key (every field zero).
+fn compare_kv(c: &Compare, kv: Option<&KeyValue>) -> bool {
+    let ord = match CompareTarget::try_from(c.target) {
+        Ok(CompareTarget::Value) => {
+            let want: &[u8] = match &c.target_union {
+                Some(TargetUnion::Value(x)) => x,
+                _ => &[],
+            };
+            kv.map_or(&[][..], |kv| &kv.value).cmp(want)
+        }
+        Ok(target) => {
+            let field = |f: fn(&KeyValue) -> i64| kv.map_or(0, f);
+            let (have, want) = match (target, &c.target_union) {
+                (CompareTarget::Version, u) => (
+                    field(|kv| kv.version),
+                    match u {
+                        Some(TargetUnion::Version(x)) => *x,
+                        _ => 0,
+                    },
+                ),
+                (CompareTarget::Create, u) => (
+                    field(|kv| kv.create_revision),
+                    match u {
+                        Some(TargetUnion::CreateRevision(x)) => *x,
+                        _ => 0,
+                    },
+                ),
+                (CompareTarget::Mod, u) => (
+                    field(|kv| kv.mod_revision),
+                    match u {
+                        Some(TargetUnion::ModRevision(x)) => *x,
+                        _ => 0,
+                    },
+                ),
+                (CompareTarget::Lease | CompareTarget::Value, u) => (
+                    field(|kv| kv.lease),
+                    match u {
+                        Some(TargetUnion::Lease(x)) => *x,
+                        _ => 0,
+                    },
+                ),
+            };
+            have.cmp(&want)
+        }
+        // An unknown target compares nothing (etcd's switch falls through with result 0).
+        Err(_) => std::cmp::Ordering::Equal,
+    };
+    match CompareResult::try_from(c.result) {
+        Ok(CompareResult::Equal) => ord.is_eq(),
+        Ok(CompareResult::NotEqual) => ord.is_ne(),
+        Ok(CompareResult::Greater) => ord.is_gt(),
+        Ok(CompareResult::Less) => ord.is_lt(),
+        Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::etcdserverpb::{DeleteRangeRequest, PutRequest};
+    use api::strata::entry::{Entry, entry::Request};
+    use memstore::Outcome;
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    /// Replays with `READ_TXN_SEED=<seed>`.
+    const PINNED_SEED: u64 = 0x5eed_4ead_0e71;
+    const ROUNDS: usize = 400;
+    const KEYS: u8 = 6;
+
+    struct Model {
+        store: MemStore,
+        index: u64,
+    }
+
+    impl Model {
+        fn apply(&mut self, request: Request) -> Outcome {
+            self.index += 1;
+            let entry = Entry {
+                format_version: api::ENTRY_FORMAT_VERSION,
+                tenant: "t".into(),
+                request_id: self.index.to_le_bytes().to_vec(),
+                time_ms: 1_000 + self.index as i64,
+                request: Some(request),
+            };
+            self.store.apply(self.index, &entry).outcome
+        }
+    }
+
+    fn key(rng: &mut StdRng) -> Vec<u8> {
+        vec![b'a' + rng.random_range(0..KEYS)]
+    }
+
+    fn range_end(rng: &mut StdRng, key: &[u8]) -> Vec<u8> {
+        match rng.random_range(0..4) {
+            0 => vec![0],
+            1 => vec![key[0] + rng.random_range(1..3)],
+            _ => Vec::new(),
+        }
+    }
+
+    fn compare(rng: &mut StdRng, revision: i64) -> Compare {
+        let k = key(rng);
+        let target = rng.random_range(0..5);
+        let small = rng.random_range(0..=revision.max(1) + 1);
+        let target_union = Some(match target {
+            0 => TargetUnion::Version(rng.random_range(0..4)),
+            1 => TargetUnion::CreateRevision(small),
+            2 => TargetUnion::ModRevision(small),
+            3 => TargetUnion::Value(vec![b'v', b'0' + rng.random_range(0..3)]),
+            _ => TargetUnion::Lease(0),
+        });
+        Compare {
+            result: rng.random_range(0..4),
+            target,
+            range_end: range_end(rng, &k),
+            key: k,
+            target_union,
+        }
+    }
+
+    fn range_op(rng: &mut StdRng, revision: i64) -> RequestOp {
+        let k = key(rng);
+        RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                range_end: range_end(rng, &k),
+                key: k,
+                limit: rng.random_range(0..3),
+                // Sometimes a past revision, sometimes a future one (an error on both paths).
+                revision: match rng.random_range(0..4) {
+                    0 => rng.random_range(1..=revision + 1),
+                    _ => 0,
+                },
+                keys_only: rng.random_bool(0.2),
+                count_only: rng.random_bool(0.1),
+                serializable: rng.random_bool(0.5),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn run(seed: u64) {
+        let mut rng = StdRng::seed_from_u64(seed);
+        let mut m = Model {
+            store: MemStore::new(memstore::Config::default()),
+            index: 0,
+        };
+        for round in 0..ROUNDS {
+            match rng.random_range(0..3) {
+                0 => {
+                    let value = vec![b'v', b'0' + rng.random_range(0..3)];
+                    m.apply(Request::Put(PutRequest {
+                        key: key(&mut rng),
+                        value,
+                        ..Default::default()
+                    }));
+                }
+                1 => {
+                    let k = key(&mut rng);
+                    m.apply(Request::DeleteRange(DeleteRangeRequest {
+                        range_end: range_end(&mut rng, &k),
+                        key: k,
+                        ..Default::default()
+                    }));
+                }
+                _ => {
+                    let rev = m.store.revision();
+                    let t = TxnRequest {
+                        compare: (0..rng.random_range(0..3))
+                            .map(|_| compare(&mut rng, rev))
+                            .collect(),
+                        success: (0..rng.random_range(0..3))
+                            .map(|_| range_op(&mut rng, rev))
+                            .collect(),
+                        failure: (0..rng.random_range(0..3))
+                            .map(|_| range_op(&mut rng, rev))
+                            .collect(),
+                    };
+                    assert!(is_read_only(&t));
+                    let read = execute(&m.store, &t);
+                    let journalled = m.apply(Request::Txn(t.clone()));
+                    assert_eq!(
+                        m.store.revision(),
+                        rev,
+                        "a read-only txn moved the revision"
+                    );
+                    match (read, journalled) {
+                        (Ok(mut r), Outcome::Txn(j)) => {
+                            r.header = j.header;
+                            assert_eq!(r, j, "seed {seed} round {round}: {t:?}");
+                        }
+                        (Err(e), Outcome::Failed(f)) => {
+                            assert_eq!(e.to_string(), f.to_string(), "seed {seed} round {round}")
+                        }
+                        (r, j) => panic!(
+                            "seed {seed} round {round}: read path {r:?}, journal {j:?}, txn {t:?}"
+                        ),
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn read_path_answers_what_the_journalled_path_computes_pinned_seed() {
+        run(PINNED_SEED);
+    }
+
+    #[test]
+    fn read_path_answers_what_the_journalled_path_computes_random_seed() {
+        let seed = std::env::var("READ_TXN_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        println!("READ_TXN_SEED={seed}");
+        run(seed);
+    }
+
+    #[test]
+    fn classification_follows_etcd() {
+        let range = |serializable| RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: b"a".to_vec(),
+                serializable,
+                ..Default::default()
+            })),
+        };
+        let put = RequestOp {
+            request: Some(request_op::Request::RequestPut(PutRequest {
+                key: b"a".to_vec(),
+                ..Default::default()
+            })),
+        };
+        let nested = RequestOp {
+            request: Some(request_op::Request::RequestTxn(TxnRequest::default())),
+        };
+        let txn = |success: Vec<RequestOp>, failure: Vec<RequestOp>| TxnRequest {
+            compare: vec![],
+            success,
+            failure,
+        };
+        assert!(is_read_only(&txn(vec![], vec![])));
+        assert!(is_read_only(&txn(vec![range(false)], vec![range(true)])));
+        assert!(!is_read_only(&txn(vec![range(false)], vec![put.clone()])));
+        assert!(!is_read_only(&txn(vec![nested], vec![])));
+        assert!(is_serializable(&txn(vec![range(true)], vec![range(true)])));
+        assert!(!is_serializable(&txn(
+            vec![range(true)],
+            vec![range(false)]
+        )));
+        assert!(!is_serializable(&txn(vec![put], vec![])));
+    }
+}

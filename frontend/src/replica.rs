@@ -1,6 +1,7 @@
 //! A tenant's replica: the memstore rebuilt by tailing the tenant's journal shard, the apply
-//! loop that feeds it, the watch hub it notifies, and the hand-off of outcomes to the writers
-//! waiting for them.
+//! loop that feeds it, the watch hub it notifies, the hand-off of outcomes to the writers
+//! waiting for them, and the reload from the newest checkpoint when the journal was trimmed
+//! past the replica's position.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -19,6 +20,9 @@ pub const APPLY_CHUNK: usize = 256;
 /// First wait before re-opening a failed journal read; doubles up to the max.
 pub const READ_RETRY_MIN: Duration = Duration::from_millis(100);
 pub const READ_RETRY_MAX: Duration = Duration::from_secs(2);
+/// Most history events handed to the watch hub per store read when a reload replays the
+/// revisions the replica skipped.
+pub const RELOAD_REPLAY_CHUNK: usize = 1024;
 
 /// Where the replica stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -28,7 +32,8 @@ pub enum ReplicaState {
     /// Caught up once; serving.
     Ready,
     /// Stopped: it cannot go on without diverging (undecodable record, trimmed position with no
-    /// checkpoint to load). An operator must look.
+    /// usable checkpoint, or watchers that a reload would make skip compacted events). An
+    /// operator must look (the process exits and its supervisor restarts it).
     Failed(String),
 }
 
@@ -43,10 +48,23 @@ pub struct Replica {
     term: AtomicU64,
     /// Writers waiting for the outcome of their entry, by request id.
     waiters: Mutex<HashMap<Vec<u8>, oneshot::Sender<Applied>>>,
+    /// Where the compactor's checkpoints are, for a reload after a trim (`--object-store`).
+    checkpoints: Option<crate::checkpoint::Store>,
 }
 
 impl Replica {
     pub fn new(tenant: &str, shard: u32, store: MemStore) -> Arc<Self> {
+        Self::with_checkpoints(tenant, shard, store, None)
+    }
+
+    /// A replica that, when the journal was trimmed past its position, reloads the newest
+    /// checkpoint from `checkpoints` instead of stopping.
+    pub fn with_checkpoints(
+        tenant: &str,
+        shard: u32,
+        store: MemStore,
+        checkpoints: Option<crate::checkpoint::Store>,
+    ) -> Arc<Self> {
         let applied_index = store.applied_index();
         Arc::new(Self {
             tenant: tenant.to_string(),
@@ -57,6 +75,7 @@ impl Replica {
             state: watch::channel(ReplicaState::CatchingUp).0,
             term: AtomicU64::new(0),
             waiters: Mutex::new(HashMap::new()),
+            checkpoints,
         })
     }
 
@@ -134,10 +153,13 @@ impl Replica {
             let from = self.applied_index() + 1;
             let stream = match log.read(self.shard, from).await {
                 Ok(s) => s,
-                Err(e) => {
-                    if self.fail_if_fatal(&e) {
+                Err(LogError::Trimmed { first_index }) => {
+                    if !self.reload_or_fail(first_index).await {
                         return;
                     }
+                    continue;
+                }
+                Err(e) => {
                     tracing::warn!(tenant = %self.tenant, shard = self.shard, error = %e, "journal read failed; retrying");
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(READ_RETRY_MAX);
@@ -154,9 +176,14 @@ impl Replica {
                         backoff = (backoff * 2).min(READ_RETRY_MAX);
                         break;
                     }
+                    Err(ApplyStop::Trimmed { first_index }) => {
+                        if !self.reload_or_fail(first_index).await {
+                            return;
+                        }
+                        break;
+                    }
                     Err(ApplyStop::Fatal(reason)) => {
-                        tracing::error!(tenant = %self.tenant, shard = self.shard, %reason, "replica stopped");
-                        self.state.send_replace(ReplicaState::Failed(reason));
+                        self.fail(reason);
                         return;
                     }
                 }
@@ -164,17 +191,104 @@ impl Replica {
         }
     }
 
-    fn fail_if_fatal(&self, e: &LogError) -> bool {
-        if let LogError::Trimmed { first_index } = e {
-            let reason = format!(
-                "journal trimmed below {first_index} but the replica has applied only {}; a checkpoint is needed",
-                self.applied_index()
-            );
-            tracing::error!(tenant = %self.tenant, shard = self.shard, %reason, "replica stopped");
-            self.state.send_replace(ReplicaState::Failed(reason));
-            return true;
+    fn fail(&self, reason: String) {
+        tracing::error!(tenant = %self.tenant, shard = self.shard, %reason, "replica stopped");
+        self.state.send_replace(ReplicaState::Failed(reason));
+    }
+
+    /// The journal no longer holds the replica's next record: reload the newest checkpoint
+    /// (which covers the trimmed records), or stop. True when the replica can tail on.
+    async fn reload_or_fail(&self, first_index: u64) -> bool {
+        let applied = self.applied_index();
+        match self.reload(first_index).await {
+            Ok(index) => {
+                tracing::warn!(
+                    tenant = %self.tenant,
+                    shard = self.shard,
+                    first_index,
+                    from = applied,
+                    to = index,
+                    "journal trimmed past the replica; reloaded the newest checkpoint"
+                );
+                metrics::counter!("strata_frontend_replica_reloads_total", "tenant" => self.tenant.clone())
+                    .increment(1);
+                true
+            }
+            Err(why) => {
+                self.fail(format!(
+                    "journal trimmed below {first_index} but the replica has applied only {applied}, and it cannot reload: {why}"
+                ));
+                false
+            }
         }
-        false
+    }
+
+    /// Loads the newest checkpoint and swaps it in; answers its index.
+    async fn reload(&self, first_index: u64) -> Result<u64, String> {
+        let Some(objects) = &self.checkpoints else {
+            return Err("no --object-store to load a checkpoint from".into());
+        };
+        let loaded = crate::checkpoint::latest(objects, &self.tenant)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or("the object store holds no checkpoint of the tenant")?;
+        let index = loaded.reference.index;
+        if index + 1 < first_index {
+            return Err(format!(
+                "the newest checkpoint is at index {index}, below the journal's first index {first_index}"
+            ));
+        }
+        self.swap(loaded.store)?;
+        Ok(index)
+    }
+
+    /// Replaces the store with `new` (a checkpoint ahead of it) atomically for readers, and
+    /// brings the watch hub along: the events of the revisions between the two are replayed from
+    /// `new`'s history, so no watcher skips one (watchers whose stream cannot take them all are
+    /// caught up from history as usual). When `new`'s history no longer reaches back that far,
+    /// the swap is refused while watchers exist: a watcher must never silently miss an event.
+    /// Writers still waiting for an outcome are dropped (they answer "stopped"; their entry may
+    /// or may not have been applied, as after a timeout).
+    fn swap(&self, new: MemStore) -> Result<(), String> {
+        let mut store = self
+            .store
+            .write()
+            .unwrap_or_else(|p| panic!("memstore lock poisoned by a panicking apply: {p}"));
+        if new.applied_index() <= store.applied_index() {
+            return Err(format!(
+                "the newest checkpoint (index {}) is not ahead of the replica (index {})",
+                new.applied_index(),
+                store.applied_index()
+            ));
+        }
+        let from = store.revision() + 1;
+        let to = new.revision();
+        let replayable = from > new.compact_revision() || from > to;
+        let watchers = self.hub.watcher_count();
+        if !replayable && watchers > 0 {
+            return Err(format!(
+                "the checkpoint's history starts after revision {}, but {watchers} watchers still need revisions from {from}",
+                new.compact_revision()
+            ));
+        }
+        let index = new.applied_index();
+        *store = new;
+        let mut next = from;
+        while replayable && next <= to {
+            let events = store
+                .events(next, &[0], &[0], RELOAD_REPLAY_CHUNK)
+                .map_err(|e| format!("reading the checkpoint's history from {next}: {e}"))?;
+            let Some(last) = events.last().map(crate::watch::event_revision) else {
+                break;
+            };
+            self.hub.notify(last, &events);
+            next = last + 1;
+        }
+        self.hub.notify(to, &[]);
+        drop(store);
+        self.lock_waiters().clear();
+        self.applied.send_replace(index);
+        Ok(())
     }
 
     /// Applies a run of records: all under one write lock, then notifies the hub in order,
@@ -195,9 +309,7 @@ impl Replica {
                 let record = match record {
                     Ok(r) => r,
                     Err(LogError::Trimmed { first_index }) => {
-                        stop = Some(ApplyStop::Fatal(format!(
-                            "journal trimmed below {first_index} while tailing"
-                        )));
+                        stop = Some(ApplyStop::Trimmed { first_index });
                         break;
                     }
                     Err(e) => {
@@ -280,5 +392,106 @@ impl Replica {
 
 enum ApplyStop {
     Retry(LogError),
+    /// The journal no longer holds the next record: reload from a checkpoint.
+    Trimmed {
+        first_index: u64,
+    },
     Fatal(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watch::{Delivery, WatchSpec};
+    use api::etcdserverpb::{CompactionRequest, PutRequest};
+    use api::strata::entry::{Entry, entry::Request};
+
+    fn apply(store: &mut MemStore, index: u64, request: Request) {
+        let entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            request_id: index.to_le_bytes().to_vec(),
+            time_ms: 1_000 + index as i64,
+            request: Some(request),
+        };
+        store.apply(index, &entry);
+    }
+
+    /// A store that applied `n` puts (index i puts key k<i % 4>).
+    fn store_after(n: u64) -> MemStore {
+        let mut s = MemStore::new(memstore::Config::default());
+        for i in 1..=n {
+            let put = PutRequest {
+                key: format!("k{}", i % 4).into_bytes(),
+                value: format!("v{i}").into_bytes(),
+                ..Default::default()
+            };
+            apply(&mut s, i, Request::Put(put));
+        }
+        s
+    }
+
+    fn revisions(rx: &mut tokio::sync::mpsc::Receiver<Delivery>) -> Vec<i64> {
+        let mut out = Vec::new();
+        while let Ok(d) = rx.try_recv() {
+            if let Delivery::Events { events, .. } = d {
+                out.extend(events.iter().map(crate::watch::event_revision));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn swap_replays_the_skipped_revisions_to_synced_watchers() {
+        let old = store_after(3);
+        let old_rev = old.revision();
+        let r = Replica::new("t", 0, old);
+        let mut h = r.hub().open_stream();
+        let w = r
+            .hub()
+            .register(h.id, 0, WatchSpec::range(b"k", b"l"), 0, old_rev)
+            .unwrap();
+        assert!(w.synced);
+        let new = store_after(10);
+        let new_rev = new.revision();
+        r.swap(new).unwrap();
+        assert_eq!(r.applied_index(), 10);
+        assert_eq!(r.read().revision(), new_rev);
+        let expected: Vec<i64> = (old_rev + 1..=new_rev).collect();
+        assert_eq!(revisions(&mut h.deliveries), expected);
+        assert_eq!(r.hub().revision(), new_rev);
+    }
+
+    #[test]
+    fn swap_is_refused_while_watchers_would_skip_compacted_revisions() {
+        let r = Replica::new("t", 0, store_after(3));
+        let h = r.hub().open_stream();
+        let rev = r.read().revision();
+        let w = r
+            .hub()
+            .register(h.id, 0, WatchSpec::range(b"k", b"l"), 0, rev)
+            .unwrap();
+        let compacted = || {
+            let mut s = store_after(10);
+            let revision = s.revision();
+            apply(
+                &mut s,
+                11,
+                Request::Compact(CompactionRequest {
+                    revision,
+                    physical: false,
+                }),
+            );
+            s
+        };
+        let e = r.swap(compacted()).unwrap_err();
+        assert!(e.contains("watchers"), "{e}");
+        assert_eq!(r.applied_index(), 3, "a refused swap changed the replica");
+        // With nobody watching there is nothing to skip: the swap goes ahead.
+        assert!(r.hub().cancel(h.id, w.watch_id));
+        r.swap(compacted()).unwrap();
+        assert_eq!(r.applied_index(), 11);
+        // A checkpoint that is not ahead of the replica is never swapped in.
+        assert!(r.swap(store_after(5)).is_err());
+    }
 }

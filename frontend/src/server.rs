@@ -114,11 +114,17 @@ impl Frontend {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
         };
-        let store = initial_store(&config).await?;
+        let checkpoints = config
+            .object_store
+            .as_deref()
+            .map(crate::checkpoint::open)
+            .transpose()?;
+        let store = initial_store(&config, checkpoints.as_ref()).await?;
         let tenant = Tenant::start(
             &config.tenant,
             config.shard,
             store,
+            checkpoints,
             log.clone(),
             limits,
             identity,
@@ -288,13 +294,15 @@ fn flatten_http(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Resul
 
 /// The store the replica starts from: the tenant's newest checkpoint when `--object-store` is
 /// given and holds one, else an empty store (tail from the journal's start).
-async fn initial_store(config: &Config) -> Result<memstore::MemStore, ServeError> {
+async fn initial_store(
+    config: &Config,
+    objects: Option<&crate::checkpoint::Store>,
+) -> Result<memstore::MemStore, ServeError> {
     let fresh = || memstore::MemStore::new(memstore::Config::default());
-    let Some(url) = &config.object_store else {
+    let Some(objects) = objects else {
         return Ok(fresh());
     };
-    let objects = crate::checkpoint::open(url)?;
-    match crate::checkpoint::latest(&objects, &config.tenant).await? {
+    match crate::checkpoint::latest(objects, &config.tenant).await? {
         Some(loaded) => {
             tracing::info!(
                 tenant = %config.tenant,

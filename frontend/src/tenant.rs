@@ -47,17 +47,18 @@ pub struct Tenant {
 }
 
 impl Tenant {
-    /// Starts a tenant's replica (tailing from `store`'s applied index), writer and read-index
-    /// driver.
+    /// Starts a tenant's replica (tailing from `store`'s applied index, reloading from
+    /// `checkpoints` if the journal is trimmed past it), writer and read-index driver.
     pub fn start(
         name: &str,
         shard: u32,
         store: MemStore,
+        checkpoints: Option<crate::checkpoint::Store>,
         log: Arc<dyn Log>,
         limits: Limits,
         identity: Identity,
     ) -> Arc<Self> {
-        let replica = Replica::new(name, shard, store);
+        let replica = Replica::with_checkpoints(name, shard, store, checkpoints);
         tokio::spawn(replica.clone().run(log.clone()));
         Arc::new(Self {
             name: name.to_string(),

@@ -1,7 +1,8 @@
 //! `strata admin backup list|restore` against three journal processes and a `strata compactor`:
 //! a tenant is restored to an older checkpoint through the journal, and a replica built from the
 //! journal afterwards holds exactly the checkpoint's keys, values, lease attachments and leases,
-//! with revisions that moved forward.
+//! with revisions that moved forward; and with two frontends, both serve the restored state and
+//! a watcher gets the restore as events.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -255,5 +256,150 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
     )
     .await;
     assert!(again.contains("already matches"), "{again}");
+    drop(deployment);
+}
+
+/// Every key and value under `r/` as frontend `endpoint` serves it (linearizable), with the
+/// revision of the read.
+async fn served(c: &mut etcd_client::Client) -> (BTreeMap<Vec<u8>, Vec<u8>>, i64) {
+    let r = c
+        .get("r/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let kvs = r
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+        .collect();
+    (kvs, r.header().unwrap().revision())
+}
+
+/// A restore written through the journal is seen by every frontend: both serve the checkpoint's
+/// keys at the same revision with the same HashKV, and a watcher opened before the restore gets
+/// it as ordinary events (revisions move forward, nothing is cancelled: docs/compactor.md).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_is_seen_by_every_frontend_and_watchers_get_it_as_events() {
+    let deployment = Deployment::start(2).await;
+    let journals = deployment.journal_addrs().to_vec();
+    let objects = deployment.dir().join("objects");
+    let url = format!("file://{}", objects.display());
+    let log = deployment.dir().join("compactor.log");
+    let client = JournalClient::connect(&journals).await.unwrap();
+    let catalog = Catalog::new(compactor::store::open(&url).unwrap());
+    let _compactor = ChildGuard::strata(
+        "compactor",
+        &[
+            "compactor",
+            "--journal",
+            &journals.join(","),
+            "--object-store",
+            &url,
+            "--every",
+            "500ms",
+        ]
+        .map(String::from),
+        Some(&log),
+    );
+    let mut f0 = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
+        .await
+        .unwrap();
+    let mut f1 = etcd_client::Client::connect([deployment.frontend(1).endpoint()], None)
+        .await
+        .unwrap();
+
+    // Phase A through frontend 0, then a checkpoint of it.
+    for i in 0..50 {
+        f0.put(format!("r/{i:03}"), "a", None).await.unwrap();
+    }
+    let (want, _) = served(&mut f0).await;
+    let checkpoint = wait_checkpoint(&catalog, client.read_index(SHARD).await.unwrap(), &log).await;
+
+    // Phase B: overwrite some keys, delete others, add new ones.
+    for i in 20..70 {
+        f0.put(format!("r/{i:03}"), "b", None).await.unwrap();
+    }
+    f0.delete(
+        "r/000",
+        Some(etcd_client::DeleteOptions::new().with_range("r/010")),
+    )
+    .await
+    .unwrap();
+    let (before, before_rev) = served(&mut f1).await;
+    assert_ne!(before, want);
+
+    // A watcher on frontend 1 from the next revision, opened before the restore.
+    let mut watch = f1
+        .watch(
+            "r/",
+            Some(
+                etcd_client::WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(before_rev + 1),
+            ),
+        )
+        .await
+        .unwrap();
+
+    let out = admin(
+        &[
+            "admin",
+            "backup",
+            "restore",
+            "--object-store",
+            &url,
+            "--journal",
+            &journals.join(","),
+            "--index",
+            &checkpoint.to_string(),
+        ]
+        .map(String::from),
+    )
+    .await;
+    assert!(out.contains("restored tenant default"), "{out}");
+
+    // Both frontends serve the checkpoint's keys at one revision, with one HashKV.
+    let (kv0, rev0) = served(&mut f0).await;
+    let (kv1, rev1) = served(&mut f1).await;
+    assert_eq!(kv0, want, "frontend 0 serves the restored keys");
+    assert_eq!(kv1, want, "frontend 1 serves the restored keys");
+    assert_eq!(rev0, rev1, "both at the revision after the restore");
+    assert!(rev0 > before_rev, "revisions move forward");
+    let h0 = f0.hash_kv(rev0).await.unwrap().hash();
+    let h1 = f1.hash_kv(rev0).await.unwrap().hash();
+    assert_eq!(h0, h1, "HashKV at {rev0}");
+    let replica = current(&catalog, &client).await;
+    assert_eq!(
+        replica.hash_kv(rev0).unwrap().hash,
+        h0,
+        "as a replica from the journal"
+    );
+
+    // The watcher saw the restore as events, in revision order, up to the new revision; applied
+    // to the state before the restore they give the restored state.
+    let mut seen = before;
+    let mut last = before_rev;
+    while last < rev0 {
+        let r = tokio::time::timeout(WAIT, watch.message())
+            .await
+            .expect("watch events within the timeout")
+            .unwrap()
+            .expect("watch stream open");
+        assert!(!r.canceled(), "a restore does not cancel watchers: {r:?}");
+        for e in r.events() {
+            let kv = e.kv().unwrap();
+            assert!(kv.mod_revision() >= last, "events in revision order");
+            last = kv.mod_revision();
+            match e.event_type() {
+                etcd_client::EventType::Put => {
+                    seen.insert(kv.key().to_vec(), kv.value().to_vec());
+                }
+                etcd_client::EventType::Delete => {
+                    seen.remove(kv.key());
+                }
+            }
+        }
+    }
+    assert_eq!(last, rev0);
+    assert_eq!(seen, want, "the events replay the restore");
     drop(deployment);
 }

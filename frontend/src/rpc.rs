@@ -2,9 +2,13 @@
 //! request id fields), per-RPC counters and latency histograms, and turning errors into statuses
 //! (logged where they are handled: here).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
+
+use metrics::{Counter, Histogram};
 
 use tonic::{Code, Response, Status};
 use tracing::Instrument;
@@ -78,13 +82,63 @@ pub fn handled(e: Error) -> Status {
     status
 }
 
+/// (rpc, tenant) pairs whose metric handles are kept; past this, requests resolve their
+/// handles in the registry each time (correct, only slower).
+pub const MAX_CACHED_RPC_LABELS: usize = 4096;
+
+/// The metric handles of one (rpc, tenant): resolving them in the registry on every request
+/// (label strings allocated and hashed) was a visible share of a read's CPU.
+struct RpcHandles {
+    ok: Counter,
+    duration: Histogram,
+}
+
+type HandleCache = RwLock<HashMap<&'static str, HashMap<String, Arc<RpcHandles>>>>;
+
+fn cached(rpc: &'static str, tenant: &str) -> Option<Arc<RpcHandles>> {
+    static CACHE: OnceLock<HandleCache> = OnceLock::new();
+    // Handles taken before the recorder exists would stay no-ops forever.
+    crate::metrics::handle()?;
+    let cache = CACHE.get_or_init(Default::default);
+    let read = cache.read().unwrap_or_else(|p| p.into_inner());
+    if let Some(h) = read.get(rpc).and_then(|m| m.get(tenant)) {
+        return Some(h.clone());
+    }
+    let cached: usize = read.values().map(HashMap::len).sum();
+    drop(read);
+    if cached >= MAX_CACHED_RPC_LABELS {
+        return None;
+    }
+    let h = Arc::new(RpcHandles {
+        ok: metrics::counter!(REQUESTS_TOTAL, "rpc" => rpc, "tenant" => tenant.to_string(), "code" => "OK"),
+        duration: metrics::histogram!(REQUEST_DURATION, "rpc" => rpc, "tenant" => tenant.to_string()),
+    });
+    let mut write = cache.write().unwrap_or_else(|p| p.into_inner());
+    let entry = write
+        .entry(rpc)
+        .or_default()
+        .entry(tenant.to_string())
+        .or_insert(h);
+    Some(entry.clone())
+}
+
 /// Records one finished request.
 pub fn observe(rpc: &'static str, tenant: &str, start: Instant, code: Option<Code>) {
+    let elapsed = start.elapsed().as_secs_f64();
+    if let Some(h) = cached(rpc, tenant) {
+        h.duration.record(elapsed);
+        match code {
+            None => h.ok.increment(1),
+            Some(c) => metrics::counter!(REQUESTS_TOTAL, "rpc" => rpc, "tenant" => tenant.to_string(), "code" => code_name(c))
+                .increment(1),
+        }
+        return;
+    }
     let code = code.map_or("OK", code_name);
     metrics::counter!(REQUESTS_TOTAL, "rpc" => rpc, "tenant" => tenant.to_string(), "code" => code)
         .increment(1);
     metrics::histogram!(REQUEST_DURATION, "rpc" => rpc, "tenant" => tenant.to_string())
-        .record(start.elapsed().as_secs_f64());
+        .record(elapsed);
 }
 
 fn code_name(c: Code) -> &'static str {
@@ -121,6 +175,40 @@ mod tests {
         let s = a.to_string();
         assert_eq!(s.len(), 32);
         assert!(s.chars().all(|c| c.is_ascii_hexdigit()));
+    }
+
+    #[test]
+    fn observe_counts_through_cached_handles() {
+        let h = crate::metrics::handle().expect("the recorder installs");
+        for _ in 0..3 {
+            observe("CacheTestRpc", "cache-test", Instant::now(), None);
+        }
+        observe(
+            "CacheTestRpc",
+            "cache-test",
+            Instant::now(),
+            Some(Code::NotFound),
+        );
+        let text = h.render();
+        let line = |needle: &str| {
+            text.lines()
+                .find(|l| l.starts_with(needle))
+                .unwrap_or_else(|| panic!("no {needle} in\n{text}"))
+                .rsplit(' ')
+                .next()
+                .unwrap()
+                .to_string()
+        };
+        let labels = r#"rpc="CacheTestRpc",tenant="cache-test""#;
+        assert_eq!(
+            line(&format!(r#"{REQUESTS_TOTAL}{{{labels},code="OK"}}"#)),
+            "3"
+        );
+        assert_eq!(
+            line(&format!(r#"{REQUESTS_TOTAL}{{{labels},code="NotFound"}}"#)),
+            "1"
+        );
+        assert_eq!(line(&format!("{REQUEST_DURATION}_count{{{labels}}}")), "4");
     }
 
     #[tokio::test]

@@ -95,8 +95,24 @@ const ORDER_CHUNK: usize = 512;
 const HASH_SEED: u64 = 0x5354_5241_5441_4b56;
 static HASHER: foldhash::quality::FixedState = foldhash::quality::FixedState::with_seed(HASH_SEED);
 
-fn hash_key(key: &[u8]) -> u64 {
-    HASHER.hash_one(key)
+/// A key's 32-bit hash, kept beside its slot id in the hash index.
+fn hash_key(key: &[u8]) -> u32 {
+    let h = HASHER.hash_one(key);
+    (h ^ (h >> 32)) as u32
+}
+
+/// The 64-bit hash the table works with, from the stored 32 bits: the low half picks the
+/// bucket, the top 7 bits are the table's tag (independent of the bucket below 2^25 buckets).
+fn table_hash(h: u32) -> u64 {
+    (u64::from(h) << 32) | u64::from(h)
+}
+
+/// One hash index entry: a slot id and its key's hash (so the table grows without reading
+/// the slots, and a probe reads a slot only when the full 32-bit hash matches).
+#[derive(Debug, Clone, Copy)]
+struct Indexed {
+    id: u32,
+    hash: u32,
 }
 
 /// One key with all its versions, oldest first.
@@ -104,8 +120,6 @@ fn hash_key(key: &[u8]) -> u64 {
 pub(crate) struct Slot {
     pub key: Box<[u8]>,
     pub versions: Vec<Version>,
-    /// `hash_key(key)`, kept so growing or shrinking the hash index never reads the keys.
-    hash: u64,
 }
 
 /// One entry of the change log: the version of slot `slot` written at (`main`, `sub`).
@@ -164,7 +178,7 @@ impl Slab {
 pub(crate) struct KeySpace {
     slab: Slab,
     /// Slot ids by hash of their key: point reads and writes.
-    index: HashTable<u32>,
+    index: HashTable<Indexed>,
     /// Slot ids in key order, in chunks of at most `ORDER_CHUNK`: ranges.
     order: Vec<Vec<u32>>,
     /// Every stored version newer than the compact revision, in (main, sub) order: event
@@ -242,11 +256,10 @@ impl KeySpace {
         let slab = &self.slab;
         let h = hash_key(key);
         self.index
-            .find(h, |&id| {
-                let s = slab.get(id);
-                s.hash == h && &s.key[..] == key
+            .find(table_hash(h), |e| {
+                e.hash == h && &slab.get(e.id).key[..] == key
             })
-            .copied()
+            .map(|e| e.id)
     }
 
     /// The versions of `key`, oldest first, if it has any.
@@ -365,11 +378,10 @@ impl KeySpace {
         let slab = &self.slab;
         let found = self
             .index
-            .find(h, |&id| {
-                let s = slab.get(id);
-                s.hash == h && &s.key[..] == key
+            .find(table_hash(h), |e| {
+                e.hash == h && &slab.get(e.id).key[..] == key
             })
-            .copied();
+            .map(|e| e.id);
         let (id, v) = match found {
             Some(id) => {
                 let slot = self.slab.get_mut(id);
@@ -387,10 +399,11 @@ impl KeySpace {
                 let id = self.slab.insert(Slot {
                     key: key.into(),
                     versions: Vec::with_capacity(1),
-                    hash: h,
                 });
-                let slab = &self.slab;
-                self.index.insert_unique(h, id, |&i| slab.get(i).hash);
+                self.index
+                    .insert_unique(table_hash(h), Indexed { id, hash: h }, |e| {
+                        table_hash(e.hash)
+                    });
                 self.order_insert(chunk, pos, id);
                 (id, v)
             }
@@ -479,8 +492,8 @@ impl KeySpace {
             return;
         }
         for &id in &emptied {
-            let h = self.slab.get(id).hash;
-            if let Ok(e) = self.index.find_entry(h, |&i| i == id) {
+            let h = hash_key(&self.slab.get(id).key);
+            if let Ok(e) = self.index.find_entry(table_hash(h), |e| e.id == id) {
                 e.remove();
             }
             self.slab.remove(id);
@@ -498,7 +511,7 @@ impl KeySpace {
             })
             .collect();
         self.order = pack_order(&kept);
-        self.index.shrink_to_fit(|&i| slab.get(i).hash);
+        self.index.shrink_to_fit(|e| table_hash(e.hash));
     }
 
     /// The change log expressed in `other`'s slot ids (for equality across two key spaces).
@@ -525,6 +538,7 @@ impl KeySpace {
         };
         let mut ordered: Vec<u32> = Vec::with_capacity(lower);
         let mut log: Vec<Change> = Vec::new();
+        let mut pending: Vec<Indexed> = Vec::with_capacity(lower);
         for (key, versions) in keys {
             if versions.is_empty() {
                 return Err("a key without versions".into());
@@ -549,11 +563,7 @@ impl KeySpace {
             }
             ks.versions += versions.len() as u64;
             let hash = hash_key(&key);
-            let id = ks.slab.insert(Slot {
-                key,
-                versions,
-                hash,
-            });
+            let id = ks.slab.insert(Slot { key, versions });
             for v in &ks.slab.get(id).versions {
                 if v.main > compact_rev {
                     log.push(Change {
@@ -563,10 +573,11 @@ impl KeySpace {
                     });
                 }
             }
-            let slab = &ks.slab;
-            ks.index.insert_unique(hash, id, |&i| slab.get(i).hash);
+            pending.push(Indexed { id, hash });
             ordered.push(id);
         }
+        ks.index.reserve(pending.len(), |e| table_hash(e.hash));
+        insert_in_bucket_order(&mut ks.index, pending);
         log.sort_unstable_by_key(|c| (c.main, c.sub));
         if log
             .windows(2)
@@ -577,6 +588,40 @@ impl KeySpace {
         ks.log = log.into();
         ks.order = pack_order(&ordered);
         Ok(ks)
+    }
+}
+
+/// log2 of the partitions `insert_in_bucket_order` sorts into.
+const BULK_PARTITION_BITS: u32 = 12;
+
+/// Inserts entries (distinct keys) into a table that already has room for all of them, in
+/// the order of their home buckets (a counting sort on the bucket index's top bits), so the
+/// table is written front to back instead of at random: a bulk load then misses the cache
+/// about once per table line rather than once per key.
+fn insert_in_bucket_order(index: &mut HashTable<Indexed>, entries: Vec<Indexed>) {
+    // hashbrown keeps 7/8 of a power-of-two bucket count usable (all of it below 8 buckets).
+    let buckets = (index.capacity() / 7 * 8)
+        .max(index.capacity())
+        .next_power_of_two();
+    let bits = buckets.trailing_zeros();
+    let shift = bits.saturating_sub(BULK_PARTITION_BITS);
+    let mask = buckets - 1;
+    let part = |e: &Indexed| (e.hash as usize & mask) >> shift;
+    let mut starts = vec![0usize; (1usize << bits.min(BULK_PARTITION_BITS)) + 1];
+    for e in &entries {
+        starts[part(e) + 1] += 1;
+    }
+    for i in 1..starts.len() {
+        starts[i] += starts[i - 1];
+    }
+    let mut sorted = vec![Indexed { id: 0, hash: 0 }; entries.len()];
+    for e in entries {
+        let p = part(&e);
+        sorted[starts[p]] = e;
+        starts[p] += 1;
+    }
+    for e in sorted {
+        index.insert_unique(table_hash(e.hash), e, |e| table_hash(e.hash));
     }
 }
 

@@ -1,0 +1,79 @@
+//! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
+//! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
+//! --example profile_ops -- puts|reads|hot|load`.
+
+use std::hint::black_box;
+
+use api::etcdserverpb::{PutRequest, RangeRequest};
+use api::strata::entry::{Entry, entry::Request};
+use memstore::{Config, MemStore};
+
+const N: usize = 1_000_000;
+const KEY_LEN: usize = 64;
+const READ_ROUNDS: usize = 5;
+const LOAD_ROUNDS: usize = 4;
+
+fn key(i: usize) -> Vec<u8> {
+    let mut k = format!("/registry/pods/ns{:04}/pod-{:08}-", i / 1000, i).into_bytes();
+    k.resize(KEY_LEN, b'x');
+    k
+}
+
+fn main() {
+    let mode = std::env::args().nth(1).unwrap_or_else(|| "puts".into());
+    let entries: Vec<Entry> = (0..N)
+        .map(|i| Entry {
+            format_version: 1,
+            tenant: "p".into(),
+            request_id: Vec::new(),
+            time_ms: 1_000,
+            request: Some(Request::Put(PutRequest {
+                key: key(i),
+                value: vec![b'v'; 256],
+                ..Default::default()
+            })),
+        })
+        .collect();
+    let rounds = if mode == "puts" { 3 } else { 1 };
+    let mut store = MemStore::new(Config::default());
+    for _ in 0..rounds {
+        store = MemStore::new(Config::default());
+        for (i, e) in entries.iter().enumerate() {
+            black_box(store.apply(i as u64 + 1, e));
+        }
+    }
+    drop(entries);
+    if mode == "puts" {
+        return;
+    }
+    if mode == "load" {
+        let meta = memstore::checkpoint::CheckpointMeta {
+            tenant: "p".into(),
+            shard: 0,
+            index: store.applied_index(),
+            revision: store.revision(),
+            created_ms: 0,
+        };
+        let bytes = memstore::checkpoint::encode(&meta, &store);
+        drop(store);
+        for _ in 0..LOAD_ROUNDS {
+            black_box(memstore::checkpoint::decode(&bytes).expect("decode"));
+        }
+        return;
+    }
+    let hot = mode == "hot";
+    let flat: Vec<u8> = (0..N)
+        .flat_map(|i| {
+            let j = if hot { i % 1000 } else { i };
+            key(j.wrapping_mul(2_654_435_761) % N)
+        })
+        .collect();
+    let mut req = RangeRequest::default();
+    for _ in 0..READ_ROUNDS {
+        for k in flat.chunks(KEY_LEN) {
+            req.key.clear();
+            req.key.extend_from_slice(k);
+            black_box(store.range(&req).expect("read"));
+        }
+    }
+}

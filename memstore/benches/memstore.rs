@@ -180,6 +180,7 @@ fn one_off_figures() {
             }
         },
     );
+    drop(flat);
     let flat: Vec<u8> = (0..BIG).flat_map(|i| key(scatter(i % 1000, BIG))).collect();
     timed(
         "point reads, 1000 hot keys of the 1M, request decoded into a reused buffer",

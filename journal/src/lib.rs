@@ -5,9 +5,12 @@
 
 pub mod client;
 pub mod clock;
+pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod log_store;
 pub mod meta;
+pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod segment;

@@ -61,6 +61,7 @@ pub enum OpenError {
 /// State shared by the log store, its readers, the flusher and the record readers.
 pub struct LogShared {
     dir: PathBuf,
+    shard: u32,
     log: Mutex<SegmentLog>,
     meta: Mutex<Meta>,
     committed: Mutex<(Option<JLogId>, Option<Instant>)>,
@@ -95,6 +96,7 @@ impl LogShared {
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(LogShared {
             dir: dir.to_path_buf(),
+            shard,
             log: Mutex::new(log),
             meta: Mutex::new(meta),
             committed: Mutex::new((committed, None)),
@@ -142,6 +144,12 @@ impl LogShared {
     /// Record index of the first record present (the first one a reader may ask for).
     pub fn first_record(&self) -> u64 {
         lock(&self.log).first_record()
+    }
+
+    /// Header of the first entry present.
+    pub fn first_entry(&self) -> Option<FrameHeader> {
+        let log = lock(&self.log);
+        log.header(log.first_index())
     }
 
     /// Record index the next record gets (one past the last present).
@@ -192,6 +200,7 @@ impl LogShared {
     }
 
     fn fail(&self, what: String) {
+        crate::metrics::storage_error(self.shard);
         tracing::error!(dir = %self.dir.display(), error = %what, "journal storage failed; no more appends are acknowledged");
         self.failed.store(true, Ordering::Release);
         let mut errs = lock(&self.errors);
@@ -245,7 +254,11 @@ fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<LogFlushed<Typ
             ))
         } else {
             let file = lock(&shared.log).active_file();
-            file.sync_data()
+            let started = Instant::now();
+            let r = crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
+                .and_then(|()| file.sync_data());
+            crate::metrics::fsynced(shared.shard, started.elapsed(), batch.len());
+            r
         };
         if let Err(e) = &result {
             shared.fail(format!("fsync failed: {e}"));

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -36,10 +37,15 @@ pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1000;
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 2000;
 /// Entries per AppendEntries message.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 1024;
-/// Raft entries of client payloads proposed and not yet committed, per shard. Append calls that
-/// arrive while this many are in flight queue up and are coalesced into the next entry, so
-/// under load one entry (one trip through openraft) carries many records.
-pub const MAX_INFLIGHT_ENTRIES: usize = 2;
+/// Default number of Raft entries of client payloads proposed and not yet committed, per
+/// shard. Append calls that arrive while this many are in flight queue up and are coalesced
+/// into the next entry, so under load one entry (one trip through openraft, one fsync per
+/// node) carries many records.
+pub const DEFAULT_MAX_INFLIGHT_ENTRIES: usize = 2;
+/// Default longest wait, once an in-flight slot is free, for the callers answered by the last
+/// completed entry to come back before proposing (never waited for when that entry had a
+/// single caller, so a lone appender sees no added latency).
+pub const DEFAULT_COALESCE_WAIT: Duration = Duration::from_micros(1500);
 /// Coalescing stops adding further Append calls to an entry at this many payload bytes...
 pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// ...or at this many records (a single larger call still goes whole into one entry).
@@ -81,6 +87,25 @@ pub struct NodeConfig {
     pub join: bool,
     /// Size at which a segment file is closed and a new one started.
     pub segment_bytes: u64,
+    /// Batching of Append calls into Raft entries.
+    pub batching: Batching,
+}
+
+/// How Append calls are coalesced into Raft entries (see `DEFAULT_MAX_INFLIGHT_ENTRIES` and
+/// `DEFAULT_COALESCE_WAIT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    pub max_inflight_entries: usize,
+    pub coalesce_wait: Duration,
+}
+
+impl Default for Batching {
+    fn default() -> Self {
+        Batching {
+            max_inflight_entries: DEFAULT_MAX_INFLIGHT_ENTRIES,
+            coalesce_wait: DEFAULT_COALESCE_WAIT,
+        }
+    }
 }
 
 enum Proposal {
@@ -120,7 +145,11 @@ impl Shard {
     pub fn leader(&self) -> (Option<NodeId>, Option<String>) {
         let m = self.raft.metrics();
         let m = m.borrow();
-        let id = m.current_leader;
+        // A node whose storage failed has stopped its Raft group: it leads nothing any more,
+        // whatever its last metrics say.
+        let id = m
+            .current_leader
+            .filter(|l| !(*l == self.node_id && self.log.failed()));
         let addr = id.and_then(|id| {
             let recorded = m
                 .membership_config
@@ -135,9 +164,15 @@ impl Shard {
     }
 
     /// The first record a reader may ask for: what storage holds, raised to the trim point
-    /// (storage keeps the whole entry holding the trim point).
+    /// once storage has dropped the entries below the one holding it (whole entries are
+    /// dropped, so the entry holding the trim point stays, its earlier records hidden).
     pub fn first_record(&self) -> u64 {
-        self.log.first_record().max(*self.sm.trim_target.borrow())
+        let target = *self.sm.trim_target.borrow();
+        match self.log.first_entry() {
+            Some(h) if target < h.end_record() => h.first_record.max(target),
+            Some(h) => h.first_record,
+            None => self.log.first_record(),
+        }
     }
 
     fn not_leader(&self) -> ShardError {
@@ -166,6 +201,13 @@ impl Shard {
         }
     }
 
+    fn storage_failed(&self) -> ShardError {
+        ShardError::Storage {
+            shard: self.id,
+            reason: "an earlier write or fsync failed; see status errors".into(),
+        }
+    }
+
     fn fatal(&self, reason: String) -> ShardError {
         if self.log.failed() {
             ShardError::Storage {
@@ -184,10 +226,7 @@ impl Shard {
             return Ok(Vec::new());
         }
         if self.log.failed() {
-            return Err(ShardError::Storage {
-                shard: self.id,
-                reason: "an earlier write or fsync failed; see status errors".into(),
-            });
+            return Err(self.storage_failed());
         }
         let (tx, rx) = oneshot::channel();
         self.proposals
@@ -225,11 +264,56 @@ impl Shard {
 /// Append calls coalesced into one Raft entry: each caller's record count and reply.
 type Waiters = Vec<(usize, oneshot::Sender<Result<Vec<u64>, ShardError>>)>;
 
+/// The Raft entry being built from queued Append calls.
+struct Batch {
+    payloads: Vec<Vec<u8>>,
+    bytes: usize,
+    waiters: Waiters,
+}
+
+impl Batch {
+    fn new(payloads: Vec<Vec<u8>>, reply: oneshot::Sender<Result<Vec<u64>, ShardError>>) -> Self {
+        Batch {
+            bytes: payloads.iter().map(Vec::len).sum(),
+            waiters: vec![(payloads.len(), reply)],
+            payloads,
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.payloads.len() >= MAX_BATCH_RECORDS || self.bytes >= MAX_BATCH_BYTES
+    }
+
+    /// Adds `p` if it is an Append call that fits; otherwise gives it back.
+    fn add(&mut self, p: Proposal) -> Option<Proposal> {
+        match p {
+            Proposal::Append { payloads, reply } => {
+                let bytes: usize = payloads.iter().map(Vec::len).sum();
+                if self.payloads.len() + payloads.len() > MAX_BATCH_RECORDS
+                    || self.bytes + bytes > MAX_BATCH_BYTES
+                {
+                    return Some(Proposal::Append { payloads, reply });
+                }
+                self.bytes += bytes;
+                self.waiters.push((payloads.len(), reply));
+                self.payloads.extend(payloads);
+                None
+            }
+            other => Some(other),
+        }
+    }
+}
+
 /// Orders, stamps and proposes one shard's entries; appends idle ticks. Append calls queued
-/// while `MAX_INFLIGHT_ENTRIES` entries are in flight are coalesced into one entry (bounded by
+/// while `max_inflight_entries` entries are in flight are coalesced into one entry (bounded by
 /// `MAX_BATCH_BYTES` / `MAX_BATCH_RECORDS`); each caller gets the record indexes of its own
 /// payloads, in order.
-async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick: Duration) {
+async fn proposer(
+    shard: Arc<Shard>,
+    mut rx: mpsc::Receiver<Proposal>,
+    idle_tick: Duration,
+    batching: Batching,
+) {
     let mut last_stamp = i64::MIN;
     let mut last_activity = Instant::now();
     let mut stamp = |shard: &Shard| {
@@ -237,7 +321,9 @@ async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick
         last_stamp = t;
         t
     };
-    let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_ENTRIES));
+    let inflight = Arc::new(Semaphore::new(batching.max_inflight_entries.max(1)));
+    // Callers answered by the most recently committed entry: they tend to come back together.
+    let last_done = Arc::new(AtomicUsize::new(0));
     // A proposal taken from the queue that did not fit into the entry being built.
     let mut carry: Option<Proposal> = None;
     loop {
@@ -273,55 +359,61 @@ async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick
                 let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
                     return;
                 };
-                let mut bytes: usize = payloads.iter().map(Vec::len).sum();
-                let mut waiters: Waiters = vec![(payloads.len(), reply)];
-                let mut all = payloads;
-                while all.len() < MAX_BATCH_RECORDS && bytes < MAX_BATCH_BYTES {
+                let mut batch = Batch::new(payloads, reply);
+                while carry.is_none() && !batch.full() {
                     match rx.try_recv() {
-                        Ok(Proposal::Append { payloads, reply })
-                            if all.len() + payloads.len() <= MAX_BATCH_RECORDS
-                                && bytes + payloads.iter().map(Vec::len).sum::<usize>()
-                                    <= MAX_BATCH_BYTES =>
-                        {
-                            bytes += payloads.iter().map(Vec::len).sum::<usize>();
-                            waiters.push((payloads.len(), reply));
-                            all.extend(payloads);
-                        }
-                        Ok(other) => {
-                            carry = Some(other);
-                            break;
-                        }
+                        Ok(p) => carry = batch.add(p),
                         Err(_) => break,
                     }
                 }
+                // The callers of the entry that just committed are on their way back: give
+                // them a moment to join, so entries stay large instead of alternating large
+                // and tiny.
+                let expected = last_done.load(Ordering::Relaxed);
+                if expected > 1 && !batching.coalesce_wait.is_zero() {
+                    let deadline = Instant::now() + batching.coalesce_wait;
+                    while carry.is_none() && !batch.full() && batch.waiters.len() < expected {
+                        match tokio::time::timeout_at(deadline, rx.recv()).await {
+                            Ok(Some(p)) => carry = batch.add(p),
+                            Ok(None) | Err(_) => break,
+                        }
+                    }
+                }
                 let time_ms = stamp(&shard);
+                let Batch {
+                    payloads, waiters, ..
+                } = batch;
+                crate::metrics::proposed(shard.id, payloads.len());
                 tracing::trace!(
                     shard = shard.id,
                     calls = waiters.len(),
-                    records = all.len(),
+                    records = payloads.len(),
                     "proposing a batch"
                 );
                 match shard
                     .raft
-                    .client_write_ff(JournalRequest::Data {
-                        time_ms,
-                        payloads: all,
-                    })
+                    .client_write_ff(JournalRequest::Data { time_ms, payloads })
                     .await
                 {
                     Ok(r) => {
                         let s = Arc::clone(&shard);
+                        let done = Arc::clone(&last_done);
                         tokio::spawn(async move {
                             let res = match r.await {
+                                // Committed by the followers, but this node's own write or
+                                // fsync failed: it acknowledges nothing any more (the client
+                                // retries elsewhere; a payload may then be stored twice).
+                                Ok(Ok(_)) if s.log.failed() => Err(s.storage_failed()),
                                 Ok(Ok(resp)) => Ok(resp.data),
                                 Ok(Err(e)) => Err(s.map_write_error(RaftError::APIError(e))),
                                 Err(_) => Err(s.fatal("raft stopped".into())),
                             };
+                            done.store(waiters.len(), Ordering::Relaxed);
                             drop(permit);
-                            answer(waiters, res);
+                            answer(s.id, waiters, res);
                         });
                     }
-                    Err(e) => answer(waiters, Err(shard.fatal(e.to_string()))),
+                    Err(e) => answer(shard.id, waiters, Err(shard.fatal(e.to_string()))),
                 }
             }
             Proposal::Trim { below, reply } => {
@@ -357,10 +449,11 @@ async fn proposer(shard: Arc<Shard>, mut rx: mpsc::Receiver<Proposal>, idle_tick
 
 /// Answers the Append calls of one entry: `first` is the entry's first record index; each
 /// caller gets the consecutive indexes of its own payloads.
-fn answer(waiters: Waiters, first: Result<u64, ShardError>) {
+fn answer(shard: u32, waiters: Waiters, first: Result<u64, ShardError>) {
     match first {
         Ok(mut next) => {
             for (n, reply) in waiters {
+                crate::metrics::appended(shard, n);
                 let indexes: Vec<u64> = (next..next + n as u64).collect();
                 next += n as u64;
                 let _ = reply.send(Ok(indexes));
@@ -503,7 +596,12 @@ impl JournalNode {
                 proposals: ptx,
                 read_index: rtx,
             });
-            tokio::spawn(proposer(Arc::clone(&shard), prx, config.idle_tick));
+            tokio::spawn(proposer(
+                Arc::clone(&shard),
+                prx,
+                config.idle_tick,
+                config.batching,
+            ));
             tokio::spawn(read_index_loop(Arc::clone(&shard), rrx));
             tokio::spawn(trim_loop(Arc::clone(&shard)));
             if !config.join {

@@ -506,8 +506,8 @@ impl SegmentLog {
             self.create_segment(h.index)?;
         }
         let seg = &self.segments[&self.active];
-        seg.file
-            .write_all_at(frames, self.active_len)
+        crate::failpoint::check(crate::failpoint::Failpoint::Write)
+            .and_then(|()| seg.file.write_all_at(frames, self.active_len))
             .map_err(|e| SegmentError::io(&seg.path, e))?;
         let mut at = 0usize;
         for h in headers {

@@ -36,6 +36,7 @@ async fn start(dir: &std::path::Path, port: u16, idle_tick: Duration) -> Running
         idle_tick,
         join: false,
         segment_bytes: 4096,
+        batching: Default::default(),
     })
     .await
     .unwrap();

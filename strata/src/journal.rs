@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use clap::Subcommand;
 
 mod bench;
+mod metrics;
 
 /// Flags of `strata journal`. Without a sub-command, runs one node: every node of a fresh
 /// cluster is started with the same `--peers`, and the cluster forms by itself.
@@ -23,32 +24,85 @@ pub struct Args {
 
 #[derive(clap::Args)]
 struct NodeArgs {
+    /// A config file (TOML, or JSON if it ends in `.json`) with any of the settings below,
+    /// named as the flags (`id`, `listen`, `data-dir`, `shards`, `idle-tick`, `join`,
+    /// `segment-bytes`, `metrics-listen`, and a `[peers]` table of `id = "host:port"`).
+    /// Flags given on the command line override it.
+    #[arg(long)]
+    config: Option<PathBuf>,
     /// This node's id (a positive integer, unique in the cluster).
     #[arg(long, env = "STRATA_JOURNAL_ID")]
     id: Option<u64>,
-    /// Address to listen on (client API and Raft traffic), e.g. 127.0.0.1:7001.
-    #[arg(long, default_value = "127.0.0.1:7001")]
-    listen: String,
+    /// Address to listen on (client API and Raft traffic) [default: 127.0.0.1:7001].
+    #[arg(long)]
+    listen: Option<String>,
     /// Every member of the initial cluster, this node included: `1=host:port,2=host:port,...`.
     /// Also the addresses this node dials its peers at.
     #[arg(long)]
     peers: Option<String>,
-    /// Directory for this node's segment files and Raft state.
-    #[arg(long, default_value = "strata-journal-data")]
-    data_dir: PathBuf,
-    /// Number of shards (Raft groups) every node hosts.
-    #[arg(long, default_value_t = 4)]
-    shards: u32,
-    /// An idle shard gets a tick entry after this long, so journal time moves on.
-    #[arg(long, default_value = "500ms", value_parser = humantime::parse_duration)]
-    idle_tick: Duration,
+    /// Directory for this node's segment files and Raft state [default: strata-journal-data].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Number of shards (Raft groups) every node hosts [default: 4].
+    #[arg(long)]
+    shards: Option<u32>,
+    /// An idle shard gets a tick entry after this long, so journal time moves on
+    /// [default: 500ms].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    idle_tick: Option<Duration>,
     /// Join an existing cluster (a replacement node): never initialise a shard; wait for the
     /// leaders to add this node (`strata journal replace-node`).
     #[arg(long)]
     join: bool,
-    /// Size at which a segment file is closed and a new one started.
-    #[arg(long, default_value_t = journal::segment::SEGMENT_TARGET_BYTES)]
-    segment_bytes: u64,
+    /// Size at which a segment file is closed and a new one started [default: 64 MiB].
+    #[arg(long)]
+    segment_bytes: Option<u64>,
+    /// Serve Prometheus metrics at http://<addr>/metrics.
+    #[arg(long)]
+    metrics_listen: Option<String>,
+    /// Tuning: Raft entries of client payloads in flight per shard; Append calls arriving
+    /// meanwhile are coalesced into the next entry.
+    #[arg(long, default_value_t = journal::node::DEFAULT_MAX_INFLIGHT_ENTRIES)]
+    max_inflight_entries: usize,
+    /// Tuning: longest wait for the callers of the last committed entry to come back and join
+    /// the next one (0 turns it off).
+    #[arg(long, default_value = "1500us", value_parser = humantime::parse_duration)]
+    coalesce_wait: Duration,
+    /// Testing only: arm the storage failpoints. While `<data-dir>/FAILPOINTS` exists and names
+    /// `write` and/or `fsync`, segment writes fail as on a full disk and fsyncs fail with EIO.
+    #[arg(long)]
+    failpoints: bool,
+}
+
+impl NodeArgs {
+    /// The settings given as flags, over those of `--config`.
+    fn merged(&self) -> anyhow::Result<journal::config::FileConfig> {
+        let file = match &self.config {
+            Some(p) => journal::config::FileConfig::load(p)?,
+            None => journal::config::FileConfig::default(),
+        };
+        let peers = match &self.peers {
+            Some(p) => Some(
+                parse_peers(p)?
+                    .into_iter()
+                    .map(|(id, a)| (id.to_string(), a))
+                    .collect(),
+            ),
+            None => None,
+        };
+        let flags = journal::config::FileConfig {
+            id: self.id,
+            listen: self.listen.clone(),
+            peers,
+            data_dir: self.data_dir.clone(),
+            shards: self.shards,
+            idle_tick: self.idle_tick,
+            join: self.join.then_some(true),
+            segment_bytes: self.segment_bytes,
+            metrics_listen: self.metrics_listen.clone(),
+        };
+        Ok(flags.over(file))
+    }
 }
 
 #[derive(Subcommand)]
@@ -129,26 +183,27 @@ async fn replace_node(
 }
 
 async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
-    let id = a.id.context("--id is required")?;
-    let listen = a.listen.clone();
-    let peers = match &a.peers {
-        Some(p) => parse_peers(p)?,
-        None => BTreeMap::from([(id, listen.clone())]),
+    let settings = a.merged()?;
+    let listen = settings.listen_or_default();
+    let mut config = settings.node_config()?;
+    config.batching = journal::node::Batching {
+        max_inflight_entries: a.max_inflight_entries,
+        coalesce_wait: a.coalesce_wait,
     };
+    if a.failpoints {
+        let file = config.data_dir.join("FAILPOINTS");
+        tracing::warn!(trigger = %file.display(), "storage failpoints armed (testing only)");
+        journal::failpoint::arm(file);
+    }
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .with_context(|| format!("listening on {listen}"))?;
-    let config = journal::NodeConfig {
-        id,
-        peers,
-        data_dir: a.data_dir,
-        shards: a.shards,
-        idle_tick: a.idle_tick,
-        join: a.join,
-        segment_bytes: a.segment_bytes,
-    };
+    let id = config.id;
     tracing::info!(id, %listen, shards = config.shards, data_dir = %config.data_dir.display(), "starting journal node");
     let node = journal::JournalNode::open(config).await?;
+    if let Some(addr) = &settings.metrics_listen {
+        metrics::serve(addr, std::sync::Arc::clone(&node)).await?;
+    }
     let shutdown = async {
         let mut term =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();

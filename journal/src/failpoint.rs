@@ -1,0 +1,103 @@
+//! Storage fault injection for tests: named failpoints in the segment write and fsync paths,
+//! armed by `strata journal --failpoints` (trigger file `<data-dir>/FAILPOINTS`) or the
+//! `STRATA_JOURNAL_FAILPOINT_FILE` environment variable (naming the trigger file), both read
+//! once at start. Unarmed (the default) every check is one load of an initialised `OnceLock`.
+//! Armed, each check reads the trigger file: while it exists and contains a failpoint's name (`write`,
+//! `fsync`), that operation fails with the error a full or failing disk gives (`ENOSPC`,
+//! `EIO`). Deleting the file clears the fault (a shard that saw a failure stays failed until
+//! its node restarts: after a failed fsync the page cache state is unknown).
+
+use std::io;
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// The environment variable that arms the failpoints: the path of the trigger file.
+pub const FAILPOINT_FILE_ENV: &str = "STRATA_JOURNAL_FAILPOINT_FILE";
+
+/// A place in the storage path that can be made to fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failpoint {
+    /// Writing frames to the active segment: fails as a full disk does (`ENOSPC`).
+    Write,
+    /// fdatasync of the active segment: fails as a failing disk does (`EIO`).
+    Fsync,
+}
+
+impl Failpoint {
+    /// The name that arms it in the trigger file.
+    pub fn name(self) -> &'static str {
+        match self {
+            Failpoint::Write => "write",
+            Failpoint::Fsync => "fsync",
+        }
+    }
+
+    fn error(self) -> io::Error {
+        let (errno, what) = match self {
+            Failpoint::Write => (libc_enospc(), "write"),
+            Failpoint::Fsync => (libc_eio(), "fsync"),
+        };
+        let os = io::Error::from_raw_os_error(errno);
+        io::Error::new(
+            os.kind(),
+            format!("{os} (injected by the {what} failpoint)"),
+        )
+    }
+}
+
+// Linux errno values (this crate runs on Linux only: it uses `std::os::unix`).
+fn libc_enospc() -> i32 {
+    28
+}
+fn libc_eio() -> i32 {
+    5
+}
+
+static TRIGGER_FILE: OnceLock<Option<PathBuf>> = OnceLock::new();
+
+fn trigger_file() -> Option<&'static PathBuf> {
+    TRIGGER_FILE
+        .get_or_init(|| std::env::var_os(FAILPOINT_FILE_ENV).map(PathBuf::from))
+        .as_ref()
+}
+
+/// Arms the failpoints of this process with `file` as the trigger file. Call it before the
+/// node opens its storage; false if the failpoints were already set up (armed or not).
+pub fn arm(file: PathBuf) -> bool {
+    TRIGGER_FILE.set(Some(file)).is_ok()
+}
+
+/// Fails if `point` is armed right now.
+pub fn check(point: Failpoint) -> io::Result<()> {
+    let Some(file) = trigger_file() else {
+        return Ok(());
+    };
+    match std::fs::read_to_string(file) {
+        Ok(armed) if armed.split_whitespace().any(|w| w == point.name()) => Err(point.error()),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_name_the_os_error_and_the_failpoint() {
+        let e = Failpoint::Fsync.error();
+        assert!(e.to_string().contains("Input/output error"), "{e}");
+        assert!(e.to_string().contains("fsync failpoint"), "{e}");
+        let e = Failpoint::Write.error();
+        assert!(e.to_string().contains("No space left on device"), "{e}");
+        assert_eq!(e.kind(), io::ErrorKind::StorageFull);
+    }
+
+    #[test]
+    fn unarmed_checks_pass() {
+        // The test process never sets the variable.
+        if std::env::var_os(FAILPOINT_FILE_ENV).is_none() {
+            assert!(check(Failpoint::Fsync).is_ok());
+            assert!(check(Failpoint::Write).is_ok());
+        }
+    }
+}

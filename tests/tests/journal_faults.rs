@@ -1,0 +1,183 @@
+//! Storage faults on three `strata journal` processes (started with `--failpoints`): while the
+//! shard leader's fsync fails, it acknowledges no append and names the error in its Status; the
+//! appenders carry on under a new leader; after the fault is cleared and the node restarted,
+//! every node holds the same gap-free log with every acknowledged record, and appends go on.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use api::strata::journal::AppendRequest;
+use api::strata::journal::journal_client::JournalClient as GrpcClient;
+use api::strata::journal::record::Kind;
+use strata_tests::journal::JournalCluster;
+use tokio::sync::Mutex;
+
+/// Concurrent appenders during the fault.
+const APPENDERS: usize = 16;
+/// The shard the test drives.
+const SHARD: u32 = 0;
+/// How long the test waits for anything to converge.
+const WAIT: Duration = Duration::from_secs(60);
+
+type Acked = Arc<Mutex<BTreeMap<u64, Vec<u8>>>>;
+
+async fn wait_acks(acked: &Acked, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while acked.lock().await.len() < n {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "appends stalled below {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One Append straight to the node at `addr`, no redirect, no retry.
+async fn append_direct(addr: &str, payload: Vec<u8>) -> Result<Vec<u64>, tonic::Status> {
+    let mut c = GrpcClient::connect(format!("http://{addr}"))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut req = tonic::Request::new(AppendRequest {
+        shard: SHARD,
+        payloads: vec![payload],
+    });
+    req.set_timeout(Duration::from_secs(10));
+    c.append(req).await.map(|r| r.into_inner().indexes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restart() {
+    let mut c = JournalCluster::start(3, 1, &["--failpoints".to_string()]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let leader_addr = c.nodes[leader].addr.clone();
+    let client = c.client().await;
+    let acked: Acked = Arc::default();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..APPENDERS {
+        let (client, acked, stop) = (client.clone(), Arc::clone(&acked), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let mut seq = 0u64;
+            let mut failures = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                let p = format!("appender {t} seq {seq}").into_bytes();
+                seq += 1;
+                match client.append(SHARD, vec![p.clone()]).await {
+                    Ok(idx) => {
+                        acked.lock().await.insert(idx[0], p);
+                    }
+                    Err(e) => failures.push(e.to_string()),
+                }
+            }
+            failures
+        }));
+    }
+    wait_acks(&acked, 300).await;
+
+    // The leader's disk starts failing its fsyncs.
+    let trigger = c.nodes[leader].data_dir.join("FAILPOINTS");
+    std::fs::write(&trigger, "fsync").unwrap();
+    let status_client = c.client_of(leader).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let errors = loop {
+        let st = status_client
+            .status_of(&leader_addr, SHARD)
+            .await
+            .expect("the failed node still answers Status");
+        if !st.errors.is_empty() {
+            break st.errors;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "Status never reported the fsync failure"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        errors
+            .iter()
+            .any(|e| e.contains("fsync failed") && e.contains("Input/output error")),
+        "{errors:?}"
+    );
+    // From now on it acknowledges nothing, however it is asked.
+    for i in 0..5 {
+        let r = append_direct(&leader_addr, format!("direct {i}").into_bytes()).await;
+        assert!(r.is_err(), "the failed node acknowledged an append: {r:?}");
+    }
+    // The appenders carry on under a new leader.
+    let at_fault = acked.lock().await.len();
+    wait_acks(&acked, at_fault + 300).await;
+    let st = status_client.status_of(&leader_addr, SHARD).await.unwrap();
+    assert_ne!(
+        st.leader_id, c.nodes[leader].id,
+        "the failed node still calls itself the leader"
+    );
+    let other = (leader + 1) % 3;
+    let other_client = c.client_of(other).await;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let st = other_client
+            .status_of(&c.nodes[other].addr, SHARD)
+            .await
+            .unwrap();
+        if st.leader_id != 0 && st.leader_id != c.nodes[leader].id {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no new leader: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // Clear the fault and restart the node: it rejoins and catches up.
+    std::fs::remove_file(&trigger).unwrap();
+    c.kill(leader);
+    c.restart(leader);
+    let after_restart = acked.lock().await.len();
+    wait_acks(&acked, after_restart + 300).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let failures = t.await.unwrap();
+        assert!(failures.is_empty(), "appends failed: {failures:?}");
+    }
+    let st = c
+        .client_of(leader)
+        .await
+        .status_of(&leader_addr, SHARD)
+        .await
+        .unwrap();
+    assert!(
+        st.errors.is_empty(),
+        "a restart clears the condition: {st:?}"
+    );
+
+    // Every node: the same gap-free records, every acknowledged one with its bytes.
+    let acked = acked.lock().await.clone();
+    let last = *acked.keys().last().unwrap();
+    let mut reference = None;
+    for i in 0..3 {
+        let recs = c.read_node(i, SHARD, 0, last).await;
+        for (k, r) in recs.iter().enumerate() {
+            assert_eq!(r.index, k as u64, "node {} has a gap", c.nodes[i].id);
+            if let Some(p) = acked.get(&r.index) {
+                assert_eq!(r.kind, Some(Kind::Data(p.clone())), "index {}", r.index);
+            }
+        }
+        match &reference {
+            None => reference = Some(recs),
+            Some(r0) => assert_eq!(r0, &recs, "node {} differs", c.nodes[i].id),
+        }
+    }
+    // And appends go on, through the restarted node too.
+    let idx = c
+        .client_of(leader)
+        .await
+        .append(SHARD, vec![b"after the fault".to_vec()])
+        .await
+        .unwrap();
+    assert!(idx[0] > last);
+}

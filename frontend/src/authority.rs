@@ -519,15 +519,27 @@ impl Normaliser {
         let encoded = &mut self.encoded;
         let mut rewrite = false;
         let mut too_large = false;
+        // Until this connection rewrites, a block is re-encoded only in case its :authority
+        // needs it: once a plain one went by, the rest of the block is not encoded at all.
+        let mut encoding = true;
+        let mut incomplete = false;
+        let rewriting = self.rewriting;
         let decoded = self.decoder.decode(&block.fragment, |name, value| {
-            let value = match (name, strip_scheme(value)) {
-                (b":authority", Some(host)) => {
-                    rewrite = true;
-                    host
-                }
+            let value = match name {
+                b":authority" => match strip_scheme(value) {
+                    Some(host) => {
+                        rewrite = true;
+                        incomplete |= !encoding;
+                        host
+                    }
+                    None => {
+                        encoding &= rewriting;
+                        value
+                    }
+                },
                 _ => value,
             };
-            if !too_large {
+            if encoding && !too_large {
                 encode_literal(encoded, name, value);
                 too_large = encoded.len() > limit;
             }
@@ -543,7 +555,10 @@ impl Normaliser {
             self.phase = Phase::Opaque;
             return Ok(());
         }
-        if !(rewrite || self.rewriting) {
+        // `incomplete`: a second :authority, with a scheme, after a plain one. h2 refuses a
+        // repeated pseudo-header whatever we do, and the server's table still mirrors the
+        // client's, so the block goes as it came.
+        if !(rewrite || self.rewriting) || incomplete {
             self.out.extend_from_slice(&block.raw);
             return Ok(());
         }
@@ -1716,6 +1731,35 @@ mod tests {
                 ("te", "trailers"),
             ])
         );
+    }
+
+    #[test]
+    fn a_repeated_authority_after_a_plain_one_is_left_to_h2() {
+        // Not encoded past the plain :authority, so it cannot be rewritten: it goes as it came
+        // (h2 refuses repeated pseudo-headers), and the connection is not switched to
+        // re-encoding (the server's table still mirrors the client's).
+        let mut c = PREFACE.to_vec();
+        c.extend(headers(
+            1,
+            &encode(&[
+                Rep::Indexed(2),
+                Rep::Incremental(1, "", "a:1".into(), false),
+                Rep::Incremental(1, "", "http://b:2".into(), false),
+            ]),
+            true,
+            None,
+            false,
+            &[],
+        ));
+        c.extend(headers(
+            3,
+            &encode(&[Rep::Indexed(2), Rep::Indexed(63)]),
+            true,
+            None,
+            false,
+            &[],
+        ));
+        assert_eq!(normalise(&c, Limits::default()).unwrap(), c);
     }
 
     #[tokio::test]

@@ -44,9 +44,6 @@ pub enum Error {
     /// Any Auth RPC, until the auth model lands.
     #[error("auth is not available yet")]
     AuthUnavailable,
-    /// Maintenance.Snapshot, until the compactor serves checkpoints.
-    #[error("snapshot is not available yet")]
-    SnapshotUnavailable,
     /// The replica produced an outcome of another kind than the request (an invariant breach).
     #[error("unexpected outcome for {0}")]
     UnexpectedOutcome(&'static str),
@@ -129,10 +126,6 @@ impl From<Error> for Status {
             Error::AuthUnavailable => own(
                 Code::Unimplemented,
                 "auth (users, roles, permissions, tokens) comes with a later release; nothing was changed",
-            ),
-            Error::SnapshotUnavailable => own(
-                Code::Unimplemented,
-                "snapshot comes with the compactor's checkpoints; not available yet",
             ),
             Error::UnexpectedOutcome(what) => {
                 own(Code::Internal, &format!("unexpected outcome for {what}"))
@@ -247,10 +240,6 @@ mod tests {
         );
         assert_eq!(status(Error::AuthUnavailable).code(), Code::Unimplemented);
         assert!(status(Error::AuthUnavailable).message().contains("auth"));
-        assert_eq!(
-            status(Error::SnapshotUnavailable).code(),
-            Code::Unimplemented
-        );
         let s = status(Error::MembershipManaged);
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert!(s.message().contains("membership is managed by the service"));

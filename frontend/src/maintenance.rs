@@ -1,7 +1,8 @@
 //! The etcd `Maintenance` service: Status (configurable etcd version, sizes from the replica,
 //! this member as leader, journal index and term), Alarm (list after a linearizable barrier;
 //! activate/deactivate journalled), Defragment (nothing to free in memory: succeeds), Hash and
-//! HashKV from the replica; MoveLeader, Downgrade and (for now) Snapshot refused clearly.
+//! HashKV from the replica; Snapshot streams a checkpoint of the replica (`snapshot.rs`);
+//! MoveLeader and Downgrade refused clearly.
 
 use std::pin::Pin;
 use std::sync::Arc;

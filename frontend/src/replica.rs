@@ -31,8 +31,8 @@ pub enum ReplicaState {
     CatchingUp,
     /// Caught up once; serving.
     Ready,
-    /// Stopped: it cannot go on without diverging (undecodable record, trimmed position with no
-    /// usable checkpoint, or watchers that a reload would make skip compacted events). An
+    /// Stopped: it cannot go on without diverging (undecodable record, or a trimmed position
+    /// with no usable checkpoint). An
     /// operator must look (the process exits and its supervisor restarts it).
     Failed(String),
 }
@@ -250,7 +250,8 @@ impl Replica {
     /// brings the watch hub along: the events of the revisions between the two are replayed from
     /// `new`'s history, so no watcher skips one (watchers whose stream cannot take them all are
     /// caught up from history as usual). When `new`'s history no longer reaches back that far,
-    /// the swap is refused while watchers exist: a watcher must never silently miss an event.
+    /// every watcher is caught up from `new` instead, which cancels it as compacted: a watcher
+    /// never silently misses an event.
     /// Writers still waiting for an outcome are dropped (they answer "stopped"; their entry may
     /// or may not have been applied, as after a timeout).
     fn swap(&self, new: MemStore) -> Result<(), String> {
@@ -268,15 +269,24 @@ impl Replica {
         let from = store.revision() + 1;
         let to = new.revision();
         let replayable = from > new.compact_revision() || from > to;
-        let watchers = self.hub.watcher_count();
-        if !replayable && watchers > 0 {
-            return Err(format!(
-                "the checkpoint's history starts after revision {}, but {watchers} watchers still need revisions from {from}",
-                new.compact_revision()
-            ));
-        }
         let index = new.applied_index();
+        let compact = new.compact_revision();
         *store = new;
+        if !replayable {
+            // The revisions from `from` on are compacted in the checkpoint: watchers that still
+            // need them are canceled with compact_revision set, as etcd does after a compaction.
+            let moved = self.hub.desync_all(from);
+            if moved > 0 {
+                tracing::warn!(
+                    tenant = %self.tenant,
+                    shard = self.shard,
+                    watchers = moved,
+                    from,
+                    compact_revision = compact,
+                    "checkpoint history starts after the watchers' position; they are canceled as compacted"
+                );
+            }
+        }
         let mut next = from;
         while replayable && next <= to {
             let events = store
@@ -467,34 +477,40 @@ mod tests {
     }
 
     #[test]
-    fn swap_is_refused_while_watchers_would_skip_compacted_revisions() {
+    fn swap_past_compacted_history_sends_watchers_to_catch_up_from_the_new_store() {
         let r = Replica::new("t", 0, store_after(3));
-        let h = r.hub().open_stream();
+        let mut h = r.hub().open_stream();
         let rev = r.read().revision();
         let w = r
             .hub()
             .register(h.id, 0, WatchSpec::range(b"k", b"l"), 0, rev)
             .unwrap();
-        let compacted = || {
-            let mut s = store_after(10);
-            let revision = s.revision();
-            apply(
-                &mut s,
-                11,
-                Request::Compact(CompactionRequest {
-                    revision,
-                    physical: false,
-                }),
-            );
-            s
-        };
-        let e = r.swap(compacted()).unwrap_err();
-        assert!(e.contains("watchers"), "{e}");
-        assert_eq!(r.applied_index(), 3, "a refused swap changed the replica");
-        // With nobody watching there is nothing to skip: the swap goes ahead.
-        assert!(r.hub().cancel(h.id, w.watch_id));
-        r.swap(compacted()).unwrap();
+        assert!(w.synced);
+        let mut new = store_after(10);
+        let revision = new.revision();
+        apply(
+            &mut new,
+            11,
+            Request::Compact(CompactionRequest {
+                revision,
+                physical: false,
+            }),
+        );
+        let compact = new.compact_revision();
+        r.swap(new).unwrap();
         assert_eq!(r.applied_index(), 11);
+        // Nothing was delivered from the compacted gap; the watcher is unsynced at the old
+        // revision + 1, where the new store's history answers Compacted (so its stream cancels
+        // it with compact_revision set).
+        assert!(revisions(&mut h.deliveries).is_empty());
+        let behind = r.hub().unsynced(h.id);
+        assert_eq!(behind.len(), 1);
+        assert_eq!(behind[0].next_rev, rev + 1);
+        assert!(matches!(
+            r.read().events(behind[0].next_rev, b"k", b"l", 16),
+            Err(memstore::Error::Compacted)
+        ));
+        assert!(compact > rev);
         // A checkpoint that is not ahead of the replica is never swapped in.
         assert!(r.swap(store_after(5)).is_err());
     }

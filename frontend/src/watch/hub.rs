@@ -261,6 +261,32 @@ impl WatchHub {
         }
     }
 
+    /// The store under the hub was replaced by one whose history no longer holds the
+    /// revisions from `from` on (a checkpoint reload after a journal trim): every synced watcher
+    /// has seen everything below `from` and becomes unsynced at `from`, so its stream catches it
+    /// up from the new store's history, which cancels it with `compact_revision` set when that
+    /// history is compacted, as etcd cancels a watcher whose position was compacted. Unsynced
+    /// watchers keep their position and meet the same fate. Answers how many were moved.
+    pub fn desync_all(&self, from: i64) -> usize {
+        let mut st = self.lock();
+        let mut moved = 0usize;
+        for slot in st.streams.values_mut() {
+            let mut wake = false;
+            for w in slot.watchers.values_mut() {
+                if w.synced {
+                    w.synced = false;
+                    w.next_rev = w.next_rev.max(from);
+                    moved += 1;
+                }
+                wake = true;
+            }
+            if wake {
+                slot.wake.notify_one();
+            }
+        }
+        moved
+    }
+
     /// Opens a stream: its delivery queue and wake-up signal.
     pub fn open_stream(&self) -> StreamHandle {
         let (tx, rx) = mpsc::channel(self.stream_buffer);

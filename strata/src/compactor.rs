@@ -6,11 +6,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use compactor::{Catalog, Compactor, Config};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tracing::{info, warn};
-
-/// Largest HTTP request head the metrics endpoint reads.
-const MAX_HTTP_REQUEST: usize = 8 * 1024;
 
 /// Flags of `strata compactor`.
 #[derive(clap::Args)]
@@ -133,37 +129,5 @@ async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("install the metrics recorder")?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("bind {addr}"))?;
-    info!(addr = %listener.local_addr()?, "serving /metrics");
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut sock, _)) = listener.accept().await else {
-                continue;
-            };
-            let handle = handle.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::with_capacity(1024);
-                let mut chunk = [0u8; 1024];
-                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_HTTP_REQUEST {
-                    match sock.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-                let (status, body) = if buf.starts_with(b"GET /metrics ") {
-                    ("200 OK", handle.render())
-                } else {
-                    ("404 Not Found", "not found\n".to_string())
-                };
-                let resp = format!(
-                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = sock.write_all(resp.as_bytes()).await;
-            });
-        }
-    });
-    Ok(())
+    crate::metrics_http::serve(&addr.to_string(), handle, || {}).await
 }

@@ -7,6 +7,7 @@ mod compactor;
 mod dev;
 mod frontend;
 mod journal;
+mod metrics_http;
 
 use clap::{Parser, Subcommand};
 

@@ -1,0 +1,57 @@
+//! The `GET /metrics` endpoint shared by `strata journal` and `strata compactor`: a minimal
+//! HTTP/1.1 responder over a Prometheus handle (the frontend serves its own with axum, beside
+//! `/health` and `/readyz`).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Largest HTTP request head the metrics endpoint reads.
+const MAX_HTTP_REQUEST: usize = 8 * 1024;
+
+/// Binds `addr` and serves `handle`'s text exposition on `GET /metrics` in the background;
+/// `refresh` runs before each scrape (to update gauges read from live state).
+pub async fn serve(
+    addr: &str,
+    handle: PrometheusHandle,
+    refresh: impl Fn() + Send + Sync + 'static,
+) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding the metrics listener {addr}"))?;
+    tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
+    let refresh = Arc::new(refresh);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = listener.accept().await else {
+                continue;
+            };
+            let handle = handle.clone();
+            let refresh = Arc::clone(&refresh);
+            tokio::spawn(async move {
+                let mut buf = Vec::with_capacity(1024);
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < MAX_HTTP_REQUEST {
+                    match sock.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let (status, body) = if buf.starts_with(b"GET /metrics ") {
+                    refresh();
+                    ("200 OK", handle.render())
+                } else {
+                    ("404 Not Found", "not found\n".to_string())
+                };
+                let resp = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = sock.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    Ok(())
+}

@@ -305,3 +305,72 @@ impl Drop for TcpProxy {
         self.task.abort();
     }
 }
+
+/// Closed-loop appenders on one shard: each appends `appender <t> seq <n>` one payload at a
+/// time until stopped, recording every acknowledged index with its bytes and every failure.
+pub struct Appenders {
+    acked: Arc<tokio::sync::Mutex<BTreeMap<u64, Vec<u8>>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<Vec<String>>>,
+}
+
+/// Pause between polls of the acknowledged count.
+const ACK_POLL: Duration = Duration::from_millis(50);
+
+impl Appenders {
+    /// Starts `n` appenders on `shard` through `client`.
+    pub fn start(client: &JournalClient, shard: u32, n: usize) -> Self {
+        let acked: Arc<tokio::sync::Mutex<BTreeMap<u64, Vec<u8>>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let tasks = (0..n)
+            .map(|t| {
+                let (client, acked, stop) = (client.clone(), Arc::clone(&acked), Arc::clone(&stop));
+                tokio::spawn(async move {
+                    let mut failures = Vec::new();
+                    let mut seq = 0u64;
+                    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        let p = format!("appender {t} seq {seq}").into_bytes();
+                        seq += 1;
+                        match client.append(shard, vec![p.clone()]).await {
+                            Ok(idx) => {
+                                acked.lock().await.insert(idx[0], p);
+                            }
+                            Err(e) => failures.push(e.to_string()),
+                        }
+                    }
+                    failures
+                })
+            })
+            .collect();
+        Self { acked, stop, tasks }
+    }
+
+    /// How many appends were acknowledged so far.
+    pub async fn acked_count(&self) -> usize {
+        self.acked.lock().await.len()
+    }
+
+    /// Waits until at least `n` appends were acknowledged; panics after `timeout`.
+    pub async fn wait_acked(&self, n: usize, timeout: Duration) {
+        let deadline = tokio::time::Instant::now() + timeout;
+        while self.acked_count().await < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "appends stalled below {n}"
+            );
+            tokio::time::sleep(ACK_POLL).await;
+        }
+    }
+
+    /// Stops the appenders; answers every acknowledged index with its bytes, and every
+    /// failed append's error.
+    pub async fn stop(self) -> (BTreeMap<u64, Vec<u8>>, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let mut failures = Vec::new();
+        for t in self.tasks {
+            failures.extend(t.await.expect("appender task panicked"));
+        }
+        let acked = self.acked.lock().await.clone();
+        (acked, failures)
+    }
+}

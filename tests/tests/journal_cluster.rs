@@ -2,22 +2,20 @@
 //! appenders, whole-cluster restart, trim on every node, and replacing a dead node.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use api::strata::journal::record::Kind;
 use journal::ClientError;
-use strata_tests::journal::{JournalCluster, peers_arg};
+use strata_tests::journal::{Appenders, JournalCluster, peers_arg};
 use strata_tests::process::free_port;
-use tokio::sync::Mutex;
 
 /// Concurrent appenders in the failover test.
 const APPENDERS: usize = 256;
 /// The shard the tests drive.
 const SHARD: u32 = 0;
 
-type Acked = Arc<Mutex<BTreeMap<u64, Vec<u8>>>>;
+/// How long the appenders may take to reach the next acknowledged count.
+const ACK_WAIT: Duration = Duration::from_secs(60);
 
 /// Checks that every node holds the same gap-free records from `from` to the highest acked
 /// index, and that every acknowledged index holds the acknowledged bytes.
@@ -58,54 +56,17 @@ async fn kill_leader_under_256_appenders_then_restart() {
     let mut c = JournalCluster::start(3, 2, &[]);
     let leaders = c.wait_leaders(&[0, 1, 2]).await;
     let client = c.client().await;
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for t in 0..APPENDERS {
-        let (client, acked, stop) = (client.clone(), Arc::clone(&acked), Arc::clone(&stop));
-        tasks.push(tokio::spawn(async move {
-            let mut seq = 0u64;
-            let mut failures = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let p = format!("appender {t} seq {seq}").into_bytes();
-                seq += 1;
-                match client.append(SHARD, vec![p.clone()]).await {
-                    Ok(idx) => {
-                        acked.lock().await.insert(idx[0], p);
-                    }
-                    Err(e) => failures.push(e.to_string()),
-                }
-            }
-            failures
-        }));
-    }
-    let wait_acks = |n: usize| {
-        let acked = Arc::clone(&acked);
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-            while acked.lock().await.len() < n {
-                assert!(
-                    tokio::time::Instant::now() < deadline,
-                    "appends stalled below {n}"
-                );
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    };
-    wait_acks(2000).await;
+    let appenders = Appenders::start(&client, SHARD, APPENDERS);
+    appenders.wait_acked(2000, ACK_WAIT).await;
     let leader = c.index_of(leaders[SHARD as usize]);
     c.kill(leader);
-    let at_kill = acked.lock().await.len();
+    let at_kill = appenders.acked_count().await;
     // The appenders carry on under a new leader.
-    wait_acks(at_kill + 2000).await;
+    appenders.wait_acked(at_kill + 2000, ACK_WAIT).await;
     c.restart(leader);
-    wait_acks(at_kill + 3000).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let failures = t.await.unwrap();
-        assert!(failures.is_empty(), "appends failed: {failures:?}");
-    }
-    let acked = acked.lock().await.clone();
+    appenders.wait_acked(at_kill + 3000, ACK_WAIT).await;
+    let (acked, failures) = appenders.stop().await;
+    assert!(failures.is_empty(), "appends failed: {failures:?}");
     check_all_nodes(&c, &[0, 1, 2], 0, &acked).await;
 }
 

@@ -3,16 +3,12 @@
 //! appenders carry on under a new leader; after the fault is cleared and the node restarted,
 //! every node holds the same gap-free log with every acknowledged record, and appends go on.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use api::strata::journal::AppendRequest;
 use api::strata::journal::journal_client::JournalClient as GrpcClient;
 use api::strata::journal::record::Kind;
-use strata_tests::journal::JournalCluster;
-use tokio::sync::Mutex;
+use strata_tests::journal::{Appenders, JournalCluster};
 
 /// Concurrent appenders during the fault.
 const APPENDERS: usize = 16;
@@ -20,19 +16,6 @@ const APPENDERS: usize = 16;
 const SHARD: u32 = 0;
 /// How long the test waits for anything to converge.
 const WAIT: Duration = Duration::from_secs(60);
-
-type Acked = Arc<Mutex<BTreeMap<u64, Vec<u8>>>>;
-
-async fn wait_acks(acked: &Acked, n: usize) {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while acked.lock().await.len() < n {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "appends stalled below {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// One Append straight to the node at `addr`, no redirect, no retry.
 async fn append_direct(addr: &str, payload: Vec<u8>) -> Result<Vec<u64>, tonic::Status> {
@@ -54,28 +37,8 @@ async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restar
     let leader = c.index_of(leaders[SHARD as usize]);
     let leader_addr = c.nodes[leader].addr.clone();
     let client = c.client().await;
-    let acked: Acked = Arc::default();
-    let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for t in 0..APPENDERS {
-        let (client, acked, stop) = (client.clone(), Arc::clone(&acked), Arc::clone(&stop));
-        tasks.push(tokio::spawn(async move {
-            let mut seq = 0u64;
-            let mut failures = Vec::new();
-            while !stop.load(Ordering::Relaxed) {
-                let p = format!("appender {t} seq {seq}").into_bytes();
-                seq += 1;
-                match client.append(SHARD, vec![p.clone()]).await {
-                    Ok(idx) => {
-                        acked.lock().await.insert(idx[0], p);
-                    }
-                    Err(e) => failures.push(e.to_string()),
-                }
-            }
-            failures
-        }));
-    }
-    wait_acks(&acked, 300).await;
+    let appenders = Appenders::start(&client, SHARD, APPENDERS);
+    appenders.wait_acked(300, WAIT).await;
 
     // The leader's disk starts failing its fsyncs.
     let trigger = c.nodes[leader].data_dir.join("FAILPOINTS");
@@ -108,8 +71,8 @@ async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restar
         assert!(r.is_err(), "the failed node acknowledged an append: {r:?}");
     }
     // The appenders carry on under a new leader.
-    let at_fault = acked.lock().await.len();
-    wait_acks(&acked, at_fault + 300).await;
+    let at_fault = appenders.acked_count().await;
+    appenders.wait_acked(at_fault + 300, WAIT).await;
     let st = status_client.status_of(&leader_addr, SHARD).await.unwrap();
     assert_ne!(
         st.leader_id, c.nodes[leader].id,
@@ -137,13 +100,10 @@ async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restar
     std::fs::remove_file(&trigger).unwrap();
     c.kill(leader);
     c.restart(leader);
-    let after_restart = acked.lock().await.len();
-    wait_acks(&acked, after_restart + 300).await;
-    stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let failures = t.await.unwrap();
-        assert!(failures.is_empty(), "appends failed: {failures:?}");
-    }
+    let after_restart = appenders.acked_count().await;
+    appenders.wait_acked(after_restart + 300, WAIT).await;
+    let (acked, failures) = appenders.stop().await;
+    assert!(failures.is_empty(), "appends failed: {failures:?}");
     let st = c
         .client_of(leader)
         .await
@@ -156,7 +116,6 @@ async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restar
     );
 
     // Every node: the same gap-free records, every acknowledged one with its bytes.
-    let acked = acked.lock().await.clone();
     let last = *acked.keys().last().unwrap();
     let mut reference = None;
     for i in 0..3 {

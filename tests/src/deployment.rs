@@ -322,6 +322,25 @@ impl Deployment {
     pub fn dir(&self) -> &Path {
         self.dir.path()
     }
+
+    /// Object storage (a local directory) for a compactor and checkpoint-loading frontends.
+    pub fn objects(&self) -> PathBuf {
+        self.dir().join("objects")
+    }
+
+    /// Starts a `strata compactor` over this deployment's journal into [`Self::objects`], with
+    /// `args` added (e.g. `--every-entries 50`); its log is `compactor.log` in the directory.
+    pub fn start_compactor(&self, args: &[&str]) -> ChildGuard {
+        let mut all = vec![
+            "compactor".to_string(),
+            "--journal".into(),
+            self.journal_addrs().join(","),
+            "--object-store".into(),
+            self.objects().display().to_string(),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        ChildGuard::strata("compactor", &all, Some(&self.dir().join("compactor.log")))
+    }
 }
 
 /// The command line of one `strata frontend` over the given journal nodes.

@@ -27,25 +27,9 @@ async fn first_index(journal: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn frontend_starts_from_checkpoint_after_trim() {
     let d = Deployment::start(1).await;
-    let objects = d.dir().join("objects");
-    let compactor_log = d.dir().join("compactor.log");
-    let _compactor = ChildGuard::strata(
-        "compactor",
-        &[
-            "compactor".into(),
-            "--journal".into(),
-            d.journal_addrs().join(","),
-            "--object-store".into(),
-            objects.display().to_string(),
-            "--every-entries".into(),
-            "50".into(),
-            "--every".into(),
-            "1s".into(),
-            "--trim-lag".into(),
-            "0".into(),
-        ],
-        Some(&compactor_log),
-    );
+    let objects = d.objects();
+    let _compactor =
+        d.start_compactor(&["--every-entries", "50", "--every", "1s", "--trim-lag", "0"]);
     let mut c = Client::connect([d.frontend(0).endpoint()], None)
         .await
         .unwrap();
@@ -69,7 +53,7 @@ async fn frontend_starts_from_checkpoint_after_trim() {
         assert!(
             Instant::now() < deadline,
             "journal never trimmed\n--- compactor log ---\n{}",
-            tail_file(&compactor_log)
+            tail_file(&d.dir().join("compactor.log"))
         );
         // Keep writing so the compactor has rounds to run.
         c.put("ck/tick", "t", None).await.unwrap();

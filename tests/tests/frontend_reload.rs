@@ -48,25 +48,9 @@ fn signal(child: &ChildGuard, sig: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stopped_frontend_reloads_a_checkpoint_after_the_journal_was_trimmed_past_it() {
     let d = Deployment::start(1).await;
-    let objects = d.dir().join("objects");
-    let compactor_log = d.dir().join("compactor.log");
-    let _compactor = ChildGuard::strata(
-        "compactor",
-        &[
-            "compactor".into(),
-            "--journal".into(),
-            d.journal_addrs().join(","),
-            "--object-store".into(),
-            objects.display().to_string(),
-            "--every-entries".into(),
-            "50".into(),
-            "--every".into(),
-            "1s".into(),
-            "--trim-lag".into(),
-            "0".into(),
-        ],
-        Some(&compactor_log),
-    );
+    let objects = d.objects();
+    let _compactor =
+        d.start_compactor(&["--every-entries", "50", "--every", "1s", "--trim-lag", "0"]);
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
     let log = d.dir().join("frontend-reload.log");
@@ -137,7 +121,7 @@ async fn stopped_frontend_reloads_a_checkpoint_after_the_journal_was_trimmed_pas
         assert!(
             Instant::now() < deadline,
             "the journal was never trimmed past index {stopped_at}\n--- compactor log ---\n{}",
-            tail_file(&compactor_log)
+            tail_file(&d.dir().join("compactor.log"))
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -18,7 +18,7 @@ use futures::StreamExt;
 use journal::client::JournalClient;
 use memstore::MemStore;
 use strata_tests::deployment::Deployment;
-use strata_tests::process::{ChildGuard, strata_bin};
+use strata_tests::process::strata_bin;
 use strata_tests::readiness::tail_file;
 
 const SHARD: u32 = 0;
@@ -121,29 +121,13 @@ async fn wait_checkpoint(catalog: &Catalog, index: u64, log: &std::path::Path) -
 async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal() {
     let deployment = Deployment::start(0).await;
     let journals = deployment.journal_addrs().to_vec();
-    let objects = deployment.dir().join("objects");
+    let objects = deployment.objects();
     let url = format!("file://{}", objects.display());
     let log = deployment.dir().join("compactor.log");
     let client = JournalClient::connect(&journals).await.unwrap();
     let catalog = Catalog::new(compactor::store::open(&url).unwrap());
-    let _compactor = ChildGuard::strata(
-        "compactor",
-        &[
-            "compactor",
-            "--journal",
-            &journals.join(","),
-            "--object-store",
-            &url,
-            "--every-entries",
-            "50",
-            "--every",
-            "500ms",
-            "--keep",
-            "4",
-        ]
-        .map(String::from),
-        Some(&log),
-    );
+    let _compactor =
+        deployment.start_compactor(&["--every-entries", "50", "--every", "500ms", "--keep", "4"]);
 
     // Phase A: two leases, 100 keys (every tenth on lease 100, every seventh on lease 101).
     let mut a = vec![
@@ -281,25 +265,12 @@ async fn served(c: &mut etcd_client::Client) -> (BTreeMap<Vec<u8>, Vec<u8>>, i64
 async fn a_restore_is_seen_by_every_frontend_and_watchers_get_it_as_events() {
     let deployment = Deployment::start(2).await;
     let journals = deployment.journal_addrs().to_vec();
-    let objects = deployment.dir().join("objects");
+    let objects = deployment.objects();
     let url = format!("file://{}", objects.display());
     let log = deployment.dir().join("compactor.log");
     let client = JournalClient::connect(&journals).await.unwrap();
     let catalog = Catalog::new(compactor::store::open(&url).unwrap());
-    let _compactor = ChildGuard::strata(
-        "compactor",
-        &[
-            "compactor",
-            "--journal",
-            &journals.join(","),
-            "--object-store",
-            &url,
-            "--every",
-            "500ms",
-        ]
-        .map(String::from),
-        Some(&log),
-    );
+    let _compactor = deployment.start_compactor(&["--every", "500ms"]);
     let mut f0 = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
         .await
         .unwrap();

@@ -33,6 +33,9 @@ const SUPERVISE_POLL: Duration = Duration::from_millis(500);
 const READY_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Largest /readyz answer read.
 const READY_MAX_RESPONSE: usize = 16 * 1024;
+/// Journal segment size of a dev deployment: a trim frees disk only segment by segment, and
+/// the production default (64 MiB) would keep a laptop's light load on disk for hours.
+const DEV_SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Flags of `strata dev`.
 #[derive(clap::Args, Debug)]
@@ -250,6 +253,8 @@ async fn start_all(
                 data_dir.join(&name).display().to_string(),
                 "--shards".into(),
                 args.shards.to_string(),
+                "--segment-bytes".into(),
+                DEV_SEGMENT_BYTES.to_string(),
             ],
             logs,
         )?);

@@ -1,7 +1,10 @@
 //! The durable checkpoint object of one tenant: magic, format version, crc32c, a small meta
 //! header and the rkyv archive of the whole store state, loaded back through checked access.
-//! Format 2 archives the keys as two flat arrays (key records, then every version); format 1
-//! (an archived `BTreeMap` of keys) is still read.
+//! Format 3 archives the keys as two flat arrays (key records, then every version), the
+//! request-id window as one flat array of fixed-size records (oldest first) and a staged
+//! restore, if any, as one protobuf `RestoreStage`. Formats 2 (the same keys, the window as two
+//! archived ordered maps of boxed ids) and 1 (the keys as an archived `BTreeMap` too) are still
+//! read.
 //!
 //! Layout (all integers little-endian):
 //! `magic[8] | format_version u32 | crc32c u32 | meta_len u32 | body_len u64 | meta | zero
@@ -16,15 +19,19 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::with::{Inline, InlineAsBox};
 
+use crate::dedup::{Dedup, Remembered, key_of};
 use crate::keyspace::{KeySpace, Version};
 use crate::lease::LeaseTable;
-use crate::store::{AuthState, Dedup, State};
+use crate::restore::Stage;
+use crate::store::{AuthState, State};
 use crate::{Config, Error, MemStore};
 
 /// First bytes of every checkpoint object.
 pub const MAGIC: [u8; 8] = *b"STRATACP";
-/// The format this build writes; `decode` reads it and `FORMAT_VERSION_V1`.
-pub const FORMAT_VERSION: u32 = 2;
+/// The format this build writes; `decode` reads it, `FORMAT_VERSION_V2` and `FORMAT_VERSION_V1`.
+pub const FORMAT_VERSION: u32 = 3;
+/// The second format (the request-id window as two archived maps), still read.
+pub const FORMAT_VERSION_V2: u32 = 2;
 /// The first format (keys as an archived `BTreeMap`), still read.
 pub const FORMAT_VERSION_V1: u32 = 1;
 /// Bytes before the meta section.
@@ -126,9 +133,70 @@ fn body_offset(meta_len: usize) -> usize {
     (HEADER_LEN + meta_len).div_ceil(BODY_ALIGN) * BODY_ALIGN
 }
 
-/// Format 2's body: the state with its keys flattened, borrowed from the store while it is
-/// written.
+/// Format 3's body: the state with its keys and its request-id window flattened, borrowed from
+/// the store while it is written.
 #[derive(rkyv::Archive, rkyv::Serialize)]
+struct BodyV3<'a> {
+    applied_index: u64,
+    revision: i64,
+    compact_revision: i64,
+    time_ms: i64,
+    /// Every key in ascending order, with how many of `versions` are its own.
+    keys: Vec<KeyRecord<'a>>,
+    /// The versions of every key, key by key, oldest first.
+    versions: Vec<VersionRecord<'a>>,
+    live_keys: u64,
+    live_bytes: u64,
+    total_bytes: u64,
+    version_count: u64,
+    #[rkyv(with = Inline)]
+    leases: &'a LeaseTable,
+    /// The request-id window, oldest first.
+    dedup: Vec<Remembered>,
+    #[rkyv(with = Inline)]
+    alarms: &'a BTreeSet<(u64, i32)>,
+    #[rkyv(with = Inline)]
+    auth: &'a AuthState,
+    /// A protobuf `RestoreStage`, empty when no restore is being staged.
+    restore_stage: Vec<u8>,
+}
+
+/// A remembered request id as formats 1 and 2 kept it.
+#[derive(Debug, Clone, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct LegacyDedupRecord {
+    revision: i64,
+    time_ms: i64,
+}
+
+/// The request-id window as formats 1 and 2 kept it: by id, and by (time, id).
+#[derive(Debug, Clone, Default, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
+struct LegacyDedup {
+    by_id: BTreeMap<Box<[u8]>, LegacyDedupRecord>,
+    by_time: BTreeSet<(i64, Box<[u8]>)>,
+}
+
+impl LegacyDedup {
+    /// The window as this build keeps it (oldest first).
+    fn upgrade(self) -> Result<Dedup, Error> {
+        let records: Vec<Remembered> = self
+            .by_time
+            .into_iter()
+            .filter_map(|(t, id)| {
+                let r = self.by_id.get(&id).filter(|r| r.time_ms == t)?;
+                Some(Remembered {
+                    time_ms: t,
+                    revision: r.revision,
+                    key: key_of(&id),
+                })
+            })
+            .collect();
+        Dedup::from_records(records.into_iter()).map_err(Error::Corrupt)
+    }
+}
+
+/// Format 2's body: format 3's without the restore stage, with the window as two maps.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+#[cfg_attr(not(test), allow(dead_code))] // only its archived form is read outside the tests
 struct BodyV2<'a> {
     applied_index: u64,
     revision: i64,
@@ -145,7 +213,7 @@ struct BodyV2<'a> {
     #[rkyv(with = Inline)]
     leases: &'a LeaseTable,
     #[rkyv(with = Inline)]
-    dedup: &'a Dedup,
+    dedup: &'a LegacyDedup,
     #[rkyv(with = Inline)]
     alarms: &'a BTreeSet<(u64, i32)>,
     #[rkyv(with = Inline)]
@@ -191,12 +259,12 @@ struct StateV1 {
     time_ms: i64,
     keys: KeySpaceV1,
     leases: LeaseTable,
-    dedup: Dedup,
+    dedup: LegacyDedup,
     alarms: BTreeSet<(u64, i32)>,
     auth: AuthState,
 }
 
-fn body_v2(state: &State) -> BodyV2<'_> {
+fn body_v3(state: &State) -> BodyV3<'_> {
     let ks = &state.keys;
     let mut keys = Vec::with_capacity(ks.len());
     let mut versions = Vec::with_capacity(ks.versions as usize);
@@ -215,7 +283,7 @@ fn body_v2(state: &State) -> BodyV2<'_> {
             value: &v.value,
         }));
     }
-    BodyV2 {
+    BodyV3 {
         applied_index: state.applied_index,
         revision: state.revision,
         compact_revision: state.compact_revision,
@@ -227,15 +295,20 @@ fn body_v2(state: &State) -> BodyV2<'_> {
         total_bytes: ks.total_bytes,
         version_count: ks.versions,
         leases: &state.leases,
-        dedup: &state.dedup,
+        dedup: state.dedup.iter().copied().collect(),
         alarms: &state.alarms,
         auth: &state.auth,
+        restore_stage: state
+            .restore
+            .as_ref()
+            .map(Stage::encode)
+            .unwrap_or_default(),
     }
 }
 
 /// Writes the whole store as one checkpoint object.
 pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
-    let body = rkyv::to_bytes::<rancor::Error>(&body_v2(&store.state))
+    let body = rkyv::to_bytes::<rancor::Error>(&body_v3(&store.state))
         .expect("invariant: archiving in-memory state into a growable buffer cannot fail");
     frame(meta, FORMAT_VERSION, &body)
 }
@@ -257,7 +330,7 @@ fn frame(meta: &CheckpointMeta, version: u32, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// Reads a checkpoint object back (format 2 or 1). Every defect (magic, version, checksum,
+/// Reads a checkpoint object back (format 3, 2 or 1). Every defect (magic, version, checksum,
 /// lengths, archive validation, meta disagreeing with the state) is `Error::Corrupt`, never a
 /// panic. The store gets `Config::default()`; use `MemStore::set_config` to change it.
 pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
@@ -269,9 +342,9 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
         return Err(Error::Corrupt("not a Strata checkpoint (bad magic)".into()));
     }
     let version = r.u32()?;
-    if version != FORMAT_VERSION && version != FORMAT_VERSION_V1 {
+    if !(FORMAT_VERSION_V1..=FORMAT_VERSION).contains(&version) {
         return Err(Error::Corrupt(format!(
-            "checkpoint format version {version}, this build reads {FORMAT_VERSION_V1} and \
+            "checkpoint format version {version}, this build reads {FORMAT_VERSION_V1} to \
              {FORMAT_VERSION}"
         )));
     }
@@ -307,6 +380,10 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
         &copy
     };
     let state = if version == FORMAT_VERSION {
+        let archived = rkyv::access::<ArchivedBodyV3<'_>, rancor::Error>(body)
+            .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
+        state_from_v3(archived)?
+    } else if version == FORMAT_VERSION_V2 {
         let archived = rkyv::access::<ArchivedBodyV2<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
         state_from_v2(archived)?
@@ -339,32 +416,38 @@ fn version_from(v: &ArchivedVersionRecord<'_>) -> Version {
     }
 }
 
-fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
-    let compact_revision = a.compact_revision.to_native();
-    let total: u64 = a
-        .keys
-        .iter()
-        .map(|k| u64::from(k.versions.to_native()))
-        .sum();
-    if total != a.versions.len() as u64 {
+/// The key space from format 2 and 3's flat arrays, checked against the archived counters.
+fn keys_from_flat(
+    keys: &[ArchivedKeyRecord<'_>],
+    versions: &[ArchivedVersionRecord<'_>],
+    compact_revision: i64,
+    counters: (u64, u64, u64, u64),
+) -> Result<KeySpace, Error> {
+    let total: u64 = keys.iter().map(|k| u64::from(k.versions.to_native())).sum();
+    if total != versions.len() as u64 {
         return Err(Error::Corrupt(format!(
             "key records name {total} versions, the archive holds {}",
-            a.versions.len()
+            versions.len()
         )));
     }
     let mut next = 0usize;
-    let records = a.keys.iter().map(|k| {
+    let records = keys.iter().map(|k| {
         let n = k.versions.to_native() as usize;
-        let versions: Vec<Version> = a.versions[next..next + n]
-            .iter()
-            .map(version_from)
-            .collect();
+        let vs: Vec<Version> = versions[next..next + n].iter().map(version_from).collect();
         next += n;
-        (Box::<[u8]>::from(&k.key[..]), versions)
+        (Box::<[u8]>::from(&k.key[..]), vs)
     });
     let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt)?;
-    check_counters(
-        &keys,
+    check_counters(&keys, counters)?;
+    Ok(keys)
+}
+
+fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
+    let compact_revision = a.compact_revision.to_native();
+    let keys = keys_from_flat(
+        &a.keys,
+        &a.versions,
+        compact_revision,
         (
             a.live_keys.to_native(),
             a.live_bytes.to_native(),
@@ -372,6 +455,17 @@ fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
             a.version_count.to_native(),
         ),
     )?;
+    let dedup = Dedup::from_records(a.dedup.iter().map(|r| Remembered {
+        time_ms: r.time_ms.to_native(),
+        revision: r.revision.to_native(),
+        key: r.key,
+    }))
+    .map_err(Error::Corrupt)?;
+    let restore = if a.restore_stage.is_empty() {
+        None
+    } else {
+        Some(Stage::decode(&a.restore_stage).map_err(Error::Corrupt)?)
+    };
     Ok(State {
         applied_index: a.applied_index.to_native(),
         revision: a.revision.to_native(),
@@ -379,9 +473,38 @@ fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
         time_ms: a.time_ms.to_native(),
         keys,
         leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
-        dedup: rkyv::deserialize::<_, rancor::Error>(&a.dedup).map_err(corrupt)?,
+        dedup,
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+        restore,
+    })
+}
+
+fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
+    let compact_revision = a.compact_revision.to_native();
+    let keys = keys_from_flat(
+        &a.keys,
+        &a.versions,
+        compact_revision,
+        (
+            a.live_keys.to_native(),
+            a.live_bytes.to_native(),
+            a.total_bytes.to_native(),
+            a.version_count.to_native(),
+        ),
+    )?;
+    let dedup: LegacyDedup = rkyv::deserialize::<_, rancor::Error>(&a.dedup).map_err(corrupt)?;
+    Ok(State {
+        applied_index: a.applied_index.to_native(),
+        revision: a.revision.to_native(),
+        compact_revision,
+        time_ms: a.time_ms.to_native(),
+        keys,
+        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
+        dedup: dedup.upgrade()?,
+        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
+        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+        restore: None,
     })
 }
 
@@ -418,9 +541,12 @@ fn state_from_v1(a: &ArchivedStateV1) -> Result<State, Error> {
         time_ms: a.time_ms.to_native(),
         keys,
         leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
-        dedup: rkyv::deserialize::<_, rancor::Error>(&a.dedup).map_err(corrupt)?,
+        dedup: rkyv::deserialize::<_, rancor::Error>(&a.dedup)
+            .map_err(corrupt)
+            .and_then(LegacyDedup::upgrade)?,
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+        restore: None,
     })
 }
 
@@ -467,12 +593,54 @@ mod tests {
                 versions: s.keys.versions,
             },
             leases: s.leases.clone(),
-            dedup: s.dedup.clone(),
+            dedup: legacy(&s.dedup),
             alarms: s.alarms.clone(),
             auth: s.auth.clone(),
         };
         let body = rkyv::to_bytes::<rancor::Error>(&v1).unwrap();
         frame(meta, FORMAT_VERSION_V1, &body)
+    }
+
+    /// The window as formats 1 and 2 kept it (the tests' ids have 16 bytes: id = key).
+    fn legacy(d: &Dedup) -> LegacyDedup {
+        let mut l = LegacyDedup::default();
+        for r in d.iter() {
+            let id: Box<[u8]> = Box::from(&r.key[..]);
+            l.by_id.insert(
+                id.clone(),
+                LegacyDedupRecord {
+                    revision: r.revision,
+                    time_ms: r.time_ms,
+                },
+            );
+            l.by_time.insert((r.time_ms, id));
+        }
+        l
+    }
+
+    /// Writes a store in format 2, as builds before format 3 did.
+    fn encode_v2(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
+        let s = &store.state;
+        let v3 = body_v3(s);
+        let dedup = legacy(&s.dedup);
+        let v2 = BodyV2 {
+            applied_index: v3.applied_index,
+            revision: v3.revision,
+            compact_revision: v3.compact_revision,
+            time_ms: v3.time_ms,
+            keys: v3.keys,
+            versions: v3.versions,
+            live_keys: v3.live_keys,
+            live_bytes: v3.live_bytes,
+            total_bytes: v3.total_bytes,
+            version_count: v3.version_count,
+            leases: v3.leases,
+            dedup: &dedup,
+            alarms: v3.alarms,
+            auth: v3.auth,
+        };
+        let body = rkyv::to_bytes::<rancor::Error>(&v2).unwrap();
+        frame(meta, FORMAT_VERSION_V2, &body)
     }
 
     fn entry(request: Request) -> Entry {
@@ -485,8 +653,19 @@ mod tests {
         }
     }
 
+    /// An entry with a 16-byte request id derived from `n`.
+    fn entry_with_id(n: u64, request: Request) -> Entry {
+        let mut request_id = n.to_le_bytes().to_vec();
+        request_id.resize(16, 0xab);
+        Entry {
+            request_id,
+            time_ms: 1_000 + n as i64,
+            ..entry(request)
+        }
+    }
+
     #[test]
-    fn format_1_checkpoints_still_load() {
+    fn format_1_and_2_checkpoints_still_load() {
         let mut store = MemStore::new(Config::default());
         let mut index = 0;
         for round in 0..3u8 {
@@ -494,11 +673,14 @@ mod tests {
                 index += 1;
                 store.apply(
                     index,
-                    &entry(Request::Put(PutRequest {
-                        key: vec![b'k', k],
-                        value: vec![round; 10],
-                        ..Default::default()
-                    })),
+                    &entry_with_id(
+                        index,
+                        Request::Put(PutRequest {
+                            key: vec![b'k', k],
+                            value: vec![round; 10],
+                            ..Default::default()
+                        }),
+                    ),
                 );
             }
         }
@@ -518,15 +700,24 @@ mod tests {
             revision: store.revision(),
             created_ms: 0,
         };
-        let bytes = encode_v1(&meta, &store);
-        let (m, loaded) = decode(&bytes).unwrap();
-        assert_eq!(m, meta);
-        assert!(loaded == store);
-        assert_eq!(
-            loaded.events(2, b"\0", b"\0", 10_000).unwrap(),
-            store.events(2, b"\0", b"\0", 10_000).unwrap()
-        );
-        let (_, loaded2) = decode(&encode(&meta, &store)).unwrap();
-        assert!(loaded2 == store);
+        assert_eq!(store.state.dedup.len(), 150);
+        for bytes in [encode_v1(&meta, &store), encode_v2(&meta, &store)] {
+            let (m, loaded) = decode(&bytes).unwrap();
+            assert_eq!(m, meta);
+            assert!(loaded == store);
+            assert_eq!(
+                loaded.events(2, b"\0", b"\0", 10_000).unwrap(),
+                store.events(2, b"\0", b"\0", 10_000).unwrap()
+            );
+            // The window came along: a replayed request is still a duplicate.
+            let mut l = loaded;
+            let again = l.apply(
+                index + 1,
+                &entry_with_id(7, Request::Put(PutRequest::default())),
+            );
+            assert_eq!(again.outcome, crate::Outcome::Duplicate { revision: 8 });
+        }
+        let (_, loaded3) = decode(&encode(&meta, &store)).unwrap();
+        assert!(loaded3 == store);
     }
 }

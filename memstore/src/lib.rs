@@ -1,9 +1,11 @@
 //! The in-memory MVCC state machine of one tenant: etcd's key-value, lease and alarm semantics,
 //! applied deterministically from journal entries (see the crate README and docs/memstore.md).
 
+mod dedup;
 mod error;
 mod keyspace;
 mod lease;
+mod restore;
 mod store;
 
 pub mod checkpoint;
@@ -19,6 +21,7 @@ pub use api::etcdserverpb::{
     AlarmMember, LeaseLeasesResponse, LeaseTimeToLiveResponse, RangeRequest, RangeResponse,
 };
 pub use error::{Code, Error};
+pub use restore::{MAX_STAGE_BYTES, RestoreStep};
 pub use store::MemStore;
 
 /// etcd's default `--max-txn-ops`.
@@ -29,8 +32,11 @@ pub const DEFAULT_MIN_LEASE_TTL_SECS: i64 = 2;
 pub const MAX_LEASE_TTL_SECS: i64 = 9_000_000_000;
 /// etcd extends leases by the election timeout (1 s by default) when a new leader promotes.
 pub const DEFAULT_LEADER_CHANGE_EXTEND_MS: i64 = 1_000;
-/// How long an applied request id is remembered for de-duplication (journal time).
-pub const DEFAULT_REQUEST_ID_WINDOW_MS: i64 = 10 * 60 * 1_000;
+/// How long an applied request id is remembered for de-duplication (journal time). Duplicates
+/// come only from the journal client re-appending a payload it could not confirm, which it does
+/// for at most 30 s (`journal::client::RETRY_DEADLINE`, plus one 10 s attempt): 2 minutes leaves
+/// a wide margin (clients' own retries are new requests with new ids).
+pub const DEFAULT_REQUEST_ID_WINDOW_MS: i64 = 2 * 60 * 1_000;
 /// etcd's default backend quota (`--quota-backend-bytes` = 2 GiB).
 pub const DEFAULT_QUOTA_BYTES: i64 = 2 * 1024 * 1024 * 1024;
 
@@ -83,6 +89,8 @@ pub enum Outcome {
     LeaseRevoke(LeaseRevokeResponse),
     LeaseKeepAlive(LeaseKeepAliveResponse),
     Alarm(AlarmResponse),
+    /// A step of a staged restore (`RestoreBegin`, `RestoreChunk`, `RestoreCommit`).
+    Restore(RestoreStep),
     /// The request id was applied before (within the window); nothing changed. `revision` is
     /// the store revision right after the first apply.
     Duplicate {

@@ -15,28 +15,14 @@ use api::etcdserverpb::{
 use api::mvccpb::{Event, KeyValue, event::EventType};
 use api::strata::entry::{Entry, entry::Request};
 
+use crate::dedup::Dedup;
 use crate::keyspace::{KeySpace, Version, below, bounds, live_at};
 use crate::lease::LeaseTable;
+use crate::restore::Stage;
 use crate::{Applied, Config, Error, HashKv, Outcome, Stats, validate};
 
 /// The revision of an empty store, as in etcd.
 pub(crate) const INITIAL_REVISION: i64 = 1;
-
-/// A remembered request id: the revision its first apply ended at, and when.
-#[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
-pub(crate) struct DedupRecord {
-    pub revision: i64,
-    pub time_ms: i64,
-}
-
-/// Request ids applied within the window, by id and by time.
-#[derive(
-    Debug, Clone, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
-)]
-pub(crate) struct Dedup {
-    pub by_id: BTreeMap<Box<[u8]>, DedupRecord>,
-    pub by_time: BTreeSet<(i64, Box<[u8]>)>,
-}
 
 /// Room for the tenant's auth state (users and roles as encoded authpb messages). This release
 /// keeps it empty and refuses auth changes; checkpoints already carry it.
@@ -63,6 +49,8 @@ pub(crate) struct State {
     /// (member id, alarm type) pairs, sorted.
     pub alarms: BTreeSet<(u64, i32)>,
     pub auth: AuthState,
+    /// The restore being staged, if any (see `restore`).
+    pub restore: Option<Stage>,
 }
 
 impl State {
@@ -77,6 +65,7 @@ impl State {
             dedup: Dedup::default(),
             alarms: BTreeSet::new(),
             auth: AuthState::default(),
+            restore: None,
         }
     }
 }
@@ -97,15 +86,15 @@ fn header(revision: i64) -> Option<ResponseHeader> {
 }
 
 /// A write in progress: every change of one request lands at `rev`, sub-revisions in order.
-struct Writer<'a> {
-    state: &'a mut State,
+pub(crate) struct Writer<'a> {
+    pub(crate) state: &'a mut State,
     rev: i64,
     sub: u32,
     events: &'a mut Vec<Event>,
 }
 
 impl Writer<'_> {
-    fn new<'a>(state: &'a mut State, events: &'a mut Vec<Event>) -> Writer<'a> {
+    pub(crate) fn new<'a>(state: &'a mut State, events: &'a mut Vec<Event>) -> Writer<'a> {
         let rev = state.revision + 1;
         Writer {
             state,
@@ -120,7 +109,7 @@ impl Writer<'_> {
         if self.sub > 0 { self.rev } else { self.rev - 1 }
     }
 
-    fn put(&mut self, req: &PutRequest) -> PutResponse {
+    pub(crate) fn put(&mut self, req: &PutRequest) -> PutResponse {
         let (rev, sub) = (self.rev, self.sub);
         let mut old_lease = 0;
         let mut prev_event = None;
@@ -180,7 +169,7 @@ impl Writer<'_> {
     }
 
     /// Writes a tombstone for a live key whose newest version carries `lease`.
-    fn delete_key(&mut self, key: &[u8], lease: i64) {
+    pub(crate) fn delete_key(&mut self, key: &[u8], lease: i64) {
         if lease != 0 {
             self.state.leases.detach(lease, key);
         }
@@ -236,7 +225,7 @@ impl Writer<'_> {
     }
 
     /// Ends the write: the revision moves only if something changed.
-    fn finish(self) -> i64 {
+    pub(crate) fn finish(self) -> i64 {
         if self.sub > 0 {
             self.state.revision = self.rev;
         }
@@ -344,13 +333,13 @@ impl MemStore {
             None => Outcome::Nothing,
             Some(req) => {
                 let id = entry.request_id.as_slice();
-                if let Some(rec) = (!id.is_empty())
-                    .then(|| self.state.dedup.by_id.get(id))
-                    .flatten()
-                {
-                    Outcome::Duplicate {
-                        revision: rec.revision,
-                    }
+                let first = if id.is_empty() {
+                    None
+                } else {
+                    self.state.dedup.get(id)
+                };
+                if let Some(revision) = first {
+                    Outcome::Duplicate { revision }
                 } else {
                     let outcome = self.apply_request(index, req, &mut events);
                     if !id.is_empty() {
@@ -369,31 +358,12 @@ impl MemStore {
     }
 
     fn remember(&mut self, id: &[u8], now: i64) {
-        let d = &mut self.state.dedup;
-        d.by_id.insert(
-            id.into(),
-            DedupRecord {
-                revision: self.state.revision,
-                time_ms: now,
-            },
-        );
-        d.by_time.insert((now, id.into()));
+        self.state.dedup.insert(id, now, self.state.revision);
     }
 
     fn prune_dedup(&mut self, now: i64) {
         let horizon = now.saturating_sub(self.config.request_id_window_ms);
-        let d = &mut self.state.dedup;
-        while let Some((t, _)) = d.by_time.first() {
-            if *t >= horizon {
-                break;
-            }
-            let Some((t, id)) = d.by_time.pop_first() else {
-                break;
-            };
-            if d.by_id.get(&id).is_some_and(|r| r.time_ms == t) {
-                d.by_id.remove(&id);
-            }
-        }
+        self.state.dedup.prune(horizon);
     }
 
     fn expire_leases(&mut self, now: i64, events: &mut Vec<Event>) {
@@ -449,6 +419,9 @@ impl MemStore {
             Request::Alarm(a) => Ok(Outcome::Alarm(self.apply_alarm(a))),
             Request::Auth(_) => Err(Error::Unsupported("auth changes".into())),
             Request::TenantChange(_) => Err(Error::Unsupported("tenant changes".into())),
+            Request::RestoreBegin(b) => Ok(self.apply_restore_begin(b)),
+            Request::RestoreChunk(c) => Ok(self.apply_restore_chunk(c)),
+            Request::RestoreCommit(c) => Ok(self.apply_restore_commit(c, events)),
             Request::Tick(_) | Request::LeaderChange(_) => Ok(Outcome::Nothing),
         };
         result.unwrap_or_else(Outcome::Failed)

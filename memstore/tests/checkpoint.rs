@@ -129,3 +129,94 @@ fn a_body_with_a_valid_checksum_but_garbage_inside_is_refused() {
     bytes[12..16].copy_from_slice(&crc.to_le_bytes());
     assert!(matches!(checkpoint::decode(&bytes), Err(Error::Corrupt(_))));
 }
+
+/// A request id is a duplicate while `now <= first apply + window` and forgotten one
+/// millisecond later, the same in a store and in its checkpoint loaded at any point between.
+#[test]
+fn the_request_id_window_ends_at_its_edge_and_checkpoints_keep_it() {
+    let window = memstore::DEFAULT_REQUEST_ID_WINDOW_MS;
+    let mut h = Harness::new();
+    let id = vec![3u8; 16];
+    let short_id = b"eight-by".to_vec(); // not 16 bytes: digested
+    let first = h.apply_with_id(Request::Put(put("a", "1")), id.clone());
+    h.apply_with_id(Request::Put(put("b", "1")), short_id.clone());
+    let t0 = h.now_ms;
+    for i in 0..1000 {
+        h.tick(window / 2000);
+        let mut other = (i as u64).to_le_bytes().to_vec();
+        other.resize(16, 0x55);
+        h.apply_with_id(Request::Put(put("c", "x")), other);
+    }
+    assert!(h.now_ms < t0 + window);
+    // Exactly at the edge: still remembered, on the store and on its checkpoint.
+    h.now_ms = t0 + window;
+    let meta = |s: &MemStore| CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: s.applied_index(),
+        revision: s.revision(),
+        created_ms: 0,
+    };
+    let at_edge = h.apply_with_id(Request::Put(put("a", "2")), id.clone());
+    assert_eq!(
+        at_edge.outcome,
+        memstore::Outcome::Duplicate {
+            revision: first.revision
+        }
+    );
+    let (_, mut loaded) =
+        checkpoint::decode(&checkpoint::encode(&meta(&h.store), &h.store)).unwrap();
+    assert!(loaded == h.store);
+    assert_eq!(
+        loaded.remembered_request_ids(),
+        h.store.remembered_request_ids()
+    );
+    // One millisecond past it: forgotten on both, applied as new on both.
+    h.now_ms += 1;
+    let e = api::strata::entry::Entry {
+        format_version: api::ENTRY_FORMAT_VERSION,
+        tenant: "t".into(),
+        request_id: id,
+        time_ms: h.now_ms,
+        request: Some(Request::Put(put("a", "3"))),
+    };
+    let idx = h.index + 1;
+    let on_store = h.store.apply(idx, &e);
+    assert!(matches!(on_store.outcome, memstore::Outcome::Put(_)));
+    assert_eq!(loaded.apply(idx, &e), on_store);
+    assert!(loaded == h.store);
+    // The digested id went out of the window with it; the later ones are still there.
+    h.index = idx;
+    assert!(matches!(
+        h.apply_with_id(Request::Put(put("b", "2")), short_id)
+            .outcome,
+        memstore::Outcome::Put(_)
+    ));
+    assert!(h.store.remembered_request_ids() > 900);
+}
+
+/// The window holds one record per request, and a checkpoint carrying 200k of them loads back
+/// equal (the flat array of format 3).
+#[test]
+fn a_large_request_id_window_round_trips() {
+    let mut h = Harness::new();
+    for i in 0..200_000u64 {
+        let mut id = i.to_le_bytes().to_vec();
+        id.resize(16, 1);
+        h.apply_with_id(Request::Put(put(&format!("k{}", i % 100), "v")), id);
+        if i % 1000 == 0 {
+            h.now_ms += 1;
+        }
+    }
+    assert_eq!(h.store.remembered_request_ids(), 200_000);
+    let meta = CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: h.store.applied_index(),
+        revision: h.store.revision(),
+        created_ms: 0,
+    };
+    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &h.store)).unwrap();
+    assert!(loaded == h.store);
+    assert_eq!(loaded.remembered_request_ids(), 200_000);
+}

@@ -1,0 +1,386 @@
+//! The staged restore: a commit reaches the same keys and leases as the diff it carries, at one
+//! new revision with every event there; an abort (a guard that no longer holds) changes nothing
+//! but drops the stage; a stage survives a checkpoint; a newer Begin replaces an abandoned one.
+mod common;
+
+use std::collections::BTreeMap;
+
+use api::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
+use api::strata::entry::entry::Request;
+use api::strata::entry::{RestoreBegin, RestoreChunk, RestoreCommit, RestoreKey, RestoreLease};
+use common::*;
+use memstore::checkpoint::{self, CheckpointMeta};
+use memstore::{MemStore, Outcome, RestoreStep};
+
+/// key -> (value, lease) of every live key.
+fn visible(s: &MemStore) -> BTreeMap<Vec<u8>, (Vec<u8>, i64)> {
+    let all = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        ..Default::default()
+    };
+    s.range(&all)
+        .unwrap()
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key, (kv.value, kv.lease)))
+        .collect()
+}
+
+fn lease_ids(s: &MemStore) -> Vec<i64> {
+    s.lease_leases().leases.iter().map(|l| l.id).collect()
+}
+
+/// The chunks that turn `current` into `target` (keys at most `per_chunk` per chunk).
+fn diff(current: &MemStore, target: &MemStore, id: &[u8], per_chunk: usize) -> Vec<RestoreChunk> {
+    let all = RangeRequest {
+        key: vec![0],
+        range_end: vec![0],
+        ..Default::default()
+    };
+    let cur: BTreeMap<_, _> = current
+        .range(&all)
+        .unwrap()
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key.clone(), kv))
+        .collect();
+    let tgt: BTreeMap<_, _> = target
+        .range(&all)
+        .unwrap()
+        .kvs
+        .into_iter()
+        .map(|kv| (kv.key.clone(), kv))
+        .collect();
+    let mut keys = Vec::new();
+    for key in cur
+        .keys()
+        .chain(tgt.keys())
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let c = cur.get(key);
+        let expect_mod_revision = c.map_or(0, |kv| kv.mod_revision);
+        match (c, tgt.get(key)) {
+            (Some(c), Some(t)) if c.value == t.value && c.lease == t.lease => {}
+            (_, Some(t)) => keys.push(RestoreKey {
+                key: key.clone(),
+                delete: false,
+                value: t.value.clone(),
+                lease: t.lease,
+                expect_mod_revision,
+            }),
+            (Some(_), None) => keys.push(RestoreKey {
+                key: key.clone(),
+                delete: true,
+                expect_mod_revision,
+                ..Default::default()
+            }),
+            (None, None) => {}
+        }
+    }
+    let (cl, tl) = (lease_ids(current), lease_ids(target));
+    let grants: Vec<RestoreLease> = tl
+        .iter()
+        .filter(|id| !cl.contains(id))
+        .map(|&id| RestoreLease {
+            id,
+            ttl: target.lease_time_to_live(id, false).unwrap().granted_ttl,
+        })
+        .collect();
+    let revokes: Vec<i64> = cl.iter().copied().filter(|id| !tl.contains(id)).collect();
+    let mut chunks: Vec<RestoreChunk> = keys
+        .chunks(per_chunk.max(1))
+        .map(|ks| RestoreChunk {
+            restore_id: id.to_vec(),
+            keys: ks.to_vec(),
+            ..Default::default()
+        })
+        .collect();
+    if chunks.is_empty() {
+        chunks.push(RestoreChunk {
+            restore_id: id.to_vec(),
+            ..Default::default()
+        });
+    }
+    chunks[0].grants = grants;
+    chunks.last_mut().unwrap().revokes = revokes;
+    for (i, c) in chunks.iter_mut().enumerate() {
+        c.seq = i as u32;
+    }
+    chunks
+}
+
+fn begin(h: &mut Harness, id: &[u8]) -> Outcome {
+    h.apply(Request::RestoreBegin(RestoreBegin {
+        restore_id: id.to_vec(),
+        checkpoint_index: 1,
+    }))
+    .outcome
+}
+
+fn stage(h: &mut Harness, chunks: &[RestoreChunk]) {
+    for (i, c) in chunks.iter().enumerate() {
+        assert_eq!(
+            h.apply(Request::RestoreChunk(c.clone())).outcome,
+            Outcome::Restore(RestoreStep::Staged {
+                chunks: i as u32 + 1
+            })
+        );
+    }
+}
+
+fn commit(h: &mut Harness, id: &[u8], chunks: usize) -> memstore::Applied {
+    h.apply(Request::RestoreCommit(RestoreCommit {
+        restore_id: id.to_vec(),
+        chunks: chunks as u32,
+    }))
+}
+
+/// A history, a checkpoint-like copy of it (the target), then divergence.
+fn diverged(seed: u64) -> (Harness, MemStore) {
+    let mut rng = seed;
+    let mut next = move |n: u64| {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng % n
+    };
+    let mut h = Harness::new();
+    h.grant(7, 600);
+    h.grant(8, 600);
+    let mut target = None;
+    for round in 0..2 {
+        for _ in 0..300 {
+            let k = format!("k{:03}", next(200));
+            match next(10) {
+                0 => {
+                    h.del(&k, "");
+                }
+                1 | 2 => {
+                    h.apply(Request::Put(PutRequest {
+                        key: k.into(),
+                        value: format!("leased-{round}").into(),
+                        lease: 7 + next(2) as i64,
+                        ..Default::default()
+                    }));
+                }
+                _ => {
+                    h.put(&k, &format!("v{round}-{}", next(1000)));
+                }
+            }
+        }
+        if round == 0 {
+            target = Some(h.store.clone());
+            h.revoke(7);
+            h.grant(9, 600);
+            h.apply(Request::Put(PutRequest {
+                key: "on-nine".into(),
+                value: "x".into(),
+                lease: 9,
+                ..Default::default()
+            }));
+        }
+    }
+    (h, target.unwrap())
+}
+
+#[test]
+fn a_commit_reaches_the_target_at_one_revision() {
+    for seed in [1u64, 2, 3, 0x5eed, 0xdead_beef] {
+        println!("replay with seed {seed}");
+        let (mut h, target) = diverged(seed);
+        let id = vec![1u8; 16];
+        let chunks = diff(&h.store, &target, &id, 37);
+        assert!(chunks.len() > 2, "{}", chunks.len());
+        assert_eq!(begin(&mut h, &id), Outcome::Restore(RestoreStep::Begun));
+        let before = h.store.revision();
+        let visible_before = visible(&h.store);
+        stage(&mut h, &chunks);
+        // Staging changes nothing a reader sees.
+        assert_eq!(h.store.revision(), before);
+        assert_eq!(visible(&h.store), visible_before);
+        assert_eq!(h.store.staged_restore(), Some((&id[..], chunks.len())));
+
+        let applied = commit(&mut h, &id, chunks.len());
+        let Outcome::Restore(RestoreStep::Committed { revision, keys }) = applied.outcome else {
+            panic!("{:?}", applied.outcome);
+        };
+        assert_eq!(revision, before + 1, "one revision for the whole restore");
+        assert_eq!(h.store.revision(), revision);
+        assert_eq!(visible(&h.store), visible(&target));
+        assert_eq!(lease_ids(&h.store), lease_ids(&target));
+        assert_eq!(h.store.staged_restore(), None);
+        // Every event at that revision, in key order (lease revokes' deletes last), and the
+        // same events a watcher replays from history.
+        assert_eq!(applied.events.len() as u64, keys);
+        assert!(
+            applied
+                .events
+                .iter()
+                .all(|e| e.kv.as_ref().unwrap().mod_revision == revision)
+        );
+        let mut replayed = h.store.events(revision, b"\0", b"\0", usize::MAX).unwrap();
+        let mut got = applied.events.clone();
+        let key = |e: &api::mvccpb::Event| e.kv.as_ref().unwrap().key.clone();
+        replayed.sort_by_key(key);
+        got.sort_by_key(key);
+        assert_eq!(replayed, got);
+        // Nothing left to restore.
+        let again = diff(&h.store, &target, &id, 37);
+        assert!(
+            again
+                .iter()
+                .all(|c| c.keys.is_empty() && c.grants.is_empty() && c.revokes.is_empty())
+        );
+    }
+}
+
+#[test]
+fn a_moved_guard_aborts_and_changes_nothing() {
+    let (mut h, target) = diverged(11);
+    let id = vec![2u8; 16];
+    let chunks = diff(&h.store, &target, &id, 50);
+    begin(&mut h, &id);
+    stage(&mut h, &chunks);
+    // A write racing the restore, on a key the restore touches.
+    let touched = String::from_utf8(chunks[1].keys[3].key.clone()).unwrap();
+    h.put(&touched, "racing");
+    let before = h.store.clone();
+    let applied = commit(&mut h, &id, chunks.len());
+    assert!(
+        matches!(
+            applied.outcome,
+            Outcome::Restore(RestoreStep::Aborted { .. })
+        ),
+        "{:?}",
+        applied.outcome
+    );
+    assert!(applied.events.is_empty());
+    assert_eq!(h.store.revision(), before.revision());
+    assert_eq!(h.store.hash_kv(0), before.hash_kv(0));
+    assert_eq!(visible(&h.store), visible(&before));
+    assert_eq!(lease_ids(&h.store), lease_ids(&before));
+    assert_eq!(h.store.staged_restore(), None, "an abort drops the stage");
+    // A second commit finds no stage.
+    assert!(matches!(
+        commit(&mut h, &id, chunks.len()).outcome,
+        Outcome::Restore(RestoreStep::Aborted { .. })
+    ));
+}
+
+#[test]
+fn a_granted_lease_taken_meanwhile_or_a_missing_chunk_aborts() {
+    let (mut h, target) = diverged(5);
+    let id = vec![3u8; 16];
+    let chunks = diff(&h.store, &target, &id, 40);
+    assert!(chunks[0].grants.iter().any(|g| g.id == 7));
+    begin(&mut h, &id);
+    stage(&mut h, &chunks);
+    h.apply(Request::LeaseGrant(LeaseGrantRequest { ttl: 60, id: 7 }));
+    let before = visible(&h.store);
+    assert!(matches!(
+        commit(&mut h, &id, chunks.len()).outcome,
+        Outcome::Restore(RestoreStep::Aborted { .. })
+    ));
+    assert_eq!(visible(&h.store), before);
+
+    // A commit naming more chunks than were staged.
+    h.revoke(7);
+    let chunks = diff(&h.store, &target, &id, 40);
+    begin(&mut h, &id);
+    stage(&mut h, &chunks[..chunks.len() - 1]);
+    let rev = h.store.revision();
+    assert!(matches!(
+        commit(&mut h, &id, chunks.len()).outcome,
+        Outcome::Restore(RestoreStep::Aborted { .. })
+    ));
+    assert_eq!(h.store.revision(), rev);
+}
+
+#[test]
+fn chunks_must_follow_their_begin_in_order_and_a_newer_begin_replaces_the_stage() {
+    let (mut h, target) = diverged(9);
+    let old = vec![4u8; 16];
+    let new = vec![5u8; 16];
+    let chunks = diff(&h.store, &target, &old, 60);
+    // No stage yet.
+    assert!(matches!(
+        h.apply(Request::RestoreChunk(chunks[0].clone())).outcome,
+        Outcome::Restore(RestoreStep::Aborted { .. })
+    ));
+    begin(&mut h, &old);
+    // Out of sequence.
+    assert!(matches!(
+        h.apply(Request::RestoreChunk(chunks[1].clone())).outcome,
+        Outcome::Restore(RestoreStep::Aborted { .. })
+    ));
+    stage(&mut h, &chunks[..1]);
+    // An abandoned stage: a newer Begin drops it; the old id's chunks and commit are refused.
+    begin(&mut h, &new);
+    assert_eq!(h.store.staged_restore(), Some((&new[..], 0)));
+    assert!(matches!(
+        h.apply(Request::RestoreChunk(chunks[1].clone())).outcome,
+        Outcome::Restore(RestoreStep::Aborted { .. })
+    ));
+    assert!(matches!(
+        commit(&mut h, &old, 1).outcome,
+        Outcome::Restore(RestoreStep::Aborted { .. })
+    ));
+    assert_eq!(
+        h.store.staged_restore(),
+        Some((&new[..], 0)),
+        "kept for its own commit"
+    );
+    let fresh = diff(&h.store, &target, &new, 60);
+    stage(&mut h, &fresh);
+    assert!(matches!(
+        commit(&mut h, &new, fresh.len()).outcome,
+        Outcome::Restore(RestoreStep::Committed { .. })
+    ));
+    assert_eq!(visible(&h.store), visible(&target));
+}
+
+#[test]
+fn a_stage_survives_a_checkpoint() {
+    let (mut h, target) = diverged(21);
+    let id = vec![6u8; 16];
+    let chunks = diff(&h.store, &target, &id, 30);
+    begin(&mut h, &id);
+    let half = chunks.len() / 2;
+    stage(&mut h, &chunks[..half]);
+    let meta = CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: h.store.applied_index(),
+        revision: h.store.revision(),
+        created_ms: 0,
+    };
+    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &h.store)).unwrap();
+    assert!(loaded == h.store);
+    assert_eq!(loaded.staged_restore(), Some((&id[..], half)));
+    let mut other = Harness {
+        store: loaded,
+        index: h.index,
+        now_ms: h.now_ms,
+    };
+    stage_from(&mut h, &chunks, half);
+    stage_from(&mut other, &chunks, half);
+    let a = commit(&mut h, &id, chunks.len());
+    let b = commit(&mut other, &id, chunks.len());
+    assert!(matches!(
+        a.outcome,
+        Outcome::Restore(RestoreStep::Committed { .. })
+    ));
+    assert_eq!(a, b);
+    assert!(h.store == other.store);
+    assert_eq!(visible(&h.store), visible(&target));
+}
+
+fn stage_from(h: &mut Harness, chunks: &[RestoreChunk], from: usize) {
+    for c in &chunks[from..] {
+        assert!(matches!(
+            h.apply(Request::RestoreChunk(c.clone())).outcome,
+            Outcome::Restore(RestoreStep::Staged { .. })
+        ));
+    }
+}

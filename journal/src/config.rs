@@ -142,6 +142,7 @@ impl FileConfig {
             join: self.join.unwrap_or(false),
             segment_bytes: self.segment_bytes.unwrap_or(SEGMENT_TARGET_BYTES),
             batching: Default::default(),
+            overlap_leader_fsync: true,
         };
         validate(&config)?;
         Ok(config)

@@ -58,17 +58,35 @@ pub enum OpenError {
     Meta(#[from] MetaError),
 }
 
+/// What the flusher is asked to do: complete a callback after the next fdatasync, or only
+/// run one (for a leader's own append, acknowledged to openraft before it is durable).
+enum FlushJob {
+    Callback(LogFlushed<TypeConfig>),
+    Sync,
+}
+
 /// State shared by the log store, its readers, the flusher and the record readers.
 pub struct LogShared {
     dir: PathBuf,
     shard: u32,
+    /// This node's id: a leader's own entries carry it in their log ids.
+    node_id: NodeId,
+    /// Acknowledge a leader's own appends to openraft at once and fsync them in parallel with
+    /// replication (see `append`); off: every append waits for its fsync.
+    overlap_leader_fsync: bool,
+    /// Every entry with an index below this is fdatasync'ed on this node. Appliers and the
+    /// commit index sent to followers wait for it.
+    flushed: tokio::sync::watch::Sender<u64>,
+    /// Set when a commit index sent to followers was held back to `flushed`; the node then
+    /// sends it again once the flush completes.
+    commit_held: AtomicBool,
     log: Mutex<SegmentLog>,
     meta: Mutex<Meta>,
     committed: Mutex<(Option<JLogId>, Option<Instant>)>,
     /// Set after an fsync or write failure: nothing is acknowledged any more.
     failed: AtomicBool,
     errors: ErrorList,
-    flush_tx: Mutex<Option<mpsc::Sender<LogFlushed<TypeConfig>>>>,
+    flush_tx: Mutex<Option<mpsc::Sender<FlushJob>>>,
 }
 
 fn sio<E: std::error::Error + 'static>(e: &E) -> StorageError<NodeId> {
@@ -80,7 +98,9 @@ impl LogShared {
     pub fn open(
         dir: &Path,
         shard: u32,
+        node_id: NodeId,
         segment_bytes: u64,
+        overlap_leader_fsync: bool,
         errors: ErrorList,
     ) -> Result<(Arc<Self>, RecoveryReport), OpenError> {
         std::fs::create_dir_all(dir).map_err(|source| MetaError::Io {
@@ -92,11 +112,19 @@ impl LogShared {
         let (mut log, report) =
             SegmentLog::open(dir, first, meta.floor_time_ms, meta.floor_record)?;
         log.set_segment_target_bytes(segment_bytes);
+        // What recovery found may still sit in the page cache only (after a kill, not a power
+        // loss): make it durable before counting it as flushed.
+        log.sync()?;
+        let flushed = log.next_index();
         let committed: Option<JLogId> = read_durable(&dir.join(COMMITTED_FILE))?.flatten();
         let (tx, rx) = mpsc::channel();
         let shared = Arc::new(LogShared {
             dir: dir.to_path_buf(),
             shard,
+            node_id,
+            overlap_leader_fsync,
+            flushed: tokio::sync::watch::Sender::new(flushed),
+            commit_held: AtomicBool::new(false),
             log: Mutex::new(log),
             meta: Mutex::new(meta),
             committed: Mutex::new((committed, None)),
@@ -194,6 +222,58 @@ impl LogShared {
         Ok(out)
     }
 
+    /// Entries with an index below this are durable (fdatasync'ed) on this node.
+    pub fn flushed(&self) -> u64 {
+        *self.flushed.borrow()
+    }
+
+    /// Waits until every entry up to `index` is durable on this node; fails if storage
+    /// failed first (it never will be then).
+    pub async fn wait_flushed(&self, index: u64) -> Result<(), std::io::Error> {
+        let mut rx = self.flushed.subscribe();
+        loop {
+            if *rx.borrow_and_update() > index {
+                return Ok(());
+            }
+            if self.failed() {
+                return Err(std::io::Error::other(
+                    "journal storage failed before the entry was durable",
+                ));
+            }
+            if rx.changed().await.is_err() {
+                return Err(std::io::Error::other("journal storage closed"));
+            }
+        }
+    }
+
+    /// A watch of `flushed`.
+    pub fn subscribe_flushed(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.flushed.subscribe()
+    }
+
+    /// The commit index to send to followers: `committed`, held back to the last entry
+    /// durable here. A leader acknowledges its own appends to openraft before their fsync,
+    /// so openraft may count this node towards a majority early; followers (and through them
+    /// readers) must not learn of a commit until the entry is durable on the leader too.
+    pub fn durable_commit(&self, committed: Option<JLogId>) -> Option<JLogId> {
+        let c = committed?;
+        let flushed = self.flushed();
+        if c.index < flushed {
+            return Some(c);
+        }
+        self.commit_held.store(true, Ordering::Release);
+        let h = flushed.checked_sub(1).and_then(|i| self.header(i))?;
+        Some(openraft::LogId::new(
+            openraft::CommittedLeaderId::new(h.term, h.node),
+            h.index,
+        ))
+    }
+
+    /// True (once) if a commit index was held back since the last call.
+    pub fn take_commit_held(&self) -> bool {
+        self.commit_held.swap(false, Ordering::AcqRel)
+    }
+
     /// True once a write or fsync failed.
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
@@ -203,6 +283,8 @@ impl LogShared {
         crate::metrics::storage_error(self.shard);
         tracing::error!(dir = %self.dir.display(), error = %what, "journal storage failed; no more appends are acknowledged");
         self.failed.store(true, Ordering::Release);
+        // Wake whoever waits for a flush: it will never come.
+        self.flushed.send_modify(|_| {});
         let mut errs = lock(&self.errors);
         if !errs.contains(&what) {
             errs.push(what);
@@ -239,11 +321,11 @@ impl LogShared {
 }
 
 /// The flusher: one fdatasync for every batch of queued appends, then their callbacks.
-fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<LogFlushed<TypeConfig>>) {
+fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<FlushJob>) {
     while let Ok(first) = rx.recv() {
         let mut batch = vec![first];
-        while let Ok(cb) = rx.try_recv() {
-            batch.push(cb);
+        while let Ok(job) = rx.try_recv() {
+            batch.push(job);
         }
         let Some(shared) = shared.upgrade() else {
             return;
@@ -253,21 +335,37 @@ fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<LogFlushed<Typ
                 "journal storage failed earlier; see status errors",
             ))
         } else {
-            let file = lock(&shared.log).active_file();
+            // Everything written before this point is covered by the sync (earlier segments
+            // were synced when they were closed).
+            let (file, written) = {
+                let log = lock(&shared.log);
+                (log.active_file(), log.next_index())
+            };
             let started = Instant::now();
             let r = crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
                 .and_then(|()| file.sync_data());
             crate::metrics::fsynced(shared.shard, started.elapsed(), batch.len());
+            if r.is_ok() {
+                shared.flushed.send_if_modified(|f| {
+                    let raise = written > *f;
+                    if raise {
+                        *f = written;
+                    }
+                    raise
+                });
+            }
             r
         };
         if let Err(e) = &result {
             shared.fail(format!("fsync failed: {e}"));
         }
-        for cb in batch {
-            cb.log_io_completed(match &result {
-                Ok(()) => Ok(()),
-                Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
-            });
+        for job in batch {
+            if let FlushJob::Callback(cb) = job {
+                cb.log_io_completed(match &result {
+                    Ok(()) => Ok(()),
+                    Err(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
+                });
+            }
         }
     }
 }
@@ -336,6 +434,29 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> Result<(), StorageError<NodeId>> {
+        // A leader's own entries may not be durable yet (acknowledged to openraft early). A
+        // vote change is the first thing a node does in a new term, before it acknowledges
+        // anything to another leader (even a heartbeat whose prev_log_id matches them), so
+        // make them durable here.
+        if self.shared.flushed() < self.shared.next_index() {
+            let (file, written) = {
+                let log = lock(&self.shared.log);
+                (log.active_file(), log.next_index())
+            };
+            crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
+                .and_then(|()| file.sync_data())
+                .map_err(|e| {
+                    self.shared.fail(format!("fsync failed: {e}"));
+                    StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
+                })?;
+            self.shared.flushed.send_if_modified(|f| {
+                let raise = written > *f;
+                if raise {
+                    *f = written;
+                }
+                raise
+            });
+        }
         let mut meta = lock(&self.shared.meta);
         let mut next = meta.clone();
         next.vote = Some(*vote);
@@ -357,8 +478,12 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     ) -> Result<(), StorageError<NodeId>> {
         let mut c = lock(&self.shared.committed);
         c.0 = committed;
-        let due =
-            c.1.is_none_or(|t| t.elapsed() >= COMMITTED_PERSIST_INTERVAL);
+        // A leader's commit may run ahead of its own fsync; never persist such a one (a restart
+        // after a power loss would look for entries the log no longer has).
+        let durable = committed.is_none_or(|l| l.index < self.shared.flushed());
+        let due = durable
+            && c.1
+                .is_none_or(|t| t.elapsed() >= COMMITTED_PERSIST_INTERVAL);
         if due {
             c.1 = Some(Instant::now());
             if let Err(e) = write_durable(&self.shared.dir.join(COMMITTED_FILE), &committed) {
@@ -387,6 +512,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
             return Err(sio(&e));
         }
+        let mut own = self.shared.overlap_leader_fsync;
         {
             let mut log = lock(&self.shared.log);
             let mut time = log.last_time_ms();
@@ -395,6 +521,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut frames = Vec::new();
             let mut rest = Vec::new();
             for e in entries {
+                own &= e.log_id.leader_id.node_id == self.shared.node_id;
                 let h = header_of(&e, time, record);
                 time = h.time_ms;
                 record = h.end_record();
@@ -410,21 +537,56 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 return Err(sio(&e));
             }
         }
+        // A leader appending its own entries of its current term (the vote this node holds is
+        // its own, committed, of the entries' term): tell openraft at once, so RaftCore sends
+        // them to the followers while the flusher syncs them here (as etcd's leader writes its
+        // WAL in parallel with replication). openraft may then count this node towards a
+        // majority before its fsync; nothing leaves the node before it, though: appliers wait
+        // for `flushed` (so no Append is answered, no record read, no read index served) and
+        // followers are sent a commit index held back to it (`durable_commit`). Followers'
+        // appends (and a leader's after a vote change) wait for their fsync as before.
+        let early = own && {
+            let vote = lock(&self.shared.meta).vote;
+            let term = lock(&self.shared.log).last().map(|h| h.term);
+            vote.is_some_and(|v| {
+                v.is_committed()
+                    && v.leader_id().voted_for() == Some(self.shared.node_id)
+                    && Some(v.leader_id().get_term()) == term
+            })
+        };
         let tx = lock(&self.shared.flush_tx).clone();
+        let job = if early {
+            callback.log_io_completed(Ok(()));
+            FlushJob::Sync
+        } else {
+            FlushJob::Callback(callback)
+        };
         match tx {
             Some(tx) => {
-                if let Err(mpsc::SendError(cb)) = tx.send(callback) {
+                if let Err(mpsc::SendError(FlushJob::Callback(cb))) = tx.send(job) {
                     cb.log_io_completed(Err(std::io::Error::other("journal flusher stopped")));
                 }
             }
-            None => callback.log_io_completed(Err(std::io::Error::other("journal storage closed"))),
+            None => {
+                if let FlushJob::Callback(cb) = job {
+                    cb.log_io_completed(Err(std::io::Error::other("journal storage closed")));
+                }
+            }
         }
         Ok(())
     }
 
     async fn truncate(&mut self, log_id: JLogId) -> Result<(), StorageError<NodeId>> {
         tracing::info!(index = log_id.index, "truncating the journal log");
-        lock(&self.shared.log).truncate(log_id.index).map_err(|e| {
+        let mut log = lock(&self.shared.log);
+        self.shared.flushed.send_if_modified(|f| {
+            let lower = *f > log_id.index;
+            if lower {
+                *f = log_id.index;
+            }
+            lower
+        });
+        log.truncate(log_id.index).map_err(|e| {
             self.shared.fail(format!("log truncate failed: {e}"));
             sio(&e)
         })

@@ -23,7 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
-use crate::log_store::lock;
+use crate::log_store::{LogShared, lock};
 use crate::types::{JLogId, NodeId, TypeConfig, decode_wire, encode_wire};
 
 /// Timeout of connecting to a peer.
@@ -84,11 +84,14 @@ impl Peers {
 pub struct Network {
     pub shard: u32,
     pub peers: Arc<Peers>,
+    /// The shard's log: the commit index sent to followers is held back to what is durable.
+    pub log: Arc<LogShared>,
 }
 
 /// A connection to one peer for one shard.
 pub struct PeerConn {
     shard: u32,
+    log: Arc<LogShared>,
     target: NodeId,
     client: Result<RaftClient<Channel>, String>,
 }
@@ -109,6 +112,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             .map_err(|e| format!("bad peer address {addr}: {e}"));
         PeerConn {
             shard: self.shard,
+            log: Arc::clone(&self.log),
             target,
             client,
         }
@@ -171,7 +175,7 @@ impl RaftNetwork<TypeConfig> for PeerConn {
         let header = AppendHeader {
             vote: rpc.vote,
             prev_log_id: rpc.prev_log_id,
-            leader_commit: rpc.leader_commit,
+            leader_commit: self.log.durable_commit(rpc.leader_commit),
         };
         let msg = RaftAppendRequest {
             shard: self.shard,

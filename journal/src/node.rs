@@ -89,6 +89,9 @@ pub struct NodeConfig {
     pub segment_bytes: u64,
     /// Batching of Append calls into Raft entries.
     pub batching: Batching,
+    /// A leader fsyncs its own appends in parallel with replicating them (default), instead
+    /// of before (see `LogStore::append`).
+    pub overlap_leader_fsync: bool,
 }
 
 /// How Append calls are coalesced into Raft entries (see `DEFAULT_MAX_INFLIGHT_ENTRIES` and
@@ -507,6 +510,22 @@ async fn trim_loop(shard: Arc<Shard>) {
     }
 }
 
+/// When a commit index sent to followers was held back to the leader's own fsync
+/// (`LogShared::durable_commit`), sends it once that fsync is done: a heartbeat carries the
+/// commit index, so followers (and readers tailing them) do not wait for the next append.
+async fn commit_push_loop(shard: Arc<Shard>) {
+    let mut rx = shard.log.subscribe_flushed();
+    while rx.changed().await.is_ok() {
+        if shard.log.take_commit_held()
+            && shard.is_leader()
+            && let Err(e) = shard.raft.trigger().heartbeat().await
+        {
+            tracing::debug!(shard = shard.id, error = %e, "could not push the commit index");
+            return;
+        }
+    }
+}
+
 /// A running journal node.
 pub struct JournalNode {
     pub id: NodeId,
@@ -550,8 +569,15 @@ impl JournalNode {
         let mut shards = Vec::new();
         for s in 0..config.shards {
             let dir = config.data_dir.join(format!("shard-{s}"));
-            let (log, report) = LogShared::open(&dir, s, config.segment_bytes, Arc::clone(&errors))
-                .map_err(|source| NodeError::Open { shard: s, source })?;
+            let (log, report) = LogShared::open(
+                &dir,
+                s,
+                config.id,
+                config.segment_bytes,
+                config.overlap_leader_fsync,
+                Arc::clone(&errors),
+            )
+            .map_err(|source| NodeError::Open { shard: s, source })?;
             tracing::info!(
                 shard = s,
                 segments = report.segments,
@@ -569,6 +595,7 @@ impl JournalNode {
             let network = Network {
                 shard: s,
                 peers: Arc::clone(&peers),
+                log: Arc::clone(&log),
             };
             let raft = Raft::new(
                 config.id,
@@ -604,6 +631,7 @@ impl JournalNode {
             ));
             tokio::spawn(read_index_loop(Arc::clone(&shard), rrx));
             tokio::spawn(trim_loop(Arc::clone(&shard)));
+            tokio::spawn(commit_push_loop(Arc::clone(&shard)));
             if !config.join {
                 match shard.raft.initialize(members.clone()).await {
                     Ok(()) => {

@@ -201,6 +201,20 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         I: IntoIterator<Item = JEntry> + Send,
         I::IntoIter: Send,
     {
+        let entries: Vec<JEntry> = entries.into_iter().collect();
+        // A leader's own entries may be committed before its own fsync finished (see
+        // `LogStore::append`): apply (and so answer, serve, confirm) only what is durable here.
+        if let Some(last) = entries.last() {
+            self.shared
+                .log
+                .wait_flushed(last.log_id.index)
+                .await
+                .map_err(|e| {
+                    StorageError::from(StorageIOError::write_state_machine(
+                        openraft::AnyError::new(&e),
+                    ))
+                })?;
+        }
         let mut out = Vec::new();
         let mut st = lock(&self.shared.state);
         let mut end = None;

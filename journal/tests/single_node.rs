@@ -37,6 +37,7 @@ async fn start(dir: &std::path::Path, port: u16, idle_tick: Duration) -> Running
         join: false,
         segment_bytes: 4096,
         batching: Default::default(),
+        overlap_leader_fsync: true,
     })
     .await
     .unwrap();

@@ -68,6 +68,11 @@ struct NodeArgs {
     /// the next one (0 turns it off).
     #[arg(long, default_value = "1500us", value_parser = humantime::parse_duration)]
     coalesce_wait: Duration,
+    /// Tuning: a leader fsyncs its own appends in parallel with sending them to the followers
+    /// (true), or before (false). Either way nothing is acknowledged, served or committed to
+    /// followers before it is durable on a majority including the leader.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    overlap_leader_fsync: bool,
     /// Testing only: arm the storage failpoints. While `<data-dir>/FAILPOINTS` exists and names
     /// `write` and/or `fsync`, segment writes fail as on a full disk and fsyncs fail with EIO.
     #[arg(long)]
@@ -190,6 +195,7 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
         max_inflight_entries: a.max_inflight_entries,
         coalesce_wait: a.coalesce_wait,
     };
+    config.overlap_leader_fsync = a.overlap_leader_fsync;
     if a.failpoints {
         let file = config.data_dir.join("FAILPOINTS");
         tracing::warn!(trigger = %file.display(), "storage failpoints armed (testing only)");

@@ -1,33 +1,36 @@
-//! Restoring a tenant to a checkpoint through the journal: the difference between the tenant's
-//! current state and the checkpoint's, as ordinary etcd requests (lease grants, guarded txns of
-//! puts and deletes, lease revokes). Appended as journal entries, every replica (frontends, the
-//! compactor) follows, watchers see the changes as events, and revisions keep moving forward.
+//! Restoring a tenant to a checkpoint through the journal, all or nothing: the difference
+//! between the tenant's current state and the checkpoint's as one staged restore
+//! (`RestoreBegin`, `RestoreChunk`s that each fit in a journal entry, `RestoreCommit`; applied
+//! by `memstore`). Every replica (frontends, the compactor) applies the commit at one new
+//! revision, so a reader sees the tenant either before or after the restore, watchers get every
+//! change at that revision, and revisions keep moving forward.
 //!
-//! Each txn compares the mod revision (or absence) of every key it touches with the state the
-//! plan was computed from, so a write that raced the restore makes that txn fail instead of
-//! being overwritten; the caller then plans again from the newer state.
+//! Every staged key carries the mod revision (or absence) it had in the state the plan was
+//! computed from; a write that raced the restore makes the commit abort (nothing changes) and
+//! the caller plans again from the newer state.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use api::etcdserverpb::request_op::Request as OpRequest;
-use api::etcdserverpb::{
-    Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest,
-    RequestOp, TxnRequest,
-};
+use api::etcdserverpb::RangeRequest;
 use api::mvccpb::KeyValue;
 use api::strata::entry::entry::Request;
+use api::strata::entry::{RestoreBegin, RestoreChunk, RestoreCommit, RestoreKey, RestoreLease};
 use memstore::MemStore;
 
-/// Operations per txn (etcd's default limit is 128 ops per txn; compares count separately).
-pub const MAX_OPS_PER_TXN: usize = 64;
-/// Key + value bytes per txn, well under etcd's 1.5 MiB request limit.
-pub const MAX_TXN_BYTES: usize = 1024 * 1024;
+/// Key + value bytes per chunk: with the protobuf framing, well under the journal's 2 MiB entry
+/// limit (`journal::node::MAX_ENTRY_BYTES`). A single larger key-value (etcd allows 1.5 MiB
+/// requests) gets a chunk of its own.
+pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
+/// Keys per chunk, bounding the per-key framing of a chunk of tiny keys.
+pub const MAX_CHUNK_KEYS: usize = 8192;
 
-/// The requests that turn one state into another, in the order they must be applied.
+/// The staged restore that turns one state into another.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct Plan {
-    pub requests: Vec<Request>,
+    pub restore_id: Vec<u8>,
+    pub checkpoint_index: u64,
+    /// Never empty: a restore with no change to keys still carries its lease changes.
+    pub chunks: Vec<RestoreChunk>,
     pub grants: usize,
     pub puts: usize,
     pub deletes: usize,
@@ -35,8 +38,24 @@ pub struct Plan {
 }
 
 impl Plan {
+    /// Nothing to change.
     pub fn is_empty(&self) -> bool {
-        self.requests.is_empty()
+        self.grants + self.puts + self.deletes + self.revokes == 0
+    }
+
+    /// The entries to append, in order: begin, every chunk, commit.
+    pub fn requests(&self) -> Vec<Request> {
+        let mut out = Vec::with_capacity(self.chunks.len() + 2);
+        out.push(Request::RestoreBegin(RestoreBegin {
+            restore_id: self.restore_id.clone(),
+            checkpoint_index: self.checkpoint_index,
+        }));
+        out.extend(self.chunks.iter().cloned().map(Request::RestoreChunk));
+        out.push(Request::RestoreCommit(RestoreCommit {
+            restore_id: self.restore_id.clone(),
+            chunks: self.chunks.len() as u32,
+        }));
+        out
     }
 }
 
@@ -65,88 +84,90 @@ fn leases(s: &MemStore) -> BTreeMap<i64, i64> {
         .collect()
 }
 
-fn compare_unchanged(key: &[u8], current: Option<&KeyValue>) -> Compare {
-    match current {
-        Some(kv) => Compare {
-            result: CompareResult::Equal as i32,
-            target: CompareTarget::Mod as i32,
-            key: key.to_vec(),
-            target_union: Some(TargetUnion::ModRevision(kv.mod_revision)),
-            ..Default::default()
-        },
-        None => Compare {
-            result: CompareResult::Equal as i32,
-            target: CompareTarget::Version as i32,
-            key: key.to_vec(),
-            target_union: Some(TargetUnion::Version(0)),
-            ..Default::default()
-        },
-    }
-}
-
-/// What to append so that `current` ends with `target`'s keys, values and key-to-lease
-/// attachments, and `target`'s set of leases. Leases missing in `current` are granted with
-/// their granted TTL (their countdown restarts); leases of both keep `current`'s deadline.
-pub fn plan(current: &MemStore, target: &MemStore) -> Plan {
-    let mut p = Plan::default();
+/// The staged restore (named `restore_id`) that makes `current` end with `target`'s keys,
+/// values and key-to-lease attachments, and `target`'s set of leases. Leases missing in
+/// `current` are granted with their granted TTL (their countdown restarts); leases of both keep
+/// `current`'s deadline.
+pub fn plan(
+    current: &MemStore,
+    target: &MemStore,
+    restore_id: Vec<u8>,
+    checkpoint_index: u64,
+) -> Plan {
+    let mut p = Plan {
+        restore_id,
+        checkpoint_index,
+        ..Default::default()
+    };
     let cur_leases = leases(current);
     let tgt_leases = leases(target);
-    for (&id, &ttl) in &tgt_leases {
-        if !cur_leases.contains_key(&id) {
-            p.requests.push(Request::LeaseGrant(LeaseGrantRequest {
-                ttl: ttl.max(1),
-                id,
-            }));
-            p.grants += 1;
-        }
-    }
+    let grants: Vec<RestoreLease> = tgt_leases
+        .iter()
+        .filter(|(id, _)| !cur_leases.contains_key(id))
+        .map(|(&id, &ttl)| RestoreLease {
+            id,
+            ttl: ttl.max(1),
+        })
+        .collect();
+    let revokes: Vec<i64> = cur_leases
+        .keys()
+        .copied()
+        .filter(|id| !tgt_leases.contains_key(id))
+        .collect();
+    p.grants = grants.len();
+    p.revokes = revokes.len();
 
     let cur = all_keys(current);
     let tgt = all_keys(target);
     let keys: BTreeSet<&Vec<u8>> = cur.keys().chain(tgt.keys()).collect();
-    let mut txn = TxnRequest::default();
+    let mut chunk = RestoreChunk::default();
     let mut bytes = 0usize;
     for key in keys {
         let c = cur.get(key);
-        let op = match (c, tgt.get(key)) {
+        let expect_mod_revision = c.map_or(0, |kv| kv.mod_revision);
+        let k = match (c, tgt.get(key)) {
             (Some(c), Some(t)) if c.value == t.value && c.lease == t.lease => continue,
             (_, Some(t)) => {
                 p.puts += 1;
-                bytes += key.len() + t.value.len();
-                OpRequest::RequestPut(PutRequest {
+                RestoreKey {
                     key: key.clone(),
+                    delete: false,
                     value: t.value.clone(),
                     lease: t.lease,
-                    ..Default::default()
-                })
+                    expect_mod_revision,
+                }
             }
             (Some(_), None) => {
                 p.deletes += 1;
-                bytes += key.len();
-                OpRequest::RequestDeleteRange(DeleteRangeRequest {
+                RestoreKey {
                     key: key.clone(),
+                    delete: true,
+                    expect_mod_revision,
                     ..Default::default()
-                })
+                }
             }
             (None, None) => continue,
         };
-        txn.compare.push(compare_unchanged(key, c));
-        txn.success.push(RequestOp { request: Some(op) });
-        if txn.success.len() >= MAX_OPS_PER_TXN || bytes >= MAX_TXN_BYTES {
-            p.requests.push(Request::Txn(std::mem::take(&mut txn)));
+        let size = k.key.len() + k.value.len();
+        if !chunk.keys.is_empty()
+            && (bytes + size > MAX_CHUNK_BYTES || chunk.keys.len() >= MAX_CHUNK_KEYS)
+        {
+            p.chunks.push(std::mem::take(&mut chunk));
             bytes = 0;
         }
+        bytes += size;
+        chunk.keys.push(k);
     }
-    if !txn.success.is_empty() {
-        p.requests.push(Request::Txn(txn));
+    if !chunk.keys.is_empty() || p.chunks.is_empty() {
+        p.chunks.push(chunk);
     }
-
-    for &id in cur_leases.keys() {
-        if !tgt_leases.contains_key(&id) {
-            p.requests
-                .push(Request::LeaseRevoke(LeaseRevokeRequest { id }));
-            p.revokes += 1;
-        }
+    p.chunks[0].grants = grants;
+    if let Some(last) = p.chunks.last_mut() {
+        last.revokes = revokes;
+    }
+    for (i, c) in p.chunks.iter_mut().enumerate() {
+        c.restore_id = p.restore_id.clone();
+        c.seq = i as u32;
     }
     p
 }
@@ -154,7 +175,12 @@ pub fn plan(current: &MemStore, target: &MemStore) -> Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use api::etcdserverpb::{
+        DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest,
+    };
     use api::strata::entry::Entry;
+    use memstore::{Outcome, RestoreStep};
+    use prost::Message;
 
     fn entry(n: u64, request: Request) -> Entry {
         let mut request_id = n.to_le_bytes().to_vec();
@@ -183,9 +209,18 @@ mod tests {
     }
 
     impl Replica {
-        fn apply(&mut self, r: Request) -> memstore::Outcome {
+        fn apply(&mut self, r: Request) -> memstore::Applied {
             self.n += 1;
-            self.store.apply(self.n, &entry(self.n, r)).outcome
+            self.store.apply(self.n, &entry(self.n, r))
+        }
+
+        /// Applies the whole plan; the commit's outcome.
+        fn restore(&mut self, p: &Plan) -> memstore::Applied {
+            let mut last = None;
+            for req in p.requests() {
+                last = Some(self.apply(req));
+            }
+            last.unwrap()
         }
     }
 
@@ -201,7 +236,7 @@ mod tests {
     }
 
     #[test]
-    fn applying_the_plan_reaches_the_target_and_conflicts_fail_the_txn() {
+    fn the_plan_reaches_the_target_at_one_revision_and_a_racing_write_aborts_it() {
         let mut r = Replica {
             store: MemStore::new(memstore::Config::default()),
             n: 0,
@@ -210,7 +245,7 @@ mod tests {
         for i in 0..200 {
             r.apply(put(
                 &format!("k{i:03}"),
-                "old",
+                &"old".repeat(2000),
                 if i % 10 == 0 { 7 } else { 0 },
             ));
         }
@@ -228,7 +263,7 @@ mod tests {
         r.apply(Request::LeaseRevoke(LeaseRevokeRequest { id: 7 }));
         let before = r.store.revision();
 
-        let p = plan(&r.store, &target);
+        let p = plan(&r.store, &target, vec![1; 16], 42);
         assert_eq!((p.grants, p.revokes), (1, 1), "{p:?}");
         assert_eq!(p.deletes, 100);
         assert_eq!(
@@ -236,31 +271,72 @@ mod tests {
             2 + 20,
             "k001, k002 and the 20 keys revoked with lease 7"
         );
-        assert!(p.requests.len() > 2, "txns split at {MAX_OPS_PER_TXN} ops");
+        // Every chunk fits in a journal entry.
+        for c in &p.chunks {
+            assert!(c.encoded_len() < 2 * 1024 * 1024);
+        }
 
-        // A write racing the restore makes the txn that touches it fail.
+        // A write racing the restore aborts all of it.
         let mut raced = Replica {
             store: r.store.clone(),
             n: r.n,
         };
-        raced.apply(put("k001", "racing", 0));
-        let mut failed = 0;
-        for req in p.requests.clone() {
-            if let memstore::Outcome::Txn(t) = raced.apply(req) {
-                failed += usize::from(!t.succeeded);
-            }
-        }
-        assert_eq!(failed, 1, "exactly the txn holding k001 fails");
+        raced.apply(put("k150", "racing", 0));
+        let rev = raced.store.revision();
+        let aborted = raced.restore(&p);
+        assert!(
+            matches!(
+                aborted.outcome,
+                Outcome::Restore(RestoreStep::Aborted { .. })
+            ),
+            "{:?}",
+            aborted.outcome
+        );
+        assert_eq!(raced.store.revision(), rev, "nothing changed");
 
-        for req in p.requests {
-            match r.apply(req) {
-                memstore::Outcome::Txn(t) => assert!(t.succeeded),
-                memstore::Outcome::Failed(e) => panic!("{e}"),
-                _ => {}
-            }
-        }
+        let committed = r.restore(&p);
+        assert!(
+            matches!(
+                committed.outcome,
+                Outcome::Restore(RestoreStep::Committed { revision, .. }) if revision == before + 1
+            ),
+            "{:?}",
+            committed.outcome
+        );
         assert_eq!(keys_and_leases(&r.store), keys_and_leases(&target));
-        assert!(r.store.revision() > before, "revisions move forward");
-        assert!(plan(&r.store, &target).is_empty());
+        assert!(plan(&r.store, &target, vec![2; 16], 42).is_empty());
+    }
+
+    #[test]
+    fn large_diffs_are_split_into_chunks_that_fit_an_entry() {
+        let mut r = Replica {
+            store: MemStore::new(memstore::Config::default()),
+            n: 0,
+        };
+        for i in 0..40 {
+            r.apply(put(&format!("big{i:02}"), &"v".repeat(100_000), 0));
+        }
+        let target = r.store.clone();
+        r.apply(Request::DeleteRange(DeleteRangeRequest {
+            key: b"big".to_vec(),
+            range_end: b"bih".to_vec(),
+            ..Default::default()
+        }));
+        for i in 0..(MAX_CHUNK_KEYS + 10) {
+            r.apply(put(&format!("tiny{i:05}"), "v", 0));
+        }
+        let p = plan(&r.store, &target, vec![3; 16], 1);
+        assert_eq!((p.puts, p.deletes), (40, MAX_CHUNK_KEYS + 10));
+        assert!(p.chunks.len() >= 3, "{}", p.chunks.len());
+        for (i, c) in p.chunks.iter().enumerate() {
+            assert_eq!(c.seq as usize, i);
+            assert!(c.keys.len() <= MAX_CHUNK_KEYS);
+            assert!(c.encoded_len() < 2 * 1024 * 1024);
+        }
+        assert!(matches!(
+            r.restore(&p).outcome,
+            Outcome::Restore(RestoreStep::Committed { .. })
+        ));
+        assert_eq!(keys_and_leases(&r.store), keys_and_leases(&target));
     }
 }

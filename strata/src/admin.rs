@@ -1,6 +1,6 @@
 //! `strata admin`: operator commands. `backup list` shows the checkpoints kept in object storage
-//! (restore points); `backup restore` brings a tenant back to one of them through the journal,
-//! so every frontend and the compactor follow.
+//! (restore points); `backup restore` brings a tenant back to one of them through the journal as
+//! one staged, all-or-nothing restore, so every frontend and the compactor follow at once.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -10,7 +10,7 @@ use api::strata::entry::Entry;
 use compactor::{Catalog, reader, restore};
 use futures::StreamExt;
 use journal::client::JournalClient;
-use memstore::{MemStore, Outcome};
+use memstore::{MemStore, Outcome, RestoreStep};
 
 /// Entries appended per journal call during a restore.
 const RESTORE_APPEND_BATCH: usize = 100;
@@ -35,9 +35,10 @@ enum Command {
 enum Backup {
     /// List every retained checkpoint (newest first) of one tenant or of all.
     List(ListArgs),
-    /// Restore a tenant's keys, values and leases to a retained checkpoint, as journal entries
-    /// (guarded txns: a write racing the restore is never overwritten; the restore re-plans).
-    /// Revisions move forward, and watchers see the changes as events.
+    /// Restore a tenant's keys, values and leases to a retained checkpoint, all or nothing: the
+    /// changes are staged in journal entries and applied by one commit at one new revision
+    /// (a write racing the restore aborts the commit, never gets overwritten; the restore then
+    /// re-plans). Revisions move forward, and watchers see the changes as events.
     Restore(RestoreArgs),
 }
 
@@ -166,7 +167,12 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         let upto = client.read_index(shard).await?;
         replay(&mut current, &mut stream, tenant, upto).await?;
 
-        let plan = restore::plan(&current, &target);
+        let plan = restore::plan(
+            &current,
+            &target,
+            rand::random::<[u8; 16]>().to_vec(),
+            r.index,
+        );
         if plan.is_empty() {
             println!(
                 "tenant {tenant} already matches checkpoint {} (revision {})",
@@ -175,10 +181,11 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        let entries = plan.requests.len();
+        let requests = plan.requests();
+        let entries = requests.len();
         let mut ours = Vec::with_capacity(entries);
-        for chunk in plan.requests.chunks(RESTORE_APPEND_BATCH) {
-            let payloads = chunk
+        for batch in requests.chunks(RESTORE_APPEND_BATCH) {
+            let payloads = batch
                 .iter()
                 .map(|req| {
                     encode_entry(&Entry {
@@ -192,38 +199,33 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
                 .collect();
             ours.extend(client.append(shard, payloads).await?);
         }
-        let last = ours.last().copied().unwrap_or(upto);
-        let outcomes = replay(&mut current, &mut stream, tenant, last).await?;
-        let mut conflicts = 0;
-        for (index, outcome) in outcomes {
-            if !ours.contains(&index) {
-                continue;
+        let commit = *ours
+            .last()
+            .context("the journal returned no index for the restore")?;
+        let outcomes = replay(&mut current, &mut stream, tenant, commit).await?;
+        let outcome = outcomes
+            .into_iter()
+            .find(|(index, _)| *index == commit)
+            .map(|(_, o)| o);
+        match outcome {
+            Some(Outcome::Restore(RestoreStep::Committed { revision, keys })) => {
+                println!(
+                    "restored tenant {tenant} to checkpoint {} (revision {} then) at revision {revision}: {} leases granted, {} keys put, {} deleted ({keys} changes), {} leases revoked, staged in {} chunks",
+                    r.index,
+                    r.revision,
+                    plan.grants,
+                    plan.puts,
+                    plan.deletes,
+                    plan.revokes,
+                    plan.chunks.len()
+                );
+                return Ok(());
             }
-            match outcome {
-                Outcome::Txn(t) if !t.succeeded => conflicts += 1,
-                Outcome::Failed(e) => {
-                    tracing::warn!(tenant, index, error = %e, "restore entry refused");
-                    conflicts += 1;
-                }
-                _ => {}
+            Some(Outcome::Restore(RestoreStep::Aborted { reason })) => {
+                eprintln!("attempt {attempt}: the restore was aborted ({reason}); planning again");
             }
+            other => bail!("tenant {tenant}: unexpected outcome of the restore commit: {other:?}"),
         }
-        if conflicts == 0 {
-            println!(
-                "restored tenant {tenant} to checkpoint {} (revision {} then): {} leases granted, {} keys put, {} deleted, {} leases revoked in {entries} journal entries; tenant now at revision {}",
-                r.index,
-                r.revision,
-                plan.grants,
-                plan.puts,
-                plan.deletes,
-                plan.revokes,
-                current.revision()
-            );
-            return Ok(());
-        }
-        eprintln!(
-            "attempt {attempt}: {conflicts} of {entries} restore entries met concurrent writes; planning again"
-        );
     }
     bail!(
         "tenant {tenant}: concurrent writes kept conflicting with the restore after {} attempts",

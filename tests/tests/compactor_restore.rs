@@ -1,8 +1,9 @@
 //! `strata admin backup list|restore` against three journal processes and a `strata compactor`:
 //! a tenant is restored to an older checkpoint through the journal, and a replica built from the
 //! journal afterwards holds exactly the checkpoint's keys, values, lease attachments and leases,
-//! with revisions that moved forward; and with two frontends, both serve the restored state and
-//! a watcher gets the restore as events.
+//! one revision later; and with two frontends, a reader polling both during the restore sees
+//! the old state or the restored one, never a mix, both end at the same revision and HashKV, and
+//! a watcher gets every change of the restore at that one revision.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -219,9 +220,10 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
         want,
         "keys, values, lease attachments and leases as checkpointed"
     );
-    assert!(
-        after.revision() > before.revision(),
-        "revisions move forward"
+    assert_eq!(
+        after.revision(),
+        before.revision() + 1,
+        "the whole restore is one revision, after the last one"
     );
     // A second restore to the same point has nothing to do.
     let again = admin(
@@ -258,11 +260,59 @@ async fn served(c: &mut etcd_client::Client) -> (BTreeMap<Vec<u8>, Vec<u8>>, i64
     (kvs, r.header().unwrap().revision())
 }
 
-/// A restore written through the journal is seen by every frontend: both serve the checkpoint's
-/// keys at the same revision with the same HashKV, and a watcher opened before the restore gets
-/// it as ordinary events (revisions move forward, nothing is cancelled: docs/compactor.md).
+/// Reads `r/` from both frontends in turn until `stop`, checking that each read is exactly
+/// `old` or `new`; returns how many reads saw each.
+async fn poll_for_a_mix(
+    mut clients: Vec<etcd_client::Client>,
+    old: BTreeMap<Vec<u8>, Vec<u8>>,
+    new: BTreeMap<Vec<u8>, Vec<u8>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> (usize, usize) {
+    let (mut saw_old, mut saw_new) = (0, 0);
+    let mut i = 0usize;
+    while !*stop.borrow() {
+        let c = &mut clients[i % 2];
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        // Alternate linearizable and serializable reads.
+        let opts = if (i / 2).is_multiple_of(2) {
+            opts
+        } else {
+            opts.with_serializable()
+        };
+        let r = c.get("r/", Some(opts)).await.unwrap();
+        let kvs: BTreeMap<Vec<u8>, Vec<u8>> = r
+            .kvs()
+            .iter()
+            .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+            .collect();
+        if kvs == old {
+            saw_old += 1;
+        } else if kvs == new {
+            saw_new += 1;
+        } else {
+            panic!(
+                "frontend {} served a half-restored tenant at revision {}: {} keys, {} of them as restored",
+                i % 2,
+                r.header().unwrap().revision(),
+                kvs.len(),
+                kvs.iter().filter(|(k, v)| new.get(*k) == Some(*v)).count()
+            );
+        }
+        i += 1;
+    }
+    (saw_old, saw_new)
+}
+
+/// Bytes of each value of phase A: 100 of them make the restore span several chunks
+/// (`compactor::restore::MAX_CHUNK_BYTES`), so atomicity is not an accident of one entry.
+const BIG_VALUE: usize = 24 * 1024;
+
+/// A restore written through the journal is seen by every frontend at once: a reader polling
+/// both never sees a mix of the old and the restored state, both serve the checkpoint's keys at
+/// the same revision with the same HashKV, and a watcher opened before the restore gets every
+/// change at that one revision (nothing is cancelled: docs/compactor.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restore_is_seen_by_every_frontend_and_watchers_get_it_as_events() {
+async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revision() {
     let deployment = Deployment::start(2).await;
     let journals = deployment.journal_addrs().to_vec();
     let objects = deployment.objects();
@@ -279,14 +329,16 @@ async fn a_restore_is_seen_by_every_frontend_and_watchers_get_it_as_events() {
         .unwrap();
 
     // Phase A through frontend 0, then a checkpoint of it.
-    for i in 0..50 {
-        f0.put(format!("r/{i:03}"), "a", None).await.unwrap();
+    for i in 0..100 {
+        f0.put(format!("r/{i:03}"), vec![b'a'; BIG_VALUE], None)
+            .await
+            .unwrap();
     }
     let (want, _) = served(&mut f0).await;
     let checkpoint = wait_checkpoint(&catalog, client.read_index(SHARD).await.unwrap(), &log).await;
 
-    // Phase B: overwrite some keys, delete others, add new ones.
-    for i in 20..70 {
+    // Phase B: overwrite most keys, delete others, add new ones.
+    for i in 20..120 {
         f0.put(format!("r/{i:03}"), "b", None).await.unwrap();
     }
     f0.delete(
@@ -311,6 +363,23 @@ async fn a_restore_is_seen_by_every_frontend_and_watchers_get_it_as_events() {
         .await
         .unwrap();
 
+    // A reader polling both frontends all through the restore.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut readers = Vec::new();
+    for f in 0..2 {
+        readers.push(
+            etcd_client::Client::connect([deployment.frontend(f).endpoint()], None)
+                .await
+                .unwrap(),
+        );
+    }
+    let poller = tokio::spawn(poll_for_a_mix(
+        readers,
+        before.clone(),
+        want.clone(),
+        stopped,
+    ));
+
     let out = admin(
         &[
             "admin",
@@ -331,10 +400,20 @@ async fn a_restore_is_seen_by_every_frontend_and_watchers_get_it_as_events() {
     // Both frontends serve the checkpoint's keys at one revision, with one HashKV.
     let (kv0, rev0) = served(&mut f0).await;
     let (kv1, rev1) = served(&mut f1).await;
+    // Let the reader see the restored state on both for a moment, then stop it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    stop.send(true).unwrap();
+    let (saw_old, saw_new) = poller.await.expect("no read saw a half-restored tenant");
+    println!("reader: {saw_old} reads of the old state, {saw_new} of the restored one");
+    assert!(saw_new > 0, "the reader saw the restored state");
     assert_eq!(kv0, want, "frontend 0 serves the restored keys");
     assert_eq!(kv1, want, "frontend 1 serves the restored keys");
     assert_eq!(rev0, rev1, "both at the revision after the restore");
-    assert!(rev0 > before_rev, "revisions move forward");
+    assert_eq!(
+        rev0,
+        before_rev + 1,
+        "the whole restore is one new revision"
+    );
     let h0 = f0.hash_kv(rev0).await.unwrap().hash();
     let h1 = f1.hash_kv(rev0).await.unwrap().hash();
     assert_eq!(h0, h1, "HashKV at {rev0}");
@@ -358,7 +437,11 @@ async fn a_restore_is_seen_by_every_frontend_and_watchers_get_it_as_events() {
         assert!(!r.canceled(), "a restore does not cancel watchers: {r:?}");
         for e in r.events() {
             let kv = e.kv().unwrap();
-            assert!(kv.mod_revision() >= last, "events in revision order");
+            assert_eq!(
+                kv.mod_revision(),
+                rev0,
+                "every change at the restore's revision"
+            );
             last = kv.mod_revision();
             match e.event_type() {
                 etcd_client::EventType::Put => {

@@ -392,13 +392,17 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(1_000_000);
+        let same_ms = std::env::var("STRATA_LOAD_SAME_MS").is_ok_and(|v| v == "1");
         let mut mem = MemStore::new(memstore::Config::default());
         for i in 0..keys {
             let e = api::strata::entry::Entry {
                 format_version: api::ENTRY_FORMAT_VERSION,
                 tenant: "default".into(),
-                request_id: (i as u64).to_le_bytes().to_vec(),
-                time_ms: 1,
+                // 16-byte ids, as frontends write them, one put per journal millisecond: the
+                // checkpoint holds the last `DEFAULT_REQUEST_ID_WINDOW_MS` of them (120k), as a
+                // tenant written at 1,000 puts/s would (STRATA_LOAD_SAME_MS=1 keeps all 1M).
+                request_id: [(i as u64).to_le_bytes(), [0x5a; 8]].concat(),
+                time_ms: if same_ms { 1 } else { i as i64 },
                 request: Some(api::strata::entry::entry::Request::Put(
                     api::etcdserverpb::PutRequest {
                         key: format!("{i:064}").into_bytes(),
@@ -419,6 +423,11 @@ mod tests {
             created_ms: 0,
         };
         let bytes = memstore::checkpoint::encode(&meta, &mem);
+        println!(
+            "{keys} keys, {} request ids remembered, checkpoint of {} MB",
+            mem.remembered_request_ids(),
+            bytes.len() / 1_000_000
+        );
         drop(mem);
         let r = CheckpointRef {
             path: api::manifest::checkpoint_path("default", meta.index, 0).unwrap(),

@@ -139,3 +139,120 @@ async fn frontend_starts_from_checkpoint_after_trim() {
         tail_file(&log)
     );
 }
+
+/// Keys of the ready-timing tenant (issue 5: 1M keys of 64 bytes with 256-byte values).
+const READY_KEYS_DEFAULT: usize = 1_000_000;
+/// Puts per journal append while loading it.
+const READY_APPEND_BATCH: usize = 5_000;
+/// Puts appended after the checkpoint: the journal tail the new frontend replays.
+const READY_TAIL: usize = 2_000;
+/// Loading a million keys through the journal and checkpointing them takes minutes here.
+const READY_WAIT: Duration = Duration::from_secs(900);
+
+/// Time for a new `strata frontend` to serve a tenant of `STRATA_READY_KEYS` keys (default 1M)
+/// from the compactor's checkpoint plus a journal tail: from spawning the process to its first
+/// linearizable read. A measurement, run on purpose with the release binary:
+/// `cargo build --release -p strata && STRATA_BIN=$CARGO_TARGET_DIR/release/strata cargo test
+/// --release -p strata-tests --test frontend_checkpoint ready_timing -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore]
+async fn ready_timing_on_a_large_tenant() {
+    use api::record::encode_entry;
+    use api::strata::entry::{Entry, entry::Request};
+    let keys: usize = std::env::var("STRATA_READY_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(READY_KEYS_DEFAULT);
+    let d = Deployment::start(0).await;
+    let client = journal::client::JournalClient::connect(d.journal_addrs())
+        .await
+        .unwrap();
+    let put = |i: usize| {
+        let mut key = format!("/registry/pods/ns{:04}/pod-{i:08}-", i / 1000).into_bytes();
+        key.resize(64, b'x');
+        encode_entry(&Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "default".into(),
+            request_id: rand::random::<[u8; 16]>().to_vec(),
+            time_ms: 0,
+            request: Some(Request::Put(api::etcdserverpb::PutRequest {
+                key,
+                value: vec![b'v'; 256],
+                ..Default::default()
+            })),
+        })
+    };
+    let t = Instant::now();
+    let mut last = 0;
+    for from in (0..keys).step_by(READY_APPEND_BATCH) {
+        let batch = (from..(from + READY_APPEND_BATCH).min(keys))
+            .map(put)
+            .collect();
+        last = *client.append(0, batch).await.unwrap().last().unwrap();
+    }
+    println!("{keys} puts appended in {:.1} s", t.elapsed().as_secs_f64());
+    let _compactor = d.start_compactor(&["--every", "5s", "--trim-lag", "0"]);
+    let catalog = compactor::Catalog::new(
+        compactor::store::open(&d.objects().display().to_string()).unwrap(),
+    );
+    let deadline = Instant::now() + READY_WAIT;
+    let checkpoint = loop {
+        if let Some(m) = catalog.latest_manifest("default").await.unwrap()
+            && let Some(n) = m.newest()
+            && n.index >= last
+        {
+            break n.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no checkpoint at {last}\n{}",
+            tail_file(&d.dir().join("compactor.log"))
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    println!(
+        "checkpoint at index {} ({} MB) after {:.1} s",
+        checkpoint.index,
+        checkpoint.size / 1_000_000,
+        t.elapsed().as_secs_f64()
+    );
+    let tail = (keys..keys + READY_TAIL).map(put).collect();
+    let tail_last = *client.append(0, tail).await.unwrap().last().unwrap();
+
+    for run in 0..3 {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let log = d.dir().join(format!("frontend-ready-{run}.log"));
+        let mut args = frontend_args(d.journal_addrs(), &listen, &metrics, &[]);
+        args.extend(["--object-store".into(), d.objects().display().to_string()]);
+        let started = Instant::now();
+        let fe = ChildGuard::strata(&format!("frontend-ready-{run}"), &args, Some(&log));
+        let endpoint = format!("http://{listen}");
+        if let Err(e) = wait_ready(&endpoint, WAIT).await {
+            panic!("{e}\n--- frontend log ---\n{}", tail_file(&log));
+        }
+        let ready = started.elapsed();
+        let mut c = Client::connect([endpoint], None).await.unwrap();
+        let count = c
+            .get(
+                "/registry/",
+                Some(GetOptions::new().with_prefix().with_count_only()),
+            )
+            .await
+            .unwrap()
+            .count();
+        assert_eq!(count as usize, keys + READY_TAIL);
+        let loaded = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.contains("checkpoint loaded"))
+            .map(str::to_string)
+            .unwrap_or_default();
+        println!(
+            "run {run}: ready in {:.2} s (checkpoint {} + tail to {tail_last}); {loaded}",
+            ready.as_secs_f64(),
+            checkpoint.index
+        );
+        drop(fe);
+    }
+}

@@ -4,6 +4,7 @@
 
 mod conn;
 mod driver;
+mod grpc;
 mod keys;
 mod kv;
 mod report;
@@ -31,6 +32,9 @@ pub enum BenchError {
         #[source]
         source: tonic::transport::Error,
     },
+    /// An endpoint could not be reached (raw HTTP/2 connections of the KV workloads).
+    #[error("cannot connect to {url}: {reason}")]
+    Dial { url: String, reason: String },
     /// A set-up request failed.
     #[error("request failed: {}: {}", .0.code(), .0.message())]
     Rpc(tonic::Status),
@@ -60,7 +64,8 @@ pub struct Common {
     /// Tenant to name in the `x-strata-tenant` header (Strata only; etcd ignores it).
     #[arg(long, global = true)]
     pub tenant: Option<String>,
-    /// Deadline of each unary request.
+    /// Deadline of each unary request, kept by the client (no `grpc-timeout` header is sent, as
+    /// etcd's benchmark tool sends none: a server-side timer per request would be measured too).
     #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
     /// Print one JSON object on stdout instead of the text report.
@@ -381,13 +386,6 @@ fn client_seed(seed: u64, client: usize) -> u64 {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let Args { common, workload } = args;
     workload.validate(&common)?;
-    let pool = Pool::connect(
-        &common.endpoints,
-        common.conns,
-        common.tenant.as_deref(),
-        common.request_timeout,
-    )
-    .await?;
     tracing::info!(
         workload = workload.name(),
         endpoints = ?common.endpoints,
@@ -395,6 +393,23 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         clients = common.clients,
         "benchmark starting"
     );
+    if !matches!(workload, Workload::Watch(_) | Workload::WatchLatency(_)) {
+        let pool = grpc::UnaryPool::connect(
+            &common.endpoints,
+            common.conns,
+            common.tenant.as_deref(),
+            common.request_timeout,
+        )
+        .await?;
+        return run_closed_loop(&pool, &common, &workload).await;
+    }
+    let pool = Pool::connect(
+        &common.endpoints,
+        common.conns,
+        common.tenant.as_deref(),
+        common.request_timeout,
+    )
+    .await?;
     match &workload {
         Workload::Watch(a) => {
             run_watch(&pool, &common, workload.name(), watch_plan(a, common.seed)).await
@@ -408,11 +423,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             )
             .await
         }
-        _ => run_closed_loop(&pool, &common, &workload).await,
+        _ => unreachable!("closed-loop workloads returned above"),
     }
 }
 
-async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> anyhow::Result<()> {
+async fn run_closed_loop(
+    pool: &grpc::UnaryPool,
+    common: &Common,
+    workload: &Workload,
+) -> anyhow::Result<()> {
     let n = common.clients;
     let mut run = match workload {
         Workload::Put(a) => {
@@ -420,8 +439,7 @@ async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> a
             let mut clients = Vec::with_capacity(n);
             for c in 0..n {
                 clients.push(kv::PutClient {
-                    pool: pool.clone(),
-                    kv: pool.kv(c),
+                    rpc: pool.client(c),
                     keys: a.keys.keygen(client_seed(common.seed, c))?,
                     value: Arc::clone(&value),
                 });
@@ -443,11 +461,7 @@ async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> a
                 ..Default::default()
             };
             let clients = (0..n)
-                .map(|c| kv::RangeClient {
-                    pool: pool.clone(),
-                    kv: pool.kv(c),
-                    request: request.clone(),
-                })
+                .map(|c| kv::RangeClient::new(pool.client(c), &request))
                 .collect();
             driver::run(clients, a.total).await
         }
@@ -456,8 +470,7 @@ async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> a
             let mut clients = Vec::with_capacity(n);
             for c in 0..n {
                 clients.push(kv::TxnPutClient {
-                    pool: pool.clone(),
-                    kv: pool.kv(c),
+                    rpc: pool.client(c),
                     keys: a.keys.keygen(client_seed(common.seed, c))?,
                     key_space: a.keys.key_space_size,
                     txn_ops: a.txn_ops,
@@ -472,8 +485,7 @@ async fn run_closed_loop(pool: &Pool, common: &Common, workload: &Workload) -> a
             let mut clients = Vec::with_capacity(n);
             for c in 0..n {
                 clients.push(kv::TxnCasClient {
-                    pool: pool.clone(),
-                    kv: pool.kv(c),
+                    rpc: pool.client(c),
                     keys: a.keys.keygen(client_seed(common.seed, c))?,
                     value: Arc::clone(&value),
                     seen: Arc::clone(&seen),

@@ -6,20 +6,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
-use api::etcdserverpb::kv_client::KvClient;
 use api::etcdserverpb::request_op::Request as OpRequest;
 use api::etcdserverpb::response_op::Response as OpResponse;
-use api::etcdserverpb::{Compare, PutRequest, RangeRequest, RequestOp, TxnRequest};
-use tonic::transport::Channel;
+use api::etcdserverpb::{
+    Compare, PutRequest, PutResponse, RangeRequest, RangeResponse, RequestOp, TxnRequest,
+    TxnResponse,
+};
+use bytes::Bytes;
 
-use super::conn::Pool;
 use super::driver::{Client, OpFuture, Outcome};
+use super::grpc::{KV_PUT, KV_RANGE, KV_TXN, Unary};
 use super::keys::KeyGen;
 
 /// Puts one key per operation.
 pub struct PutClient {
-    pub pool: Pool,
-    pub kv: KvClient<Channel>,
+    pub rpc: Unary,
     pub keys: KeyGen,
     pub value: Arc<Vec<u8>>,
 }
@@ -32,24 +33,32 @@ impl Client for PutClient {
             ..Default::default()
         };
         Box::pin(async move {
-            self.kv.put(self.pool.request(req)).await?;
+            self.rpc.call::<PutResponse>(KV_PUT, &req).await?;
             Ok(Outcome::Done)
         })
     }
 }
 
-/// Reads the same key or range on every operation.
+/// Reads the same key or range on every operation (the request is encoded once).
 pub struct RangeClient {
-    pub pool: Pool,
-    pub kv: KvClient<Channel>,
-    pub request: RangeRequest,
+    rpc: Unary,
+    framed: Bytes,
+}
+
+impl RangeClient {
+    pub fn new(mut rpc: Unary, request: &RangeRequest) -> Self {
+        let framed = rpc.frame(request);
+        Self { rpc, framed }
+    }
 }
 
 impl Client for RangeClient {
     fn op(&mut self, _op: u64) -> OpFuture<'_> {
-        let req = self.request.clone();
+        let framed = self.framed.clone();
         Box::pin(async move {
-            self.kv.range(self.pool.request(req)).await?;
+            self.rpc
+                .call_framed::<RangeResponse>(KV_RANGE, framed)
+                .await?;
             Ok(Outcome::Done)
         })
     }
@@ -57,8 +66,7 @@ impl Client for RangeClient {
 
 /// `txn_ops` puts of distinct keys in one txn per operation.
 pub struct TxnPutClient {
-    pub pool: Pool,
-    pub kv: KvClient<Channel>,
+    pub rpc: Unary,
     pub keys: KeyGen,
     pub key_space: u64,
     pub txn_ops: usize,
@@ -92,7 +100,7 @@ impl Client for TxnPutClient {
             failure: Vec::new(),
         };
         Box::pin(async move {
-            self.kv.txn(self.pool.request(req)).await?;
+            self.rpc.call::<TxnResponse>(KV_TXN, &req).await?;
             Ok(Outcome::Done)
         })
     }
@@ -107,8 +115,7 @@ pub type SeenRevisions = Arc<Mutex<HashMap<u64, i64>>>;
 /// Get in the txn's failure branch, so the next attempt on that key can succeed. Conflicts are
 /// then real races between clients writing the same key.
 pub struct TxnCasClient {
-    pub pool: Pool,
-    pub kv: KvClient<Channel>,
+    pub rpc: Unary,
     pub keys: KeyGen,
     pub value: Arc<Vec<u8>>,
     pub seen: SeenRevisions,
@@ -163,7 +170,7 @@ impl Client for TxnCasClient {
         let expected = seen_get(&self.seen, index);
         let req = cas_txn(self.keys.key_of(index), self.value.to_vec(), expected);
         Box::pin(async move {
-            let resp = self.kv.txn(self.pool.request(req)).await?.into_inner();
+            let resp: TxnResponse = self.rpc.call(KV_TXN, &req).await?;
             if resp.succeeded {
                 let revision = resp.header.map_or(0, |h| h.revision);
                 seen_update(&self.seen, index, revision);

@@ -143,6 +143,7 @@ impl FileConfig {
             segment_bytes: self.segment_bytes.unwrap_or(SEGMENT_TARGET_BYTES),
             batching: Default::default(),
             overlap_leader_fsync: true,
+            read_lease: crate::node::DEFAULT_READ_LEASE,
         };
         validate(&config)?;
         Ok(config)

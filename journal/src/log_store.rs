@@ -222,6 +222,11 @@ impl LogShared {
         Ok(out)
     }
 
+    /// The vote on disk.
+    pub fn vote(&self) -> Option<Vote<NodeId>> {
+        lock(&self.meta).vote
+    }
+
     /// Entries with an index below this are durable (fdatasync'ed) on this node.
     pub fn flushed(&self) -> u64 {
         *self.flushed.borrow()

@@ -23,6 +23,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
+use crate::lease::LeaseClock;
 use crate::log_store::{LogShared, lock};
 use crate::types::{JLogId, NodeId, TypeConfig, decode_wire, encode_wire};
 
@@ -86,12 +87,15 @@ pub struct Network {
     pub peers: Arc<Peers>,
     /// The shard's log: the commit index sent to followers is held back to what is durable.
     pub log: Arc<LogShared>,
+    /// Where acknowledged AppendEntries are recorded for the leader lease.
+    pub lease: Arc<LeaseClock>,
 }
 
 /// A connection to one peer for one shard.
 pub struct PeerConn {
     shard: u32,
     log: Arc<LogShared>,
+    lease: Arc<LeaseClock>,
     target: NodeId,
     client: Result<RaftClient<Channel>, String>,
 }
@@ -113,6 +117,7 @@ impl RaftNetworkFactory<TypeConfig> for Network {
         PeerConn {
             shard: self.shard,
             log: Arc::clone(&self.log),
+            lease: Arc::clone(&self.lease),
             target,
             client,
         }
@@ -184,10 +189,19 @@ impl RaftNetwork<TypeConfig> for PeerConn {
             entries: rpc.entries.iter().map(encode_wire).collect(),
         };
         let mut c = self.client()?;
-        decode_reply(
+        // Taken before sending: the follower's lease starts later, when it receives this.
+        let sent = std::time::Instant::now();
+        let resp: AppendEntriesResponse<NodeId> = decode_reply(
             self.target,
             c.append_entries(with_timeout(msg, &option)).await,
-        )
+        )?;
+        match resp {
+            AppendEntriesResponse::Success
+            | AppendEntriesResponse::PartialSuccess(_)
+            | AppendEntriesResponse::Conflict => self.lease.acked(self.target, rpc.vote, sent),
+            AppendEntriesResponse::HigherVote(_) => {}
+        }
+        Ok(resp)
     }
 
     async fn install_snapshot(

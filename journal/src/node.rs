@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::clock;
 use crate::error::ShardError;
+use crate::lease::LeaseClock;
 use crate::log_store::{ErrorList, LogShared, LogStore, OpenError};
 use crate::network::{Network, Peers};
 use crate::state_machine::{SmShared, StateMachine};
@@ -50,6 +51,13 @@ pub const DEFAULT_COALESCE_WAIT: Duration = Duration::from_micros(1500);
 pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// ...or at this many records (a single larger call still goes whole into one entry).
 pub const MAX_BATCH_RECORDS: usize = 4096;
+/// Default leader lease for ReadIndex: a leader that a quorum acknowledged less than this long
+/// ago answers from it without a round to the followers. Followers refuse votes for
+/// `ELECTION_TIMEOUT_MAX_MS` after they last heard from the leader; the lease keeps half of
+/// that as the margin for clock rate differences and scheduling (docs/journal.md).
+pub const DEFAULT_READ_LEASE: Duration = Duration::from_millis(ELECTION_TIMEOUT_MAX_MS / 2);
+/// Longest accepted `--read-lease`: below the followers' vote refusal with a margin.
+pub const MAX_READ_LEASE: Duration = Duration::from_millis(ELECTION_TIMEOUT_MAX_MS * 3 / 4);
 /// Default interval after which an idle shard gets a tick.
 pub const DEFAULT_IDLE_TICK: Duration = Duration::from_millis(500);
 
@@ -92,6 +100,9 @@ pub struct NodeConfig {
     /// A leader fsyncs its own appends in parallel with replicating them (default), instead
     /// of before (see `LogStore::append`).
     pub overlap_leader_fsync: bool,
+    /// Leader lease for ReadIndex (`DEFAULT_READ_LEASE`; zero: every ReadIndex is a quorum
+    /// round). At most `MAX_READ_LEASE`.
+    pub read_lease: Duration,
 }
 
 /// How Append calls are coalesced into Raft entries (see `DEFAULT_MAX_INFLIGHT_ENTRIES` and
@@ -134,6 +145,12 @@ pub struct Shard {
     peers: Arc<Peers>,
     proposals: mpsc::Sender<Proposal>,
     read_index: mpsc::Sender<ReadIndexWaiter>,
+    /// When followers last acknowledged this node's leadership.
+    lease: Arc<LeaseClock>,
+    read_lease: Duration,
+    /// A node restarted with a vote on disk refuses vote requests until then (its followers'
+    /// refusal to vote, which leases rely on, was lost with the process).
+    votes_held_until: Option<std::time::Instant>,
 }
 
 impl Shard {
@@ -251,6 +268,49 @@ impl Shard {
             .await
             .map_err(|_| self.unavailable("shutting down"))?;
         rx.await.map_err(|_| self.unavailable("shutting down"))?
+    }
+
+    /// True while this node, restarted, still refuses to vote (see `votes_held_until`).
+    pub fn votes_held(&self) -> bool {
+        self.votes_held_until
+            .is_some_and(|t| std::time::Instant::now() < t)
+    }
+
+    /// The read index from the leader lease, without a round to the followers: `None` unless
+    /// this node leads, has applied an entry of its own term (so every entry committed before
+    /// it is applied), still holds its own vote on disk (it granted no other), the membership
+    /// is not joint, and a quorum acknowledged a message sent less than `read_lease` ago.
+    /// Every Append acknowledged before the call was acknowledged by this leader after
+    /// applying it, so the applied end covers it.
+    fn lease_read_index(&self) -> Option<u64> {
+        if self.read_lease.is_zero() || self.log.failed() {
+            return None;
+        }
+        let now = std::time::Instant::now();
+        let (vote, voters) = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let vote = m.vote;
+            let term = vote.leader_id().get_term();
+            let leading = m.state == ServerState::Leader
+                && m.current_leader == Some(self.node_id)
+                && vote.is_committed()
+                && vote.leader_id().voted_for() == Some(self.node_id)
+                && m.last_applied.is_some_and(|l| l.leader_id.term == term);
+            let membership = m.membership_config.membership();
+            if !leading || membership.get_joint_config().len() != 1 {
+                return None;
+            }
+            (vote, membership.voter_ids().collect::<BTreeSet<_>>())
+        };
+        if self.log.vote() != Some(vote) {
+            return None;
+        }
+        let since = self.lease.quorum_since(&vote, &voters, self.node_id, now)?;
+        if now >= since + self.read_lease {
+            return None;
+        }
+        Some(self.sm.applied_end.borrow().saturating_sub(1))
     }
 
     /// An index safe for a linearizable read; concurrent callers share one quorum round.
@@ -455,8 +515,9 @@ async fn proposer(
 fn answer(shard: u32, waiters: Waiters, first: Result<u64, ShardError>) {
     match first {
         Ok(mut next) => {
+            let records = waiters.iter().map(|(n, _)| n).sum();
+            crate::metrics::appended(shard, waiters.len(), records);
             for (n, reply) in waiters {
-                crate::metrics::appended(shard, n);
                 let indexes: Vec<u64> = (next..next + n as u64).collect();
                 next += n as u64;
                 let _ = reply.send(Ok(indexes));
@@ -477,6 +538,14 @@ async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWait
         while let Ok(w) = rx.try_recv() {
             waiters.push(w);
         }
+        if let Some(index) = shard.lease_read_index() {
+            crate::metrics::read_index(shard.id, true, waiters.len());
+            for w in waiters {
+                let _ = w.send(Ok(index));
+            }
+            continue;
+        }
+        crate::metrics::read_index(shard.id, false, waiters.len());
         let res = match shard.raft.ensure_linearizable().await {
             // The last record of the read entry; it is applied here, hence still in the log
             // unless a trim dropped it, and then the applied end is a safe (later) index.
@@ -592,10 +661,16 @@ impl JournalNode {
             let sm = StateMachine::open(&dir, Arc::clone(&log))
                 .map_err(|source| NodeError::StateMachine { shard: s, source })?;
             let sm_shared = Arc::clone(&sm.shared);
+            let lease = Arc::new(LeaseClock::default());
+            let votes_held_until =
+                (!config.read_lease.is_zero() && log.vote().is_some()).then(|| {
+                    std::time::Instant::now() + Duration::from_millis(ELECTION_TIMEOUT_MAX_MS)
+                });
             let network = Network {
                 shard: s,
                 peers: Arc::clone(&peers),
                 log: Arc::clone(&log),
+                lease: Arc::clone(&lease),
             };
             let raft = Raft::new(
                 config.id,
@@ -622,6 +697,9 @@ impl JournalNode {
                 peers: Arc::clone(&peers),
                 proposals: ptx,
                 read_index: rtx,
+                lease,
+                read_lease: config.read_lease,
+                votes_held_until,
             });
             tokio::spawn(proposer(
                 Arc::clone(&shard),

@@ -304,6 +304,11 @@ impl RaftSvc for JournalSvc {
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {
         let req = request.into_inner();
         let shard = self.shard(req.shard)?;
+        if shard.votes_held() {
+            return Err(Status::unavailable(
+                "restarted recently: no votes until a lease granted before the restart ran out",
+            ));
+        }
         let rpc = serde_json::from_slice(&req.json)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         reply(&shard.raft.vote(rpc).await)

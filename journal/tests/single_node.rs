@@ -38,6 +38,7 @@ async fn start(dir: &std::path::Path, port: u16, idle_tick: Duration) -> Running
         segment_bytes: 4096,
         batching: Default::default(),
         overlap_leader_fsync: true,
+        read_lease: journal::node::DEFAULT_READ_LEASE,
     })
     .await
     .unwrap();

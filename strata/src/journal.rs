@@ -73,6 +73,11 @@ struct NodeArgs {
     /// followers before it is durable on a majority including the leader.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     overlap_leader_fsync: bool,
+    /// Leader lease for ReadIndex: a leader that a quorum acknowledged less than this long ago
+    /// answers without a round to the followers (0 turns it off: every ReadIndex is a round).
+    /// At most 1500ms (followers refuse votes for 2 s after they last heard from the leader).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    read_lease: Duration,
     /// Testing only: arm the storage failpoints. While `<data-dir>/FAILPOINTS` exists and names
     /// `write` and/or `fsync`, segment writes fail as on a full disk and fsyncs fail with EIO.
     #[arg(long)]
@@ -196,6 +201,12 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
         coalesce_wait: a.coalesce_wait,
     };
     config.overlap_leader_fsync = a.overlap_leader_fsync;
+    anyhow::ensure!(
+        a.read_lease <= journal::node::MAX_READ_LEASE,
+        "--read-lease must be at most {:?}",
+        journal::node::MAX_READ_LEASE
+    );
+    config.read_lease = a.read_lease;
     if a.failpoints {
         let file = config.data_dir.join("FAILPOINTS");
         tracing::warn!(trigger = %file.display(), "storage failpoints armed (testing only)");

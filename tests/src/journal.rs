@@ -24,6 +24,8 @@ pub struct JournalProc {
     pub data_dir: PathBuf,
     pub peers: String,
     pub join: bool,
+    /// Flags for this node only, after the cluster's `extra_args`.
+    pub own_args: Vec<String>,
     log: PathBuf,
     guard: Option<ChildGuard>,
 }
@@ -47,6 +49,7 @@ impl JournalProc {
             a.push("--join".into());
         }
         a.extend_from_slice(extra);
+        a.extend_from_slice(&self.own_args);
         a
     }
 
@@ -77,6 +80,37 @@ impl JournalCluster {
             .collect();
         let peers: BTreeMap<u64, String> = (1..=n).map(|id| (id, peers_arg(&addrs))).collect();
         Self::start_with_peers(&addrs, &peers, shards, extra_args)
+    }
+
+    /// Starts `n` nodes like `start`, node `id` also given `own_args(id)` (say, its own
+    /// `--metrics-listen`).
+    pub fn start_with_own_args(n: u64, shards: u32, own_args: impl Fn(u64) -> Vec<String>) -> Self {
+        let addrs: BTreeMap<u64, String> = (1..=n)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut c = JournalCluster {
+            dir,
+            shards,
+            nodes: Vec::new(),
+            extra_args: Vec::new(),
+        };
+        for (id, addr) in &addrs {
+            let data_dir = c.dir.path().join(format!("node-{id}"));
+            let log = c.dir.path().join(format!("node-{id}.log"));
+            c.nodes.push(JournalProc {
+                id: *id,
+                addr: addr.clone(),
+                data_dir,
+                peers: peers_arg(&addrs),
+                join: false,
+                own_args: own_args(*id),
+                log,
+                guard: None,
+            });
+            c.restart(c.nodes.len() - 1);
+        }
+        c
     }
 
     /// Starts nodes listening at `addrs`, node `id` given `peers[id]` as its `--peers` (so a
@@ -110,6 +144,7 @@ impl JournalCluster {
             data_dir,
             peers,
             join,
+            own_args: Vec::new(),
             log,
             guard: None,
         });

@@ -31,6 +31,11 @@ pub struct BenchArgs {
     /// Payload bytes per entry.
     #[arg(long, default_value_t = 256)]
     entry_bytes: usize,
+    /// Connections (HTTP/2) per journal node the appenders share (appender i uses connection
+    /// i % conns). One is the fastest here: 32 measured 0.5-0.75x of one at 256 appenders
+    /// (docs/benchmarks/journal.md).
+    #[arg(long, default_value_t = 1)]
+    conns: usize,
 }
 
 /// Flags of `strata journal fsync-probe`.
@@ -74,17 +79,23 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
         "{:>8} {:>10} {:>12} {:>9} {:>9} {:>9}",
         "clients", "appends", "appends/s", "p50 ms", "p99 ms", "max ms"
     );
+    anyhow::ensure!(a.conns >= 1, "--conns must be at least 1");
+    let mut clients = vec![client];
+    for _ in 1..a.conns.min(MAX_CLIENTS) {
+        clients.push(journal::JournalClient::connect(&a.endpoints).await?);
+    }
     for &n in &a.clients {
         anyhow::ensure!(
             (1..=MAX_CLIENTS).contains(&n),
             "--clients must be in 1..={MAX_CLIENTS}"
         );
+        let conns = n.min(clients.len());
         let warm = a.duration / 10;
         let stop = Arc::new(AtomicBool::new(false));
         let start = Instant::now() + warm;
         let mut tasks = Vec::new();
         for t in 0..n {
-            let (client, stop) = (client.clone(), Arc::clone(&stop));
+            let (client, stop) = (clients[t % conns].clone(), Arc::clone(&stop));
             let mut payload = vec![0u8; a.entry_bytes];
             let tag = (t as u64).to_le_bytes();
             let k = tag.len().min(payload.len());

@@ -1,6 +1,7 @@
 //! The staged restore: a commit reaches the same keys and leases as the diff it carries, at one
 //! new revision with every event there; an abort (a guard that no longer holds) changes nothing
-//! but drops the stage; a stage survives a checkpoint; a newer Begin replaces an abandoned one.
+//! but drops the stage; a stage survives a checkpoint; a newer Begin replaces an abandoned one;
+//! and against a model, a commit equals its diff applied as one txn (equal HashKV and events).
 mod common;
 
 use std::collections::BTreeMap;
@@ -382,5 +383,81 @@ fn stage_from(h: &mut Harness, chunks: &[RestoreChunk], from: usize) {
             h.apply(Request::RestoreChunk(c.clone())).outcome,
             Outcome::Restore(RestoreStep::Staged { .. })
         ));
+    }
+}
+
+/// The model: a commit leaves exactly the state (every version, revision, sub-revision, create
+/// revision and version: equal HashKV) that applying its diff as lease grants, ONE txn of all
+/// its puts and deletes in key order, then lease revokes, leaves.
+#[test]
+fn a_commit_equals_its_diff_applied_as_one_txn() {
+    use api::etcdserverpb::{
+        DeleteRangeRequest, LeaseRevokeRequest, RequestOp, TxnRequest, request_op,
+    };
+    for seed in [4u64, 8, 15, 16, 23, 42] {
+        println!("replay with seed {seed}");
+        let (mut h, target) = diverged(seed);
+        let id = vec![7u8; 16];
+        let chunks = diff(&h.store, &target, &id, 45);
+        let mut model = Harness {
+            store: h.store.clone(),
+            index: h.index,
+            now_ms: h.now_ms,
+        };
+        model.store.set_config(memstore::Config {
+            max_txn_ops: 1 << 20,
+            ..Default::default()
+        });
+
+        begin(&mut h, &id);
+        stage(&mut h, &chunks);
+        let committed = commit(&mut h, &id, chunks.len());
+        assert!(matches!(
+            committed.outcome,
+            Outcome::Restore(RestoreStep::Committed { .. })
+        ));
+
+        for g in chunks.iter().flat_map(|c| &c.grants) {
+            model.apply(Request::LeaseGrant(LeaseGrantRequest {
+                ttl: g.ttl,
+                id: g.id,
+            }));
+        }
+        let ops = chunks
+            .iter()
+            .flat_map(|c| &c.keys)
+            .map(|k| RequestOp {
+                request: Some(if k.delete {
+                    request_op::Request::RequestDeleteRange(DeleteRangeRequest {
+                        key: k.key.clone(),
+                        ..Default::default()
+                    })
+                } else {
+                    request_op::Request::RequestPut(PutRequest {
+                        key: k.key.clone(),
+                        value: k.value.clone(),
+                        lease: k.lease,
+                        ..Default::default()
+                    })
+                }),
+            })
+            .collect();
+        let txn = model.txn(TxnRequest {
+            success: ops,
+            ..Default::default()
+        });
+        assert!(
+            matches!(txn.outcome, Outcome::Txn(ref t) if t.succeeded),
+            "{:?}",
+            txn.outcome
+        );
+        for &l in chunks.iter().flat_map(|c| &c.revokes) {
+            model.apply(Request::LeaseRevoke(LeaseRevokeRequest { id: l }));
+        }
+        assert_eq!(h.store.revision(), model.store.revision());
+        assert_eq!(h.store.hash_kv(0), model.store.hash_kv(0));
+        assert_eq!(visible(&h.store), visible(&model.store));
+        assert_eq!(lease_ids(&h.store), lease_ids(&model.store));
+        assert_eq!(committed.events, txn.events);
     }
 }

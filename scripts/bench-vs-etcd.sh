@@ -37,6 +37,7 @@ OUT="${OUT:-$TARGET_DIR/bench-vs-etcd/$STAMP}"
 mkdir -p "$OUT/json" "$OUT/logs"
 WORK="$(mktemp -d /tmp/strata-bench-vs-etcd.XXXXXX)"
 PIDS=()
+FRONTEND_PIDS=()
 
 log() { printf '\n=== %s\n' "$*" | tee -a "$OUT/run.log" >&2; }
 
@@ -54,6 +55,7 @@ stop_all() {
     [ -n "$p" ] && wait "$p" 2>/dev/null
   done
   PIDS=()
+  FRONTEND_PIDS=()
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -112,11 +114,13 @@ machine_state() { # label
   } >>"$OUT/machine.md"
 }
 
-# CPU seconds (user + system) used so far by the server processes this script started.
+# CPU ticks (user + system) used so far by the server processes this script started (or by the
+# pids given).
 CLK_TCK="$(getconf CLK_TCK)"
 server_cpu() {
   local p total=0
-  for p in "${PIDS[@]:-}"; do
+  [ $# -gt 0 ] || set -- "${PIDS[@]:-}"
+  for p in "$@"; do
     [ -r "/proc/$p/stat" ] || continue
     total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
   done
@@ -124,23 +128,26 @@ server_cpu() {
 }
 
 # Runs one workload: name, endpoints, then strata bench flags. Saves json/<system>-<name>.json
-# and json/<system>-<name>.cpu (server and load-generator CPU seconds during the workload: far
-# less sensitive to a busy machine than throughput).
+# and json/<system>-<name>.cpu (server ticks, ticks per second, load-generator CPU seconds and
+# the frontends' share of the server ticks during the workload: far less sensitive to a busy
+# machine than throughput).
 SYSTEM=""
 run() {
   local name="$1" eps="$2"; shift 2
-  local file="$OUT/json/$SYSTEM-$name.json" t0 t1 bench_cpu
+  local file="$OUT/json/$SYSTEM-$name.json" t0 t1 f0 f1 bench_cpu
   log "$SYSTEM: $name: strata bench --endpoints=$eps $*"
   machine_state "$SYSTEM $name (before)"
   t0="$(server_cpu)"
+  f0="$(server_cpu "${FRONTEND_PIDS[@]:-}")"
   local TIMEFORMAT='%U %S'
   if ! { time bench --endpoints="$eps" --json "$@" >"$file" 2>>"$OUT/logs/bench-$SYSTEM-$name.err"; } 2>"$OUT/json/.time"; then
     echo "  failed: see $OUT/logs/bench-$SYSTEM-$name.err" | tee -a "$OUT/run.log" >&2
     [ -s "$file" ] || echo '{"failed": true}' >"$file"
   fi
   t1="$(server_cpu)"
+  f1="$(server_cpu "${FRONTEND_PIDS[@]:-}")"
   bench_cpu="$(awk '{print $1 + $2}' "$OUT/json/.time")"
-  echo "$(( t1 - t0 )) $CLK_TCK $bench_cpu" >"$OUT/json/$SYSTEM-$name.cpu"
+  echo "$(( t1 - t0 )) $CLK_TCK $bench_cpu $(( f1 - f0 ))" >"$OUT/json/$SYSTEM-$name.cpu"
 }
 
 # ---------------------------------------------------------------- WORKLOADS
@@ -208,14 +215,14 @@ if [ "$ETCD_ONLY" = 0 ]; then
   FE1="127.0.0.1:${SP[3]}"; FE2="127.0.0.1:${SP[5]}"
   STRATA_LOG=warn "$STRATA_BIN" frontend --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
     >"$OUT/logs/frontend-1.log" 2>&1 &
-  PIDS+=($!)
+  PIDS+=($!); FRONTEND_PIDS+=($!)
   if wait_serving "$FE1"; then
     suite_writes "$FE1"
     suite_reads "" "$FE1"
     suite_watch "" "$FE1"
     STRATA_LOG=warn "$STRATA_BIN" frontend --journal "$JOURNALS" --listen "$FE2" --metrics-listen "127.0.0.1:${SP[6]}" \
       >"$OUT/logs/frontend-2.log" 2>&1 &
-    PIDS+=($!)
+    PIDS+=($!); FRONTEND_PIDS+=($!)
     if wait_serving "$FE2"; then
       SYSTEM=strata2
       suite_reads "" "$FE1,$FE2"
@@ -246,15 +253,18 @@ for f in glob.glob(os.path.join(out, "json", "*.json")):
 for f in glob.glob(os.path.join(out, "json", "*.cpu")):
     system, name = os.path.basename(f)[:-4].split("-", 1)
     try:
-        ticks, hz, bench_s = open(f).read().split()
+        fields = open(f).read().split()
+        ticks, hz, bench_s = fields[:3]
         r = res.setdefault((system, name), {})
         r["server_cpu_s"] = int(ticks) / int(hz)
         r["bench_cpu_s"] = float(bench_s)
+        if len(fields) > 3 and system != "etcd":
+            r["frontend_cpu_s"] = int(fields[3]) / int(hz)
     except (ValueError, OSError):
         pass
 
-def per_op_ms(system, name, count_path):
-    cpu = get(system, name, "server_cpu_s")
+def per_op_ms(system, name, count_path, what="server_cpu_s"):
+    cpu = get(system, name, what)
     n = get(system, name, *count_path)
     return cpu * 1000.0 / n if cpu is not None and n else None
 
@@ -302,12 +312,20 @@ row(f"watch {watchers} watchers: delivery p50 ms (from put ack)", W, "delivery_f
 row(f"watch {watchers} watchers: delivery p99 ms (from put ack)", W, "delivery_from_ack", "latency_ms", "p99")
 row(f"watch {watchers} watchers: delivery p99 ms (from put send)", W, "delivery_from_send", "latency_ms", "p99")
 row("watch-latency, 10 watchers: p99 ms (from put ack)", "watch-latency-10", "delivery_from_ack", "latency_ms", "p99")
-def cpu_row(label, name, *count_path):
-    rows.append([label] + [fmt(per_op_ms(s, name, count_path)) for s, _ in systems])
+def cpu_row(label, name, *count_path, what="server_cpu_s"):
+    rows.append([label] + [fmt(per_op_ms(s, name, count_path, what)) for s, _ in systems])
 cpu_row("server CPU ms per put (256 clients)", "put-256", "ok")
 cpu_row("server CPU ms per linearizable range", "range-l-64", "ok")
 cpu_row("server CPU ms per serializable range", "range-s-64", "ok")
 cpu_row(f"server CPU ms per watch event delivered", W, "verify", "delivered")
+# Strata's server CPU split: the frontends' part (the rest is the journal nodes').
+cpu_row("  of which frontends, per put", "put-256", "ok", what="frontend_cpu_s")
+cpu_row("  of which frontends, per linearizable range", "range-l-64", "ok", what="frontend_cpu_s")
+cpu_row("  of which frontends, per serializable range", "range-s-64", "ok", what="frontend_cpu_s")
+# The load generator shares the cores: its CPU per request bounds both systems alike.
+cpu_row("bench client CPU ms per put", "put-256", "ok", what="bench_cpu_s")
+cpu_row("bench client CPU ms per linearizable range", "range-l-64", "ok", what="bench_cpu_s")
+cpu_row("bench client CPU ms per serializable range", "range-s-64", "ok", what="bench_cpu_s")
 
 widths = [max(len(r[i]) for r in rows + [["workload"] + [l for _, l in systems]]) for i in range(4)]
 def line(cells):

@@ -14,6 +14,9 @@ use memstore::{MemStore, Outcome, RestoreStep};
 
 /// Entries appended per journal call during a restore.
 const RESTORE_APPEND_BATCH: usize = 100;
+/// Payload bytes per journal call during a restore: chunks are up to ~1 MiB each, and the
+/// journal refuses appends above 16 MiB (`journal::node::MAX_APPEND_BYTES`).
+const RESTORE_APPEND_BYTES: usize = 8 * 1024 * 1024;
 /// Bound on waiting for one journal record while replaying.
 const RECORD_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -184,20 +187,23 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         let requests = plan.requests();
         let entries = requests.len();
         let mut ours = Vec::with_capacity(entries);
-        for batch in requests.chunks(RESTORE_APPEND_BATCH) {
-            let payloads = batch
-                .iter()
-                .map(|req| {
-                    encode_entry(&Entry {
-                        format_version: api::ENTRY_FORMAT_VERSION,
-                        tenant: tenant.to_string(),
-                        request_id: rand::random::<[u8; 16]>().to_vec(),
-                        time_ms: 0,
-                        request: Some(req.clone()),
-                    })
-                })
-                .collect();
-            ours.extend(client.append(shard, payloads).await?);
+        let mut batch: Vec<Vec<u8>> = Vec::new();
+        let mut batch_bytes = 0;
+        for (i, req) in requests.iter().enumerate() {
+            let payload = encode_entry(&Entry {
+                format_version: api::ENTRY_FORMAT_VERSION,
+                tenant: tenant.to_string(),
+                request_id: rand::random::<[u8; 16]>().to_vec(),
+                time_ms: 0,
+                request: Some(req.clone()),
+            });
+            batch_bytes += payload.len();
+            batch.push(payload);
+            let full = batch.len() >= RESTORE_APPEND_BATCH || batch_bytes >= RESTORE_APPEND_BYTES;
+            if full || i + 1 == entries {
+                ours.extend(client.append(shard, std::mem::take(&mut batch)).await?);
+                batch_bytes = 0;
+            }
         }
         let commit = *ours
             .last()

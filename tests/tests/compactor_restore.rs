@@ -128,7 +128,7 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
     let client = JournalClient::connect(&journals).await.unwrap();
     let catalog = Catalog::new(compactor::store::open(&url).unwrap());
     let _compactor =
-        deployment.start_compactor(&["--every-entries", "50", "--every", "500ms", "--keep", "4"]);
+        deployment.start_compactor(&["--every-entries", "50", "--every", "500ms", "--keep", "200"]);
 
     // Phase A: two leases, 100 keys (every tenth on lease 100, every seventh on lease 101).
     let mut a = vec![
@@ -320,7 +320,9 @@ async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revisi
     let log = deployment.dir().join("compactor.log");
     let client = JournalClient::connect(&journals).await.unwrap();
     let catalog = Catalog::new(compactor::store::open(&url).unwrap());
-    let _compactor = deployment.start_compactor(&["--every", "500ms"]);
+    // Checkpoints every 500 ms while writes flow: keep enough of them that the one restored
+    // to is still retained when the restore runs on a slow machine.
+    let _compactor = deployment.start_compactor(&["--every", "500ms", "--keep", "200"]);
     let mut f0 = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
         .await
         .unwrap();

@@ -36,6 +36,17 @@ pub struct BenchArgs {
     /// (docs/benchmarks/journal.md).
     #[arg(long, default_value_t = 1)]
     conns: usize,
+    /// What each client does in a closed loop: `append` (one payload per call) or
+    /// `read-index` (ReadIndex calls, to measure their cost on the leader).
+    #[arg(long, value_enum, default_value_t = Op::Append)]
+    op: Op,
+}
+
+/// The operation `strata journal bench` measures.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Op {
+    Append,
+    ReadIndex,
 }
 
 /// Flags of `strata journal fsync-probe`.
@@ -71,13 +82,22 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
         .append(a.shard, vec![vec![0u8; a.entry_bytes]])
         .await
         .context("first append")?;
-    println!(
-        "journal append, {} B entries, shard {}",
-        a.entry_bytes, a.shard
-    );
+    let (what, per_s) = match a.op {
+        Op::Append => {
+            println!(
+                "journal append, {} B entries, shard {}",
+                a.entry_bytes, a.shard
+            );
+            ("appends", "appends/s")
+        }
+        Op::ReadIndex => {
+            println!("journal read index, shard {}", a.shard);
+            ("reads", "reads/s")
+        }
+    };
     println!(
         "{:>8} {:>10} {:>12} {:>9} {:>9} {:>9}",
-        "clients", "appends", "appends/s", "p50 ms", "p99 ms", "max ms"
+        "clients", what, per_s, "p50 ms", "p99 ms", "max ms"
     );
     anyhow::ensure!(a.conns >= 1, "--conns must be at least 1");
     let mut clients = vec![client];
@@ -100,12 +120,19 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
             let tag = (t as u64).to_le_bytes();
             let k = tag.len().min(payload.len());
             payload[..k].copy_from_slice(&tag[..k]);
-            let shard = a.shard;
+            let (shard, op) = (a.shard, a.op);
             tasks.push(tokio::spawn(async move {
                 let mut lat = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
-                    client.append(shard, vec![payload.clone()]).await?;
+                    match op {
+                        Op::Append => {
+                            client.append(shard, vec![payload.clone()]).await?;
+                        }
+                        Op::ReadIndex => {
+                            client.read_index(shard).await?;
+                        }
+                    }
                     if t0 >= start {
                         lat.push(t0.elapsed());
                     }

@@ -220,3 +220,76 @@ fn a_large_request_id_window_round_trips() {
     assert!(loaded == h.store);
     assert_eq!(loaded.remembered_request_ids(), 200_000);
 }
+
+/// Resident set size of this process, from /proc (Linux), in bytes.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// What the request-id window costs: memory per remembered id, and encode/decode time of a
+/// store holding `STRATA_DEDUP_IDS` (default 1M) of them and nothing else. A measurement, not a
+/// check: `cargo test --release -p strata-memstore --test checkpoint dedup_window_cost --
+/// --ignored --nocapture`.
+#[test]
+#[ignore]
+fn dedup_window_cost() {
+    let n: u64 = std::env::var("STRATA_DEDUP_IDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let mut store = MemStore::new(memstore::Config::default());
+    let entries: Vec<api::strata::entry::Entry> = (0..n)
+        .map(|i| api::strata::entry::Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            // 16 pseudo-random bytes, as frontends write them.
+            request_id: [
+                i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes(),
+                (i ^ 0x5555)
+                    .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+                    .to_le_bytes(),
+            ]
+            .concat(),
+            // 1M requests within one minute of journal time: all inside the window.
+            time_ms: 1_000_000 + (i * 60_000 / n) as i64,
+            request: Some(Request::Alarm(api::etcdserverpb::AlarmRequest::default())),
+        })
+        .collect();
+    let before = rss_bytes();
+    let t = std::time::Instant::now();
+    for (i, e) in entries.iter().enumerate() {
+        store.apply(i as u64 + 1, e);
+    }
+    let apply = t.elapsed();
+    let grown = rss_bytes().saturating_sub(before);
+    let meta = CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: store.applied_index(),
+        revision: store.revision(),
+        created_ms: 0,
+    };
+    let t = std::time::Instant::now();
+    let bytes = checkpoint::encode(&meta, &store);
+    let encode = t.elapsed();
+    let t = std::time::Instant::now();
+    let (_, loaded) = checkpoint::decode(&bytes).unwrap();
+    let decode = t.elapsed();
+    assert!(loaded == store);
+    println!(
+        "{n} request ids: apply {:.3} s, RSS +{} MB ({} bytes/id), checkpoint {} MB ({} bytes/id), encode {:.3} s, decode {:.3} s",
+        apply.as_secs_f64(),
+        grown / 1_000_000,
+        grown / n,
+        bytes.len() / 1_000_000,
+        bytes.len() as u64 / n,
+        encode.as_secs_f64(),
+        decode.as_secs_f64()
+    );
+}

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use api::etcdserverpb::{CompactionRequest, PutRequest, RangeRequest};
 use api::strata::entry::{Entry, entry::Request};
+use api::strata::journal::{Record, record::Kind};
 use criterion::{BatchSize, Criterion, Throughput, black_box};
 use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Config, MemStore};
@@ -81,6 +82,25 @@ fn put_entry(i: usize) -> Entry {
     }
 }
 
+/// The same put as a journal record carries it (what a frontend or compactor replica decodes).
+fn put_record(i: usize) -> Record {
+    Record {
+        index: i as u64 + 1,
+        term: 1,
+        time_ms: 1_000,
+        kind: Some(Kind::Data(api::record::encode_entry(&put_entry(i)))),
+    }
+}
+
+/// A put of a new value (same length) for an existing key.
+fn overwrite_entry(i: usize) -> Entry {
+    let mut e = put_entry(i);
+    if let Some(Request::Put(p)) = &mut e.request {
+        p.value.reverse();
+    }
+    e
+}
+
 fn build(n: usize) -> MemStore {
     // (criterion part only; the one-off figures time their own build)
     let mut s = MemStore::new(Config::default());
@@ -118,6 +138,33 @@ fn timed<T>(what: &str, n: usize, f: impl FnOnce() -> T) -> T {
 }
 
 fn one_off_figures() {
+    {
+        let shuffled: Vec<Entry> = (0..BIG).map(|i| put_entry(scatter(i, BIG))).collect();
+        let s = timed("apply 1M puts of new keys in random key order", BIG, || {
+            let mut s = MemStore::new(Config::default());
+            for (i, e) in shuffled.iter().enumerate() {
+                s.apply(i as u64 + 1, e);
+            }
+            s
+        });
+        drop(shuffled);
+        drop(s);
+        let records: Vec<Record> = (0..BIG).map(put_record).collect();
+        let s = timed(
+            "apply 1M puts of new keys decoded from journal records (entry_for_tenant + apply)",
+            BIG,
+            || {
+                let mut s = MemStore::new(Config::default());
+                for r in &records {
+                    let e = api::record::entry_for_tenant(r, "bench").expect("bench record");
+                    s.apply(r.index, &e);
+                }
+                s
+            },
+        );
+        drop(records);
+        drop(s);
+    }
     let before = ALLOCATED.load(Ordering::Relaxed);
     let entries: Vec<Entry> = (0..BIG).map(put_entry).collect();
     let entries_bytes = ALLOCATED.load(Ordering::Relaxed) - before;
@@ -266,6 +313,18 @@ fn one_off_figures() {
         "figure: after compaction at head: {:.1} B/key = {:.3}x raw",
         used as f64 / BIG as f64,
         used as f64 / raw
+    );
+    // Updates of live keys (the common Kubernetes write), random key order.
+    let updates: Vec<Entry> = (0..BIG).map(|i| overwrite_entry(scatter(i, BIG))).collect();
+    let base = store.applied_index();
+    timed(
+        "apply 1M overwrites of existing keys in random key order",
+        BIG,
+        || {
+            for (i, e) in updates.iter().enumerate() {
+                black_box(store.apply(base + i as u64 + 1, e));
+            }
+        },
     );
 }
 

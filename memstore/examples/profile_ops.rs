@@ -1,6 +1,6 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|reads|hot|load`.
+//! --example profile_ops -- puts|random|reads|hot|load`.
 
 use std::hint::black_box;
 
@@ -21,7 +21,16 @@ fn key(i: usize) -> Vec<u8> {
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "puts".into());
+    // `random`: the puts in a scattered key order (a fixed permutation).
+    let order = |i: usize| {
+        if mode == "random" {
+            i.wrapping_mul(2_654_435_761) % N
+        } else {
+            i
+        }
+    };
     let entries: Vec<Entry> = (0..N)
+        .map(order)
         .map(|i| Entry {
             format_version: 1,
             tenant: "p".into(),
@@ -43,7 +52,7 @@ fn main() {
         }
     }
     drop(entries);
-    if mode == "puts" {
+    if mode == "puts" || mode == "random" {
         return;
     }
     if mode == "load" {

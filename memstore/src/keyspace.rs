@@ -10,6 +10,10 @@ use std::ops::Bound;
 use api::mvccpb::KeyValue;
 use hashbrown::HashTable;
 
+mod order;
+
+use order::OrderIndex;
+
 /// One stored version of a key: a put, or a tombstone (`version == 0`).
 #[derive(Debug, Clone, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize)]
 pub(crate) struct Version {
@@ -87,9 +91,6 @@ pub(crate) fn below(key: &[u8], end: Bound<&[u8]>) -> bool {
 /// holds more than one partly used chunk.
 const SLAB_CHUNK_BITS: u32 = 12;
 const SLAB_CHUNK: usize = 1 << SLAB_CHUNK_BITS;
-/// Most slot ids an ordered-index chunk holds; a full chunk splits in two (or, when a key is
-/// appended after the last one, a new chunk starts so sequential loads leave chunks full).
-const ORDER_CHUNK: usize = 512;
 /// Seed of the hash index. Fixed, so the store stays free of randomness; the hash only places
 /// slot ids in the table and never decides anything a client sees.
 const HASH_SEED: u64 = 0x5354_5241_5441_4b56;
@@ -179,8 +180,8 @@ pub(crate) struct KeySpace {
     slab: Slab,
     /// Slot ids by hash of their key: point reads and writes.
     index: HashTable<Indexed>,
-    /// Slot ids in key order, in chunks of at most `ORDER_CHUNK`: ranges.
-    order: Vec<Vec<u32>>,
+    /// Slot ids in key order: ranges.
+    order: OrderIndex,
     /// Every stored version newer than the compact revision, in (main, sub) order: event
     /// replay. Appended by writes, trimmed at the front by compaction.
     log: VecDeque<Change>,
@@ -234,7 +235,7 @@ impl<'a> Iterator for RangeIter<'a> {
             return single.take().map(|s| (&s.key[..], &s.versions[..]));
         }
         loop {
-            let ids = self.ks.order.get(self.chunk)?;
+            let ids = &self.ks.order.chunks.get(self.chunk)?.ids;
             let Some(&id) = ids.get(self.pos) else {
                 self.chunk += 1;
                 self.pos = 0;
@@ -243,7 +244,7 @@ impl<'a> Iterator for RangeIter<'a> {
             self.pos += 1;
             let slot = self.ks.slab.get(id);
             if !below(&slot.key, self.end) {
-                self.chunk = self.ks.order.len();
+                self.chunk = self.ks.order.chunks.len();
                 return None;
             }
             return Some((&slot.key[..], &slot.versions[..]));
@@ -275,29 +276,7 @@ impl KeySpace {
     /// Position of the first key >= `key`: (chunk, offset), offset possibly past the chunk.
     fn lower_bound(&self, key: &[u8]) -> (usize, usize) {
         let slab = &self.slab;
-        let c = self
-            .order
-            .partition_point(|ids| &slab.get(ids[0]).key[..] <= key);
-        if c == 0 {
-            return (0, 0);
-        }
-        let ids = &self.order[c - 1];
-        (
-            c - 1,
-            ids.partition_point(|&id| &slab.get(id).key[..] < key),
-        )
-    }
-
-    /// Where a new key goes in the ordered index; a key after every other one (sequential
-    /// loads) costs one comparison.
-    fn insert_position(&self, key: &[u8]) -> (usize, usize) {
-        if let Some(ids) = self.order.last()
-            && let Some(&id) = ids.last()
-            && &self.slab.get(id).key[..] < key
-        {
-            return (self.order.len() - 1, ids.len());
-        }
-        self.lower_bound(key)
+        self.order.lower_bound(key, &|id| &slab.get(id).key[..])
     }
 
     /// Iterates `(key, versions)` over etcd's range, in key order.
@@ -305,7 +284,7 @@ impl KeySpace {
         match bounds(key, range_end) {
             None => RangeIter {
                 ks: self,
-                chunk: self.order.len(),
+                chunk: self.order.chunks.len(),
                 pos: 0,
                 end: Bound::Unbounded,
                 single: None,
@@ -394,7 +373,8 @@ impl KeySpace {
             }
             None => {
                 let v = make(None);
-                let (chunk, pos) = self.insert_position(key);
+                let slab = &self.slab;
+                let (chunk, pos) = self.order.insert_position(key, &|id| &slab.get(id).key[..]);
                 // Most keys keep a single version: the Vec gets exactly one slot.
                 let id = self.slab.insert(Slot {
                     key: key.into(),
@@ -404,7 +384,9 @@ impl KeySpace {
                     .insert_unique(table_hash(h), Indexed { id, hash: h }, |e| {
                         table_hash(e.hash)
                     });
-                self.order_insert(chunk, pos, id);
+                let slab = &self.slab;
+                self.order
+                    .insert(chunk, pos, id, key, &|id| &slab.get(id).key[..]);
                 (id, v)
             }
         };
@@ -423,35 +405,6 @@ impl KeySpace {
         self.slab.get_mut(id).versions.push(v);
     }
 
-    /// Puts slot `id` at ordered position (`chunk`, `pos`) as `lower_bound` found it.
-    fn order_insert(&mut self, chunk: usize, pos: usize, id: u32) {
-        if self.order.is_empty() {
-            let mut ids = Vec::with_capacity(ORDER_CHUNK);
-            ids.push(id);
-            self.order.push(ids);
-            return;
-        }
-        let last = self.order.len() - 1;
-        let ids = &mut self.order[chunk];
-        if ids.len() < ORDER_CHUNK {
-            ids.insert(pos, id);
-        } else if chunk == last && pos == ids.len() {
-            let mut fresh = Vec::with_capacity(ORDER_CHUNK);
-            fresh.push(id);
-            self.order.push(fresh);
-        } else {
-            let mut tail = Vec::with_capacity(ORDER_CHUNK);
-            tail.extend_from_slice(&ids[ORDER_CHUNK / 2..]);
-            ids.truncate(ORDER_CHUNK / 2);
-            if pos <= ORDER_CHUNK / 2 {
-                ids.insert(pos, id);
-            } else {
-                tail.insert(pos - ORDER_CHUNK / 2, id);
-            }
-            self.order.insert(chunk + 1, tail);
-        }
-    }
-
     /// Drops history at or below `rev` as etcd's keyIndex.compact does: of the versions <= rev
     /// only the newest survives, and only if it is a put; keys left empty disappear. The change
     /// log forgets every change at or below `rev` (events are never replayed from there).
@@ -464,8 +417,8 @@ impl KeySpace {
         let mut freed_bytes = 0u64;
         let mut freed_versions = 0u64;
         let mut emptied = Vec::new();
-        for ids in &self.order {
-            for &id in ids {
+        for ch in &self.order.chunks {
+            for &id in &ch.ids {
                 let slot = self.slab.get_mut(id);
                 let vs = &mut slot.versions;
                 let n = vs.partition_point(|v| v.main <= rev);
@@ -502,15 +455,17 @@ impl KeySpace {
         let slab = &self.slab;
         let kept: Vec<u32> = self
             .order
+            .chunks
             .iter()
-            .flatten()
+            .flat_map(|c| c.ids.iter())
             .copied()
             .filter(|&id| {
                 slab.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
                     .is_some()
             })
             .collect();
-        self.order = pack_order(&kept);
+        let slab = &self.slab;
+        self.order = OrderIndex::from_sorted(&kept, &|id| &slab.get(id).key[..]);
         self.index.shrink_to_fit(|e| table_hash(e.hash));
     }
 
@@ -586,7 +541,8 @@ impl KeySpace {
             return Err("two changes at one revision and sub-revision".into());
         }
         ks.log = log.into();
-        ks.order = pack_order(&ordered);
+        let slab = &ks.slab;
+        ks.order = OrderIndex::from_sorted(&ordered, &|id| &slab.get(id).key[..]);
         Ok(ks)
     }
 }
@@ -623,15 +579,4 @@ fn insert_in_bucket_order(index: &mut HashTable<Indexed>, entries: Vec<Indexed>)
     for e in sorted {
         index.insert_unique(table_hash(e.hash), e, |e| table_hash(e.hash));
     }
-}
-
-/// Ordered-index chunks, full, from slot ids in key order.
-fn pack_order(ids: &[u32]) -> Vec<Vec<u32>> {
-    ids.chunks(ORDER_CHUNK)
-        .map(|c| {
-            let mut v = Vec::with_capacity(ORDER_CHUNK);
-            v.extend_from_slice(c);
-            v
-        })
-        .collect()
 }

@@ -1,0 +1,308 @@
+//! The ordered index of the key space: slot ids in key order, in chunks that each carry a copy
+//! of their first key and an order-preserving 8-byte digest per key, so finding a key's place
+//! reads the keys themselves only when two digests tie.
+
+/// Most slot ids a chunk holds; a full chunk splits in two (or, when a key is appended after
+/// the last one, a new chunk starts so sequential loads leave chunks full).
+pub(super) const ORDER_CHUNK: usize = 512;
+
+/// One run of slot ids in key order.
+#[derive(Debug, Clone)]
+pub(super) struct OrderChunk {
+    pub ids: Vec<u32>,
+    /// `digest(key, prefix_len)` of each id's key: non-decreasing along `ids`.
+    digests: Vec<u64>,
+    /// A copy of the key of `ids[0]` (the top-level search reads no slot).
+    first: Box<[u8]>,
+    /// `head(first)`: the top-level search reads `first` only when heads tie.
+    head: [u8; HEAD_LEN],
+    /// Length of a prefix every key of the chunk shares.
+    prefix_len: usize,
+}
+
+/// The 8 bytes of `key` after `prefix_len`, big-endian, zero padded: for keys sharing that
+/// prefix, `a < b` implies `digest(a) <= digest(b)`.
+fn digest(key: &[u8], prefix_len: usize) -> u64 {
+    let rest = key.get(prefix_len..).unwrap_or(&[]);
+    let mut b = [0u8; 8];
+    let n = rest.len().min(8);
+    b[..n].copy_from_slice(&rest[..n]);
+    u64::from_be_bytes(b)
+}
+
+/// Bytes of a chunk's first key kept inline for the top-level search.
+const HEAD_LEN: usize = 32;
+
+/// The first `HEAD_LEN` bytes of `key`, zero padded: `a < b` implies `head(a) <= head(b)`.
+fn head(key: &[u8]) -> [u8; HEAD_LEN] {
+    let mut h = [0u8; HEAD_LEN];
+    let n = key.len().min(HEAD_LEN);
+    h[..n].copy_from_slice(&key[..n]);
+    h
+}
+
+/// Whether a chunk starting at `first` (with `head(first)` = `first_head`) starts at or
+/// below `key`, reading `first` only when the heads tie.
+fn starts_at_or_below(
+    first_head: &[u8; HEAD_LEN],
+    first: &[u8],
+    key_head: &[u8; HEAD_LEN],
+    key: &[u8],
+) -> bool {
+    match first_head.cmp(key_head) {
+        std::cmp::Ordering::Less => true,
+        std::cmp::Ordering::Greater => false,
+        std::cmp::Ordering::Equal => first <= key,
+    }
+}
+
+/// Length of the longest common prefix of `a` and `b`.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+impl OrderChunk {
+    /// A chunk of `ids` (non-empty, in key order) with its first key, prefix and digests
+    /// computed from the keys.
+    fn build<'k>(ids: Vec<u32>, key_of: &impl Fn(u32) -> &'k [u8]) -> OrderChunk {
+        let mut c = OrderChunk {
+            ids,
+            digests: Vec::new(),
+            first: Box::default(),
+            head: [0; HEAD_LEN],
+            prefix_len: 0,
+        };
+        c.refresh(key_of);
+        c
+    }
+
+    /// Recomputes the first key, the longest shared prefix (that of the first and last keys)
+    /// and every digest.
+    fn refresh<'k>(&mut self, key_of: &impl Fn(u32) -> &'k [u8]) {
+        let (Some(&first), Some(&last)) = (self.ids.first(), self.ids.last()) else {
+            return;
+        };
+        let first = key_of(first);
+        self.prefix_len = common_prefix(first, key_of(last));
+        self.first = first.into();
+        self.head = head(first);
+        self.digests.clear();
+        self.digests.reserve_exact(self.ids.capacity());
+        let l = self.prefix_len;
+        self.digests
+            .extend(self.ids.iter().map(|&id| digest(key_of(id), l)));
+    }
+
+    /// Position of the first key >= `key`, for a `key` not below this chunk's first key (or
+    /// any key, for the first chunk): the keys are read only where digests tie.
+    fn lower_bound<'k>(&self, key: &[u8], key_of: &impl Fn(u32) -> &'k [u8]) -> usize {
+        let l = self.prefix_len;
+        if key.get(..l) != self.first.get(..l) {
+            // Not sharing the chunk's prefix: past every key of it, or before all of them.
+            return if key < &self.first[..] {
+                0
+            } else {
+                self.ids.len()
+            };
+        }
+        let d = digest(key, l);
+        let lo = self.digests.partition_point(|&x| x < d);
+        let ties = self.digests[lo..].partition_point(|&x| x == d);
+        lo + self.ids[lo..lo + ties].partition_point(|&id| key_of(id) < key)
+    }
+
+    /// Where to split a full chunk: near the middle, between the two neighbours whose keys
+    /// share the shortest prefix (read off the digests), so each half covers fewer groups of
+    /// similar keys (namespaces, resources) and its own shared prefix grows.
+    fn split_point(&self) -> usize {
+        let (from, to) = (ORDER_CHUNK / 4, 3 * ORDER_CHUNK / 4);
+        let shared = |p: usize| (self.digests[p - 1] ^ self.digests[p]).leading_zeros();
+        (from..=to)
+            .min_by_key(|&p| (shared(p), p.abs_diff(ORDER_CHUNK / 2)))
+            .unwrap_or(ORDER_CHUNK / 2)
+    }
+
+    /// Puts `id` (whose key is `key`) at `pos`; the chunk has room.
+    fn insert<'k>(&mut self, pos: usize, id: u32, key: &[u8], key_of: &impl Fn(u32) -> &'k [u8]) {
+        let shared = common_prefix(key, &self.first);
+        if shared < self.prefix_len {
+            self.prefix_len = shared;
+            let l = shared;
+            for (d, &i) in self.digests.iter_mut().zip(&self.ids) {
+                *d = digest(key_of(i), l);
+            }
+        }
+        if pos == 0 {
+            self.first = key.into();
+            self.head = head(key);
+        }
+        self.ids.insert(pos, id);
+        self.digests.insert(pos, digest(key, self.prefix_len));
+    }
+}
+
+/// Slot ids in key order, in chunks of at most `ORDER_CHUNK`.
+#[derive(Debug, Clone, Default)]
+pub(super) struct OrderIndex {
+    pub chunks: Vec<OrderChunk>,
+}
+
+impl OrderIndex {
+    /// Chunks from slot ids in key order, each at least 3/4 full: a chunk ends where, in its
+    /// last quarter, two neighbouring keys share the shortest prefix (a namespace boundary,
+    /// say), so most chunks hold one group of similar keys.
+    pub fn from_sorted<'k>(ids: &[u32], key_of: &impl Fn(u32) -> &'k [u8]) -> OrderIndex {
+        let mut chunks = Vec::with_capacity(ids.len() / (3 * ORDER_CHUNK / 4) + 1);
+        let mut rest = ids;
+        while !rest.is_empty() {
+            let take = if rest.len() <= ORDER_CHUNK {
+                rest.len()
+            } else {
+                let shared = |p: usize| common_prefix(key_of(rest[p - 1]), key_of(rest[p]));
+                (3 * ORDER_CHUNK / 4..=ORDER_CHUNK)
+                    .rev()
+                    .min_by_key(|&p| shared(p))
+                    .unwrap_or(ORDER_CHUNK)
+            };
+            let mut v = Vec::with_capacity(ORDER_CHUNK);
+            v.extend_from_slice(&rest[..take]);
+            chunks.push(OrderChunk::build(v, key_of));
+            rest = &rest[take..];
+        }
+        OrderIndex { chunks }
+    }
+
+    /// Position of the first key >= `key`: (chunk, offset), offset possibly past the chunk.
+    pub fn lower_bound<'k>(&self, key: &[u8], key_of: &impl Fn(u32) -> &'k [u8]) -> (usize, usize) {
+        let key_head = head(key);
+        let c = self
+            .chunks
+            .partition_point(|ch| starts_at_or_below(&ch.head, &ch.first, &key_head, key));
+        let c = c.saturating_sub(1);
+        match self.chunks.get(c) {
+            None => (0, 0),
+            Some(ch) => (c, ch.lower_bound(key, key_of)),
+        }
+    }
+
+    /// Where a new key goes; a key after every other one (sequential loads) costs one
+    /// comparison.
+    pub fn insert_position<'k>(
+        &self,
+        key: &[u8],
+        key_of: &impl Fn(u32) -> &'k [u8],
+    ) -> (usize, usize) {
+        if let Some(ch) = self.chunks.last()
+            && let Some(&id) = ch.ids.last()
+            && key_of(id) < key
+        {
+            return (self.chunks.len() - 1, ch.ids.len());
+        }
+        self.lower_bound(key, key_of)
+    }
+
+    /// Puts slot `id` (key `key`) at position (`chunk`, `pos`) as `insert_position` found it.
+    pub fn insert<'k>(
+        &mut self,
+        chunk: usize,
+        pos: usize,
+        id: u32,
+        key: &[u8],
+        key_of: &impl Fn(u32) -> &'k [u8],
+    ) {
+        let fresh = |id: u32| {
+            let mut ids = Vec::with_capacity(ORDER_CHUNK);
+            ids.push(id);
+            OrderChunk::build(ids, &|_| key)
+        };
+        if self.chunks.is_empty() {
+            self.chunks.push(fresh(id));
+            return;
+        }
+        let last = self.chunks.len() - 1;
+        // The end of one chunk is the start of the next: take the one whose keys are more
+        // like this one, so chunks stay within a group of similar keys (and digests rarely tie).
+        let (chunk, pos) = match self.chunks.get(chunk + 1) {
+            Some(next)
+                if pos == self.chunks[chunk].ids.len()
+                    && common_prefix(key, &next.first)
+                        > common_prefix(key, &self.chunks[chunk].first) =>
+            {
+                (chunk + 1, 0)
+            }
+            _ => (chunk, pos),
+        };
+        let ch = &mut self.chunks[chunk];
+        if ch.ids.len() < ORDER_CHUNK {
+            ch.insert(pos, id, key, key_of);
+        } else if chunk == last && pos == ch.ids.len() {
+            self.chunks.push(fresh(id));
+        } else {
+            let at = ch.split_point();
+            let mut tail = Vec::with_capacity(ORDER_CHUNK);
+            tail.extend_from_slice(&ch.ids[at..]);
+            ch.ids.truncate(at);
+            let mut tail = OrderChunk::build(tail, key_of);
+            // The halves share longer prefixes than the whole did: fewer digest ties.
+            ch.refresh(key_of);
+            if pos < at || (pos == at && key < &tail.first[..]) {
+                ch.insert(pos, id, key, key_of);
+            } else {
+                tail.insert(pos - at, id, key, key_of);
+            }
+            self.chunks.insert(chunk + 1, tail);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inserts keys one by one (in a scrambled order) and checks the index against a sorted
+    /// list after each insert, and `lower_bound` for present and absent keys.
+    #[test]
+    fn inserts_in_any_order_keep_key_order() {
+        let keys: Vec<Vec<u8>> = (0..3000u32)
+            .map(|i| {
+                let j = i.wrapping_mul(2_654_435_761) % 3000;
+                format!("/registry/pods/ns{:02}/pod-{:05}", j / 700, j).into_bytes()
+            })
+            .chain([
+                b"".to_vec(),
+                b"\0".to_vec(),
+                b"/registry".to_vec(),
+                vec![0xff; 20],
+            ])
+            .collect();
+        let key_of = |id: u32| &keys[id as usize][..];
+        let mut index = OrderIndex::default();
+        let mut sorted: Vec<u32> = Vec::new();
+        for (id, key) in keys.iter().enumerate() {
+            let id = id as u32;
+            let (c, p) = index.insert_position(key, &key_of);
+            index.insert(c, p, id, key, &key_of);
+            let at = sorted.partition_point(|&s| key_of(s) < &key[..]);
+            sorted.insert(at, id);
+            if id.is_multiple_of(97) || id as usize + 1 == keys.len() {
+                let flat: Vec<u32> = index.chunks.iter().flat_map(|c| c.ids.clone()).collect();
+                assert_eq!(flat, sorted, "after inserting key {id}");
+            }
+        }
+        for probe in keys
+            .iter()
+            .cloned()
+            .chain([b"/registry/pods/ns01/pod-00700x".to_vec(), b"zz".to_vec()])
+        {
+            let (c, p) = index.lower_bound(&probe, &key_of);
+            let before: usize = index.chunks[..c].iter().map(|c| c.ids.len()).sum();
+            let want = sorted.partition_point(|&s| key_of(s) < &probe[..]);
+            assert_eq!(before + p, want, "lower bound of {probe:?}");
+        }
+        let rebuilt = OrderIndex::from_sorted(&sorted, &key_of);
+        for probe in &keys {
+            let (c, p) = rebuilt.lower_bound(probe, &key_of);
+            assert_eq!(key_of(rebuilt.chunks[c].ids[p]), &probe[..]);
+        }
+    }
+}

@@ -622,3 +622,84 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .map_err(|e| sio(&e))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::FrameHeader;
+
+    fn log_id(term: u64, node: NodeId, index: u64) -> JLogId {
+        openraft::LogId::new(openraft::CommittedLeaderId::new(term, node), index)
+    }
+
+    /// Writes `n` blank entries of term 2 by node 1 straight into the shard's segments.
+    fn write_entries(dir: &Path, n: u64) {
+        let (mut log, _) = SegmentLog::open(dir, 0, 0, 0).unwrap();
+        let mut frames = Vec::new();
+        let mut headers = Vec::new();
+        for i in 0..n {
+            let h = FrameHeader {
+                index: i,
+                term: 2,
+                node: 1,
+                time_ms: 0,
+                first_record: i,
+                count: 1,
+            };
+            encode_frame(&mut frames, &h, &[0]);
+            headers.push(h);
+        }
+        log.append(&headers, &frames).unwrap();
+        log.sync().unwrap();
+    }
+
+    #[test]
+    fn the_commit_sent_to_followers_never_passes_the_local_flush() {
+        let dir = tempfile::tempdir().unwrap();
+        write_entries(dir.path(), 3);
+        let (shared, _) =
+            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
+        // What recovery found is synced and counts as flushed.
+        assert_eq!(shared.flushed(), 3);
+        assert_eq!(shared.durable_commit(None), None);
+        assert_eq!(
+            shared.durable_commit(Some(log_id(2, 1, 1))),
+            Some(log_id(2, 1, 1))
+        );
+        assert!(!shared.take_commit_held());
+        // A commit past the flushed log is held back to its last flushed entry, and the hold
+        // is reported once (the node then pushes the commit again after the next flush).
+        assert_eq!(
+            shared.durable_commit(Some(log_id(2, 1, 7))),
+            Some(log_id(2, 1, 2))
+        );
+        assert!(shared.take_commit_held());
+        assert!(!shared.take_commit_held());
+        shared.close();
+    }
+
+    #[tokio::test]
+    async fn appliers_wait_for_the_flush_and_fail_when_storage_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        write_entries(dir.path(), 2);
+        let (shared, _) =
+            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
+        shared.wait_flushed(1).await.unwrap();
+        let waiter = {
+            let shared = Arc::clone(&shared);
+            tokio::spawn(async move { shared.wait_flushed(5).await })
+        };
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "entry 5 is not durable, nothing may wait past it"
+        );
+        shared.fail("fsync failed: injected".into());
+        let r = waiter.await.unwrap();
+        assert!(
+            r.is_err(),
+            "a failed shard never makes entry 5 durable: {r:?}"
+        );
+        shared.close();
+    }
+}

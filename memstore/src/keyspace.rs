@@ -120,7 +120,74 @@ struct Indexed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Slot {
     pub key: Box<[u8]>,
-    pub versions: Vec<Version>,
+    pub versions: Versions,
+}
+
+/// A key's versions, oldest first: the one version most keys have is kept inline in the slot
+/// (no allocation, no pointer to follow on a read); a key with history keeps a `Vec`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Versions {
+    One(Version),
+    /// Two or more versions; never fewer (a key with no version left is removed).
+    Many(Vec<Version>),
+}
+
+impl std::ops::Deref for Versions {
+    type Target = [Version];
+
+    fn deref(&self) -> &[Version] {
+        match self {
+            Versions::One(v) => std::slice::from_ref(v),
+            Versions::Many(vs) => vs,
+        }
+    }
+}
+
+impl Versions {
+    /// Versions from a non-empty list, oldest first.
+    fn from_vec(mut vs: Vec<Version>) -> Versions {
+        match (vs.len(), vs.pop()) {
+            (1, Some(v)) => Versions::One(v),
+            (_, last) => {
+                vs.extend(last);
+                Versions::Many(vs)
+            }
+        }
+    }
+
+    fn push(&mut self, v: Version) {
+        match self {
+            Versions::Many(vs) => vs.push(v),
+            Versions::One(_) => {
+                let Versions::One(old) = std::mem::replace(self, Versions::Many(Vec::new())) else {
+                    unreachable!("matched One above");
+                };
+                *self = Versions::Many(vec![old, v]);
+            }
+        }
+    }
+
+    /// Drops the `n` oldest versions; false when none is left.
+    fn drop_oldest(&mut self, n: usize) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let Versions::Many(vs) = self else {
+            return false;
+        };
+        if n >= vs.len() {
+            return false;
+        }
+        vs.drain(..n);
+        if vs.len() == 1 {
+            if let Some(v) = vs.pop() {
+                *self = Versions::One(v);
+            }
+        } else {
+            vs.shrink_to_fit();
+        }
+        true
+    }
 }
 
 /// One entry of the change log: the version of slot `slot` written at (`main`, `sub`).
@@ -361,7 +428,7 @@ impl KeySpace {
                 e.hash == h && &slab.get(e.id).key[..] == key
             })
             .map(|e| e.id);
-        let (id, v) = match found {
+        let (id, added, live, main, sub) = match found {
             Some(id) => {
                 let slot = self.slab.get_mut(id);
                 let v = make(Some(&slot.versions));
@@ -369,16 +436,18 @@ impl KeySpace {
                     self.live_keys -= 1;
                     self.live_bytes -= kl + last.value.len() as u64;
                 }
-                (id, v)
+                let facts = (kl + v.value.len() as u64, !v.is_tombstone(), v.main, v.sub);
+                slot.versions.push(v);
+                (id, facts.0, facts.1, facts.2, facts.3)
             }
             None => {
                 let v = make(None);
+                let facts = (kl + v.value.len() as u64, !v.is_tombstone(), v.main, v.sub);
                 let slab = &self.slab;
                 let (chunk, pos) = self.order.insert_position(key, &|id| &slab.get(id).key[..]);
-                // Most keys keep a single version: the Vec gets exactly one slot.
                 let id = self.slab.insert(Slot {
                     key: key.into(),
-                    versions: Vec::with_capacity(1),
+                    versions: Versions::One(v),
                 });
                 self.index
                     .insert_unique(table_hash(h), Indexed { id, hash: h }, |e| {
@@ -387,22 +456,20 @@ impl KeySpace {
                 let slab = &self.slab;
                 self.order
                     .insert(chunk, pos, id, key, &|id| &slab.get(id).key[..]);
-                (id, v)
+                (id, facts.0, facts.1, facts.2, facts.3)
             }
         };
-        let added = kl + v.value.len() as u64;
-        if !v.is_tombstone() {
+        if live {
             self.live_keys += 1;
             self.live_bytes += added;
         }
         self.total_bytes += added;
         self.versions += 1;
         self.log.push_back(Change {
-            main: v.main,
-            sub: v.sub,
+            main,
+            sub,
             slot: id,
         });
-        self.slab.get_mut(id).versions.push(v);
     }
 
     /// Drops history at or below `rev` as etcd's keyIndex.compact does: of the versions <= rev
@@ -431,11 +498,9 @@ impl KeySpace {
                         freed_bytes += (slot.key.len() + v.value.len()) as u64;
                     }
                     freed_versions += keep_from as u64;
-                    vs.drain(..keep_from);
-                    vs.shrink_to_fit();
-                }
-                if vs.is_empty() {
-                    emptied.push(id);
+                    if !vs.drop_oldest(keep_from) {
+                        emptied.push(id);
+                    }
                 }
             }
         }
@@ -518,8 +583,11 @@ impl KeySpace {
             }
             ks.versions += versions.len() as u64;
             let hash = hash_key(&key);
-            let id = ks.slab.insert(Slot { key, versions });
-            for v in &ks.slab.get(id).versions {
+            let id = ks.slab.insert(Slot {
+                key,
+                versions: Versions::from_vec(versions),
+            });
+            for v in ks.slab.get(id).versions.iter() {
                 if v.main > compact_rev {
                     log.push(Change {
                         main: v.main,
@@ -578,5 +646,51 @@ fn insert_in_bucket_order(index: &mut HashTable<Indexed>, entries: Vec<Indexed>)
     }
     for e in sorted {
         index.insert_unique(table_hash(e.hash), e, |e| table_hash(e.hash));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn version(main: i64) -> Version {
+        Version {
+            main,
+            sub: 0,
+            create: 1,
+            version: main,
+            lease: 0,
+            value: vec![b'v'; 3].into(),
+        }
+    }
+
+    /// One version inline, a second moves them to a `Vec`, dropping back to one goes inline.
+    #[test]
+    fn versions_switch_between_inline_and_vec() {
+        let mut vs = Versions::One(version(1));
+        assert_eq!(vs.iter().map(|v| v.main).collect::<Vec<_>>(), [1]);
+        vs.push(version(2));
+        vs.push(version(3));
+        assert_eq!(vs.iter().map(|v| v.main).collect::<Vec<_>>(), [1, 2, 3]);
+        assert!(vs.drop_oldest(2));
+        assert!(matches!(vs, Versions::One(ref v) if v.main == 3));
+        assert!(!vs.drop_oldest(1), "no version left");
+        let vs = Versions::from_vec(vec![version(4), version(5)]);
+        assert_eq!(vs.len(), 2);
+        assert!(matches!(
+            Versions::from_vec(vec![version(6)]),
+            Versions::One(_)
+        ));
+    }
+
+    /// The inline version must not make a slot bigger than the 96 bytes it replaces
+    /// (40-byte slot + a 56-byte one-version allocation).
+    #[test]
+    fn slot_stays_small() {
+        assert!(
+            std::mem::size_of::<Option<Slot>>() <= 80,
+            "{}",
+            std::mem::size_of::<Option<Slot>>()
+        );
     }
 }

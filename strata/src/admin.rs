@@ -209,10 +209,19 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             .last()
             .context("the journal returned no index for the restore")?;
         let outcomes = replay(&mut current, &mut stream, tenant, commit).await?;
-        let outcome = outcomes
-            .into_iter()
-            .find(|(index, _)| *index == commit)
-            .map(|(_, o)| o);
+        // The commit's outcome; if the journal client had to re-append it, the index it returned
+        // may hold the duplicate, and the first copy's outcome is the last commit outcome seen.
+        let mut outcome = None;
+        for (index, o) in outcomes {
+            match o {
+                Outcome::Restore(RestoreStep::Committed { .. } | RestoreStep::Aborted { .. }) => {
+                    outcome = Some(o);
+                }
+                Outcome::Duplicate { .. } if index == commit => {}
+                other if index == commit => outcome = Some(other),
+                _ => {}
+            }
+        }
         match outcome {
             Some(Outcome::Restore(RestoreStep::Committed { revision, keys })) => {
                 println!(

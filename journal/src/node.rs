@@ -46,7 +46,9 @@ pub const DEFAULT_MAX_INFLIGHT_ENTRIES: usize = 2;
 /// Default longest wait, once an in-flight slot is free, for the callers answered by the last
 /// completed entry to come back before proposing (never waited for when that entry had a
 /// single caller, so a lone appender sees no added latency).
-pub const DEFAULT_COALESCE_WAIT: Duration = Duration::from_micros(1500);
+/// Off: a 3-run A/B at 1 and 256 appenders (docs/benchmarks/journal.md, session 3) measured
+/// 1500us and 0 within noise of each other, so no timer is kept.
+pub const DEFAULT_COALESCE_WAIT: Duration = Duration::ZERO;
 /// Coalescing stops adding further Append calls to an entry at this many payload bytes...
 pub const MAX_BATCH_BYTES: usize = 1024 * 1024;
 /// ...or at this many records (a single larger call still goes whole into one entry).

@@ -65,8 +65,8 @@ struct NodeArgs {
     #[arg(long, default_value_t = journal::node::DEFAULT_MAX_INFLIGHT_ENTRIES)]
     max_inflight_entries: usize,
     /// Tuning: longest wait for the callers of the last committed entry to come back and join
-    /// the next one (0 turns it off).
-    #[arg(long, default_value = "1500us", value_parser = humantime::parse_duration)]
+    /// the next one (0, the default, turns it off).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
     coalesce_wait: Duration,
     /// Tuning: a leader fsyncs its own appends in parallel with sending them to the followers
     /// (true), or before (false). Either way nothing is acknowledged, served or committed to

@@ -209,14 +209,7 @@ fn a_large_request_id_window_round_trips() {
         }
     }
     assert_eq!(h.store.remembered_request_ids(), 200_000);
-    let meta = CheckpointMeta {
-        tenant: "t".into(),
-        shard: 0,
-        index: h.store.applied_index(),
-        revision: h.store.revision(),
-        created_ms: 0,
-    };
-    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &h.store)).unwrap();
+    let loaded = reload(&h.store);
     assert!(loaded == h.store);
     assert_eq!(loaded.remembered_request_ids(), 200_000);
 }

@@ -11,7 +11,6 @@ use api::etcdserverpb::{LeaseGrantRequest, PutRequest, TxnRequest};
 use api::mvccpb::Event;
 use api::strata::entry::entry::Request;
 use common::{Harness, op_del, op_put};
-use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Error, MemStore};
 
 const DEFAULT_SEED: u64 = 0xe7e0_2026_1130_0002;
@@ -195,15 +194,7 @@ fn events_agree_with_every_applied_event() {
         all.extend(applied.events);
         if step % CHECK_EVERY == CHECK_EVERY - 1 {
             check(&h.store, &all, &mut rng, &format!("step {step}"));
-            let meta = CheckpointMeta {
-                tenant: "t".into(),
-                shard: 0,
-                index: h.store.applied_index(),
-                revision: h.store.revision(),
-                created_ms: 0,
-            };
-            let (_, loaded) =
-                checkpoint::decode(&checkpoint::encode(&meta, &h.store)).expect("checkpoint loads");
+            let loaded = common::reload(&h.store);
             assert!(loaded == h.store, "step {step}: checkpoint differs");
             check(&loaded, &all, &mut rng, &format!("step {step}, loaded"));
         }

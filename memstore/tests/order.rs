@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use api::etcdserverpb::{DeleteRangeRequest, RangeRequest};
 use api::strata::entry::entry::Request;
 use common::Harness;
-use memstore::checkpoint::{self, CheckpointMeta};
 
 /// Keys written: enough for several chunk splits (chunks hold at most 512 keys).
 const KEYS: u64 = 6_000;
@@ -140,15 +139,7 @@ fn scrambled_inserts_deletes_compaction_and_reload_keep_key_order() {
             check(&h, &model, "inserts after compaction");
         }
     }
-    let meta = CheckpointMeta {
-        tenant: "t".into(),
-        shard: 0,
-        index: h.store.applied_index(),
-        revision: h.store.revision(),
-        created_ms: 0,
-    };
-    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &h.store)).expect("decode");
-    h.store = loaded;
+    h.store = common::reload(&h.store);
     check(&h, &model, "after checkpoint reload");
     for _ in 0..KEYS / 4 {
         let key = key_for(splitmix(&mut x));

@@ -10,7 +10,6 @@ use api::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest};
 use api::strata::entry::entry::Request;
 use api::strata::entry::{RestoreBegin, RestoreChunk, RestoreCommit, RestoreKey, RestoreLease};
 use common::*;
-use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{MemStore, Outcome, RestoreStep};
 
 /// key -> (value, lease) of every live key.
@@ -349,14 +348,7 @@ fn a_stage_survives_a_checkpoint() {
     begin(&mut h, &id);
     let half = chunks.len() / 2;
     stage(&mut h, &chunks[..half]);
-    let meta = CheckpointMeta {
-        tenant: "t".into(),
-        shard: 0,
-        index: h.store.applied_index(),
-        revision: h.store.revision(),
-        created_ms: 0,
-    };
-    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &h.store)).unwrap();
+    let loaded = reload(&h.store);
     assert!(loaded == h.store);
     assert_eq!(loaded.staged_restore(), Some((&id[..], half)));
     let mut other = Harness {

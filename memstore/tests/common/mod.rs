@@ -6,6 +6,7 @@ use api::etcdserverpb::{
     LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, compare, request_op,
 };
 use api::strata::entry::{Entry, LeaderChange, Tick, entry::Request};
+use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Applied, Config, MemStore, Outcome};
 
 /// A store plus the next journal index and the journal clock.
@@ -180,4 +181,22 @@ pub fn failed(a: &Applied) -> Option<memstore::Error> {
         Outcome::Failed(e) => Some(e.clone()),
         _ => None,
     }
+}
+
+/// The meta of a checkpoint of `store` (tenant "t", shard 0, at the store's index and revision).
+pub fn meta_of(store: &MemStore) -> CheckpointMeta {
+    CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: store.applied_index(),
+        revision: store.revision(),
+        created_ms: 0,
+    }
+}
+
+/// `store` written as a checkpoint and loaded back.
+pub fn reload(store: &MemStore) -> MemStore {
+    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta_of(store), store))
+        .expect("a checkpoint of the store loads");
+    loaded
 }

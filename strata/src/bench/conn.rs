@@ -30,6 +30,19 @@ pub fn endpoint_url(endpoint: &str) -> String {
     }
 }
 
+/// Refuses an empty endpoint list and a connection count outside `1..=MAX_CONNS` (both pools).
+pub fn check_pool_args(endpoints: &[String], conns: usize) -> Result<(), BenchError> {
+    if endpoints.is_empty() {
+        return Err(BenchError::InvalidArgs("--endpoints is empty".into()));
+    }
+    if conns == 0 || conns > MAX_CONNS {
+        return Err(BenchError::InvalidArgs(format!(
+            "--conns must be in 1..={MAX_CONNS}"
+        )));
+    }
+    Ok(())
+}
+
 /// The connections of one run.
 #[derive(Clone)]
 pub struct Pool {
@@ -46,14 +59,7 @@ impl Pool {
         tenant: Option<&str>,
         request_timeout: Duration,
     ) -> Result<Self, BenchError> {
-        if endpoints.is_empty() {
-            return Err(BenchError::InvalidArgs("--endpoints is empty".into()));
-        }
-        if conns == 0 || conns > MAX_CONNS {
-            return Err(BenchError::InvalidArgs(format!(
-                "--conns must be in 1..={MAX_CONNS}"
-            )));
-        }
+        check_pool_args(endpoints, conns)?;
         let tenant = tenant
             .map(|t| {
                 t.parse()

@@ -17,7 +17,9 @@ use tokio::net::TcpStream;
 use tonic::{Code, Status};
 
 use super::BenchError;
-use super::conn::{CONNECT_TIMEOUT, MAX_CONNS, MAX_RESPONSE_BYTES, TENANT_HEADER, endpoint_url};
+use super::conn::{
+    CONNECT_TIMEOUT, MAX_RESPONSE_BYTES, TENANT_HEADER, check_pool_args, endpoint_url,
+};
 
 /// gRPC's message prefix: one compression flag byte and a big-endian u32 length.
 const GRPC_PREFIX_LEN: usize = 5;
@@ -46,14 +48,7 @@ impl UnaryPool {
         tenant: Option<&str>,
         request_timeout: Duration,
     ) -> Result<Self, BenchError> {
-        if endpoints.is_empty() {
-            return Err(BenchError::InvalidArgs("--endpoints is empty".into()));
-        }
-        if conns == 0 || conns > MAX_CONNS {
-            return Err(BenchError::InvalidArgs(format!(
-                "--conns must be in 1..={MAX_CONNS}"
-            )));
-        }
+        check_pool_args(endpoints, conns)?;
         let tenant = tenant
             .map(|t| {
                 HeaderValue::from_str(t)

@@ -279,6 +279,25 @@ impl LogShared {
         self.commit_held.swap(false, Ordering::AcqRel)
     }
 
+    /// fdatasyncs everything written so far (earlier segments were synced when they were
+    /// closed) and raises `flushed` to it. The caller reports a failure (`fail`).
+    fn sync_written(&self) -> std::io::Result<()> {
+        let (file, written) = {
+            let log = lock(&self.log);
+            (log.active_file(), log.next_index())
+        };
+        crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
+            .and_then(|()| file.sync_data())?;
+        self.flushed.send_if_modified(|f| {
+            let raise = written > *f;
+            if raise {
+                *f = written;
+            }
+            raise
+        });
+        Ok(())
+    }
+
     /// True once a write or fsync failed.
     pub fn failed(&self) -> bool {
         self.failed.load(Ordering::Acquire)
@@ -340,25 +359,9 @@ fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<FlushJob>) {
                 "journal storage failed earlier; see status errors",
             ))
         } else {
-            // Everything written before this point is covered by the sync (earlier segments
-            // were synced when they were closed).
-            let (file, written) = {
-                let log = lock(&shared.log);
-                (log.active_file(), log.next_index())
-            };
             let started = Instant::now();
-            let r = crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
-                .and_then(|()| file.sync_data());
+            let r = shared.sync_written();
             crate::metrics::fsynced(shared.shard, started.elapsed(), batch.len());
-            if r.is_ok() {
-                shared.flushed.send_if_modified(|f| {
-                    let raise = written > *f;
-                    if raise {
-                        *f = written;
-                    }
-                    raise
-                });
-            }
             r
         };
         if let Err(e) = &result {
@@ -444,23 +447,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // anything to another leader (even a heartbeat whose prev_log_id matches them), so
         // make them durable here.
         if self.shared.flushed() < self.shared.next_index() {
-            let (file, written) = {
-                let log = lock(&self.shared.log);
-                (log.active_file(), log.next_index())
-            };
-            crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
-                .and_then(|()| file.sync_data())
-                .map_err(|e| {
-                    self.shared.fail(format!("fsync failed: {e}"));
-                    StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
-                })?;
-            self.shared.flushed.send_if_modified(|f| {
-                let raise = written > *f;
-                if raise {
-                    *f = written;
-                }
-                raise
-            });
+            self.shared.sync_written().map_err(|e| {
+                self.shared.fail(format!("fsync failed: {e}"));
+                StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
+            })?;
         }
         let mut meta = lock(&self.shared.meta);
         let mut next = meta.clone();
@@ -518,7 +508,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             return Err(sio(&e));
         }
         let mut own = self.shared.overlap_leader_fsync;
-        {
+        let last_term = {
             let mut log = lock(&self.shared.log);
             let mut time = log.last_time_ms();
             let mut record = log.next_record();
@@ -541,7 +531,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
                 return Err(sio(&e));
             }
-        }
+            headers.last().map(|h| h.term)
+        };
         // A leader appending its own entries of its current term (the vote this node holds is
         // its own, committed, of the entries' term): tell openraft at once, so RaftCore sends
         // them to the followers while the flusher syncs them here (as etcd's leader writes its
@@ -552,11 +543,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // appends (and a leader's after a vote change) wait for their fsync as before.
         let early = own && {
             let vote = lock(&self.shared.meta).vote;
-            let term = lock(&self.shared.log).last().map(|h| h.term);
             vote.is_some_and(|v| {
                 v.is_committed()
                     && v.leader_id().voted_for() == Some(self.shared.node_id)
-                    && Some(v.leader_id().get_term()) == term
+                    && Some(v.leader_id().get_term()) == last_term
             })
         };
         let tx = lock(&self.shared.flush_tx).clone();

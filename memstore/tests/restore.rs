@@ -33,25 +33,22 @@ fn lease_ids(s: &MemStore) -> Vec<i64> {
 
 /// The chunks that turn `current` into `target` (keys at most `per_chunk` per chunk).
 fn diff(current: &MemStore, target: &MemStore, id: &[u8], per_chunk: usize) -> Vec<RestoreChunk> {
-    let all = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        ..Default::default()
+    let by_key = |store: &MemStore| -> BTreeMap<_, _> {
+        let all = RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..Default::default()
+        };
+        store
+            .range(&all)
+            .unwrap()
+            .kvs
+            .into_iter()
+            .map(|kv| (kv.key.clone(), kv))
+            .collect()
     };
-    let cur: BTreeMap<_, _> = current
-        .range(&all)
-        .unwrap()
-        .kvs
-        .into_iter()
-        .map(|kv| (kv.key.clone(), kv))
-        .collect();
-    let tgt: BTreeMap<_, _> = target
-        .range(&all)
-        .unwrap()
-        .kvs
-        .into_iter()
-        .map(|kv| (kv.key.clone(), kv))
-        .collect();
+    let cur = by_key(current);
+    let tgt = by_key(target);
     let mut keys = Vec::new();
     for key in cur
         .keys()

@@ -2,20 +2,21 @@
 //! (payloads carry request ids, so a retried append is applied once downstream), and tails a
 //! shard across node failures.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use api::strata::journal::journal_admin_client::JournalAdminClient;
 use api::strata::journal::journal_client::JournalClient as GrpcClient;
 use api::strata::journal::{
-    AppendRequest, ReadIndexRequest, ReadRequest, Record, ReplaceNodeRequest, StatusRequest,
-    StatusResponse, TrimRequest,
+    AppendError, AppendRequest, AppendStreamRequest, AppendStreamResponse, ReadIndexRequest,
+    ReadRequest, Record, ReplaceNodeRequest, StatusRequest, StatusResponse, TrimRequest,
 };
 use futures::{Stream, StreamExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
+use tonic::metadata::{MetadataKey, MetadataMap};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status};
 
@@ -33,6 +34,8 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(20);
 pub const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Records buffered between a tailing stream's task and its consumer.
 pub const READ_BUFFER_RECORDS: usize = 4096;
+/// Appends queued on one node's append stream before a caller waits to send.
+pub const APPEND_STREAM_QUEUE: usize = 1024;
 /// Largest message the client accepts or sends.
 pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -75,6 +78,124 @@ struct Inner {
     channels: Mutex<HashMap<String, Channel>>,
     leaders: Mutex<HashMap<u32, String>>,
     next: AtomicUsize,
+    /// One `AppendStream` per node, shared by every append sent there.
+    sessions: Mutex<HashMap<String, Arc<AppendSession>>>,
+    /// Nodes that answered `AppendStream` with UNIMPLEMENTED (an older journal): unary appends.
+    unary_only: Mutex<HashSet<String>>,
+    /// Ids of append sessions, so a finished one removes only itself from `sessions`.
+    session_ids: AtomicU64,
+    /// False: every append is a unary `Append` call (`connect_unary_appends`).
+    append_stream: bool,
+}
+
+/// Callers waiting for the answer to their append, by the sequence number sent with it.
+type Waiters = HashMap<u64, oneshot::Sender<Answer>>;
+/// What a caller of an append stream gets back: the unary call's result.
+type Answer = Result<Vec<u64>, Status>;
+
+/// One long-lived `AppendStream` to one node: appends go out tagged with a sequence number,
+/// answers come back in any order and wake the caller that waits for that number. When the
+/// stream fails, every waiting caller gets the failure (as a unary call would) and the next
+/// append opens a new stream.
+struct AppendSession {
+    id: u64,
+    tx: mpsc::Sender<AppendStreamRequest>,
+    next_seq: AtomicU64,
+    /// `None` once the stream failed: no caller may wait on it any more.
+    waiters: Mutex<Option<Waiters>>,
+}
+
+impl AppendSession {
+    /// A sequence number and the receiver of its answer; fails if the stream already failed.
+    fn register(&self) -> Result<(u64, oneshot::Receiver<Answer>), Status> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        match lock(&self.waiters).as_mut() {
+            Some(w) => {
+                w.insert(seq, tx);
+                Ok((seq, rx))
+            }
+            None => Err(Status::unavailable("journal append stream closed")),
+        }
+    }
+
+    fn forget(&self, seq: u64) {
+        if let Some(w) = lock(&self.waiters).as_mut() {
+            w.remove(&seq);
+        }
+    }
+
+    fn answer(&self, resp: AppendStreamResponse) {
+        let waiter = lock(&self.waiters)
+            .as_mut()
+            .and_then(|w| w.remove(&resp.seq));
+        if let Some(w) = waiter {
+            let _ = w.send(match resp.error {
+                None => Ok(resp.indexes),
+                Some(e) => Err(status_from(e)),
+            });
+        }
+    }
+
+    /// The stream failed: every waiting caller gets `status`, later ones are refused.
+    fn fail_all(&self, status: &Status) {
+        let waiters = lock(&self.waiters).take().unwrap_or_default();
+        for (_, w) in waiters {
+            let _ = w.send(Err(status.clone()));
+        }
+    }
+}
+
+/// The status a unary `Append` would have failed with, from a stream's per-append error.
+fn status_from(e: AppendError) -> Status {
+    let mut md = MetadataMap::new();
+    for (k, v) in e.metadata {
+        if let (Ok(k), Ok(v)) = (MetadataKey::from_bytes(k.as_bytes()), v.parse()) {
+            md.insert(k, v);
+        }
+    }
+    Status::with_metadata(Code::from_i32(e.code), e.message, md)
+}
+
+/// Drives `session`'s stream to the node at `endpoint` until it fails or the client is gone.
+async fn run_session(
+    inner: Weak<Inner>,
+    endpoint: String,
+    ch: Channel,
+    session: Arc<AppendSession>,
+    rx: mpsc::Receiver<AppendStreamRequest>,
+) {
+    let outbound = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let failure = match grpc(ch).append_stream(outbound).await {
+        Err(s) => {
+            if s.code() == Code::Unimplemented
+                && let Some(inner) = inner.upgrade()
+            {
+                tracing::info!(%endpoint, "journal node has no append stream; using unary appends");
+                lock(&inner.unary_only).insert(endpoint.clone());
+            }
+            s
+        }
+        Ok(resp) => {
+            let mut inbound = resp.into_inner();
+            loop {
+                match inbound.next().await {
+                    Some(Ok(r)) => session.answer(r),
+                    Some(Err(s)) => break s,
+                    None => break Status::unavailable("journal append stream ended"),
+                }
+            }
+        }
+    };
+    tracing::debug!(%endpoint, status = %failure, "journal append stream closed");
+    // Out of the map first, so that callers from now on open a fresh stream.
+    if let Some(inner) = inner.upgrade() {
+        let mut sessions = lock(&inner.sessions);
+        if sessions.get(&endpoint).is_some_and(|s| s.id == session.id) {
+            sessions.remove(&endpoint);
+        }
+    }
+    session.fail_all(&failure);
 }
 
 fn normalise(endpoint: &str) -> String {
@@ -142,6 +263,16 @@ impl JournalClient {
     /// A client of the nodes at `endpoints` (`host:port` or `http://host:port`). Connections are
     /// made lazily; this fails only on malformed endpoints.
     pub async fn connect(endpoints: &[String]) -> Result<Self, ClientError> {
+        Self::connect_with(endpoints, true).await
+    }
+
+    /// A client like `connect`'s whose appends are each one unary `Append` call instead of a
+    /// message on the node's shared `AppendStream` (for measuring one against the other).
+    pub async fn connect_unary_appends(endpoints: &[String]) -> Result<Self, ClientError> {
+        Self::connect_with(endpoints, false).await
+    }
+
+    async fn connect_with(endpoints: &[String], append_stream: bool) -> Result<Self, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::NoEndpoints);
         }
@@ -151,6 +282,10 @@ impl JournalClient {
             channels: Mutex::new(HashMap::new()),
             leaders: Mutex::new(HashMap::new()),
             next: AtomicUsize::new(0),
+            sessions: Mutex::new(HashMap::new()),
+            unary_only: Mutex::new(HashSet::new()),
+            session_ids: AtomicU64::new(0),
+            append_stream,
         };
         for e in &inner.endpoints {
             inner.channel(e)?;
@@ -171,14 +306,81 @@ impl JournalClient {
         if payloads.is_empty() {
             return Ok(Vec::new());
         }
-        self.unary(shard, true, |mut c| {
-            let req = AppendRequest {
-                shard,
-                payloads: payloads.clone(),
-            };
-            async move { c.append(timed(req)).await.map(|r| r.into_inner().indexes) }
+        self.retrying_at(shard, true, |target, ch| {
+            self.append_attempt(target, ch, shard, &payloads)
         })
         .await
+    }
+
+    /// One attempt of `append` at the node `target`: over that node's shared `AppendStream`,
+    /// or a unary `Append` if the node has no such RPC. Fails as the unary call would.
+    async fn append_attempt(
+        &self,
+        target: String,
+        ch: Channel,
+        shard: u32,
+        payloads: &[Vec<u8>],
+    ) -> Result<Vec<u64>, Status> {
+        let request = || AppendRequest {
+            shard,
+            payloads: payloads.to_vec(),
+        };
+        if self.inner.append_stream && !lock(&self.inner.unary_only).contains(&target) {
+            let session = self.session(&target, ch.clone());
+            let (seq, rx) = session.register()?;
+            let msg = AppendStreamRequest {
+                seq,
+                append: Some(request()),
+            };
+            let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, async {
+                session
+                    .tx
+                    .send(msg)
+                    .await
+                    .map_err(|_| Status::unavailable("journal append stream closed"))?;
+                rx.await
+                    .map_err(|_| Status::unavailable("journal append stream closed"))?
+            })
+            .await;
+            match answer {
+                Ok(Err(s)) if s.code() == Code::Unimplemented => {} // an older node: unary below
+                Ok(res) => return res,
+                Err(_) => {
+                    session.forget(seq);
+                    return Err(Status::deadline_exceeded(
+                        "journal append not answered in time",
+                    ));
+                }
+            }
+        }
+        grpc(ch)
+            .append(timed(request()))
+            .await
+            .map(|r| r.into_inner().indexes)
+    }
+
+    /// The append stream to `target`, opened now if there is none.
+    fn session(&self, target: &str, ch: Channel) -> Arc<AppendSession> {
+        let mut sessions = lock(&self.inner.sessions);
+        if let Some(s) = sessions.get(target) {
+            return Arc::clone(s);
+        }
+        let (tx, rx) = mpsc::channel(APPEND_STREAM_QUEUE);
+        let session = Arc::new(AppendSession {
+            id: self.inner.session_ids.fetch_add(1, Ordering::Relaxed),
+            tx,
+            next_seq: AtomicU64::new(0),
+            waiters: Mutex::new(Some(HashMap::new())),
+        });
+        sessions.insert(target.to_string(), Arc::clone(&session));
+        tokio::spawn(run_session(
+            Arc::downgrade(&self.inner),
+            target.to_string(),
+            ch,
+            Arc::clone(&session),
+            rx,
+        ));
+        session
     }
 
     /// An index safe for a linearizable read of `shard` (confirmed by the leader with a quorum).
@@ -370,6 +572,20 @@ impl JournalClient {
         F: Fn(Channel) -> Fut,
         Fut: std::future::Future<Output = Result<T, Status>>,
     {
+        self.retrying_at(shard, leader, |_, ch| call(ch)).await
+    }
+
+    /// `retrying`, telling `call` also which node (`http://host:port`) it talks to.
+    async fn retrying_at<T, F, Fut>(
+        &self,
+        shard: u32,
+        leader: bool,
+        call: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(String, Channel) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Status>>,
+    {
         let deadline = Instant::now() + RETRY_DEADLINE;
         let mut backoff = BACKOFF_MIN;
         let mut target = if leader {
@@ -381,7 +597,7 @@ impl JournalClient {
         let mut redirects = 0;
         loop {
             let ch = self.inner.channel(&target)?;
-            let last = match call(ch).await {
+            let last = match call(target.clone(), ch).await {
                 Ok(v) => {
                     if leader {
                         lock(&self.inner.leaders).insert(shard, target);

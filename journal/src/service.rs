@@ -9,18 +9,20 @@ use api::strata::journal::journal_admin_server::{JournalAdmin, JournalAdminServe
 use api::strata::journal::journal_server::{Journal, JournalServer};
 use api::strata::journal::raft_server::{Raft as RaftSvc, RaftServer};
 use api::strata::journal::{
-    AppendRequest, AppendResponse, RaftAppendRequest, RaftMessage, RaftReply, ReadIndexRequest,
-    ReadIndexResponse, ReadRequest, ReadResponse, ReplaceNodeRequest, ReplaceNodeResponse,
-    StatusRequest, StatusResponse, TrimRequest, TrimResponse,
+    AppendError, AppendRequest, AppendResponse, AppendStreamRequest, AppendStreamResponse,
+    RaftAppendRequest, RaftMessage, RaftReply, ReadIndexRequest, ReadIndexResponse, ReadRequest,
+    ReadResponse, ReplaceNodeRequest, ReplaceNodeResponse, StatusRequest, StatusResponse,
+    TrimRequest, TrimResponse,
 };
-use futures::Stream;
+use futures::stream::FuturesUnordered;
+use futures::{Stream, StreamExt};
 use openraft::BasicNode;
 use serde::Serialize;
 use tokio::sync::mpsc;
 use tonic::transport::server::Router;
-use tonic::{Request, Response, Status};
+use tonic::{Request, Response, Status, Streaming};
 
-use crate::error::ShardError;
+use crate::error::{ERROR_KIND_METADATA, FIRST_INDEX_METADATA, LEADER_METADATA, ShardError};
 use crate::log_store::ReadError;
 use crate::log_store::lock;
 use crate::network::{MAX_RAFT_MESSAGE_BYTES, decode_append};
@@ -31,6 +33,11 @@ use crate::segment::SegmentError;
 pub const READ_BATCH_BYTES: usize = 1024 * 1024;
 /// Read messages buffered per stream before the server waits for the client.
 pub const READ_STREAM_BUFFER: usize = 16;
+/// Answers buffered per append stream before the server waits for the client to read.
+pub const APPEND_STREAM_BUFFER: usize = 1024;
+/// Requests of one append stream in progress at once; beyond it the server stops reading the
+/// stream (HTTP/2 flow control then holds the client back).
+pub const APPEND_STREAM_MAX_INFLIGHT: usize = 4096;
 /// Largest client message accepted (above the entry limit, so oversize gets our own error).
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -66,6 +73,8 @@ impl JournalSvc {
 }
 
 type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadResponse, Status>> + Send + 'static>>;
+type AppendStream =
+    Pin<Box<dyn Stream<Item = Result<AppendStreamResponse, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl Journal for JournalSvc {
@@ -73,35 +82,22 @@ impl Journal for JournalSvc {
         &self,
         request: Request<AppendRequest>,
     ) -> Result<Response<AppendResponse>, Status> {
-        let req = request.into_inner();
-        let shard = self.shard(req.shard)?;
-        if req.payloads.len() > MAX_APPEND_ENTRIES {
-            return Err(ShardError::Invalid(format!(
-                "{} entries in one append exceed the limit of {MAX_APPEND_ENTRIES}",
-                req.payloads.len()
-            ))
-            .into());
-        }
-        let mut total = 0;
-        for p in &req.payloads {
-            if p.len() > MAX_ENTRY_BYTES {
-                return Err(ShardError::TooLarge {
-                    size: p.len(),
-                    max: MAX_ENTRY_BYTES,
-                }
-                .into());
-            }
-            total += p.len();
-        }
-        if total > MAX_APPEND_BYTES {
-            return Err(ShardError::RequestTooLarge {
-                size: total,
-                max: MAX_APPEND_BYTES,
-            }
-            .into());
-        }
-        let indexes = shard.append(req.payloads).await?;
+        let indexes = append_one(&self.node, request.into_inner()).await?;
         Ok(Response::new(AppendResponse { indexes }))
+    }
+
+    type AppendStreamStream = AppendStream;
+
+    async fn append_stream(
+        &self,
+        request: Request<Streaming<AppendStreamRequest>>,
+    ) -> Result<Response<AppendStream>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(APPEND_STREAM_BUFFER);
+        tokio::spawn(serve_append_stream(Arc::clone(&self.node), inbound, tx));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     type ReadStream = ReadStream;
@@ -165,6 +161,117 @@ impl Journal for JournalSvc {
             shard_count: self.node.shards.len() as u32,
             errors: lock(&self.node.errors).clone(),
         }))
+    }
+}
+
+/// Checks one append against the limits, then appends it: what a unary `Append` does, and what
+/// each request of an `AppendStream` does.
+async fn append_one(node: &JournalNode, req: AppendRequest) -> Result<Vec<u64>, Status> {
+    let shard = node.shard(req.shard).map_err(Status::from)?;
+    if req.payloads.len() > MAX_APPEND_ENTRIES {
+        return Err(ShardError::Invalid(format!(
+            "{} entries in one append exceed the limit of {MAX_APPEND_ENTRIES}",
+            req.payloads.len()
+        ))
+        .into());
+    }
+    let mut total = 0;
+    for p in &req.payloads {
+        if p.len() > MAX_ENTRY_BYTES {
+            return Err(ShardError::TooLarge {
+                size: p.len(),
+                max: MAX_ENTRY_BYTES,
+            }
+            .into());
+        }
+        total += p.len();
+    }
+    if total > MAX_APPEND_BYTES {
+        return Err(ShardError::RequestTooLarge {
+            size: total,
+            max: MAX_APPEND_BYTES,
+        }
+        .into());
+    }
+    let shard = Arc::clone(shard);
+    Ok(shard.append(req.payloads).await?)
+}
+
+/// A failed append of a stream, carrying what the unary call's status would (code, message,
+/// the `x-strata-*` metadata).
+fn append_error(s: &Status) -> AppendError {
+    let metadata = [ERROR_KIND_METADATA, LEADER_METADATA, FIRST_INDEX_METADATA]
+        .into_iter()
+        .filter_map(|k| {
+            let v = s.metadata().get(k)?.to_str().ok()?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect();
+    AppendError {
+        code: s.code() as i32,
+        message: s.message().to_string(),
+        metadata,
+    }
+}
+
+/// Serves one `AppendStream`: every request runs as a unary `Append` would, up to
+/// `APPEND_STREAM_MAX_INFLIGHT` at once, all polled by this one task (no task per request);
+/// each is answered as soon as it finishes. Ends when the client closes its side and every
+/// open request is answered, or when the client goes away.
+async fn serve_append_stream(
+    node: Arc<JournalNode>,
+    mut inbound: Streaming<AppendStreamRequest>,
+    tx: mpsc::Sender<Result<AppendStreamResponse, Status>>,
+) {
+    let mut inflight = FuturesUnordered::new();
+    let mut inbound_open = true;
+    let mut stopping = node.stopping.subscribe();
+    loop {
+        if *stopping.borrow_and_update() && inbound_open {
+            // The node is shutting down: take no more appends, answer those in flight, then
+            // end the stream so the client moves to another node (and the server can stop).
+            inbound_open = false;
+        }
+        if !inbound_open && inflight.is_empty() {
+            if *stopping.borrow() {
+                let _ = tx
+                    .send(Err(Status::unavailable("journal node is stopping")))
+                    .await;
+            }
+            return;
+        }
+        tokio::select! {
+            req = inbound.next(), if inbound_open && inflight.len() < APPEND_STREAM_MAX_INFLIGHT => {
+                match req {
+                    Some(Ok(AppendStreamRequest { seq, append })) => {
+                        let node = Arc::clone(&node);
+                        inflight.push(async move {
+                            let res = match append {
+                                Some(a) => append_one(&node, a).await,
+                                None => Err(Status::invalid_argument("append stream request without an append")),
+                            };
+                            (seq, res)
+                        });
+                    }
+                    Some(Err(s)) => {
+                        tracing::debug!(status = %s, "append stream: client side failed");
+                        return;
+                    }
+                    None => inbound_open = false,
+                }
+            }
+            Some((seq, res)) = inflight.next(), if !inflight.is_empty() => {
+                let resp = match res {
+                    Ok(indexes) => AppendStreamResponse { seq, indexes, error: None },
+                    Err(s) => AppendStreamResponse { seq, indexes: Vec::new(), error: Some(append_error(&s)) },
+                };
+                if tx.send(Ok(resp)).await.is_err() {
+                    return;
+                }
+            }
+            r = stopping.changed(), if inbound_open => if r.is_err() { inbound_open = false },
+            _ = tx.closed() => return,
+        }
     }
 }
 

@@ -162,7 +162,35 @@ fn one_off_figures() {
                 s
             },
         );
+        drop(s);
+        let s = timed(
+            "apply 1M puts of new keys decoded from journal records, by value (entry_for_tenant + apply_owned)",
+            BIG,
+            || {
+                let mut s = MemStore::new(Config::default());
+                for r in &records {
+                    let e = api::record::entry_for_tenant(r, "bench").expect("bench record");
+                    s.apply_owned(r.index, e);
+                }
+                s
+            },
+        );
         drop(records);
+        drop(s);
+        let records: Vec<Record> = (0..BIG).map(put_record).collect();
+        let s = timed(
+            "apply 1M puts of new keys decoded from journal records given away (entry_for_tenant_owned + apply_owned)",
+            BIG,
+            || {
+                let mut s = MemStore::new(Config::default());
+                for r in records {
+                    let index = r.index;
+                    let e = api::record::entry_for_tenant_owned(r, "bench").expect("bench record");
+                    s.apply_owned(index, e);
+                }
+                s
+            },
+        );
         drop(s);
     }
     let before = ALLOCATED.load(Ordering::Relaxed);

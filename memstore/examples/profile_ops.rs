@@ -1,17 +1,21 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|reads|hot|load`.
+//! --example profile_ops -- puts|random|reads|hot|load|decoded|decoded-owned` (`decoded`: the
+//! puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
+//! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`).
 
 use std::hint::black_box;
 
 use api::etcdserverpb::{PutRequest, RangeRequest};
 use api::strata::entry::{Entry, entry::Request};
+use api::strata::journal::{Record, record::Kind};
 use memstore::{Config, MemStore};
 
 const N: usize = 1_000_000;
 const KEY_LEN: usize = 64;
 const READ_ROUNDS: usize = 5;
 const LOAD_ROUNDS: usize = 4;
+const DECODED_ROUNDS: usize = 3;
 
 fn key(i: usize) -> Vec<u8> {
     let mut k = format!("/registry/pods/ns{:04}/pod-{:08}-", i / 1000, i).into_bytes();
@@ -43,6 +47,42 @@ fn main() {
             })),
         })
         .collect();
+    if mode.starts_with("decoded") {
+        // Each round decodes its own copy of the records (made before the store, so the
+        // by-value decode can consume them); `PROFILE_ROUNDS` sets the rounds (e.g. 1 under
+        // callgrind).
+        let owned = mode == "decoded-owned";
+        let encoded: Vec<Vec<u8>> = entries.iter().map(api::record::encode_entry).collect();
+        drop(entries);
+        let rounds = std::env::var("PROFILE_ROUNDS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(DECODED_ROUNDS);
+        for _ in 0..rounds {
+            let records: Vec<Record> = encoded
+                .iter()
+                .enumerate()
+                .map(|(i, e)| Record {
+                    index: i as u64 + 1,
+                    term: 1,
+                    time_ms: 1_000,
+                    kind: Some(Kind::Data(e.clone())),
+                })
+                .collect();
+            let mut store = MemStore::new(Config::default());
+            for r in records {
+                let index = r.index;
+                if owned {
+                    let e = api::record::entry_for_tenant_owned(r, "p").expect("profile record");
+                    black_box(store.apply_owned(index, e));
+                } else {
+                    let e = api::record::entry_for_tenant(&r, "p").expect("profile record");
+                    black_box(store.apply(index, &e));
+                }
+            }
+        }
+        return;
+    }
     let rounds = if mode == "puts" { 3 } else { 1 };
     let mut store = MemStore::new(Config::default());
     for _ in 0..rounds {

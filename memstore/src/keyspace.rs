@@ -415,23 +415,32 @@ impl KeySpace {
         self.log.range(start..)
     }
 
-    /// Appends the version `make` builds from the key's current versions (None for a key never
-    /// stored), with one hash probe (plus the ordered insert for a new key), and keeps the
-    /// counters and the change log.
-    pub fn upsert(&mut self, key: &[u8], make: impl FnOnce(Option<&[Version]>) -> Version) {
-        let kl = key.len() as u64;
-        let h = hash_key(key);
+    /// Appends the version `make` builds from the key (as stored) and its current versions
+    /// (None for a key never stored), with one hash probe (plus the ordered insert for a new
+    /// key), and keeps the counters and the change log. A new key's bytes move into the store
+    /// when `key` owns them. Returns the key's slot id.
+    pub fn upsert<K>(
+        &mut self,
+        key: K,
+        make: impl FnOnce(&[u8], Option<&[Version]>) -> Version,
+    ) -> u32
+    where
+        K: AsRef<[u8]> + Into<Box<[u8]>>,
+    {
+        let k = key.as_ref();
+        let kl = k.len() as u64;
+        let h = hash_key(k);
         let slab = &self.slab;
         let found = self
             .index
             .find(table_hash(h), |e| {
-                e.hash == h && &slab.get(e.id).key[..] == key
+                e.hash == h && &slab.get(e.id).key[..] == k
             })
             .map(|e| e.id);
         let (id, added, live, main, sub) = match found {
             Some(id) => {
                 let slot = self.slab.get_mut(id);
-                let v = make(Some(&slot.versions));
+                let v = make(&slot.key, Some(&slot.versions));
                 if let Some(last) = slot.versions.last().filter(|l| !l.is_tombstone()) {
                     self.live_keys -= 1;
                     self.live_bytes -= kl + last.value.len() as u64;
@@ -441,10 +450,10 @@ impl KeySpace {
                 (id, facts.0, facts.1, facts.2, facts.3)
             }
             None => {
-                let v = make(None);
+                let v = make(k, None);
                 let facts = (kl + v.value.len() as u64, !v.is_tombstone(), v.main, v.sub);
                 let slab = &self.slab;
-                let (chunk, pos) = self.order.insert_position(key, &|id| &slab.get(id).key[..]);
+                let (chunk, pos) = self.order.insert_position(k, &|id| &slab.get(id).key[..]);
                 let id = self.slab.insert(Slot {
                     key: key.into(),
                     versions: Versions::One(v),
@@ -454,6 +463,7 @@ impl KeySpace {
                         table_hash(e.hash)
                     });
                 let slab = &self.slab;
+                let key = &slab.get(id).key;
                 self.order
                     .insert(chunk, pos, id, key, &|id| &slab.get(id).key[..]);
                 (id, facts.0, facts.1, facts.2, facts.3)
@@ -470,6 +480,7 @@ impl KeySpace {
             sub,
             slot: id,
         });
+        id
     }
 
     /// Drops history at or below `rev` as etcd's keyIndex.compact does: of the versions <= rev

@@ -1,6 +1,7 @@
 //! `MemStore`: one tenant's whole state and the deterministic `apply` that moves it, plus the
 //! reads (range, events, leases, hash) served from it.
 
+use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
@@ -110,52 +111,67 @@ impl Writer<'_> {
     }
 
     pub(crate) fn put(&mut self, req: &PutRequest) -> PutResponse {
+        self.put_bytes(req.key.as_slice(), req.value.as_slice(), PutFlags::of(req))
+    }
+
+    /// `put` of a request the caller gives away: its key (for a new key) and value move into
+    /// the store instead of being copied.
+    pub(crate) fn put_owned(&mut self, req: PutRequest) -> PutResponse {
+        let flags = PutFlags::of(&req);
+        self.put_bytes(req.key, req.value, flags)
+    }
+
+    /// The one put: `key` and `value` are copied or moved into the store as their types allow;
+    /// the event's key-value is copied from what the store then holds.
+    fn put_bytes<K, V>(&mut self, key: K, value: V, flags: PutFlags) -> PutResponse
+    where
+        K: AsRef<[u8]> + Into<Box<[u8]>>,
+        V: Into<Box<[u8]>>,
+    {
         let (rev, sub) = (self.rev, self.sub);
         let mut old_lease = 0;
         let mut prev_event = None;
         let mut prev_resp = None;
-        let mut kv = None;
-        self.state.keys.upsert(&req.key, |versions| {
+        let lease = |old_lease| {
+            if flags.ignore_lease {
+                old_lease
+            } else {
+                flags.lease
+            }
+        };
+        let id = self.state.keys.upsert(key, |k, versions| {
             let prev = versions
                 .and_then(|vs| vs.last())
                 .filter(|v| !v.is_tombstone());
             prev_event = versions
                 .and_then(|vs| live_at(vs, rev - 1))
-                .map(|v| v.to_kv(&req.key, false));
-            if req.prev_kv {
-                prev_resp = prev.map(|p| p.to_kv(&req.key, false));
+                .map(|v| v.to_kv(k, false));
+            if flags.prev_kv {
+                prev_resp = prev.map(|p| p.to_kv(k, false));
             }
             old_lease = prev.map_or(0, |p| p.lease);
             let value: Box<[u8]> = match prev {
-                Some(p) if req.ignore_value => p.value.clone(),
-                _ => req.value.as_slice().into(),
+                Some(p) if flags.ignore_value => p.value.clone(),
+                _ => value.into(),
             };
-            let v = Version {
+            Version {
                 main: rev,
                 sub,
                 create: prev.map_or(rev, |p| p.create),
                 version: prev.map_or(1, |p| p.version + 1),
-                lease: if req.ignore_lease {
-                    old_lease
-                } else {
-                    req.lease
-                },
+                lease: lease(old_lease),
                 value,
-            };
-            kv = Some(v.to_kv(&req.key, false));
-            v
+            }
         });
-        let lease = if req.ignore_lease {
-            old_lease
-        } else {
-            req.lease
-        };
+        let lease = lease(old_lease);
+        let slot = self.state.keys.slot(id);
         if old_lease != 0 && old_lease != lease {
-            self.state.leases.detach(old_lease, &req.key);
+            self.state.leases.detach(old_lease, &slot.key);
         }
         if lease != 0 && lease != old_lease {
-            self.state.leases.attach(lease, &req.key);
+            self.state.leases.attach(lease, &slot.key);
         }
+        let kv = slot.versions.last().map(|v| v.to_kv(&slot.key, false));
         self.sub += 1;
         self.events.push(Event {
             r#type: EventType::Put as i32,
@@ -175,7 +191,7 @@ impl Writer<'_> {
         }
         let (rev, sub) = (self.rev, self.sub);
         let mut prev_event = None;
-        self.state.keys.upsert(key, |versions| {
+        self.state.keys.upsert(key, |_, versions| {
             prev_event = versions
                 .and_then(|vs| live_at(vs, rev - 1))
                 .map(|v| v.to_kv(key, false));
@@ -230,6 +246,26 @@ impl Writer<'_> {
             self.state.revision = self.rev;
         }
         self.state.revision
+    }
+}
+
+/// The parts of a put request other than its key and value.
+#[derive(Clone, Copy)]
+struct PutFlags {
+    lease: i64,
+    prev_kv: bool,
+    ignore_value: bool,
+    ignore_lease: bool,
+}
+
+impl PutFlags {
+    fn of(req: &PutRequest) -> PutFlags {
+        PutFlags {
+            lease: req.lease,
+            prev_kv: req.prev_kv,
+            ignore_value: req.ignore_value,
+            ignore_lease: req.ignore_lease,
+        }
     }
 }
 
@@ -300,6 +336,49 @@ impl MemStore {
 
     /// Applies the entry at journal `index` (see the crate docs for the order of effects).
     pub fn apply(&mut self, index: u64, entry: &Entry) -> Applied {
+        self.apply_parts(
+            index,
+            entry.time_ms,
+            &entry.request_id,
+            entry.request.as_ref(),
+            |s, req, events| s.apply_request(index, req, events),
+        )
+    }
+
+    /// `apply` of an entry the caller gives away (a replica's freshly decoded entry): a put's
+    /// key and value bytes move into the store instead of being copied. Same outcome, events
+    /// and state as `apply(index, &entry)`.
+    pub fn apply_owned(&mut self, index: u64, entry: Entry) -> Applied {
+        let Entry {
+            request_id,
+            time_ms,
+            request,
+            ..
+        } = entry;
+        self.apply_parts(
+            index,
+            time_ms,
+            &request_id,
+            request,
+            |s, req, events| match req {
+                Request::Put(p) => s
+                    .apply_put_owned(p, events)
+                    .map_or_else(Outcome::Failed, Outcome::Put),
+                other => s.apply_request(index, &other, events),
+            },
+        )
+    }
+
+    /// The body of `apply` and `apply_owned`: time, lease expiry, de-duplication around
+    /// `run`, which applies the request itself.
+    fn apply_parts<R: Borrow<Request>>(
+        &mut self,
+        index: u64,
+        time_ms: i64,
+        request_id: &[u8],
+        request: Option<R>,
+        run: impl FnOnce(&mut Self, R, &mut Vec<Event>) -> Outcome,
+    ) -> Applied {
         if index <= self.state.applied_index {
             return Applied {
                 index,
@@ -310,10 +389,13 @@ impl MemStore {
         }
         self.state.applied_index = index;
         // Journal time is monotonic per shard; guard anyway so time never runs backwards here.
-        let now = entry.time_ms.max(self.state.time_ms);
+        let now = time_ms.max(self.state.time_ms);
         self.state.time_ms = now;
         let mut events = Vec::new();
-        let is_leader_change = matches!(entry.request, Some(Request::LeaderChange(_)));
+        let is_leader_change = matches!(
+            request.as_ref().map(Borrow::borrow),
+            Some(Request::LeaderChange(_))
+        );
         if is_leader_change {
             // A new journal leader: extend instead of expiring, so a failover never expires a
             // live lease early (etcd's lessor Promote).
@@ -325,14 +407,12 @@ impl MemStore {
         }
         self.prune_dedup(now);
 
-        let request = match &entry.request {
-            None | Some(Request::Tick(_)) | Some(Request::LeaderChange(_)) => None,
-            Some(r) => Some(r),
-        };
+        let request =
+            request.filter(|r| !matches!(r.borrow(), Request::Tick(_) | Request::LeaderChange(_)));
         let outcome = match request {
             None => Outcome::Nothing,
             Some(req) => {
-                let id = entry.request_id.as_slice();
+                let id = request_id;
                 let first = if id.is_empty() {
                     None
                 } else {
@@ -341,7 +421,7 @@ impl MemStore {
                 if let Some(revision) = first {
                     Outcome::Duplicate { revision }
                 } else {
-                    let outcome = self.apply_request(index, req, &mut events);
+                    let outcome = run(self, req, &mut events);
                     if !id.is_empty() {
                         self.remember(id, now);
                     }
@@ -443,6 +523,21 @@ impl MemStore {
         self.check_put(p)?;
         let mut w = Writer::new(&mut self.state, events);
         let mut resp = w.put(p);
+        resp.header = header(w.finish());
+        Ok(resp)
+    }
+
+    /// `apply_put` of a request the caller gives away (same checks, same result).
+    fn apply_put_owned(
+        &mut self,
+        p: PutRequest,
+        events: &mut Vec<Event>,
+    ) -> Result<PutResponse, Error> {
+        validate::put(&p)?;
+        self.check_space((p.key.len() + p.value.len()) as u64)?;
+        self.check_put(&p)?;
+        let mut w = Writer::new(&mut self.state, events);
+        let mut resp = w.put_owned(p);
         resp.header = header(w.finish());
         Ok(resp)
     }

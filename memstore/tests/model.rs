@@ -623,6 +623,9 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
         ..Config::default()
     };
     let mut store = MemStore::new(config.clone());
+    // The same entries through `apply_owned` (a replica's by-value path) must give the same
+    // outcomes, events and state.
+    let mut owned = MemStore::new(config.clone());
     let mut model = Model::new();
     let mut restored: Option<MemStore> = None;
     let mut now = model.now;
@@ -661,6 +664,12 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
         );
         prop_assert_eq!(&applied.events, &events, "events of step {}", i);
         prop_assert_eq!(applied.revision, model.rev());
+        prop_assert_eq!(
+            &owned.apply_owned(index, entry(now, &req)),
+            &applied,
+            "apply_owned diverged at step {}",
+            i
+        );
         if let Some(r) = restored.as_mut() {
             prop_assert_eq!(
                 &r.apply(index, &entry(now, &req)),
@@ -671,6 +680,7 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
         }
         check_reads(&store, &model)?;
     }
+    prop_assert!(owned == store, "apply_owned left a different state");
     if let Some(r) = restored {
         prop_assert!(r == store);
         prop_assert_eq!(r.hash_kv(0).unwrap(), store.hash_kv(0).unwrap());

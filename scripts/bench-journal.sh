@@ -8,6 +8,7 @@
 # Usage: scripts/bench-journal.sh [--quick]
 # Needs: etcd (Debian's etcd-server) on PATH. Builds `strata` in release mode, unless
 # STRATA_BIN names a binary to measure instead (e.g. an older build, for a before/after).
+# JOURNAL_BENCH_ARGS adds flags to `strata journal bench` (e.g. `--append-rpc unary`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
@@ -39,8 +40,10 @@ for i in 0 1 2; do
     --data-dir "$WORK/journal-$((i + 1))" --shards 1 >"$WORK/journal-$((i + 1)).log" 2>&1 &
   PIDS+=($!)
 done
+# "client us" / "nodes us": CPU time per append of the bench client and of the 3 nodes together.
 "$BIN" journal bench --endpoints "127.0.0.1:${P[0]},127.0.0.1:${P[1]},127.0.0.1:${P[2]}" \
-  --clients 1,16,256 --duration "$DUR" --entry-bytes 256
+  --clients 1,16,256 --duration "$DUR" --entry-bytes 256 \
+  --node-pids "$(IFS=,; echo "${PIDS[*]}")" ${JOURNAL_BENCH_ARGS:-}
 for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done
 PIDS=()
 

@@ -40,6 +40,45 @@ pub struct BenchArgs {
     /// `read-index` (ReadIndex calls, to measure their cost on the leader).
     #[arg(long, value_enum, default_value_t = Op::Append)]
     op: Op,
+    /// How appends travel: `stream` (the client's default: one shared `AppendStream` per node)
+    /// or `unary` (one `Append` call each).
+    #[arg(long, value_enum, default_value_t = AppendRpc::Stream)]
+    append_rpc: AppendRpc,
+    /// Process ids of the journal nodes (comma-separated): the report adds their CPU time per
+    /// operation, summed, next to this client's own (from /proc/<pid>/stat).
+    #[arg(long, value_delimiter = ',')]
+    node_pids: Vec<u32>,
+}
+
+/// How `strata journal bench` sends appends.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AppendRpc {
+    Stream,
+    Unary,
+}
+
+/// Clock ticks per second of /proc/<pid>/stat times (USER_HZ, 100 on Linux).
+const CLOCK_TICKS_PER_S: f64 = 100.0;
+
+/// CPU time (user + system) a process used so far, from /proc/<pid>/stat; `None` if unreadable.
+fn cpu_time(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command (which may hold spaces) start after the last ')'.
+    let rest = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // utime and stime are fields 14 and 15 of the line, 12 and 13 after the command.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_secs_f64(ticks as f64 / CLOCK_TICKS_PER_S))
+}
+
+/// CPU time of this process and the sum of `pids`'.
+fn cpu_times(pids: &[u32]) -> (Duration, Duration) {
+    let own = cpu_time("self").unwrap_or_default();
+    let nodes = pids
+        .iter()
+        .filter_map(|p| cpu_time(&p.to_string()))
+        .sum();
+    (own, nodes)
 }
 
 /// The operation `strata journal bench` measures.
@@ -76,7 +115,14 @@ fn ms(d: Duration) -> f64 {
 }
 
 pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
-    let client = journal::JournalClient::connect(&a.endpoints).await?;
+    let rpc = a.append_rpc;
+    let connect = |e: Vec<String>| async move {
+        match rpc {
+            AppendRpc::Stream => journal::JournalClient::connect(&e).await,
+            AppendRpc::Unary => journal::JournalClient::connect_unary_appends(&e).await,
+        }
+    };
+    let client = connect(a.endpoints.clone()).await?;
     // Wait for a leader (a fresh cluster may still be electing).
     client
         .append(a.shard, vec![vec![0u8; a.entry_bytes]])
@@ -96,13 +142,13 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
         }
     };
     println!(
-        "{:>8} {:>10} {:>12} {:>9} {:>9} {:>9}",
-        "clients", what, per_s, "p50 ms", "p99 ms", "max ms"
+        "{:>8} {:>10} {:>12} {:>9} {:>9} {:>9} {:>11} {:>11}",
+        "clients", what, per_s, "p50 ms", "p99 ms", "max ms", "client us", "nodes us"
     );
     anyhow::ensure!(a.conns >= 1, "--conns must be at least 1");
     let mut clients = vec![client];
     for _ in 1..a.conns.min(MAX_CLIENTS) {
-        clients.push(journal::JournalClient::connect(&a.endpoints).await?);
+        clients.push(connect(a.endpoints.clone()).await?);
     }
     for &n in &a.clients {
         anyhow::ensure!(
@@ -140,7 +186,10 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
                 Ok::<_, journal::ClientError>(lat)
             }));
         }
-        tokio::time::sleep(warm + a.duration).await;
+        tokio::time::sleep(warm).await;
+        let cpu0 = cpu_times(&a.node_pids);
+        tokio::time::sleep(a.duration).await;
+        let cpu1 = cpu_times(&a.node_pids);
         stop.store(true, Ordering::Relaxed);
         let elapsed = start.elapsed();
         let mut all = Vec::new();
@@ -148,14 +197,23 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
             all.extend(t.await??);
         }
         all.sort_unstable();
+        // CPU per operation over the measured window (operations started in it).
+        let per_op = |d: Duration| d.as_secs_f64() * 1e6 / all.len().max(1) as f64;
+        let nodes_us = if a.node_pids.is_empty() {
+            "-".to_string()
+        } else {
+            format!("{:.1}", per_op(cpu1.1.saturating_sub(cpu0.1)))
+        };
         println!(
-            "{:>8} {:>10} {:>12.0} {:>9.2} {:>9.2} {:>9.2}",
+            "{:>8} {:>10} {:>12.0} {:>9.2} {:>9.2} {:>9.2} {:>11.1} {:>11}",
             n,
             all.len(),
             all.len() as f64 / elapsed.as_secs_f64(),
             ms(percentile(&all, 50.0)),
             ms(percentile(&all, 99.0)),
             ms(all.last().copied().unwrap_or_default()),
+            per_op(cpu1.0.saturating_sub(cpu0.0)),
+            nodes_us,
         );
     }
     Ok(())

@@ -1,0 +1,246 @@
+//! The `AppendStream` RPC that `JournalClient::append` uses: each request of a stream answers
+//! exactly as a unary `Append` would (same codes, messages, metadata), by its sequence number;
+//! a stream broken under many appenders loses no acknowledged append and the appenders carry on
+//! on a new stream.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use api::strata::journal::journal_client::JournalClient as GrpcClient;
+use api::strata::journal::{AppendRequest, AppendStreamRequest, AppendStreamResponse};
+use futures::StreamExt;
+use journal::ClientError;
+use journal::error::{ERROR_KIND_METADATA, FIRST_INDEX_METADATA, LEADER_METADATA};
+use journal::node::MAX_ENTRY_BYTES;
+use strata_tests::journal::{Appenders, JournalCluster, TcpProxy};
+use tokio::sync::mpsc;
+
+/// The shard the tests drive.
+const SHARD: u32 = 0;
+/// Concurrent appenders while the stream breaks.
+const APPENDERS: usize = 64;
+/// How long the appenders may take to reach the next acknowledged count.
+const ACK_WAIT: Duration = Duration::from_secs(60);
+/// How long a test waits for one answer on a raw stream.
+const ANSWER_WAIT: Duration = Duration::from_secs(30);
+/// How long the proxy stays cut.
+const CUT_FOR: Duration = Duration::from_secs(2);
+
+async fn grpc(addr: &str) -> GrpcClient<tonic::transport::Channel> {
+    GrpcClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect")
+        .max_decoding_message_size(64 * 1024 * 1024)
+        .max_encoding_message_size(64 * 1024 * 1024)
+}
+
+/// The `x-strata-*` metadata of a status, as the stream carries it.
+fn strata_metadata(s: &tonic::Status) -> HashMap<String, String> {
+    [ERROR_KIND_METADATA, LEADER_METADATA, FIRST_INDEX_METADATA]
+        .into_iter()
+        .filter_map(|k| {
+            let v = s.metadata().get(k)?.to_str().ok()?;
+            Some((k.to_string(), v.to_string()))
+        })
+        .collect()
+}
+
+/// Sends `reqs` on one stream (as `(seq, request)`), answers them by sequence number.
+struct RawStream {
+    tx: mpsc::Sender<AppendStreamRequest>,
+    rx: tonic::Streaming<AppendStreamResponse>,
+}
+
+impl RawStream {
+    async fn open(addr: &str) -> Self {
+        let (tx, rx) = mpsc::channel(64);
+        let resp = grpc(addr)
+            .await
+            .append_stream(futures::stream::unfold(rx, |mut rx| async move {
+                rx.recv().await.map(|m| (m, rx))
+            }))
+            .await
+            .expect("open append stream");
+        RawStream {
+            tx,
+            rx: resp.into_inner(),
+        }
+    }
+
+    async fn ask(
+        &mut self,
+        reqs: Vec<(u64, Option<AppendRequest>)>,
+    ) -> HashMap<u64, AppendStreamResponse> {
+        let n = reqs.len();
+        for (seq, append) in reqs {
+            self.tx
+                .send(AppendStreamRequest { seq, append })
+                .await
+                .expect("stream open");
+        }
+        let mut out = HashMap::new();
+        while out.len() < n {
+            let r = tokio::time::timeout(ANSWER_WAIT, self.rx.next())
+                .await
+                .expect("answer in time")
+                .expect("stream still open")
+                .expect("no stream error");
+            assert!(
+                out.insert(r.seq, r.clone()).is_none(),
+                "seq {} answered twice",
+                r.seq
+            );
+        }
+        out
+    }
+}
+
+/// Asserts that the stream's answer to `req` is the unary call's answer to it.
+async fn assert_same_as_unary(addr: &str, req: AppendRequest, streamed: &AppendStreamResponse) {
+    let unary = grpc(addr).await.append(req).await;
+    match (unary, &streamed.error) {
+        (Err(s), Some(e)) => {
+            assert_eq!(e.code, s.code() as i32, "code of {s:?}");
+            assert_eq!(e.message, s.message());
+            assert_eq!(e.metadata, strata_metadata(&s));
+            assert!(streamed.indexes.is_empty());
+        }
+        (u, e) => panic!("unary answered {u:?}, the stream {e:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_streamed_append_answers_as_the_unary_call_would() {
+    let c = JournalCluster::start(3, 1, &[]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let follower = (leader + 1) % 3;
+    let (leader_addr, follower_addr) =
+        (c.nodes[leader].addr.clone(), c.nodes[follower].addr.clone());
+
+    let good = |p: &[u8]| AppendRequest {
+        shard: SHARD,
+        payloads: vec![p.to_vec()],
+    };
+    let oversize = AppendRequest {
+        shard: SHARD,
+        payloads: vec![vec![0u8; MAX_ENTRY_BYTES + 1]],
+    };
+    let unknown = AppendRequest {
+        shard: 99,
+        payloads: vec![b"x".to_vec()],
+    };
+    let mut s = RawStream::open(&leader_addr).await;
+    let answers = s
+        .ask(vec![
+            (10, Some(oversize.clone())),
+            (11, Some(good(b"one"))),
+            (12, Some(unknown.clone())),
+            (13, None),
+            (14, Some(good(b"two"))),
+        ])
+        .await;
+    assert_same_as_unary(&leader_addr, oversize, &answers[&10]).await;
+    assert_same_as_unary(&leader_addr, unknown, &answers[&12]).await;
+    assert_eq!(
+        answers[&13].error.as_ref().map(|e| e.code),
+        Some(tonic::Code::InvalidArgument as i32)
+    );
+    let (one, two) = (&answers[&11], &answers[&14]);
+    assert!(one.error.is_none() && two.error.is_none(), "{answers:?}");
+    assert_eq!((one.indexes.len(), two.indexes.len()), (1, 1));
+    assert_ne!(one.indexes[0], two.indexes[0]);
+    // The stream stays usable after errors.
+    let again = s.ask(vec![(15, Some(good(b"three")))]).await;
+    assert!(again[&15].error.is_none() && again[&15].indexes.len() == 1);
+    let records = c
+        .read_node(leader, SHARD, one.indexes[0], again[&15].indexes[0])
+        .await;
+    let data: Vec<_> = records
+        .iter()
+        .filter_map(|r| match &r.kind {
+            Some(api::strata::journal::record::Kind::Data(d)) => Some(d.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(data.contains(&b"one".to_vec()) && data.contains(&b"three".to_vec()));
+
+    // A follower answers a streamed append as its unary Append: not the leader, with the
+    // leader's address (or forwards it, and then both succeed).
+    let mut f = RawStream::open(&follower_addr).await;
+    let answer = f.ask(vec![(1, Some(good(b"via follower")))]).await;
+    if answer[&1].error.is_some() {
+        assert_same_as_unary(&follower_addr, good(b"via follower"), &answer[&1]).await;
+        assert_eq!(
+            answer[&1]
+                .error
+                .as_ref()
+                .unwrap()
+                .metadata
+                .get(LEADER_METADATA),
+            Some(&leader_addr)
+        );
+    }
+
+    // The client classifies streamed errors as it did unary ones, and follows the leader.
+    let client = c.client_of(follower).await;
+    let too_large = client
+        .append(SHARD, vec![vec![0u8; MAX_ENTRY_BYTES + 1]])
+        .await;
+    assert!(
+        matches!(too_large, Err(ClientError::Rejected(_))),
+        "{too_large:?}"
+    );
+    let unknown = client.append(99, vec![b"x".to_vec()]).await;
+    assert!(
+        matches!(unknown, Err(ClientError::UnknownShard { shard: 99, .. })),
+        "{unknown:?}"
+    );
+    let idx = client
+        .append(SHARD, vec![b"a".to_vec(), b"b".to_vec()])
+        .await
+        .expect("append through a follower-only client");
+    assert_eq!(idx.len(), 2);
+    assert_eq!(idx[1], idx[0] + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_broken_stream_loses_no_acknowledged_append() {
+    let c = JournalCluster::start(3, 1, &[]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let proxy = TcpProxy::start(c.nodes[leader].addr.clone()).await;
+    let client = journal::JournalClient::connect(std::slice::from_ref(&proxy.addr))
+        .await
+        .expect("client");
+    let appenders = Appenders::start(&client, SHARD, APPENDERS);
+    appenders.wait_acked(500, ACK_WAIT).await;
+    for round in 0..3 {
+        // Every connection through the proxy drops: the shared stream breaks with appends
+        // in flight; they are retried on a new stream once the proxy lets connections through.
+        proxy.cut();
+        tokio::time::sleep(CUT_FOR).await;
+        let at_cut = appenders.acked_count().await;
+        proxy.heal();
+        appenders.wait_acked(at_cut + 500, ACK_WAIT).await;
+        eprintln!("round {round}: {} acked", appenders.acked_count().await);
+    }
+    let (acked, failures) = appenders.stop().await;
+    assert!(failures.is_empty(), "appends failed: {failures:?}");
+    let last = *acked.keys().last().expect("acked");
+    for i in 0..3 {
+        let records = c.read_node(i, SHARD, 0, last).await;
+        for (k, r) in records.iter().enumerate() {
+            assert_eq!(r.index, k as u64, "node {} has a gap", c.nodes[i].id);
+            if let Some(p) = acked.get(&r.index) {
+                assert_eq!(
+                    r.kind,
+                    Some(api::strata::journal::record::Kind::Data(p.clone())),
+                    "node {} index {}",
+                    c.nodes[i].id,
+                    r.index
+                );
+            }
+        }
+    }
+}

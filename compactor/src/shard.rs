@@ -573,7 +573,7 @@ fn apply(
     for (name, t) in tenants.iter_mut() {
         if owner.as_deref() == Some(name.as_str()) {
             let own = entry_for_tenant(record, name)?;
-            t.store.apply(record.index, &own);
+            t.store.apply_owned(record.index, own);
         } else {
             t.store.apply(record.index, &shared);
         }

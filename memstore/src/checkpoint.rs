@@ -330,10 +330,35 @@ fn frame(meta: &CheckpointMeta, version: u32, body: &[u8]) -> Vec<u8> {
     out
 }
 
+/// How [`decode_with`] may go about it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DecodeOptions {
+    /// Rebuild the request-id window, leases and auth, and copy out the second half of the
+    /// keys, on a second thread while this one builds the key space (format 3). The result is
+    /// the same store either way.
+    pub parallel: bool,
+    /// The CRC32C of everything after the header's crc field (`bytes[16..]`), when the caller
+    /// computed it while reading the object: it is compared with the stored crc instead of
+    /// reading 400 MB a second time.
+    pub precomputed_crc: Option<u32>,
+}
+
+/// Offset of the first byte the header's crc covers.
+pub const CRC_FROM: usize = 16;
+
 /// Reads a checkpoint object back (format 3, 2 or 1). Every defect (magic, version, checksum,
 /// lengths, archive validation, meta disagreeing with the state) is `Error::Corrupt`, never a
 /// panic. The store gets `Config::default()`; use `MemStore::set_config` to change it.
+/// Sequential, on the caller's thread; [`decode_with`] can use a second thread.
 pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
+    decode_with(bytes, DecodeOptions::default())
+}
+
+/// [`decode`] with options: a second thread, a crc computed while the object was read.
+pub fn decode_with(
+    bytes: &[u8],
+    options: DecodeOptions,
+) -> Result<(CheckpointMeta, MemStore), Error> {
     let mut r = Reader {
         buf: bytes,
         what: "checkpoint header",
@@ -349,7 +374,9 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
         )));
     }
     let crc = r.u32()?;
-    let actual = crc32c::crc32c(&bytes[16..]);
+    let actual = options
+        .precomputed_crc
+        .unwrap_or_else(|| crc32c::crc32c(&bytes[CRC_FROM..]));
     if crc != actual {
         return Err(Error::Corrupt(format!(
             "checksum mismatch: stored {crc:#010x}, computed {actual:#010x}"
@@ -382,7 +409,7 @@ pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
     let state = if version == FORMAT_VERSION {
         let archived = rkyv::access::<ArchivedBodyV3<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
-        state_from_v3(archived)?
+        state_from_v3(archived, options.parallel)?
     } else if version == FORMAT_VERSION_V2 {
         let archived = rkyv::access::<ArchivedBodyV2<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
@@ -416,13 +443,28 @@ fn version_from(v: &ArchivedVersionRecord<'_>) -> Version {
     }
 }
 
-/// The key space from format 2 and 3's flat arrays, checked against the archived counters.
-fn keys_from_flat(
+/// A key and its versions, copied out of the archive.
+type OwnedKey = (Box<[u8]>, Vec<Version>);
+
+/// Copies keys (and their versions, which start at `versions[0]`) out of the archive.
+fn owned_keys<'a>(
+    keys: &'a [ArchivedKeyRecord<'_>],
+    versions: &'a [ArchivedVersionRecord<'_>],
+) -> impl ExactSizeIterator<Item = OwnedKey> + 'a {
+    let mut next = 0usize;
+    keys.iter().map(move |k| {
+        let n = k.versions.to_native() as usize;
+        let vs: Vec<Version> = versions[next..next + n].iter().map(version_from).collect();
+        next += n;
+        (Box::<[u8]>::from(&k.key[..]), vs)
+    })
+}
+
+/// How many of `versions` belong to `keys`, checked against the archive's array.
+fn count_versions(
     keys: &[ArchivedKeyRecord<'_>],
     versions: &[ArchivedVersionRecord<'_>],
-    compact_revision: i64,
-    counters: (u64, u64, u64, u64),
-) -> Result<KeySpace, Error> {
+) -> Result<(), Error> {
     let total: u64 = keys.iter().map(|k| u64::from(k.versions.to_native())).sum();
     if total != versions.len() as u64 {
         return Err(Error::Corrupt(format!(
@@ -430,31 +472,66 @@ fn keys_from_flat(
             versions.len()
         )));
     }
-    let mut next = 0usize;
-    let records = keys.iter().map(|k| {
-        let n = k.versions.to_native() as usize;
-        let vs: Vec<Version> = versions[next..next + n].iter().map(version_from).collect();
-        next += n;
-        (Box::<[u8]>::from(&k.key[..]), vs)
-    });
-    let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt)?;
+    Ok(())
+}
+
+/// The key space from format 2 and 3's flat arrays, checked against the archived counters.
+fn keys_from_flat(
+    keys: &[ArchivedKeyRecord<'_>],
+    versions: &[ArchivedVersionRecord<'_>],
+    compact_revision: i64,
+    counters: (u64, u64, u64, u64),
+) -> Result<KeySpace, Error> {
+    count_versions(keys, versions)?;
+    let keys = KeySpace::from_sorted(owned_keys(keys, versions), compact_revision)
+        .map_err(Error::Corrupt)?;
     check_counters(&keys, counters)?;
     Ok(keys)
 }
 
-fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
-    let compact_revision = a.compact_revision.to_native();
-    let keys = keys_from_flat(
-        &a.keys,
-        &a.versions,
-        compact_revision,
-        (
-            a.live_keys.to_native(),
-            a.live_bytes.to_native(),
-            a.total_bytes.to_native(),
-            a.version_count.to_native(),
-        ),
-    )?;
+/// Keys copied out on this thread, then the ones another thread copied out (joined when the
+/// first run is used up); its size hint is exact, so the key space is sized once.
+struct SplitKeys<A, B: FnOnce() -> Vec<OwnedKey>> {
+    first: A,
+    second: Option<B>,
+    rest: std::vec::IntoIter<OwnedKey>,
+    len: usize,
+}
+
+impl<A: Iterator<Item = OwnedKey>, B: FnOnce() -> Vec<OwnedKey>> Iterator for SplitKeys<A, B> {
+    type Item = OwnedKey;
+
+    fn next(&mut self) -> Option<OwnedKey> {
+        let item = match self.first.next() {
+            Some(k) => Some(k),
+            None => {
+                if let Some(join) = self.second.take() {
+                    self.rest = join().into_iter();
+                }
+                self.rest.next()
+            }
+        };
+        if item.is_some() {
+            self.len -= 1;
+        }
+        item
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len, Some(self.len))
+    }
+}
+
+/// Everything of a format 3 body but its keys.
+struct RestV3 {
+    dedup: Dedup,
+    leases: LeaseTable,
+    alarms: BTreeSet<(u64, i32)>,
+    auth: AuthState,
+    restore: Option<Stage>,
+}
+
+fn rest_from_v3(a: &ArchivedBodyV3<'_>) -> Result<RestV3, Error> {
     let dedup = Dedup::from_records(a.dedup.iter().map(|r| Remembered {
         time_ms: r.time_ms.to_native(),
         revision: r.revision.to_native(),
@@ -466,17 +543,88 @@ fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
     } else {
         Some(Stage::decode(&a.restore_stage).map_err(Error::Corrupt)?)
     };
+    Ok(RestV3 {
+        dedup,
+        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
+        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
+        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+        restore,
+    })
+}
+
+/// Format 3's key space and the rest: sequentially, or with the rest and the copy of the second
+/// half of the keys on a scoped second thread while this one copies the first half and builds
+/// the key space (its index and order need one thread).
+fn split_v3(
+    a: &ArchivedBodyV3<'_>,
+    compact_revision: i64,
+    counters: (u64, u64, u64, u64),
+    parallel: bool,
+) -> Result<(KeySpace, RestV3), Error> {
+    if !parallel {
+        let keys = keys_from_flat(&a.keys, &a.versions, compact_revision, counters)?;
+        return Ok((keys, rest_from_v3(a)?));
+    }
+    count_versions(&a.keys, &a.versions)?;
+    let mid = a.keys.len() / 2;
+    let (head, tail) = a.keys.split_at(mid);
+    let head_versions: usize = head.iter().map(|k| k.versions.to_native() as usize).sum();
+    let (versions_head, versions_tail) = a.versions.split_at(head_versions);
+    std::thread::scope(|scope| {
+        let other = scope.spawn(move || {
+            let rest = rest_from_v3(a);
+            let tail_keys: Vec<OwnedKey> = owned_keys(tail, versions_tail).collect();
+            (rest, tail_keys)
+        });
+        let rest = std::cell::Cell::new(None);
+        let records = SplitKeys {
+            first: owned_keys(head, versions_head),
+            second: Some(|| {
+                let (r, tail_keys) = other
+                    .join()
+                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
+                rest.set(Some(r));
+                tail_keys
+            }),
+            rest: Vec::new().into_iter(),
+            len: a.keys.len(),
+        };
+        let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt);
+        // The key space may have stopped early on a defect: the other thread still ends (the
+        // scope joins it) but its result is not needed then.
+        let keys = keys?;
+        check_counters(&keys, counters)?;
+        let rest = rest
+            .take()
+            .ok_or_else(|| Error::Corrupt("key space ended before its last key".into()))??;
+        Ok((keys, rest))
+    })
+}
+
+fn state_from_v3(a: &ArchivedBodyV3<'_>, parallel: bool) -> Result<State, Error> {
+    let compact_revision = a.compact_revision.to_native();
+    let (keys, rest) = split_v3(
+        a,
+        compact_revision,
+        (
+            a.live_keys.to_native(),
+            a.live_bytes.to_native(),
+            a.total_bytes.to_native(),
+            a.version_count.to_native(),
+        ),
+        parallel,
+    )?;
     Ok(State {
         applied_index: a.applied_index.to_native(),
         revision: a.revision.to_native(),
         compact_revision,
         time_ms: a.time_ms.to_native(),
         keys,
-        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
-        dedup,
-        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
-        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
-        restore,
+        leases: rest.leases,
+        dedup: rest.dedup,
+        alarms: rest.alarms,
+        auth: rest.auth,
+        restore: rest.restore,
     })
 }
 

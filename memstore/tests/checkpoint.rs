@@ -5,7 +5,7 @@ mod common;
 use api::etcdserverpb::PutRequest;
 use api::strata::entry::entry::Request;
 use common::*;
-use memstore::checkpoint::{self, CheckpointMeta, FORMAT_VERSION, MAGIC};
+use memstore::checkpoint::{self, CheckpointMeta, DecodeOptions, FORMAT_VERSION, MAGIC};
 use memstore::{Error, MemStore};
 
 fn sample() -> (CheckpointMeta, MemStore) {
@@ -212,6 +212,115 @@ fn a_large_request_id_window_round_trips() {
     let loaded = reload(&h.store);
     assert!(loaded == h.store);
     assert_eq!(loaded.remembered_request_ids(), 200_000);
+}
+
+/// Stores of every shape the split decode must handle: no key, one key, an odd count, keys with
+/// histories of several versions, tombstones, a compaction, leases and a request-id window.
+fn varied_stores() -> Vec<MemStore> {
+    let mut out = vec![Harness::new().store];
+    let mut h = Harness::new();
+    h.put("only", "1");
+    out.push(h.store.clone());
+    let mut h = Harness::new();
+    h.grant(11, 60);
+    for round in 0..4 {
+        for i in 0..301 {
+            if (i + round) % 3 == 0 {
+                let mut id = ((round * 1000 + i) as u64).to_le_bytes().to_vec();
+                id.resize(16, 7);
+                h.apply_with_id(
+                    Request::Put(put(&format!("k{i:04}"), &format!("r{round}"))),
+                    id,
+                );
+            } else if i % 7 == 0 {
+                h.apply(Request::Put(PutRequest {
+                    key: format!("k{i:04}").into(),
+                    value: vec![b'l'; i],
+                    lease: 11,
+                    ..Default::default()
+                }));
+            }
+        }
+        h.del("k0100", "k0120");
+        h.tick(5);
+    }
+    out.push(h.store.clone());
+    h.compact(h.store.revision() / 2);
+    out.push(h.store);
+    out
+}
+
+#[test]
+fn parallel_decode_equals_sequential_decode() {
+    for (n, store) in varied_stores().into_iter().enumerate() {
+        let meta = meta_of(&store);
+        let bytes = checkpoint::encode(&meta, &store);
+        let (m1, sequential) = checkpoint::decode(&bytes).unwrap();
+        let parallel = DecodeOptions {
+            parallel: true,
+            precomputed_crc: None,
+        };
+        let (m2, split) = checkpoint::decode_with(&bytes, parallel).unwrap();
+        assert_eq!(m1, meta);
+        assert_eq!(m2, meta);
+        assert!(sequential == store, "store {n}");
+        assert!(split == sequential, "store {n}");
+        assert_eq!(split.stats(), store.stats(), "store {n}");
+        assert_eq!(split.hash_kv(0), store.hash_kv(0), "store {n}");
+        assert_eq!(
+            split.remembered_request_ids(),
+            store.remembered_request_ids()
+        );
+        assert_eq!(
+            split.events(store.compact_revision() + 1, b"\0", b"\0", 100_000),
+            store.events(store.compact_revision() + 1, b"\0", b"\0", 100_000),
+            "store {n}"
+        );
+    }
+}
+
+/// A crc the caller computed while reading stands in for decode's own pass over the object:
+/// the right one is accepted, a wrong one refused, and every flipped byte still refused on the
+/// split path (with the caller's crc computed over the damaged bytes, as a reader would).
+#[test]
+fn a_precomputed_crc_stands_in_for_the_second_pass() {
+    let (meta, store) = sample();
+    let bytes = checkpoint::encode(&meta, &store);
+    let crc = crc32c::crc32c(&bytes[checkpoint::CRC_FROM..]);
+    let with = |c| DecodeOptions {
+        parallel: true,
+        precomputed_crc: Some(c),
+    };
+    let (_, loaded) = checkpoint::decode_with(&bytes, with(crc)).unwrap();
+    assert!(loaded == store);
+    assert!(matches!(
+        checkpoint::decode_with(&bytes, with(crc ^ 1)),
+        Err(Error::Corrupt(_))
+    ));
+    for i in 0..bytes.len() {
+        let mut bad = bytes.clone();
+        bad[i] ^= 0x10;
+        let c = crc32c::crc32c(&bad[checkpoint::CRC_FROM.min(bad.len())..]);
+        assert!(
+            matches!(
+                checkpoint::decode_with(&bad, with(c)),
+                Err(Error::Corrupt(_))
+            ),
+            "flip at byte {i}"
+        );
+    }
+    // Garbage inside a body whose crc is right: the split path refuses it too.
+    let mut garbage = bytes.clone();
+    let n = garbage.len();
+    for b in &mut garbage[n - 16..] {
+        *b = 0xff;
+    }
+    let c = crc32c::crc32c(&garbage[16..]);
+    garbage[12..16].copy_from_slice(&c.to_le_bytes());
+    assert!(matches!(
+        checkpoint::decode_with(&garbage, with(c)),
+        Err(Error::Corrupt(_))
+    ));
 }
 
 /// Resident set size of this process, from /proc (Linux), in bytes.

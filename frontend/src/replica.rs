@@ -341,17 +341,20 @@ impl Replica {
                     ))));
                     break;
                 }
-                let entry = match api::record::entry_for_tenant(&record, &self.tenant) {
+                let (index, term) = (record.index, record.term);
+                // By value: the payload is decoded in place and a put's bytes move into the store.
+                let entry = match api::record::entry_for_tenant_owned(record, &self.tenant) {
                     Ok(e) => e,
                     Err(e) => {
                         stop = Some(ApplyStop::Fatal(e.to_string()));
                         break;
                     }
                 };
-                self.term.fetch_max(record.term, Ordering::Relaxed);
-                let out = store.apply(record.index, &entry);
-                expected = record.index + 1;
-                applied.push((entry.request_id, out));
+                self.term.fetch_max(term, Ordering::Relaxed);
+                let request_id = entry.request_id.clone();
+                let out = store.apply_owned(index, entry);
+                expected = index + 1;
+                applied.push((request_id, out));
             }
         }
         self.publish(applied);

@@ -121,11 +121,20 @@ impl Replica {
         if self.applied_index() >= index {
             return true;
         }
-        let mut rx = self.applied.subscribe();
         matches!(
-            tokio::time::timeout(timeout, rx.wait_for(|a| *a >= index)).await,
-            Ok(Ok(_))
+            tokio::time::timeout(timeout, self.until_applied(index)).await,
+            Ok(true)
         )
+    }
+
+    /// Waits until the replica has applied `index`, with no deadline of its own (the caller's
+    /// bounds it); `false` if the replica stopped publishing its progress.
+    pub async fn until_applied(&self, index: u64) -> bool {
+        if self.applied_index() >= index {
+            return true;
+        }
+        let mut rx = self.applied.subscribe();
+        rx.wait_for(|a| *a >= index).await.is_ok()
     }
 
     /// Registers interest in the outcome of the entry carrying `request_id`; must happen before

@@ -100,17 +100,24 @@ impl Tenant {
     }
 
     /// Waits until the replica reflects every write committed before this call (shared
-    /// read-index round, then wait for apply).
+    /// read-index round, then wait for apply), under one deadline: a timer is armed only if
+    /// the read has to wait at all, and then one, not one per step.
     pub async fn barrier(&self) -> Result<(), Error> {
         self.check_replica()?;
-        let index = tokio::time::timeout(REQUEST_TIMEOUT, self.reads.read_index())
-            .await
-            .map_err(|_| Error::Timeout { index: 0 })??;
-        if !self.replica.wait_applied(index, REQUEST_TIMEOUT).await {
-            self.check_replica()?;
-            return Err(Error::Timeout { index });
+        let mut index = 0;
+        let waited = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            index = self.reads.read_index().await?;
+            Ok::<bool, Error>(self.replica.until_applied(index).await)
+        })
+        .await;
+        match waited {
+            Ok(Ok(true)) => Ok(()),
+            Ok(Err(e)) => Err(e),
+            Ok(Ok(false)) | Err(_) => {
+                self.check_replica()?;
+                Err(Error::Timeout { index })
+            }
         }
-        Ok(())
     }
 
     /// Journals `request` as an intent and answers the outcome this replica computed for it.
@@ -126,20 +133,19 @@ impl Tenant {
         let payload = api::record::encode_entry(&entry);
         // Registered before the append, so the outcome cannot slip past us.
         let outcome = self.replica.expect(id.bytes());
-        let index = match tokio::time::timeout(REQUEST_TIMEOUT, self.writer.append(payload)).await {
-            Ok(Ok(index)) => index,
+        // One deadline from append to applied (one timer per write, not one per step).
+        let mut index = 0;
+        let answered = tokio::time::timeout(REQUEST_TIMEOUT, async {
+            index = self.writer.append(payload).await?;
+            outcome.await.map_err(|_| Error::Stopped)
+        })
+        .await;
+        match answered {
+            Ok(Ok(applied)) => Ok(applied),
             Ok(Err(e)) => {
                 self.replica.forget(id.bytes());
-                return Err(e.into());
+                Err(e)
             }
-            Err(_) => {
-                self.replica.forget(id.bytes());
-                return Err(Error::Timeout { index: 0 });
-            }
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, outcome).await {
-            Ok(Ok(applied)) => Ok(applied),
-            Ok(Err(_)) => Err(Error::Stopped),
             Err(_) => {
                 self.replica.forget(id.bytes());
                 self.check_replica()?;

@@ -64,6 +64,11 @@ async fn drive(log: Arc<dyn Log>, shard: u32, mut rx: mpsc::Receiver<Pending>) {
         let Ok(permit) = inflight.clone().acquire_owned().await else {
             return;
         };
+        // One pass of the scheduler first, so that writes already read off client sockets
+        // (their tasks woken, not yet run) join this batch: without it, the first write after
+        // a batch's answers left alone in an append of its own in about half the appends under
+        // a 256-client put load (docs/benchmarks/frontend.md, session 4).
+        tokio::task::yield_now().await;
         let mut bytes = first.payload.len();
         let mut batch = vec![first];
         while batch.len() < MAX_BATCH_ENTRIES {

@@ -53,7 +53,7 @@ pub(crate) async fn range(t: &Tenant, req: RangeRequest) -> Result<RangeResponse
     Ok(resp)
 }
 
-async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<PutResponse, Error> {
+pub(crate) async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<PutResponse, Error> {
     t.check_size(req.encoded_len())?;
     memstore::validate::put(&req)?;
     let applied = t.propose(&id, Intent::Put(req)).await?;
@@ -71,7 +71,7 @@ async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<PutResponse, 
     }
 }
 
-async fn delete_range(
+pub(crate) async fn delete_range(
     t: &Tenant,
     id: RequestId,
     req: DeleteRangeRequest,
@@ -93,7 +93,7 @@ async fn delete_range(
     }
 }
 
-async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<TxnResponse, Error> {
+pub(crate) async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<TxnResponse, Error> {
     t.check_size(req.encoded_len())?;
     memstore::validate::txn(&req, t.limits.max_txn_ops)?;
     if crate::read_txn::is_read_only(&req) {

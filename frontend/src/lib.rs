@@ -9,6 +9,7 @@ pub mod cluster;
 pub mod coalesce;
 pub mod config;
 pub mod errors;
+pub mod fast_kv;
 pub mod http;
 pub mod journal_log;
 pub mod kv;

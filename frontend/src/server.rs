@@ -142,6 +142,11 @@ impl Frontend {
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            // Range, Put, DeleteRange and Txn skip tonic's router and codec (fast_kv.rs).
+            .layer(crate::fast_kv::FastKvLayer::new(
+                tenants.clone(),
+                max_decode,
+            ))
             .add_service(health)
             .add_service(
                 KvServer::new(KvService::new(tenants.clone()))

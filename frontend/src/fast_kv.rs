@@ -223,14 +223,16 @@ async fn read_message(mut body: Body, max_decode: usize) -> Result<Bytes, Status
         }
     }
     let mut all = received.freeze();
-    let Some(head) = all.get(..GRPC_HEADER_LEN) else {
+    if all.is_empty() {
         return Err(Status::internal("Missing request message."));
-    };
+    }
+    // tonic's decoder, when the stream ends inside the prefix or the message.
+    let eof = || Status::internal("Unexpected EOF decoding stream.");
+    let head = all.get(..GRPC_HEADER_LEN).ok_or_else(eof)?;
     let len = check_prefix(head, max_decode)?;
     all.advance(GRPC_HEADER_LEN);
     if all.len() < len {
-        // The stream ended inside the message.
-        return Err(Status::internal("Missing request message."));
+        return Err(eof());
     }
     all.truncate(len);
     Ok(all)

@@ -74,10 +74,7 @@ fn cpu_time(pid: &str) -> Option<Duration> {
 /// CPU time of this process and the sum of `pids`'.
 fn cpu_times(pids: &[u32]) -> (Duration, Duration) {
     let own = cpu_time("self").unwrap_or_default();
-    let nodes = pids
-        .iter()
-        .filter_map(|p| cpu_time(&p.to_string()))
-        .sum();
+    let nodes = pids.iter().filter_map(|p| cpu_time(&p.to_string())).sum();
     (own, nodes)
 }
 

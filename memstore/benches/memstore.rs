@@ -3,11 +3,12 @@
 //! bytes of memory per key plus checkpoint write/load time for 1M keys (measured once, with a
 //! counting global allocator). Run: `cargo bench -p strata-memstore`; figures go to
 //! docs/benchmarks/memstore.md.
-// The counting allocator must implement `GlobalAlloc`, an unsafe trait; it only forwards to the
-// system allocator and adds the sizes up.
+// The counting allocator must implement `GlobalAlloc`, an unsafe trait; it only forwards to
+// mimalloc (the allocator of the `strata` binary, whose replicas this measures) and adds the
+// sizes up.
 #![allow(unsafe_code)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ use api::strata::journal::{Record, record::Kind};
 use criterion::{BatchSize, Criterion, Throughput, black_box};
 use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Config, MemStore};
+use mimalloc::MiMalloc;
 
 /// Bytes currently allocated through the global allocator.
 static ALLOCATED: AtomicI64 = AtomicI64::new(0);
@@ -26,15 +28,15 @@ struct Counting;
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATED.fetch_add(layout.size() as i64, Ordering::Relaxed);
-        unsafe { System.alloc(layout) }
+        unsafe { MiMalloc.alloc(layout) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         ALLOCATED.fetch_sub(layout.size() as i64, Ordering::Relaxed);
-        unsafe { System.dealloc(ptr, layout) }
+        unsafe { MiMalloc.dealloc(ptr, layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATED.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
-        unsafe { System.realloc(ptr, layout, new_size) }
+        unsafe { MiMalloc.realloc(ptr, layout, new_size) }
     }
 }
 

@@ -333,10 +333,6 @@ fn frame(meta: &CheckpointMeta, version: u32, body: &[u8]) -> Vec<u8> {
 /// How [`decode_with`] may go about it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DecodeOptions {
-    /// Rebuild the request-id window, leases and auth, and copy out the second half of the
-    /// keys, on a second thread while this one builds the key space (format 3). The result is
-    /// the same store either way.
-    pub parallel: bool,
     /// The CRC32C of everything after the header's crc field (`bytes[16..]`), when the caller
     /// computed it while reading the object: it is compared with the stored crc instead of
     /// reading 400 MB a second time.
@@ -349,12 +345,11 @@ pub const CRC_FROM: usize = 16;
 /// Reads a checkpoint object back (format 3, 2 or 1). Every defect (magic, version, checksum,
 /// lengths, archive validation, meta disagreeing with the state) is `Error::Corrupt`, never a
 /// panic. The store gets `Config::default()`; use `MemStore::set_config` to change it.
-/// Sequential, on the caller's thread; [`decode_with`] can use a second thread.
 pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
     decode_with(bytes, DecodeOptions::default())
 }
 
-/// [`decode`] with options: a second thread, a crc computed while the object was read.
+/// [`decode`] with options: a crc computed while the object was read.
 pub fn decode_with(
     bytes: &[u8],
     options: DecodeOptions,
@@ -409,7 +404,7 @@ pub fn decode_with(
     let state = if version == FORMAT_VERSION {
         let archived = rkyv::access::<ArchivedBodyV3<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
-        state_from_v3(archived, options.parallel)?
+        state_from_v3(archived)?
     } else if version == FORMAT_VERSION_V2 {
         let archived = rkyv::access::<ArchivedBodyV2<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
@@ -489,39 +484,6 @@ fn keys_from_flat(
     Ok(keys)
 }
 
-/// Keys copied out on this thread, then the ones another thread copied out (joined when the
-/// first run is used up); its size hint is exact, so the key space is sized once.
-struct SplitKeys<A, B: FnOnce() -> Vec<OwnedKey>> {
-    first: A,
-    second: Option<B>,
-    rest: std::vec::IntoIter<OwnedKey>,
-    len: usize,
-}
-
-impl<A: Iterator<Item = OwnedKey>, B: FnOnce() -> Vec<OwnedKey>> Iterator for SplitKeys<A, B> {
-    type Item = OwnedKey;
-
-    fn next(&mut self) -> Option<OwnedKey> {
-        let item = match self.first.next() {
-            Some(k) => Some(k),
-            None => {
-                if let Some(join) = self.second.take() {
-                    self.rest = join().into_iter();
-                }
-                self.rest.next()
-            }
-        };
-        if item.is_some() {
-            self.len -= 1;
-        }
-        item
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.len, Some(self.len))
-    }
-}
-
 /// Everything of a format 3 body but its keys.
 struct RestV3 {
     dedup: Dedup,
@@ -552,59 +514,11 @@ fn rest_from_v3(a: &ArchivedBodyV3<'_>) -> Result<RestV3, Error> {
     })
 }
 
-/// Format 3's key space and the rest: sequentially, or with the rest and the copy of the second
-/// half of the keys on a scoped second thread while this one copies the first half and builds
-/// the key space (its index and order need one thread).
-fn split_v3(
-    a: &ArchivedBodyV3<'_>,
-    compact_revision: i64,
-    counters: (u64, u64, u64, u64),
-    parallel: bool,
-) -> Result<(KeySpace, RestV3), Error> {
-    if !parallel {
-        let keys = keys_from_flat(&a.keys, &a.versions, compact_revision, counters)?;
-        return Ok((keys, rest_from_v3(a)?));
-    }
-    count_versions(&a.keys, &a.versions)?;
-    let mid = a.keys.len() / 2;
-    let (head, tail) = a.keys.split_at(mid);
-    let head_versions: usize = head.iter().map(|k| k.versions.to_native() as usize).sum();
-    let (versions_head, versions_tail) = a.versions.split_at(head_versions);
-    std::thread::scope(|scope| {
-        let other = scope.spawn(move || {
-            let rest = rest_from_v3(a);
-            let tail_keys: Vec<OwnedKey> = owned_keys(tail, versions_tail).collect();
-            (rest, tail_keys)
-        });
-        let rest = std::cell::Cell::new(None);
-        let records = SplitKeys {
-            first: owned_keys(head, versions_head),
-            second: Some(|| {
-                let (r, tail_keys) = other
-                    .join()
-                    .unwrap_or_else(|p| std::panic::resume_unwind(p));
-                rest.set(Some(r));
-                tail_keys
-            }),
-            rest: Vec::new().into_iter(),
-            len: a.keys.len(),
-        };
-        let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt);
-        // The key space may have stopped early on a defect: the other thread still ends (the
-        // scope joins it) but its result is not needed then.
-        let keys = keys?;
-        check_counters(&keys, counters)?;
-        let rest = rest
-            .take()
-            .ok_or_else(|| Error::Corrupt("key space ended before its last key".into()))??;
-        Ok((keys, rest))
-    })
-}
-
-fn state_from_v3(a: &ArchivedBodyV3<'_>, parallel: bool) -> Result<State, Error> {
+fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
     let compact_revision = a.compact_revision.to_native();
-    let (keys, rest) = split_v3(
-        a,
+    let keys = keys_from_flat(
+        &a.keys,
+        &a.versions,
         compact_revision,
         (
             a.live_keys.to_native(),
@@ -612,8 +526,8 @@ fn state_from_v3(a: &ArchivedBodyV3<'_>, parallel: bool) -> Result<State, Error>
             a.total_bytes.to_native(),
             a.version_count.to_native(),
         ),
-        parallel,
     )?;
+    let rest = rest_from_v3(a)?;
     Ok(State {
         applied_index: a.applied_index.to_native(),
         revision: a.revision.to_native(),

@@ -214,7 +214,7 @@ fn a_large_request_id_window_round_trips() {
     assert_eq!(loaded.remembered_request_ids(), 200_000);
 }
 
-/// Stores of every shape the split decode must handle: no key, one key, an odd count, keys with
+/// Stores of many shapes: no key, one key, an odd count, keys with
 /// histories of several versions, tombstones, a compaction, leases and a request-id window.
 fn varied_stores() -> Vec<MemStore> {
     let mut out = vec![Harness::new().store];
@@ -251,28 +251,27 @@ fn varied_stores() -> Vec<MemStore> {
 }
 
 #[test]
-fn parallel_decode_equals_sequential_decode() {
+fn decode_with_a_precomputed_crc_equals_decode() {
     for (n, store) in varied_stores().into_iter().enumerate() {
         let meta = meta_of(&store);
         let bytes = checkpoint::encode(&meta, &store);
-        let (m1, sequential) = checkpoint::decode(&bytes).unwrap();
-        let parallel = DecodeOptions {
-            parallel: true,
-            precomputed_crc: None,
+        let (m1, plain) = checkpoint::decode(&bytes).unwrap();
+        let options = DecodeOptions {
+            precomputed_crc: Some(crc32c::crc32c(&bytes[checkpoint::CRC_FROM..])),
         };
-        let (m2, split) = checkpoint::decode_with(&bytes, parallel).unwrap();
+        let (m2, with_crc) = checkpoint::decode_with(&bytes, options).unwrap();
         assert_eq!(m1, meta);
         assert_eq!(m2, meta);
-        assert!(sequential == store, "store {n}");
-        assert!(split == sequential, "store {n}");
-        assert_eq!(split.stats(), store.stats(), "store {n}");
-        assert_eq!(split.hash_kv(0), store.hash_kv(0), "store {n}");
+        assert!(plain == store, "store {n}");
+        assert!(with_crc == plain, "store {n}");
+        assert_eq!(with_crc.stats(), store.stats(), "store {n}");
+        assert_eq!(with_crc.hash_kv(0), store.hash_kv(0), "store {n}");
         assert_eq!(
-            split.remembered_request_ids(),
+            with_crc.remembered_request_ids(),
             store.remembered_request_ids()
         );
         assert_eq!(
-            split.events(store.compact_revision() + 1, b"\0", b"\0", 100_000),
+            with_crc.events(store.compact_revision() + 1, b"\0", b"\0", 100_000),
             store.events(store.compact_revision() + 1, b"\0", b"\0", 100_000),
             "store {n}"
         );
@@ -280,15 +279,14 @@ fn parallel_decode_equals_sequential_decode() {
 }
 
 /// A crc the caller computed while reading stands in for decode's own pass over the object:
-/// the right one is accepted, a wrong one refused, and every flipped byte still refused on the
-/// split path (with the caller's crc computed over the damaged bytes, as a reader would).
+/// the right one is accepted, a wrong one refused, and every flipped byte still refused (with
+/// the caller's crc computed over the damaged bytes, as a reader would).
 #[test]
 fn a_precomputed_crc_stands_in_for_the_second_pass() {
     let (meta, store) = sample();
     let bytes = checkpoint::encode(&meta, &store);
     let crc = crc32c::crc32c(&bytes[checkpoint::CRC_FROM..]);
     let with = |c| DecodeOptions {
-        parallel: true,
         precomputed_crc: Some(c),
     };
     let (_, loaded) = checkpoint::decode_with(&bytes, with(crc)).unwrap();
@@ -309,7 +307,7 @@ fn a_precomputed_crc_stands_in_for_the_second_pass() {
             "flip at byte {i}"
         );
     }
-    // Garbage inside a body whose crc is right: the split path refuses it too.
+    // Garbage inside a body whose crc is right: refused by validation.
     let mut garbage = bytes.clone();
     let n = garbage.len();
     for b in &mut garbage[n - 16..] {

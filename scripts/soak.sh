@@ -11,7 +11,8 @@
 #        SOAK_EVERY (checkpoint interval, default 30s), SOAK_SEGMENT (journal segment bytes,
 #        default 8 MiB so that trims free whole segments within the run; the journal's default
 #        is 64 MiB), SOAK_CLIENTS (default 16), SOAK_KEYS (distinct keys, default 10000),
-#        SOAK_VALUE (value bytes, default 256), SOAK_KEEP=1 keeps the data directory.
+#        SOAK_VALUE (value bytes, default 256), SOAK_KEEP=1 keeps the data directory,
+#        SOAK_FRONTEND_METRICS=1 also samples the frontend's /metrics (store bytes, series).
 set -euo pipefail
 
 DURATION=${1:-600}
@@ -70,6 +71,10 @@ curl -sf "http://$METRICS/readyz" >/dev/null || { echo "frontend not ready" >&2;
 rss_mb() { awk '/VmRSS/ {printf "%.0f", $2/1024}' "/proc/$1/status" 2>/dev/null || echo "-"; }
 size_mb() { du -sb "$@" 2>/dev/null | awk '{s+=$1} END {printf "%.1f", s/1048576}'; }
 metric() { curl -s "http://$CMETRICS/metrics" | awk -v m="$1" 'index($1, m) == 1 {s+=$2} END {printf "%d", s}'; }
+# The frontend's own figures: its store's bytes (live + history not yet compacted) and how many
+# series its /metrics exposes (a growing label set would show here).
+fmetric_mb() { curl -s "http://$METRICS/metrics" | awk -v m="$1" 'index($1, m) == 1 {s+=$2} END {printf "%.1f", s/1048576}'; }
+fseries() { curl -s "http://$METRICS/metrics" | grep -vc '^#'; }
 revision() { ETCDCTL_API=3 etcdctl --endpoints="$ENDPOINT" endpoint status -w json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)[0]["Status"]["header"]["revision"])' 2>/dev/null || echo "-"; }
 
 (
@@ -85,12 +90,16 @@ LOAD=$!
 
 echo "soak: ${DURATION}s of puts (${CLIENTS} clients, ${KEYS} keys x ${VALUE} B values), periodic auto-compaction ${RETENTION}, checkpoints every ${EVERY}, journal segments of ${SEGMENT} B; binary $STRATA_BIN; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| t (s) | revision | journal on disk (MB, 3 nodes) | objects (MB) | trimmed below | auto-compactions | frontend RSS (MB) | compactor RSS (MB) | load avg |"
-echo "|---|---|---|---|---|---|---|---|---|"
+echo "| t (s) | revision | journal on disk (MB, 3 nodes) | objects (MB) | trimmed below | auto-compactions | frontend RSS (MB) | frontend store (MB) | frontend series | compactor RSS (MB) | load avg |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+# The frontend's /metrics is read only with SOAK_FRONTEND_METRICS=1: a scrape also drains its
+# histograms, so by default the frontend runs unscraped, the worst case for its memory.
+fstore() { [[ -n "${SOAK_FRONTEND_METRICS:-}" ]] && fmetric_mb strata_frontend_stored_bytes || echo "-"; }
+fcount() { [[ -n "${SOAK_FRONTEND_METRICS:-}" ]] && fseries || echo "-"; }
 start=$SECONDS
 while :; do
   t=$((SECONDS - start))
-  echo "| $t | $(revision) | $(size_mb "$DATA"/journal-*) | $(size_mb "$DATA/objects") | $(metric strata_compactor_trimmed_below) | $(metric 'strata_compactor_auto_compactions_total{') | $(rss_mb "$FRONTEND") | $(rss_mb "$COMPACTOR") | $(cut -d' ' -f1 /proc/loadavg) |"
+  echo "| $t | $(revision) | $(size_mb "$DATA"/journal-*) | $(size_mb "$DATA/objects") | $(metric strata_compactor_trimmed_below) | $(metric 'strata_compactor_auto_compactions_total{') | $(rss_mb "$FRONTEND") | $(fstore) | $(fcount) | $(rss_mb "$COMPACTOR") | $(cut -d' ' -f1 /proc/loadavg) |"
   (( t >= DURATION )) && break
   sleep "$INTERVAL"
 done

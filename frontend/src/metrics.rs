@@ -12,6 +12,10 @@ pub const LATENCY_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
 ];
 
+/// How often histogram samples are folded into their buckets when nothing scrapes `/metrics`
+/// (a recorder from `build_recorder` otherwise keeps every sample until the next scrape).
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the Prometheus recorder once per process; `None` if another recorder was installed
@@ -25,6 +29,20 @@ pub fn handle() -> Option<&'static PrometheusHandle> {
                 .build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
+            let upkeep = handle.clone();
+            // A plain thread, not a task: the recorder outlives any one runtime (tests).
+            #[allow(clippy::disallowed_methods)] // a periodic timer outside any runtime
+            let spawned = std::thread::Builder::new()
+                .name("metrics-upkeep".into())
+                .spawn(move || {
+                    loop {
+                        std::thread::sleep(UPKEEP_INTERVAL);
+                        upkeep.run_upkeep();
+                    }
+                });
+            if let Err(e) = spawned {
+                tracing::warn!(error = %e, "no metrics upkeep thread: histograms drain only when scraped");
+            }
             Some(handle)
         })
         .as_ref()

@@ -8,9 +8,6 @@ use anyhow::Context;
 use compactor::{Catalog, Compactor, Config};
 use tracing::{info, warn};
 
-/// How often histogram samples are folded into their buckets between scrapes.
-const METRICS_UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
-
 /// Flags of `strata compactor`.
 #[derive(clap::Args)]
 pub struct Args {
@@ -132,14 +129,5 @@ async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
         .install_recorder()
         .context("install the metrics recorder")?;
-    // Without a scrape, histogram samples pile up in the recorder: fold them in periodically.
-    let upkeep = handle.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(METRICS_UPKEEP_INTERVAL);
-        loop {
-            tick.tick().await;
-            upkeep.run_upkeep();
-        }
-    });
     crate::metrics_http::serve(&addr.to_string(), handle, || {}).await
 }

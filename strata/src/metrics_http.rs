@@ -10,9 +10,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Largest HTTP request head the metrics endpoint reads.
 const MAX_HTTP_REQUEST: usize = 8 * 1024;
+/// How often histogram samples are folded into their buckets: the recorder otherwise keeps
+/// every sample (8 bytes each) until the next scrape, and a process nobody scrapes grows by
+/// megabytes a minute under load (the frontend does the same in `frontend::metrics`).
+pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Binds `addr` and serves `handle`'s text exposition on `GET /metrics` in the background;
-/// `refresh` runs before each scrape (to update gauges read from live state).
+/// `refresh` runs before each scrape (to update gauges read from live state). Also runs the
+/// recorder's upkeep every `UPKEEP_INTERVAL`, scraped or not.
 pub async fn serve(
     addr: &str,
     handle: PrometheusHandle,
@@ -21,6 +26,14 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding the metrics listener {addr}"))?;
+    let upkeep = handle.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(UPKEEP_INTERVAL);
+        loop {
+            tick.tick().await;
+            upkeep.run_upkeep();
+        }
+    });
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
     let refresh = Arc::new(refresh);
     tokio::spawn(async move {

@@ -438,38 +438,6 @@ fn version_from(v: &ArchivedVersionRecord<'_>) -> Version {
     }
 }
 
-/// A key and its versions, copied out of the archive.
-type OwnedKey = (Box<[u8]>, Vec<Version>);
-
-/// Copies keys (and their versions, which start at `versions[0]`) out of the archive.
-fn owned_keys<'a>(
-    keys: &'a [ArchivedKeyRecord<'_>],
-    versions: &'a [ArchivedVersionRecord<'_>],
-) -> impl ExactSizeIterator<Item = OwnedKey> + 'a {
-    let mut next = 0usize;
-    keys.iter().map(move |k| {
-        let n = k.versions.to_native() as usize;
-        let vs: Vec<Version> = versions[next..next + n].iter().map(version_from).collect();
-        next += n;
-        (Box::<[u8]>::from(&k.key[..]), vs)
-    })
-}
-
-/// How many of `versions` belong to `keys`, checked against the archive's array.
-fn count_versions(
-    keys: &[ArchivedKeyRecord<'_>],
-    versions: &[ArchivedVersionRecord<'_>],
-) -> Result<(), Error> {
-    let total: u64 = keys.iter().map(|k| u64::from(k.versions.to_native())).sum();
-    if total != versions.len() as u64 {
-        return Err(Error::Corrupt(format!(
-            "key records name {total} versions, the archive holds {}",
-            versions.len()
-        )));
-    }
-    Ok(())
-}
-
 /// The key space from format 2 and 3's flat arrays, checked against the archived counters.
 fn keys_from_flat(
     keys: &[ArchivedKeyRecord<'_>],
@@ -477,41 +445,23 @@ fn keys_from_flat(
     compact_revision: i64,
     counters: (u64, u64, u64, u64),
 ) -> Result<KeySpace, Error> {
-    count_versions(keys, versions)?;
-    let keys = KeySpace::from_sorted(owned_keys(keys, versions), compact_revision)
-        .map_err(Error::Corrupt)?;
+    let total: u64 = keys.iter().map(|k| u64::from(k.versions.to_native())).sum();
+    if total != versions.len() as u64 {
+        return Err(Error::Corrupt(format!(
+            "key records name {total} versions, the archive holds {}",
+            versions.len()
+        )));
+    }
+    let mut next = 0usize;
+    let records = keys.iter().map(|k| {
+        let n = k.versions.to_native() as usize;
+        let vs: Vec<Version> = versions[next..next + n].iter().map(version_from).collect();
+        next += n;
+        (Box::<[u8]>::from(&k.key[..]), vs)
+    });
+    let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt)?;
     check_counters(&keys, counters)?;
     Ok(keys)
-}
-
-/// Everything of a format 3 body but its keys.
-struct RestV3 {
-    dedup: Dedup,
-    leases: LeaseTable,
-    alarms: BTreeSet<(u64, i32)>,
-    auth: AuthState,
-    restore: Option<Stage>,
-}
-
-fn rest_from_v3(a: &ArchivedBodyV3<'_>) -> Result<RestV3, Error> {
-    let dedup = Dedup::from_records(a.dedup.iter().map(|r| Remembered {
-        time_ms: r.time_ms.to_native(),
-        revision: r.revision.to_native(),
-        key: r.key,
-    }))
-    .map_err(Error::Corrupt)?;
-    let restore = if a.restore_stage.is_empty() {
-        None
-    } else {
-        Some(Stage::decode(&a.restore_stage).map_err(Error::Corrupt)?)
-    };
-    Ok(RestV3 {
-        dedup,
-        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
-        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
-        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
-        restore,
-    })
 }
 
 fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
@@ -527,18 +477,28 @@ fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
             a.version_count.to_native(),
         ),
     )?;
-    let rest = rest_from_v3(a)?;
+    let dedup = Dedup::from_records(a.dedup.iter().map(|r| Remembered {
+        time_ms: r.time_ms.to_native(),
+        revision: r.revision.to_native(),
+        key: r.key,
+    }))
+    .map_err(Error::Corrupt)?;
+    let restore = if a.restore_stage.is_empty() {
+        None
+    } else {
+        Some(Stage::decode(&a.restore_stage).map_err(Error::Corrupt)?)
+    };
     Ok(State {
         applied_index: a.applied_index.to_native(),
         revision: a.revision.to_native(),
         compact_revision,
         time_ms: a.time_ms.to_native(),
         keys,
-        leases: rest.leases,
-        dedup: rest.dedup,
-        alarms: rest.alarms,
-        auth: rest.auth,
-        restore: rest.restore,
+        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
+        dedup,
+        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
+        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+        restore,
     })
 }
 

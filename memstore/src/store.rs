@@ -518,13 +518,7 @@ impl MemStore {
     }
 
     fn apply_put(&mut self, p: &PutRequest, events: &mut Vec<Event>) -> Result<PutResponse, Error> {
-        validate::put(p)?;
-        self.check_space((p.key.len() + p.value.len()) as u64)?;
-        self.check_put(p)?;
-        let mut w = Writer::new(&mut self.state, events);
-        let mut resp = w.put(p);
-        resp.header = header(w.finish());
-        Ok(resp)
+        self.apply_put_with(p, events, |w, p| w.put(p))
     }
 
     /// `apply_put` of a request the caller gives away (same checks, same result).
@@ -533,11 +527,22 @@ impl MemStore {
         p: PutRequest,
         events: &mut Vec<Event>,
     ) -> Result<PutResponse, Error> {
-        validate::put(&p)?;
-        self.check_space((p.key.len() + p.value.len()) as u64)?;
-        self.check_put(&p)?;
+        self.apply_put_with(p, events, |w, p| w.put_owned(p))
+    }
+
+    /// The checks of a put, then `put` (borrowing or moving the request) in one revision.
+    fn apply_put_with<P: Borrow<PutRequest>>(
+        &mut self,
+        p: P,
+        events: &mut Vec<Event>,
+        put: impl FnOnce(&mut Writer<'_>, P) -> PutResponse,
+    ) -> Result<PutResponse, Error> {
+        let r = p.borrow();
+        validate::put(r)?;
+        self.check_space((r.key.len() + r.value.len()) as u64)?;
+        self.check_put(r)?;
         let mut w = Writer::new(&mut self.state, events);
-        let mut resp = w.put_owned(p);
+        let mut resp = put(&mut w, p);
         resp.header = header(w.finish());
         Ok(resp)
     }

@@ -210,16 +210,22 @@ fn encoded<T: Message>(resp: Response<T>) -> Result<Bytes, Status> {
 
 /// Reads the request body to its end and answers its one message (without the prefix), with
 /// tonic's statuses for what it refuses. A message over the limit is refused as soon as its
-/// prefix arrives, before the rest is buffered.
+/// prefix arrives, before the rest is buffered; bytes after the message are not kept.
 async fn read_message(mut body: Body, max_decode: usize) -> Result<Bytes, Status> {
     let mut received = Received::Nothing;
+    // Bytes of prefix + message once the prefix is in: what a client sends after the one
+    // message is read (so the stream ends as the client meant it) but not kept.
+    let mut whole = None;
     while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         let Ok(data) = frame?.into_data() else {
             continue;
         };
+        if whole.is_some_and(|w| received.bytes().len() >= w) {
+            continue;
+        }
         received.push(data);
         if let Some(head) = received.bytes().get(..GRPC_HEADER_LEN) {
-            check_prefix(head, max_decode)?;
+            whole = Some(GRPC_HEADER_LEN + check_prefix(head, max_decode)?);
         }
     }
     let mut all = received.freeze();

@@ -146,6 +146,41 @@ async fn a_message_split_over_frames_is_served() {
 }
 
 #[tokio::test]
+async fn bytes_after_the_message_are_ignored() {
+    let fe = start().await;
+    let put = PutRequest {
+        key: b"trailing".to_vec(),
+        value: b"kept".to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    // The message, then more frames the server must read past without taking them as part of it.
+    let chunks = vec![
+        framed(0, &put),
+        Bytes::from(vec![0xff; 1000]),
+        Bytes::from(vec![0x01; 70_000]),
+    ];
+    let a = call(fe.client_addr, "/etcdserverpb.KV/Put", &[], chunks).await;
+    let _: PutResponse = unframed(&a);
+    let range = RangeRequest {
+        key: b"trailing".to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let a = call(
+        fe.client_addr,
+        "/etcdserverpb.KV/Range",
+        &[],
+        vec![framed(0, &range)],
+    )
+    .await;
+    let r: RangeResponse = unframed(&a);
+    assert_eq!(r.kvs.len(), 1);
+    assert_eq!(r.kvs[0].value, b"kept".to_vec());
+    fe.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn malformed_requests_get_the_statuses_tonic_gives() {
     let fe = start().await;
     let limit = Config::for_test(vec!["unused".into()]).max_request_bytes

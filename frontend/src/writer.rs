@@ -12,8 +12,10 @@ pub const MAX_BATCH_ENTRIES: usize = 512;
 /// Most payload bytes in one append (a single larger payload still goes alone). Below the
 /// journal's gRPC message limit with room for framing.
 pub const MAX_BATCH_BYTES: usize = 2 * 1024 * 1024;
-/// Appends in flight at once; while they run, the next batch fills.
-pub const MAX_INFLIGHT_APPENDS: usize = 4;
+/// Appends in flight at once; while they run, the next batch fills. 16, not 4: under 256
+/// clients puts were bound by append round trips with CPU to spare (docs/benchmarks/frontend.md,
+/// session 4, "Appends in flight"); the journal's append stream takes thousands at once.
+pub const MAX_INFLIGHT_APPENDS: usize = 16;
 /// Writes waiting to be batched; more wait for room.
 pub const WRITE_QUEUE: usize = 8192;
 

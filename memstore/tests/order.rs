@@ -90,6 +90,16 @@ fn check(h: &Harness, model: &BTreeMap<Vec<u8>, Vec<u8>>, when: &str) {
     }
 }
 
+/// Puts `key` = `value` into the store and the model alike.
+fn put(h: &mut Harness, model: &mut BTreeMap<Vec<u8>, Vec<u8>>, key: Vec<u8>, value: Vec<u8>) {
+    h.apply(Request::Put(api::etcdserverpb::PutRequest {
+        key: key.clone(),
+        value: value.clone(),
+        ..Default::default()
+    }));
+    model.insert(key, value);
+}
+
 #[test]
 fn scrambled_inserts_deletes_compaction_and_reload_keep_key_order() {
     println!("replay: SEED = {SEED:#x}");
@@ -98,13 +108,7 @@ fn scrambled_inserts_deletes_compaction_and_reload_keep_key_order() {
     let mut x = SEED;
     for i in 0..KEYS {
         let key = key_for(splitmix(&mut x));
-        let value = format!("v{i}");
-        h.apply(Request::Put(api::etcdserverpb::PutRequest {
-            key: key.clone(),
-            value: value.clone().into_bytes(),
-            ..Default::default()
-        }));
-        model.insert(key, value.into_bytes());
+        put(&mut h, &mut model, key, format!("v{i}").into_bytes());
     }
     check(&h, &model, "after inserts");
     // Delete every third key, one by one, and one whole prefix.
@@ -129,12 +133,7 @@ fn scrambled_inserts_deletes_compaction_and_reload_keep_key_order() {
     // New keys into the re-packed index.
     for i in 0..KEYS / 4 {
         let key = key_for(splitmix(&mut x));
-        h.apply(Request::Put(api::etcdserverpb::PutRequest {
-            key: key.clone(),
-            value: b"w".to_vec(),
-            ..Default::default()
-        }));
-        model.insert(key, b"w".to_vec());
+        put(&mut h, &mut model, key, b"w".to_vec());
         if i % 500 == 0 {
             check(&h, &model, "inserts after compaction");
         }
@@ -143,12 +142,7 @@ fn scrambled_inserts_deletes_compaction_and_reload_keep_key_order() {
     check(&h, &model, "after checkpoint reload");
     for _ in 0..KEYS / 4 {
         let key = key_for(splitmix(&mut x));
-        h.apply(Request::Put(api::etcdserverpb::PutRequest {
-            key: key.clone(),
-            value: b"z".to_vec(),
-            ..Default::default()
-        }));
-        model.insert(key, b"z".to_vec());
+        put(&mut h, &mut model, key, b"z".to_vec());
     }
     check(&h, &model, "inserts after reload");
 }

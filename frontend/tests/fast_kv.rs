@@ -95,6 +95,24 @@ fn unframed<T: Message + Default>(a: &Answer) -> T {
     T::decode(&a.body[5..]).unwrap()
 }
 
+/// The values a Range of `key` over the fast path answers.
+async fn values_at(fe: &Frontend, key: &[u8], headers: &[(&str, &str)]) -> Vec<Vec<u8>> {
+    let range = RangeRequest {
+        key: key.to_vec(),
+        ..Default::default()
+    }
+    .encode_to_vec();
+    let a = call(
+        fe.client_addr,
+        "/etcdserverpb.KV/Range",
+        headers,
+        vec![framed(0, &range)],
+    )
+    .await;
+    let r: RangeResponse = unframed(&a);
+    r.kvs.into_iter().map(|kv| kv.value).collect()
+}
+
 async fn start() -> Frontend {
     Frontend::start_with_log(
         Config::for_test(vec!["unused".into()]),
@@ -127,21 +145,8 @@ async fn a_message_split_over_frames_is_served() {
     assert!(r.header.unwrap().revision >= 2);
     assert!(r.prev_kv.is_none());
 
-    let range = RangeRequest {
-        key: b"split".to_vec(),
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let a = call(
-        fe.client_addr,
-        "/etcdserverpb.KV/Range",
-        &[("grpc-encoding", "identity")],
-        vec![framed(0, &range)],
-    )
-    .await;
-    let r: RangeResponse = unframed(&a);
-    assert_eq!(r.kvs.len(), 1);
-    assert_eq!(r.kvs[0].value, vec![b'v'; 3000]);
+    let values = values_at(&fe, b"split", &[("grpc-encoding", "identity")]).await;
+    assert_eq!(values, vec![vec![b'v'; 3000]]);
     fe.stop().await.unwrap();
 }
 
@@ -162,21 +167,10 @@ async fn bytes_after_the_message_are_ignored() {
     ];
     let a = call(fe.client_addr, "/etcdserverpb.KV/Put", &[], chunks).await;
     let _: PutResponse = unframed(&a);
-    let range = RangeRequest {
-        key: b"trailing".to_vec(),
-        ..Default::default()
-    }
-    .encode_to_vec();
-    let a = call(
-        fe.client_addr,
-        "/etcdserverpb.KV/Range",
-        &[],
-        vec![framed(0, &range)],
-    )
-    .await;
-    let r: RangeResponse = unframed(&a);
-    assert_eq!(r.kvs.len(), 1);
-    assert_eq!(r.kvs[0].value, b"kept".to_vec());
+    assert_eq!(
+        values_at(&fe, b"trailing", &[]).await,
+        vec![b"kept".to_vec()]
+    );
     fe.stop().await.unwrap();
 }
 

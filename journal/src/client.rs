@@ -82,8 +82,6 @@ struct Inner {
     sessions: Mutex<HashMap<String, Arc<AppendSession>>>,
     /// Nodes that answered `AppendStream` with UNIMPLEMENTED (an older journal): unary appends.
     unary_only: Mutex<HashSet<String>>,
-    /// Ids of append sessions, so a finished one removes only itself from `sessions`.
-    session_ids: AtomicU64,
     /// False: every append is a unary `Append` call (`connect_unary_appends`).
     append_stream: bool,
 }
@@ -98,7 +96,6 @@ type Answer = Result<Vec<u64>, Status>;
 /// stream fails, every waiting caller gets the failure (as a unary call would) and the next
 /// append opens a new stream.
 struct AppendSession {
-    id: u64,
     tx: mpsc::Sender<AppendStreamRequest>,
     next_seq: AtomicU64,
     /// `None` once the stream failed: no caller may wait on it any more.
@@ -191,7 +188,11 @@ async fn run_session(
     // Out of the map first, so that callers from now on open a fresh stream.
     if let Some(inner) = inner.upgrade() {
         let mut sessions = lock(&inner.sessions);
-        if sessions.get(&endpoint).is_some_and(|s| s.id == session.id) {
+        // Only itself: a newer session to the same node may already have taken its place.
+        if sessions
+            .get(&endpoint)
+            .is_some_and(|s| Arc::ptr_eq(s, &session))
+        {
             sessions.remove(&endpoint);
         }
     }
@@ -284,7 +285,6 @@ impl JournalClient {
             next: AtomicUsize::new(0),
             sessions: Mutex::new(HashMap::new()),
             unary_only: Mutex::new(HashSet::new()),
-            session_ids: AtomicU64::new(0),
             append_stream,
         };
         for e in &inner.endpoints {
@@ -367,7 +367,6 @@ impl JournalClient {
         }
         let (tx, rx) = mpsc::channel(APPEND_STREAM_QUEUE);
         let session = Arc::new(AppendSession {
-            id: self.inner.session_ids.fetch_add(1, Ordering::Relaxed),
             tx,
             next_seq: AtomicU64::new(0),
             waiters: Mutex::new(Some(HashMap::new())),

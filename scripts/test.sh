@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of Strata on a fresh Debian machine: installs what the tests need (protoc and
 # the well-known .proto files for the etcd-client crate's build script, etcd 3.4 and etcdctl as
-# the reference implementation and the operator's client, moto as the S3-compatible server), then
+# the reference implementation and the operator's client, moto as the S3-compatible server, PyYAML
+# and python-hcl2 for the deployment manifests' checks), then
 # checks formatting and lints, builds, and runs the whole test suite.
 #
 #   scripts/test.sh            # everything
@@ -30,6 +31,10 @@ install_deps() {
   if ! command -v moto_server >/dev/null 2>&1; then
     log "installing moto (S3-compatible server for the object-storage tests)"
     python3 -m pip install --quiet 'moto[s3]>=5.2,<6' flask flask-cors
+  fi
+  if ! python3 -c 'import yaml, hcl2' >/dev/null 2>&1; then
+    log "installing PyYAML and python-hcl2 (the deployment manifests' checks parse YAML and HCL)"
+    python3 -m pip install --quiet 'pyyaml>=6,<7' 'python-hcl2>=7,<9'
   fi
 }
 

@@ -1,0 +1,34 @@
+variable "namespace" {
+  description = "Kubernetes namespace of the deployment (created by this module)."
+  type        = string
+  default     = "strata"
+}
+
+variable "image" {
+  description = "The Strata container image (built from infra/Dockerfile), e.g. registry.example/strata:1.0.0."
+  type        = string
+}
+
+variable "bucket_name" {
+  description = "S3 bucket for checkpoints (the compactor writes, frontends read)."
+  type        = string
+}
+
+variable "create_bucket" {
+  description = "Create the bucket here (false: it exists, e.g. on an S3-compatible server)."
+  type        = bool
+  default     = true
+}
+
+variable "object_store_env" {
+  description = "AWS_* variables for the object store (AWS_REGION, AWS_ENDPOINT_URL, credentials) put in the strata-object-store secret; empty with workload identity."
+  type        = map(string)
+  default     = {}
+  sensitive   = true
+}
+
+variable "manifests_dir" {
+  description = "Folder of the Kubernetes manifests this module applies."
+  type        = string
+  default     = null
+}

@@ -1,0 +1,511 @@
+//! The deployment files (`infra/kubernetes`, `infra/monitoring`, `terraform/strata`) checked
+//! against the built `strata` binary and the code: every flag a manifest passes is one its
+//! command accepts, the journal's peers are exactly the StatefulSet's pods, Services reach named
+//! ports that exist, every metric the alerts and dashboard use is one Strata exports, and every
+//! value the Terraform module substitutes is present in the manifests. YAML and HCL are parsed
+//! by PyYAML and python-hcl2 (installed by scripts/test.sh).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde_json::Value;
+use strata_tests::process::strata_bin;
+
+/// The workload files of `infra/kubernetes` (kustomization.yaml lists them too).
+const MANIFESTS: [&str; 3] = ["journal.yaml", "frontend.yaml", "compactor.yaml"];
+/// What the journal image's shell wrapper runs (the other workloads use the image's entrypoint).
+const STRATA_IN_SHELL: &str = "exec /usr/local/bin/strata ";
+/// Suffixes Prometheus adds to a histogram's name.
+const HISTOGRAM_SUFFIXES: [&str; 3] = ["_bucket", "_sum", "_count"];
+/// Source folders whose string literals name the exported metrics.
+const METRIC_SOURCES: [&str; 5] = [
+    "frontend/src",
+    "journal/src",
+    "compactor/src",
+    "strata/src",
+    "memstore/src",
+];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ lives in the repository")
+        .to_path_buf()
+}
+
+/// `path` parsed by a Python one-liner that prints JSON.
+fn python_json(script: &str, path: &Path) -> Value {
+    let out = Command::new("python3")
+        .args(["-c", script])
+        .arg(path)
+        .output()
+        .expect("python3 runs (scripts/test.sh installs PyYAML and python-hcl2)");
+    assert!(
+        out.status.success(),
+        "parsing {}: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("the parser printed JSON")
+}
+
+/// Every YAML document of `path`.
+fn yaml_docs(path: &Path) -> Vec<Value> {
+    let script =
+        "import json, sys, yaml; print(json.dumps(list(yaml.safe_load_all(open(sys.argv[1])))))";
+    match python_json(script, path) {
+        Value::Array(docs) => docs.into_iter().filter(|d| !d.is_null()).collect(),
+        other => panic!("{}: not a list of documents: {other}", path.display()),
+    }
+}
+
+fn hcl(path: &Path) -> Value {
+    python_json(
+        "import json, sys, hcl2; print(json.dumps(hcl2.load(open(sys.argv[1]))))",
+        path,
+    )
+}
+
+/// Every Kubernetes object of the deployment, with the file it came from.
+fn objects() -> Vec<(String, Value)> {
+    let dir = repo().join("infra/kubernetes");
+    let kustomization = yaml_docs(&dir.join("kustomization.yaml"));
+    let listed: BTreeSet<&str> = kustomization[0]["resources"]
+        .as_array()
+        .expect("kustomization lists resources")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        listed,
+        MANIFESTS.into_iter().collect(),
+        "kustomization.yaml lists every manifest"
+    );
+    MANIFESTS
+        .iter()
+        .flat_map(|f| {
+            yaml_docs(&dir.join(f))
+                .into_iter()
+                .map(|d| (f.to_string(), d))
+        })
+        .collect()
+}
+
+fn of_kind<'a>(objects: &'a [(String, Value)], kind: &str) -> Vec<&'a Value> {
+    objects
+        .iter()
+        .map(|(_, o)| o)
+        .filter(|o| o["kind"] == kind)
+        .collect()
+}
+
+fn workloads(objects: &[(String, Value)]) -> Vec<&Value> {
+    let mut w = of_kind(objects, "StatefulSet");
+    w.extend(of_kind(objects, "Deployment"));
+    w
+}
+
+fn containers(workload: &Value) -> &Vec<Value> {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .expect("a pod template with containers")
+}
+
+fn strs(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|s| s.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `strata` command line a container runs: its args after the image's entrypoint, or the
+/// `strata` invocation inside a `sh -c` wrapper (shell quoting stripped).
+fn strata_argv(container: &Value) -> Vec<String> {
+    let command = strs(&container["command"]);
+    let args = strs(&container["args"]);
+    if command.is_empty() {
+        return args;
+    }
+    assert_eq!(
+        command.last().map(String::as_str),
+        Some("-c"),
+        "a custom command is a shell wrapper"
+    );
+    let script = args.first().expect("the wrapper's script");
+    let at = script
+        .find(STRATA_IN_SHELL)
+        .expect("the wrapper execs strata");
+    script[at + STRATA_IN_SHELL.len()..]
+        .split_whitespace()
+        .map(|t| t.trim_matches('"').to_string())
+        .collect()
+}
+
+/// `--flag value` and `--flag=value` pairs of an argv (after the subcommand).
+fn flags(argv: &[String]) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut i = 1;
+    while i < argv.len() {
+        let a = &argv[i];
+        assert!(
+            a.starts_with("--"),
+            "unexpected positional argument {a:?} in {argv:?}"
+        );
+        match a.split_once('=') {
+            Some((k, v)) => out.insert(k.to_string(), v.to_string()),
+            None => {
+                let value = argv.get(i + 1).filter(|v| !v.starts_with("--")).cloned();
+                if value.is_some() {
+                    i += 1;
+                }
+                out.insert(a.clone(), value.unwrap_or_default())
+            }
+        };
+        i += 1;
+    }
+    out
+}
+
+/// The long flags `strata <sub> --help` documents.
+fn help_flags(sub: &str) -> BTreeSet<String> {
+    let out = Command::new(strata_bin())
+        .args([sub, "--help"])
+        .output()
+        .expect("strata runs");
+    assert!(out.status.success(), "strata {sub} --help failed");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter(|t| t.starts_with("--"))
+        .map(|t| {
+            t.chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                .collect()
+        })
+        .collect()
+}
+
+fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr:?}"))
+}
+
+#[test]
+fn every_flag_a_manifest_passes_exists() {
+    let objects = objects();
+    let mut subcommands = BTreeSet::new();
+    for w in workloads(&objects) {
+        for c in containers(w) {
+            let argv = strata_argv(c);
+            let sub = argv.first().expect("a subcommand").clone();
+            let known = help_flags(&sub);
+            for flag in flags(&argv).keys() {
+                assert!(
+                    known.contains(flag),
+                    "{} passes {flag}, which `strata {sub}` does not accept",
+                    w["metadata"]["name"]
+                );
+            }
+            subcommands.insert(sub);
+        }
+    }
+    let expected: BTreeSet<String> = ["journal", "frontend", "compactor"]
+        .map(String::from)
+        .into();
+    assert_eq!(subcommands, expected, "one workload per process kind");
+}
+
+#[test]
+fn journal_peers_are_the_statefulset_pods() {
+    let objects = objects();
+    let sts = of_kind(&objects, "StatefulSet");
+    let [journal] = sts.as_slice() else {
+        panic!("one StatefulSet, the journal")
+    };
+    let name = journal["metadata"]["name"].as_str().expect("named");
+    let service = journal["spec"]["serviceName"]
+        .as_str()
+        .expect("a governing service");
+    let replicas = journal["spec"]["replicas"].as_u64().expect("replicas");
+    assert!(
+        replicas == 3 || replicas == 5,
+        "a journal is 3 or 5 nodes, not {replicas}"
+    );
+
+    let headless = of_kind(&objects, "Service")
+        .into_iter()
+        .find(|s| s["metadata"]["name"] == service)
+        .expect("the governing Service exists");
+    assert_eq!(
+        headless["spec"]["clusterIP"], "None",
+        "pods get stable DNS names only from a headless Service"
+    );
+    let journal_port = headless["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == "journal")
+        .and_then(|p| p["port"].as_u64())
+        .expect("a journal port") as u16;
+
+    let f = flags(&strata_argv(&containers(journal)[0]));
+    assert_eq!(
+        port_of(&f["--listen"]),
+        journal_port,
+        "the node listens where its Service points"
+    );
+    let peers: BTreeMap<u64, String> = f["--peers"]
+        .split(',')
+        .map(|p| {
+            let (id, addr) = p.split_once('=').expect("id=host:port");
+            (id.parse().expect("numeric id"), addr.to_string())
+        })
+        .collect();
+    let expected: BTreeMap<u64, String> = (0..replicas)
+        .map(|i| (i + 1, format!("{name}-{i}.{service}:{journal_port}")))
+        .collect();
+    assert_eq!(peers, expected, "--peers names every pod, id = ordinal + 1");
+
+    let addresses: BTreeSet<String> = expected.into_values().collect();
+    for w in workloads(&objects) {
+        for c in containers(w) {
+            if let Some(list) = flags(&strata_argv(c)).get("--journal") {
+                let dialled: BTreeSet<String> = list.split(',').map(str::to_string).collect();
+                assert_eq!(
+                    dialled, addresses,
+                    "{} dials every journal node",
+                    w["metadata"]["name"]
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn services_and_probes_reach_ports_that_exist() {
+    let objects = objects();
+    for w in workloads(&objects) {
+        let pod = &w["spec"]["template"];
+        let labels = pod["metadata"]["labels"].as_object().expect("pod labels");
+        assert_eq!(
+            &w["spec"]["selector"]["matchLabels"]
+                .as_object()
+                .expect("a selector"),
+            &labels,
+            "{} selects its own pods",
+            w["metadata"]["name"]
+        );
+        for c in containers(w) {
+            let ports: BTreeMap<String, u64> = c["ports"]
+                .as_array()
+                .expect("ports")
+                .iter()
+                .map(|p| {
+                    (
+                        p["name"].as_str().expect("named port").to_string(),
+                        p["containerPort"].as_u64().expect("port"),
+                    )
+                })
+                .collect();
+            let f = flags(&strata_argv(c));
+            for (flag, port_name) in [
+                ("--listen", "journal"),
+                ("--listen", "client"),
+                ("--metrics-listen", "metrics"),
+            ] {
+                if let (Some(addr), Some(port)) = (f.get(flag), ports.get(port_name)) {
+                    assert_eq!(
+                        u64::from(port_of(addr)),
+                        *port,
+                        "{flag} and the {port_name} port agree"
+                    );
+                }
+            }
+            let scraped = pod["metadata"]["annotations"]["prometheus.io/port"]
+                .as_str()
+                .expect("scrape port")
+                .parse::<u64>()
+                .expect("numeric");
+            assert_eq!(
+                Some(&scraped),
+                ports.get("metrics"),
+                "Prometheus scrapes the metrics port"
+            );
+            for probe in ["readinessProbe", "livenessProbe"] {
+                let p = &c[probe];
+                if let Some(named) = p["httpGet"]["port"]
+                    .as_str()
+                    .or(p["tcpSocket"]["port"].as_str())
+                {
+                    assert!(
+                        ports.contains_key(named),
+                        "{probe} uses port {named:?}, which the container does not declare"
+                    );
+                }
+            }
+        }
+    }
+    for svc in of_kind(&objects, "Service") {
+        let selector = svc["spec"]["selector"].as_object().expect("a selector");
+        let backends: Vec<&Value> = workloads(&objects)
+            .into_iter()
+            .filter(|w| {
+                w["spec"]["template"]["metadata"]["labels"]
+                    .as_object()
+                    .is_some_and(|l| selector.iter().all(|(k, v)| l.get(k) == Some(v)))
+            })
+            .collect();
+        assert!(
+            !backends.is_empty(),
+            "Service {} selects no pods",
+            svc["metadata"]["name"]
+        );
+        for port in svc["spec"]["ports"].as_array().expect("ports") {
+            let target = port["targetPort"].as_str().expect("named target ports");
+            let found = backends.iter().flat_map(|w| containers(w)).any(|c| {
+                c["ports"]
+                    .as_array()
+                    .is_some_and(|ps| ps.iter().any(|p| p["name"] == target))
+            });
+            assert!(
+                found,
+                "Service {} targets port {target:?}, which its pods do not declare",
+                svc["metadata"]["name"]
+            );
+        }
+    }
+    for pdb in of_kind(&objects, "PodDisruptionBudget") {
+        let selector = &pdb["spec"]["selector"]["matchLabels"];
+        assert!(
+            workloads(&objects)
+                .iter()
+                .any(|w| &w["spec"]["selector"]["matchLabels"] == selector),
+            "PodDisruptionBudget {} covers no workload",
+            pdb["metadata"]["name"]
+        );
+    }
+}
+
+/// Names `strata_*` in `text`.
+fn metric_names(text: &str) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("strata_") {
+        let name: String = rest[at..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+            .collect();
+        rest = &rest[at + name.len()..];
+        let base = HISTOGRAM_SUFFIXES
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .unwrap_or(&name);
+        out.insert(base.to_string());
+    }
+    out
+}
+
+fn rust_sources(dir: &Path, out: &mut String) {
+    for entry in std::fs::read_dir(dir).expect("source folder") {
+        let path = entry.expect("dir entry").path();
+        if path.is_dir() {
+            rust_sources(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push_str(&std::fs::read_to_string(&path).expect("readable source"));
+        }
+    }
+}
+
+#[test]
+fn monitoring_uses_only_exported_metrics() {
+    let dir = repo().join("infra/monitoring");
+    let alerts = yaml_docs(&dir.join("alerts.yaml"));
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("dashboard.json")).expect("dashboard"),
+    )
+    .expect("dashboard is JSON");
+    let mut exprs = String::new();
+    for rule in alerts[0]["groups"]
+        .as_array()
+        .expect("rule groups")
+        .iter()
+        .flat_map(|g| g["rules"].as_array().expect("rules"))
+    {
+        exprs.push_str(rule["expr"].as_str().expect("an expr"));
+        exprs.push('\n');
+    }
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for t in panel["targets"].as_array().expect("targets") {
+            exprs.push_str(t["expr"].as_str().expect("an expr"));
+            exprs.push('\n');
+        }
+    }
+    let used = metric_names(&exprs);
+    assert!(
+        used.len() >= 10,
+        "the monitoring files name Strata's metrics: {used:?}"
+    );
+    let mut code = String::new();
+    for d in METRIC_SOURCES {
+        rust_sources(&repo().join(d), &mut code);
+    }
+    for name in used {
+        assert!(
+            code.contains(&format!("\"{name}\"")),
+            "{name} is used by infra/monitoring but no Strata process exports it"
+        );
+    }
+}
+
+/// An HCL string as python-hcl2 returns it (with or without its quotes).
+fn unquoted(v: &Value) -> String {
+    v.as_str().expect("a string").trim_matches('"').to_string()
+}
+
+#[test]
+fn terraform_substitutes_values_the_manifests_hold() {
+    let module = repo().join("terraform/strata");
+    for f in ["versions.tf", "variables.tf", "outputs.tf"] {
+        hcl(&module.join(f));
+    }
+    let main = hcl(&module.join("main.tf"));
+    let locals = &main["locals"][0];
+    let files: Vec<String> = locals["manifest_files"]
+        .as_array()
+        .expect("manifest_files")
+        .iter()
+        .map(unquoted)
+        .collect();
+    assert_eq!(
+        files,
+        MANIFESTS.map(String::from),
+        "the module applies every manifest"
+    );
+    let image = unquoted(&locals["image_placeholder"]);
+    let bucket = unquoted(&locals["bucket_placeholder"]);
+    let dir = repo().join("infra/kubernetes");
+    let mut bucket_uses = 0;
+    for f in &files {
+        let text = std::fs::read_to_string(dir.join(f)).expect("manifest");
+        let containers: usize = yaml_docs(&dir.join(f))
+            .iter()
+            .filter(|d| d["kind"] == "StatefulSet" || d["kind"] == "Deployment")
+            .map(|w| containers(w).len())
+            .sum();
+        assert_eq!(
+            text.matches(&image).count(),
+            containers,
+            "{f}: every container's image is the module's placeholder {image:?}"
+        );
+        bucket_uses += text.matches(&bucket).count();
+    }
+    assert!(
+        bucket_uses >= 2,
+        "frontends and compactor name the bucket placeholder {bucket:?}"
+    );
+}

@@ -4,6 +4,7 @@
 use prost::Message;
 
 use crate::ENTRY_FORMAT_VERSION;
+use crate::etcdserverpb::PutRequest;
 use crate::strata::entry::{Entry, LeaderChange, Tick, entry::Request};
 use crate::strata::journal::{Record, record::Kind};
 
@@ -89,6 +90,166 @@ fn own_entry(
     Ok(entry)
 }
 
+/// A put carried by a data record, read in place from the record's payload (no `Entry`, no
+/// copy): what `put_view` finds in the common case of an entry holding one `PutRequest`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PutView<'a> {
+    pub request_id: &'a [u8],
+    pub key: &'a [u8],
+    pub value: &'a [u8],
+    pub lease: i64,
+    pub prev_kv: bool,
+    pub ignore_value: bool,
+    pub ignore_lease: bool,
+}
+
+impl PutView<'_> {
+    /// The `PutRequest` this view reads (what `entry_for_tenant` would have put in the entry).
+    pub fn to_request(&self) -> PutRequest {
+        PutRequest {
+            key: self.key.to_vec(),
+            value: self.value.to_vec(),
+            lease: self.lease,
+            prev_kv: self.prev_kv,
+            ignore_value: self.ignore_value,
+            ignore_lease: self.ignore_lease,
+        }
+    }
+}
+
+/// What `put_view` made of a record it understood.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FastRecord<'a> {
+    /// A put of `tenant`'s, to apply at the record's `time_ms`.
+    Put(PutView<'a>),
+    /// Another tenant's put: for `tenant` a tick at the record's `time_ms`.
+    OtherTenant,
+}
+
+/// Wire-format keys (field number << 3 | wire type) `put_view` accepts.
+mod wire_key {
+    pub const ENTRY_FORMAT_VERSION: u64 = 1 << 3;
+    pub const ENTRY_TENANT: u64 = (2 << 3) | 2;
+    pub const ENTRY_REQUEST_ID: u64 = (3 << 3) | 2;
+    pub const ENTRY_TIME_MS: u64 = 4 << 3;
+    pub const ENTRY_PUT: u64 = (10 << 3) | 2;
+    pub const PUT_KEY: u64 = (1 << 3) | 2;
+    pub const PUT_VALUE: u64 = (2 << 3) | 2;
+    pub const PUT_LEASE: u64 = 3 << 3;
+    pub const PUT_PREV_KV: u64 = 4 << 3;
+    pub const PUT_IGNORE_VALUE: u64 = 5 << 3;
+    pub const PUT_IGNORE_LEASE: u64 = 6 << 3;
+}
+
+/// Most bytes of a protobuf varint.
+const MAX_VARINT_BYTES: usize = 10;
+
+/// A cursor over protobuf wire bytes that gives up (None) on anything malformed.
+struct Wire<'a> {
+    buf: &'a [u8],
+}
+
+impl<'a> Wire<'a> {
+    /// A varint as prost reads one: at most 10 bytes, the 10th at most 1.
+    fn varint(&mut self) -> Option<u64> {
+        let mut x = 0u64;
+        for i in 0..MAX_VARINT_BYTES {
+            let (&b, rest) = self.buf.split_first()?;
+            self.buf = rest;
+            if i == MAX_VARINT_BYTES - 1 && b > 1 {
+                return None;
+            }
+            x |= u64::from(b & 0x7f) << (7 * i);
+            if b < 0x80 {
+                return Some(x);
+            }
+        }
+        None
+    }
+
+    /// A length-delimited field's bytes.
+    fn bytes(&mut self) -> Option<&'a [u8]> {
+        let n = usize::try_from(self.varint()?).ok()?;
+        if n > self.buf.len() {
+            return None;
+        }
+        let (b, rest) = self.buf.split_at(n);
+        self.buf = rest;
+        Some(b)
+    }
+}
+
+/// Reads the payload of a data record in place when it is an entry carrying a single put, for
+/// `tenant` as `entry_for_tenant` would: `Some(Put)` for `tenant`'s own put, `Some(OtherTenant)`
+/// for another tenant's. Accepts only what it reads exactly as prost does: the known fields of
+/// `Entry` and `PutRequest`, each at most once, in any order, with their own wire types, and a
+/// format version this build reads. Everything else (other requests, unknown or repeated fields,
+/// malformed or newer entries) gives `None`, and the caller decodes the record with
+/// `entry_for_tenant*`, which then gives the entry (or the error) prost gives.
+pub fn put_view<'a>(record: &'a Record, tenant: &str) -> Option<FastRecord<'a>> {
+    let Some(Kind::Data(payload)) = &record.kind else {
+        return None;
+    };
+    let mut w = Wire { buf: payload };
+    let (mut version, mut entry_tenant, mut request_id, mut time_ms, mut put) =
+        (None, None, None, None, None);
+    while !w.buf.is_empty() {
+        let slot_was_empty = match w.varint()? {
+            wire_key::ENTRY_FORMAT_VERSION => version.replace(w.varint()? as u32).is_none(),
+            wire_key::ENTRY_TENANT => entry_tenant.replace(w.bytes()?).is_none(),
+            wire_key::ENTRY_REQUEST_ID => request_id.replace(w.bytes()?).is_none(),
+            wire_key::ENTRY_TIME_MS => time_ms.replace(w.varint()?).is_none(),
+            wire_key::ENTRY_PUT => put.replace(w.bytes()?).is_none(),
+            _ => false,
+        };
+        if !slot_was_empty {
+            return None;
+        }
+    }
+    if version.unwrap_or(0) > ENTRY_FORMAT_VERSION {
+        return None;
+    }
+    let mut view = put_fields(put?)?;
+    let entry_tenant = entry_tenant.unwrap_or_default();
+    if entry_tenant != tenant.as_bytes() {
+        // prost refuses a tenant that is not UTF-8; leave that error to it.
+        std::str::from_utf8(entry_tenant).ok()?;
+        return Some(FastRecord::OtherTenant);
+    }
+    view.request_id = request_id.unwrap_or_default();
+    Some(FastRecord::Put(view))
+}
+
+/// The fields of an encoded `PutRequest` (see `put_view` for what is accepted).
+fn put_fields(buf: &[u8]) -> Option<PutView<'_>> {
+    let mut w = Wire { buf };
+    let (mut key, mut value, mut lease, mut prev_kv, mut ignore_value, mut ignore_lease) =
+        (None, None, None, None, None, None);
+    while !w.buf.is_empty() {
+        let slot_was_empty = match w.varint()? {
+            wire_key::PUT_KEY => key.replace(w.bytes()?).is_none(),
+            wire_key::PUT_VALUE => value.replace(w.bytes()?).is_none(),
+            wire_key::PUT_LEASE => lease.replace(w.varint()? as i64).is_none(),
+            wire_key::PUT_PREV_KV => prev_kv.replace(w.varint()? != 0).is_none(),
+            wire_key::PUT_IGNORE_VALUE => ignore_value.replace(w.varint()? != 0).is_none(),
+            wire_key::PUT_IGNORE_LEASE => ignore_lease.replace(w.varint()? != 0).is_none(),
+            _ => false,
+        };
+        if !slot_was_empty {
+            return None;
+        }
+    }
+    Some(PutView {
+        request_id: &[],
+        key: key.unwrap_or_default(),
+        value: value.unwrap_or_default(),
+        lease: lease.unwrap_or_default(),
+        prev_kv: prev_kv.unwrap_or_default(),
+        ignore_value: ignore_value.unwrap_or_default(),
+        ignore_lease: ignore_lease.unwrap_or_default(),
+    })
+}
+
 /// Encodes an entry for `Append`; the time stamp is left to the journal.
 pub fn encode_entry(entry: &Entry) -> Vec<u8> {
     let mut e = entry.clone();
@@ -99,7 +260,6 @@ pub fn encode_entry(entry: &Entry) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::etcdserverpb::PutRequest;
 
     fn put_entry(tenant: &str) -> Entry {
         Entry {

@@ -1,8 +1,10 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|reads|hot|load|decoded|decoded-owned` (`decoded`: the
-//! puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
-//! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`).
+//! --example profile_ops -- puts|random|reads|hot|load|decoded|decoded-owned|record` (`decoded`:
+//! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
+//! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
+//! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
+//! gives every entry a 16-byte request id, as frontends write them.
 
 use std::hint::black_box;
 
@@ -45,12 +47,17 @@ fn main() {
             i
         }
     };
+    let ids = std::env::var("PROFILE_IDS").is_ok_and(|v| v == "1");
     let entries: Vec<Entry> = (0..N)
         .map(order)
         .map(|i| Entry {
             format_version: 1,
             tenant: "p".into(),
-            request_id: Vec::new(),
+            request_id: if ids {
+                (i as u128 + 1).to_le_bytes().to_vec()
+            } else {
+                Vec::new()
+            },
             time_ms: 1_000,
             request: Some(Request::Put(PutRequest {
                 key: key(i),
@@ -59,7 +66,7 @@ fn main() {
             })),
         })
         .collect();
-    if mode.starts_with("decoded") {
+    if mode.starts_with("decoded") || mode == "record" {
         // Each round decodes its own copy of the records (made before the store, so the
         // by-value decode can consume them); `PROFILE_ROUNDS` sets the rounds (e.g. 1 under
         // callgrind).
@@ -85,7 +92,9 @@ fn main() {
             let (wall, cpu) = (std::time::Instant::now(), cpu_ns());
             for r in records {
                 let index = r.index;
-                if owned {
+                if mode == "record" {
+                    black_box(store.apply_record(r, "p").expect("profile record"));
+                } else if owned {
                     let e = api::record::entry_for_tenant_owned(r, "p").expect("profile record");
                     black_box(store.apply_owned(index, e));
                 } else {

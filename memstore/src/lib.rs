@@ -78,6 +78,14 @@ pub struct Applied {
     pub events: Vec<mvccpb::Event>,
 }
 
+/// What `MemStore::apply_record` did with a journal record: the request id of the entry it
+/// carried (empty for shard-wide records and other tenants' entries) and the apply itself.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordApplied {
+    pub request_id: Vec<u8>,
+    pub applied: Applied,
+}
+
 /// The answer to the request an entry carried.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {

@@ -1,7 +1,6 @@
 //! `MemStore`: one tenant's whole state and the deterministic `apply` that moves it, plus the
 //! reads (range, events, leases, hash) served from it.
 
-use std::borrow::Borrow;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
@@ -14,13 +13,15 @@ use api::etcdserverpb::{
     alarm_request::AlarmAction, compare, range_request, request_op, response_op,
 };
 use api::mvccpb::{Event, KeyValue, event::EventType};
+use api::record::{DecodeError, FastRecord, PutView};
 use api::strata::entry::{Entry, entry::Request};
+use api::strata::journal::Record;
 
 use crate::dedup::Dedup;
 use crate::keyspace::{KeySpace, Version, below, bounds, live_at};
 use crate::lease::LeaseTable;
 use crate::restore::Stage;
-use crate::{Applied, Config, Error, HashKv, Outcome, Stats, validate};
+use crate::{Applied, Config, Error, HashKv, Outcome, RecordApplied, Stats, validate};
 
 /// The revision of an empty store, as in etcd.
 pub(crate) const INITIAL_REVISION: i64 = 1;
@@ -114,15 +115,9 @@ impl Writer<'_> {
         self.put_bytes(req.key.as_slice(), req.value.as_slice(), PutFlags::of(req))
     }
 
-    /// `put` of a request the caller gives away: its key (for a new key) and value move into
-    /// the store instead of being copied.
-    pub(crate) fn put_owned(&mut self, req: PutRequest) -> PutResponse {
-        let flags = PutFlags::of(&req);
-        self.put_bytes(req.key, req.value, flags)
-    }
-
-    /// The one put: `key` and `value` are copied or moved into the store as their types allow;
-    /// the event's key-value is copied from what the store then holds.
+    /// The one put: `key` and `value` are copied or moved into the store as their types allow
+    /// (a decoded request's `Vec`s move, a record's slices are copied once); the event's
+    /// key-value is copied from what the store then holds.
     fn put_bytes<K, V>(&mut self, key: K, value: V, flags: PutFlags) -> PutResponse
     where
         K: AsRef<[u8]> + Into<Box<[u8]>>,
@@ -267,6 +262,36 @@ impl PutFlags {
             ignore_lease: req.ignore_lease,
         }
     }
+
+    fn of_view(v: &PutView<'_>) -> PutFlags {
+        PutFlags {
+            lease: v.lease,
+            prev_kv: v.prev_kv,
+            ignore_value: v.ignore_value,
+            ignore_lease: v.ignore_lease,
+        }
+    }
+}
+
+/// What an entry carries, as far as `apply_parts` must know before running it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Carried {
+    /// No request, or a tick: time moves on, nothing else.
+    Nothing,
+    /// A journal leader change: leases are extended.
+    LeaderChange,
+    /// A request to de-duplicate and run.
+    Request,
+}
+
+impl Carried {
+    fn of(request: Option<&Request>) -> Carried {
+        match request {
+            None | Some(Request::Tick(_)) => Carried::Nothing,
+            Some(Request::LeaderChange(_)) => Carried::LeaderChange,
+            Some(_) => Carried::Request,
+        }
+    }
 }
 
 /// Nested txn decisions, evaluated against the state before the txn (etcd's compareToPath).
@@ -336,48 +361,131 @@ impl MemStore {
 
     /// Applies the entry at journal `index` (see the crate docs for the order of effects).
     pub fn apply(&mut self, index: u64, entry: &Entry) -> Applied {
+        let request = entry.request.as_ref();
         self.apply_parts(
             index,
             entry.time_ms,
             &entry.request_id,
-            entry.request.as_ref(),
-            |s, req, events| s.apply_request(index, req, events),
+            Carried::of(request),
+            |s, events| match request {
+                Some(req) => s.apply_request(index, req, events),
+                None => Outcome::Nothing,
+            },
         )
     }
 
     /// `apply` of an entry the caller gives away (a replica's freshly decoded entry): a put's
     /// key and value bytes move into the store instead of being copied. Same outcome, events
     /// and state as `apply(index, &entry)`.
-    pub fn apply_owned(&mut self, index: u64, entry: Entry) -> Applied {
-        let Entry {
+    pub fn apply_owned(&mut self, index: u64, mut entry: Entry) -> Applied {
+        let request_id = std::mem::take(&mut entry.request_id);
+        self.apply_entry_without_id(index, entry, &request_id)
+    }
+
+    /// Applies journal record `record` as tenant `tenant`'s replica: the same as
+    /// `apply_owned(record.index, api::record::entry_for_tenant_owned(record, tenant)?)`
+    /// (same outcome, events and state; the entry's request id comes back beside them), but
+    /// a put is read straight from the record's bytes (`api::record::put_view`) into the store,
+    /// without decoding an `Entry` first. A record that cannot be decoded changes nothing.
+    pub fn apply_record(
+        &mut self,
+        record: Record,
+        tenant: &str,
+    ) -> Result<RecordApplied, DecodeError> {
+        if let Some(done) = self.apply_record_fast(&record, tenant) {
+            return Ok(done);
+        }
+        let index = record.index;
+        let mut entry = api::record::entry_for_tenant_owned(record, tenant)?;
+        let request_id = std::mem::take(&mut entry.request_id);
+        let applied = self.apply_entry_without_id(index, entry, &request_id);
+        Ok(RecordApplied {
             request_id,
-            time_ms,
-            request,
-            ..
+            applied,
+        })
+    }
+
+    /// `apply_record` of a record the caller keeps (the fallback decodes from a borrowed
+    /// payload, which copies a put's bytes once more; a put itself costs the same).
+    pub fn apply_record_ref(
+        &mut self,
+        record: &Record,
+        tenant: &str,
+    ) -> Result<RecordApplied, DecodeError> {
+        if let Some(done) = self.apply_record_fast(record, tenant) {
+            return Ok(done);
+        }
+        let mut entry = api::record::entry_for_tenant(record, tenant)?;
+        let request_id = std::mem::take(&mut entry.request_id);
+        let applied = self.apply_entry_without_id(record.index, entry, &request_id);
+        Ok(RecordApplied {
+            request_id,
+            applied,
+        })
+    }
+
+    /// `apply_owned` of an entry whose request id the caller took out (`request_id`).
+    fn apply_entry_without_id(&mut self, index: u64, entry: Entry, request_id: &[u8]) -> Applied {
+        let Entry {
+            time_ms, request, ..
         } = entry;
         self.apply_parts(
             index,
             time_ms,
-            &request_id,
-            request,
-            |s, req, events| match req {
-                Request::Put(p) => s
-                    .apply_put_owned(p, events)
-                    .map_or_else(Outcome::Failed, Outcome::Put),
-                other => s.apply_request(index, &other, events),
+            request_id,
+            Carried::of(request.as_ref()),
+            |s, events| match request {
+                Some(Request::Put(p)) => {
+                    let flags = PutFlags::of(&p);
+                    s.apply_put_with(p.key, p.value, flags, events)
+                        .map_or_else(Outcome::Failed, Outcome::Put)
+                }
+                Some(other) => s.apply_request(index, &other, events),
+                None => Outcome::Nothing,
             },
         )
     }
 
-    /// The body of `apply` and `apply_owned`: time, lease expiry, de-duplication around
-    /// `run`, which applies the request itself.
-    fn apply_parts<R: Borrow<Request>>(
+    /// The records `api::record::put_view` reads in place (a put, another tenant's put),
+    /// applied; None for every other record.
+    fn apply_record_fast(&mut self, record: &Record, tenant: &str) -> Option<RecordApplied> {
+        let (index, time_ms) = (record.index, record.time_ms);
+        Some(match api::record::put_view(record, tenant)? {
+            FastRecord::Put(v) => {
+                let flags = PutFlags::of_view(&v);
+                let applied = self.apply_parts(
+                    index,
+                    time_ms,
+                    v.request_id,
+                    Carried::Request,
+                    |s, events| {
+                        s.apply_put_with(v.key, v.value, flags, events)
+                            .map_or_else(Outcome::Failed, Outcome::Put)
+                    },
+                );
+                RecordApplied {
+                    request_id: v.request_id.to_vec(),
+                    applied,
+                }
+            }
+            FastRecord::OtherTenant => RecordApplied {
+                request_id: Vec::new(),
+                applied: self.apply_parts(index, time_ms, &[], Carried::Nothing, |_, _| {
+                    Outcome::Nothing
+                }),
+            },
+        })
+    }
+
+    /// The body of every apply: time, lease expiry, de-duplication around `run`, which
+    /// applies the request itself (run only when `carried` is a request).
+    fn apply_parts(
         &mut self,
         index: u64,
         time_ms: i64,
         request_id: &[u8],
-        request: Option<R>,
-        run: impl FnOnce(&mut Self, R, &mut Vec<Event>) -> Outcome,
+        carried: Carried,
+        run: impl FnOnce(&mut Self, &mut Vec<Event>) -> Outcome,
     ) -> Applied {
         if index <= self.state.applied_index {
             return Applied {
@@ -392,11 +500,7 @@ impl MemStore {
         let now = time_ms.max(self.state.time_ms);
         self.state.time_ms = now;
         let mut events = Vec::new();
-        let is_leader_change = matches!(
-            request.as_ref().map(Borrow::borrow),
-            Some(Request::LeaderChange(_))
-        );
-        if is_leader_change {
+        if carried == Carried::LeaderChange {
             // A new journal leader: extend instead of expiring, so a failover never expires a
             // live lease early (etcd's lessor Promote).
             self.state
@@ -407,11 +511,9 @@ impl MemStore {
         }
         self.prune_dedup(now);
 
-        let request =
-            request.filter(|r| !matches!(r.borrow(), Request::Tick(_) | Request::LeaderChange(_)));
-        let outcome = match request {
-            None => Outcome::Nothing,
-            Some(req) => {
+        let outcome = match carried {
+            Carried::Nothing | Carried::LeaderChange => Outcome::Nothing,
+            Carried::Request => {
                 let id = request_id;
                 let first = if id.is_empty() {
                     None
@@ -421,7 +523,7 @@ impl MemStore {
                 if let Some(revision) = first {
                     Outcome::Duplicate { revision }
                 } else {
-                    let outcome = run(self, req, &mut events);
+                    let outcome = run(self, &mut events);
                     if !id.is_empty() {
                         self.remember(id, now);
                     }
@@ -507,42 +609,45 @@ impl MemStore {
         result.unwrap_or_else(Outcome::Failed)
     }
 
-    fn check_put(&self, p: &PutRequest) -> Result<(), Error> {
-        if p.lease != 0 && !self.state.leases.contains(p.lease) {
+    fn check_put(&self, key: &[u8], flags: PutFlags) -> Result<(), Error> {
+        if flags.lease != 0 && !self.state.leases.contains(flags.lease) {
             return Err(Error::LeaseNotFound);
         }
-        if (p.ignore_value || p.ignore_lease) && self.state.keys.latest_live(&p.key).is_none() {
+        if (flags.ignore_value || flags.ignore_lease) && self.state.keys.latest_live(key).is_none()
+        {
             return Err(Error::KeyNotFound);
         }
         Ok(())
     }
 
     fn apply_put(&mut self, p: &PutRequest, events: &mut Vec<Event>) -> Result<PutResponse, Error> {
-        self.apply_put_with(p, events, |w, p| w.put(p))
+        self.apply_put_with(
+            p.key.as_slice(),
+            p.value.as_slice(),
+            PutFlags::of(p),
+            events,
+        )
     }
 
-    /// `apply_put` of a request the caller gives away (same checks, same result).
-    fn apply_put_owned(
+    /// The checks of a put, then the put in one revision. `key` and `value` are borrowed
+    /// (copied into the store) or owned (moved into it): same checks, same result.
+    fn apply_put_with<K, V>(
         &mut self,
-        p: PutRequest,
+        key: K,
+        value: V,
+        flags: PutFlags,
         events: &mut Vec<Event>,
-    ) -> Result<PutResponse, Error> {
-        self.apply_put_with(p, events, |w, p| w.put_owned(p))
-    }
-
-    /// The checks of a put, then `put` (borrowing or moving the request) in one revision.
-    fn apply_put_with<P: Borrow<PutRequest>>(
-        &mut self,
-        p: P,
-        events: &mut Vec<Event>,
-        put: impl FnOnce(&mut Writer<'_>, P) -> PutResponse,
-    ) -> Result<PutResponse, Error> {
-        let r = p.borrow();
-        validate::put(r)?;
-        self.check_space((r.key.len() + r.value.len()) as u64)?;
-        self.check_put(r)?;
+    ) -> Result<PutResponse, Error>
+    where
+        K: AsRef<[u8]> + Into<Box<[u8]>>,
+        V: AsRef<[u8]> + Into<Box<[u8]>>,
+    {
+        let (k, v) = (key.as_ref(), value.as_ref());
+        validate::put_parts(k, v, flags.lease, flags.ignore_value, flags.ignore_lease)?;
+        self.check_space((k.len() + v.len()) as u64)?;
+        self.check_put(k, flags)?;
         let mut w = Writer::new(&mut self.state, events);
-        let mut resp = put(&mut w, p);
+        let mut resp = w.put_bytes(key, value, flags);
         resp.header = header(w.finish());
         Ok(resp)
     }
@@ -739,7 +844,9 @@ impl MemStore {
                         return Err(Error::Compacted);
                     }
                 }
-                Some(request_op::Request::RequestPut(p)) => self.check_put(p)?,
+                Some(request_op::Request::RequestPut(p)) => {
+                    self.check_put(&p.key, PutFlags::of(p))?
+                }
                 Some(request_op::Request::RequestTxn(inner)) => {
                     if let Some(child) = children.next() {
                         self.check_txn_ops(inner, child)?;

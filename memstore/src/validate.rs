@@ -21,13 +21,30 @@ pub fn range(req: &RangeRequest) -> Result<(), Error> {
 
 /// etcd's checkPutRequest.
 pub fn put(req: &PutRequest) -> Result<(), Error> {
-    if req.key.is_empty() {
+    put_parts(
+        &req.key,
+        &req.value,
+        req.lease,
+        req.ignore_value,
+        req.ignore_lease,
+    )
+}
+
+/// `put` of a request given as its parts (a put read in place from a journal record).
+pub(crate) fn put_parts(
+    key: &[u8],
+    value: &[u8],
+    lease: i64,
+    ignore_value: bool,
+    ignore_lease: bool,
+) -> Result<(), Error> {
+    if key.is_empty() {
         return Err(Error::EmptyKey);
     }
-    if req.ignore_value && !req.value.is_empty() {
+    if ignore_value && !value.is_empty() {
         return Err(Error::ValueProvided);
     }
-    if req.ignore_lease && req.lease != 0 {
+    if ignore_lease && lease != 0 {
         return Err(Error::LeaseProvided);
     }
     Ok(())

@@ -15,6 +15,7 @@ use api::etcdserverpb::{
 };
 use api::mvccpb::{Event, KeyValue, event::EventType};
 use api::strata::entry::{Entry, LeaderChange, Tick, entry::Request};
+use api::strata::journal::{Record, record::Kind};
 use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Config, Error, MemStore, Outcome};
 use proptest::prelude::*;
@@ -626,6 +627,9 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
     // The same entries through `apply_owned` (a replica's by-value path) must give the same
     // outcomes, events and state.
     let mut owned = MemStore::new(config.clone());
+    // And the same entries as journal records through `apply_record` (the replica's path, which
+    // reads a put in place).
+    let mut recorded = MemStore::new(config.clone());
     let mut model = Model::new();
     let mut restored: Option<MemStore> = None;
     let mut now = model.now;
@@ -670,6 +674,21 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
             "apply_owned diverged at step {}",
             i
         );
+        let record = Record {
+            index,
+            term: 1,
+            time_ms: now,
+            kind: Some(Kind::Data(api::record::encode_entry(&entry(now, &req)))),
+        };
+        let by_record = recorded
+            .apply_record(record, "t")
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(
+            &by_record.applied,
+            &applied,
+            "apply_record diverged at step {}",
+            i
+        );
         if let Some(r) = restored.as_mut() {
             prop_assert_eq!(
                 &r.apply(index, &entry(now, &req)),
@@ -681,6 +700,7 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
         check_reads(&store, &model)?;
     }
     prop_assert!(owned == store, "apply_owned left a different state");
+    prop_assert!(recorded == store, "apply_record left a different state");
     if let Some(r) = restored {
         prop_assert!(r == store);
         prop_assert_eq!(r.hash_kv(0).unwrap(), store.hash_kv(0).unwrap());

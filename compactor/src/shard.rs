@@ -572,8 +572,7 @@ fn apply(
     )?;
     for (name, t) in tenants.iter_mut() {
         if owner.as_deref() == Some(name.as_str()) {
-            let own = entry_for_tenant(record, name)?;
-            t.store.apply_owned(record.index, own);
+            t.store.apply_record_ref(record, name)?;
         } else {
             t.store.apply(record.index, &shared);
         }

@@ -351,19 +351,17 @@ impl Replica {
                     break;
                 }
                 let (index, term) = (record.index, record.term);
-                // By value: the payload is decoded in place and a put's bytes move into the store.
-                let entry = match api::record::entry_for_tenant_owned(record, &self.tenant) {
-                    Ok(e) => e,
+                // A put is read in place from the record; anything else is decoded by value.
+                let out = match store.apply_record(record, &self.tenant) {
+                    Ok(out) => out,
                     Err(e) => {
                         stop = Some(ApplyStop::Fatal(e.to_string()));
                         break;
                     }
                 };
                 self.term.fetch_max(term, Ordering::Relaxed);
-                let request_id = entry.request_id.clone();
-                let out = store.apply_owned(index, entry);
                 expected = index + 1;
-                applied.push((request_id, out));
+                applied.push((out.request_id, out.applied));
             }
         }
         self.publish(applied);

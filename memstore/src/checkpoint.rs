@@ -19,8 +19,8 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::with::{Inline, InlineAsBox};
 
-use crate::dedup::{Dedup, Remembered, key_of};
-use crate::keyspace::{KeySpace, Version};
+use crate::dedup::{ArchivedRemembered, Dedup, Remembered, key_of};
+use crate::keyspace::{KeySpace, KeySpaceBuilder, Version};
 use crate::lease::LeaseTable;
 use crate::restore::Stage;
 use crate::store::{AuthState, State};
@@ -306,27 +306,72 @@ fn body_v3(state: &State) -> BodyV3<'_> {
     }
 }
 
-/// Writes the whole store as one checkpoint object.
+/// Writes the whole store as one checkpoint object. The body is archived straight after the
+/// header into one buffer sized for it up front (see [`body_estimate`]), so encoding holds one
+/// copy of the checkpoint, not the archive plus a framed copy plus the growth of both.
 pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
-    let body = rkyv::to_bytes::<rancor::Error>(&body_v3(&store.state))
+    let meta_bytes = encode_meta(meta);
+    let offset = body_offset(meta_bytes.len());
+    let mut out = Vec::with_capacity(offset + body_estimate(&store.state));
+    header(&mut out, FORMAT_VERSION, &meta_bytes);
+    // The body's positions count from the buffer's start; `offset` is a multiple of
+    // BODY_ALIGN, so the archive is laid out exactly as it would be on its own.
+    let mut out = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&body_v3(&store.state), out)
         .expect("invariant: archiving in-memory state into a growable buffer cannot fail");
-    frame(meta, FORMAT_VERSION, &body)
+    seal(&mut out, offset);
+    out
+}
+
+/// Fixed bytes per archived key record, version record and request id beyond their key and
+/// value bytes, and slack for leases, alarms and auth: [`body_estimate`]'s constants.
+const KEY_RECORD_BYTES: usize = std::mem::size_of::<ArchivedKeyRecord<'static>>();
+const VERSION_RECORD_BYTES: usize = std::mem::size_of::<ArchivedVersionRecord<'static>>();
+const REMEMBERED_BYTES: usize = std::mem::size_of::<ArchivedRemembered>();
+const ESTIMATE_SLACK: usize = 1 << 20;
+
+/// An upper estimate of format 3's body for `state`: every key and value byte (the key-space's
+/// `total_bytes` counts a key once per version, more than the archive holds), the fixed part
+/// of every record, and slack for the rest (leases, auth), a sixteenth on top. An
+/// over-estimate costs address space only: pages of the buffer never written never become
+/// resident. An under-estimate only means the buffer grows once.
+fn body_estimate(state: &State) -> usize {
+    let ks = &state.keys;
+    let bytes = ks.total_bytes as usize
+        + ks.len() * KEY_RECORD_BYTES
+        + ks.versions as usize * VERSION_RECORD_BYTES
+        + state.dedup.len() * REMEMBERED_BYTES
+        + ESTIMATE_SLACK;
+    bytes + bytes / 16
+}
+
+/// Header, meta and zero padding up to the body, with the crc and body length left zero.
+fn header(out: &mut Vec<u8>, version: u32, meta_bytes: &[u8]) {
+    out.extend_from_slice(&MAGIC);
+    out.extend_from_slice(&version.to_le_bytes());
+    out.extend_from_slice(&[0u8; 4]); // crc, filled by `seal`
+    out.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
+    out.extend_from_slice(&[0u8; 8]); // body length, filled by `seal`
+    out.extend_from_slice(meta_bytes);
+    out.resize(body_offset(meta_bytes.len()), 0);
+}
+
+/// Fills in the body length (the body starts at `offset`) and the crc.
+fn seal(out: &mut [u8], offset: usize) {
+    let body_len = (out.len() - offset) as u64;
+    out[20..28].copy_from_slice(&body_len.to_le_bytes());
+    let crc = crc32c::crc32c(&out[CRC_FROM..]);
+    out[12..16].copy_from_slice(&crc.to_le_bytes());
 }
 
 /// Header, meta, padding and body, with the crc filled in.
+#[cfg(test)]
 fn frame(meta: &CheckpointMeta, version: u32, body: &[u8]) -> Vec<u8> {
     let meta_bytes = encode_meta(meta);
-    let mut out = Vec::with_capacity(body_offset(meta_bytes.len()) + body.len());
-    out.extend_from_slice(&MAGIC);
-    out.extend_from_slice(&version.to_le_bytes());
-    out.extend_from_slice(&[0u8; 4]); // crc, filled below
-    out.extend_from_slice(&(meta_bytes.len() as u32).to_le_bytes());
-    out.extend_from_slice(&(body.len() as u64).to_le_bytes());
-    out.extend_from_slice(&meta_bytes);
-    out.resize(body_offset(meta_bytes.len()), 0);
+    let offset = body_offset(meta_bytes.len());
+    let mut out = Vec::with_capacity(offset + body.len());
+    header(&mut out, version, &meta_bytes);
     out.extend_from_slice(body);
-    let crc = crc32c::crc32c(&out[16..]);
-    out[12..16].copy_from_slice(&crc.to_le_bytes());
+    seal(&mut out, offset);
     out
 }
 
@@ -452,14 +497,19 @@ fn keys_from_flat(
             versions.len()
         )));
     }
+    let mut b = KeySpaceBuilder::new(keys.len(), versions.len(), compact_revision);
     let mut next = 0usize;
-    let records = keys.iter().map(|k| {
+    for k in keys.iter() {
         let n = k.versions.to_native() as usize;
-        let vs: Vec<Version> = versions[next..next + n].iter().map(version_from).collect();
+        let key = Box::<[u8]>::from(&k.key[..]);
+        let pushed = match &versions[next..next + n] {
+            [one] => b.push_one(key, version_from(one)),
+            vs => b.push_many(key, vs.iter().map(version_from).collect()),
+        };
+        pushed.map_err(Error::Corrupt)?;
         next += n;
-        (Box::<[u8]>::from(&k.key[..]), vs)
-    });
-    let keys = KeySpace::from_sorted(records, compact_revision).map_err(Error::Corrupt)?;
+    }
+    let keys = b.finish().map_err(Error::Corrupt)?;
     check_counters(&keys, counters)?;
     Ok(keys)
 }
@@ -741,5 +791,41 @@ mod tests {
         }
         let (_, loaded3) = decode(&encode(&meta, &store)).unwrap();
         assert!(loaded3 == store);
+    }
+
+    /// `encode` archives the body in place after the header; the object is byte for byte the
+    /// one framing a separately archived body gives, and the buffer was sized once.
+    #[test]
+    fn encoding_in_place_equals_framing_a_separate_archive() {
+        let mut store = MemStore::new(Config::default());
+        let mut index = 0;
+        for round in 0..4u8 {
+            for k in 0..200u16 {
+                index += 1;
+                let put = Request::Put(PutRequest {
+                    key: format!("key-{k:04}").into_bytes(),
+                    value: vec![round; 1 + (k as usize % 300)],
+                    ..Default::default()
+                });
+                store.apply(index, &entry_with_id(index, put));
+            }
+        }
+        for tenant in ["t", "a-longer-tenant-name-that-moves-the-body-offset"] {
+            let meta = CheckpointMeta {
+                tenant: tenant.into(),
+                shard: 1,
+                index: store.applied_index(),
+                revision: store.revision(),
+                created_ms: 5,
+            };
+            let body = rkyv::to_bytes::<rancor::Error>(&body_v3(&store.state)).unwrap();
+            let framed = frame(&meta, FORMAT_VERSION, &body);
+            let encoded = encode(&meta, &store);
+            assert!(encoded == framed, "tenant {tenant:?}");
+            assert!(body.len() <= body_estimate(&store.state), "{}", body.len());
+            let (m, loaded) = decode(&encoded).unwrap();
+            assert_eq!(m, meta);
+            assert!(loaded == store);
+        }
     }
 }

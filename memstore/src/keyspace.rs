@@ -10,8 +10,10 @@ use std::ops::Bound;
 use api::mvccpb::KeyValue;
 use hashbrown::HashTable;
 
+mod bulk;
 mod order;
 
+pub(crate) use bulk::KeySpaceBuilder;
 use order::OrderIndex;
 
 /// One stored version of a key: a put, or a tombstone (`version == 0`).

@@ -2,6 +2,10 @@
 //! (never a panic): flipped bytes anywhere, truncation, bad magic, a newer version.
 mod common;
 
+/// The `strata` binary allocates through mimalloc; the decode measurement below should too.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use api::etcdserverpb::PutRequest;
 use api::strata::entry::entry::Request;
 use common::*;
@@ -392,4 +396,96 @@ fn dedup_window_cost() {
         encode.as_secs_f64(),
         decode.as_secs_f64()
     );
+}
+
+/// This process's (user + system CPU seconds, minor page faults), from /proc (Linux).
+fn cpu_and_faults() -> (f64, u64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // Fields after the command: state(0) ppid .. minflt(7) .. utime(11) stime(12), in ticks.
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    (ticks as f64 / 100.0, f.get(7).copied().unwrap_or(0))
+}
+
+/// What decoding the ready-timing tenant costs (issue 5: `STRATA_DECODE_KEYS` keys, default 1M,
+/// of 64 bytes with 256-byte values, as many 16-byte request ids in the window): wall and CPU
+/// time, minor faults and RSS growth per decode, five decodes. A measurement, not a check:
+/// `cargo test --release -p strata-memstore --test checkpoint decode_cost -- --ignored
+/// --nocapture`.
+#[test]
+#[ignore]
+fn decode_cost_of_a_large_tenant() {
+    let n: u64 = std::env::var("STRATA_DECODE_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    let mut store = MemStore::new(memstore::Config::default());
+    for i in 0..n {
+        let mut key = format!("/registry/pods/ns{:04}/pod-{i:08}-", i / 1000).into_bytes();
+        key.resize(64, b'x');
+        let e = api::strata::entry::Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            request_id: [
+                i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes(),
+                (i ^ 0x5555)
+                    .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+                    .to_le_bytes(),
+            ]
+            .concat(),
+            time_ms: 1_000_000,
+            request: Some(Request::Put(PutRequest {
+                key,
+                value: vec![b'v'; 256],
+                ..Default::default()
+            })),
+        };
+        store.apply(i + 1, &e);
+    }
+    let meta = CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: store.applied_index(),
+        revision: store.revision(),
+        created_ms: 0,
+    };
+    let bytes = checkpoint::encode(&meta, &store);
+    // A new frontend decodes into memory fresh from the kernel: nothing of the source store
+    // stays around to be reused.
+    drop(store);
+    let mut aligned = rkyv::util::AlignedVec::<16>::with_capacity(bytes.len());
+    aligned.extend_from_slice(&bytes);
+    let crc = crc32c::crc32c(&aligned[checkpoint::CRC_FROM..]);
+    println!("{n} keys, checkpoint of {} MB", aligned.len() / 1_000_000);
+    for run in 0..5 {
+        let (rss, (cpu, faults)) = (rss_bytes(), cpu_and_faults());
+        let t = std::time::Instant::now();
+        let (_, loaded) = checkpoint::decode_with(
+            &aligned,
+            DecodeOptions {
+                precomputed_crc: Some(crc),
+            },
+        )
+        .unwrap();
+        let wall = t.elapsed();
+        let (cpu2, faults2) = cpu_and_faults();
+        let grown = rss_bytes().saturating_sub(rss);
+        println!(
+            "run {run}: decode {:.3} s wall, {:.2} s CPU, {} minor faults, RSS +{} MB",
+            wall.as_secs_f64(),
+            cpu2 - cpu,
+            faults2 - faults,
+            grown / 1_000_000
+        );
+        if run == 0 {
+            assert!(
+                checkpoint::encode(&meta, &loaded) == bytes,
+                "re-encoded differently"
+            );
+        }
+    }
 }

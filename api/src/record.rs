@@ -152,6 +152,13 @@ struct Wire<'a> {
 impl<'a> Wire<'a> {
     /// A varint as prost reads one: at most 10 bytes, the 10th at most 1.
     fn varint(&mut self) -> Option<u64> {
+        // Field keys, flags and short lengths: one byte.
+        if let Some((&b, rest)) = self.buf.split_first()
+            && b < 0x80
+        {
+            self.buf = rest;
+            return Some(u64::from(b));
+        }
         let mut x = 0u64;
         for i in 0..MAX_VARINT_BYTES {
             let (&b, rest) = self.buf.split_first()?;

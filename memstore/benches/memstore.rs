@@ -94,6 +94,17 @@ fn put_record(i: usize) -> Record {
     }
 }
 
+/// `put_record` with a 16-byte request id, as frontends write every entry (the store then
+/// remembers each id in its de-duplication window).
+fn put_record_with_id(i: usize) -> Record {
+    let mut e = put_entry(i);
+    e.request_id = (i as u128 + 1).to_le_bytes().to_vec();
+    Record {
+        kind: Some(Kind::Data(api::record::encode_entry(&e))),
+        ..put_record(i)
+    }
+}
+
 /// A put of a new value (same length) for an existing key.
 fn overwrite_entry(i: usize) -> Entry {
     let mut e = put_entry(i);
@@ -194,6 +205,32 @@ fn one_off_figures() {
             },
         );
         drop(s);
+        let records: Vec<Record> = (0..BIG).map(put_record).collect();
+        let s = timed(
+            "apply 1M puts of new keys from journal records with apply_record (the replica's path: the put read in place)",
+            BIG,
+            || {
+                let mut s = MemStore::new(Config::default());
+                for r in records {
+                    black_box(s.apply_record(r, "bench").expect("bench record"));
+                }
+                s
+            },
+        );
+        drop(s);
+        let records: Vec<Record> = (0..BIG).map(put_record_with_id).collect();
+        let s = timed(
+            "apply 1M puts of new keys from journal records with 16-byte request ids, apply_record",
+            BIG,
+            || {
+                let mut s = MemStore::new(Config::default());
+                for r in records {
+                    black_box(s.apply_record(r, "bench").expect("bench record"));
+                }
+                s
+            },
+        );
+        drop(s);
     }
     let before = ALLOCATED.load(Ordering::Relaxed);
     let entries: Vec<Entry> = (0..BIG).map(put_entry).collect();
@@ -229,6 +266,43 @@ fn one_off_figures() {
             black_box(store.range(r).expect("read"));
         }
     });
+    // The same reads answering less: the lookup alone (count_only: hash probe, slot, key
+    // compare, no response key-value), and the lookup plus the key copy (keys_only: the value
+    // is neither read nor copied). The difference to the full read is the value's miss and copy.
+    let lookups: Vec<RangeRequest> = reads
+        .iter()
+        .map(|r| RangeRequest {
+            count_only: true,
+            ..r.clone()
+        })
+        .collect();
+    timed(
+        "point reads, uniformly random over 1M keys, count_only (the lookup alone)",
+        BIG,
+        || {
+            for r in &lookups {
+                black_box(store.range(r).expect("read"));
+            }
+        },
+    );
+    drop(lookups);
+    let keys_only: Vec<RangeRequest> = reads
+        .iter()
+        .map(|r| RangeRequest {
+            keys_only: true,
+            ..r.clone()
+        })
+        .collect();
+    timed(
+        "point reads, uniformly random over 1M keys, keys_only (no value read or copied)",
+        BIG,
+        || {
+            for r in &keys_only {
+                black_box(store.range(r).expect("read"));
+            }
+        },
+    );
+    drop(keys_only);
     let hot: Vec<RangeRequest> = (0..BIG)
         .map(|i| RangeRequest {
             key: key(scatter(i % 1000, BIG)),

@@ -168,6 +168,11 @@ impl Writer<'_> {
         }
         let kv = slot.versions.last().map(|v| v.to_kv(&slot.key, false));
         self.sub += 1;
+        if self.events.capacity() == 0 {
+            // Most entries are one put: room for its one event, not the four a first push
+            // would make.
+            self.events.reserve_exact(1);
+        }
         self.events.push(Event {
             r#type: EventType::Put as i32,
             kv,

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use api::strata::journal::raft_client::RaftClient;
-use api::strata::journal::{RaftAppendRequest, RaftMessage, RaftReply};
+use api::strata::journal::{
+    RaftAppendRequest, RaftAppendStreamReply, RaftAppendStreamRequest, RaftMessage, RaftReply,
+};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -31,6 +33,9 @@ use crate::types::{JLogId, NodeId, TypeConfig, decode_wire, encode_wire};
 pub const PEER_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Largest gRPC message between nodes (a batch of up to `max_payload_entries` entries).
 pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+/// AppendEntries requests queued on one peer stream before the sender waits (openraft 0.9
+/// keeps one in flight per follower; an abandoned one may still sit in the queue).
+const RAFT_STREAM_QUEUE: usize = 4;
 
 /// Addresses of peers: the local `--peers` list wins over addresses in the membership (so an
 /// operator or a test can route a node's traffic differently), and channels are shared.
@@ -98,6 +103,18 @@ pub struct PeerConn {
     lease: Arc<LeaseClock>,
     target: NodeId,
     client: Result<RaftClient<Channel>, String>,
+    /// The AppendEntries stream to the target, opened at the first AppendEntries; dropped
+    /// (and opened again at the next one) after any failure, timeout or cancelled call.
+    stream: Option<RaftStream>,
+    /// The target answered UNIMPLEMENTED to the stream (an older node): unary calls only.
+    unary_only: bool,
+}
+
+/// One open AppendEntries stream to a peer.
+struct RaftStream {
+    tx: tokio::sync::mpsc::Sender<RaftAppendStreamRequest>,
+    rx: tonic::Streaming<RaftAppendStreamReply>,
+    next_seq: u64,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -120,6 +137,8 @@ impl RaftNetworkFactory<TypeConfig> for Network {
             lease: Arc::clone(&self.lease),
             target,
             client,
+            stream: None,
+            unary_only: false,
         }
     }
 }
@@ -165,6 +184,92 @@ impl PeerConn {
     }
 }
 
+impl PeerConn {
+    /// Sends one AppendEntries over the peer stream (opening it first if needed) and waits
+    /// for its reply, at most `option.hard_ttl()` in all; answers as the unary call would. The
+    /// stream is kept only after a complete exchange, so a failed, timed-out or cancelled
+    /// call leaves none behind (the next call opens a new one). A target that does not know
+    /// the stream gets this and every later message of the session as a unary call.
+    async fn append_on_stream(
+        &mut self,
+        msg: RaftAppendRequest,
+        option: &RPCOption,
+    ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let exchange = async {
+            let mut stream = match self.stream.take() {
+                Some(s) => s,
+                None => {
+                    let mut c = self.client.clone().map_err(tonic::Status::unavailable)?;
+                    let (tx, rx) = tokio::sync::mpsc::channel(RAFT_STREAM_QUEUE);
+                    match c
+                        .append_entries_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+                        .await
+                    {
+                        Ok(r) => RaftStream {
+                            tx,
+                            rx: r.into_inner(),
+                            next_seq: 0,
+                        },
+                        Err(s) if s.code() == tonic::Code::Unimplemented => {
+                            tracing::info!(
+                                shard = self.shard,
+                                target = self.target,
+                                "peer has no AppendEntries stream; using unary calls"
+                            );
+                            self.unary_only = true;
+                            let mut c = self.client.clone().map_err(tonic::Status::unavailable)?;
+                            return c.append_entries(msg).await.map(|r| (r.into_inner(), None));
+                        }
+                        Err(s) => return Err(s),
+                    }
+                }
+            };
+            let seq = stream.next_seq;
+            stream.next_seq += 1;
+            stream
+                .tx
+                .send(RaftAppendStreamRequest {
+                    seq,
+                    append: Some(msg),
+                })
+                .await
+                .map_err(|_| tonic::Status::unavailable("raft stream to the peer closed"))?;
+            loop {
+                let r =
+                    stream.rx.message().await?.ok_or_else(|| {
+                        tonic::Status::unavailable("raft stream ended by the peer")
+                    })?;
+                // A reply to an earlier request whose caller gave up: skip it.
+                if r.seq < seq {
+                    continue;
+                }
+                if r.seq != seq {
+                    return Err(tonic::Status::internal(format!(
+                        "raft stream reply {} to request {seq}",
+                        r.seq
+                    )));
+                }
+                let reply = match (r.reply, r.error) {
+                    (_, Some(e)) => Err(tonic::Status::new(tonic::Code::from(e.code), e.message)),
+                    (Some(reply), None) => Ok(reply),
+                    (None, None) => Err(tonic::Status::internal("raft stream reply is empty")),
+                }?;
+                return Ok((reply, Some(stream)));
+            }
+        };
+        match tokio::time::timeout(option.hard_ttl(), exchange).await {
+            Ok(Ok((reply, stream))) => {
+                self.stream = stream;
+                Ok(tonic::Response::new(reply))
+            }
+            Ok(Err(s)) => Err(s),
+            Err(_) => Err(tonic::Status::deadline_exceeded(
+                "raft stream: no reply in time",
+            )),
+        }
+    }
+}
+
 fn with_timeout<T>(msg: T, option: &RPCOption) -> tonic::Request<T> {
     let mut req = tonic::Request::new(msg);
     req.set_timeout(option.hard_ttl());
@@ -188,13 +293,15 @@ impl RaftNetwork<TypeConfig> for PeerConn {
                 .map_err(|e| RPCError::Network(NetworkError::new(&e)))?,
             entries: rpc.entries.iter().map(encode_wire).collect(),
         };
-        let mut c = self.client()?;
         // Taken before sending: the follower's lease starts later, when it receives this.
         let sent = std::time::Instant::now();
-        let resp: AppendEntriesResponse<NodeId> = decode_reply(
-            self.target,
-            c.append_entries(with_timeout(msg, &option)).await,
-        )?;
+        let reply = if self.unary_only {
+            let mut c = self.client()?;
+            c.append_entries(with_timeout(msg, &option)).await
+        } else {
+            self.append_on_stream(msg, &option).await
+        };
+        let resp: AppendEntriesResponse<NodeId> = decode_reply(self.target, reply)?;
         match resp {
             AppendEntriesResponse::Success
             | AppendEntriesResponse::PartialSuccess(_)

@@ -10,9 +10,9 @@ use api::strata::journal::journal_server::{Journal, JournalServer};
 use api::strata::journal::raft_server::{Raft as RaftSvc, RaftServer};
 use api::strata::journal::{
     AppendError, AppendRequest, AppendResponse, AppendStreamRequest, AppendStreamResponse,
-    RaftAppendRequest, RaftMessage, RaftReply, ReadIndexRequest, ReadIndexResponse, ReadRequest,
-    ReadResponse, ReplaceNodeRequest, ReplaceNodeResponse, StatusRequest, StatusResponse,
-    TrimRequest, TrimResponse,
+    RaftAppendRequest, RaftAppendStreamReply, RaftAppendStreamRequest, RaftMessage, RaftReply,
+    ReadIndexRequest, ReadIndexResponse, ReadRequest, ReadResponse, ReplaceNodeRequest,
+    ReplaceNodeResponse, StatusRequest, StatusResponse, TrimRequest, TrimResponse,
 };
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
@@ -38,6 +38,9 @@ pub const APPEND_STREAM_BUFFER: usize = 1024;
 /// Requests of one append stream in progress at once; beyond it the server stops reading the
 /// stream (HTTP/2 flow control then holds the client back).
 pub const APPEND_STREAM_MAX_INFLIGHT: usize = 4096;
+/// Replies buffered per Raft AppendEntries stream before the server waits for the leader to
+/// read (the leader keeps one request in flight per stream).
+pub const RAFT_STREAM_BUFFER: usize = 4;
 /// Largest client message accepted (above the entry limit, so oversize gets our own error).
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
@@ -75,6 +78,8 @@ impl JournalSvc {
 type ReadStream = Pin<Box<dyn Stream<Item = Result<ReadResponse, Status>> + Send + 'static>>;
 type AppendStream =
     Pin<Box<dyn Stream<Item = Result<AppendStreamResponse, Status>> + Send + 'static>>;
+type RaftAppendStream =
+    Pin<Box<dyn Stream<Item = Result<RaftAppendStreamReply, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl Journal for JournalSvc {
@@ -390,6 +395,74 @@ impl JournalAdmin for JournalSvc {
     }
 }
 
+/// One AppendEntries from the leader, as the unary call and each message of a stream serve it.
+async fn raft_append(
+    node: &JournalNode,
+    req: RaftAppendRequest,
+) -> Result<Response<RaftReply>, Status> {
+    let shard = node.shard(req.shard).map_err(Status::from)?;
+    let rpc = decode_append(&req).map_err(Status::invalid_argument)?;
+    reply(&shard.raft.append_entries(rpc).await)
+}
+
+/// Serves one AppendEntries stream from a leader: each request in order, answered before the
+/// next is read (openraft sends one at a time). Ends when the leader closes its side or goes
+/// away, or when this node stops (the leader then reopens or falls back to another path).
+async fn serve_raft_stream(
+    node: Arc<JournalNode>,
+    mut inbound: Streaming<RaftAppendStreamRequest>,
+    tx: mpsc::Sender<Result<RaftAppendStreamReply, Status>>,
+) {
+    let mut stopping = node.stopping.subscribe();
+    loop {
+        if *stopping.borrow_and_update() {
+            return;
+        }
+        let req = tokio::select! {
+            r = inbound.next() => r,
+            r = stopping.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                continue;
+            }
+        };
+        let RaftAppendStreamRequest { seq, append } = match req {
+            Some(Ok(r)) => r,
+            Some(Err(s)) => {
+                tracing::debug!(status = %s, "raft stream: leader side failed");
+                return;
+            }
+            None => return,
+        };
+        let res = match append {
+            Some(a) => raft_append(&node, a).await,
+            None => Err(Status::invalid_argument(
+                "raft stream request without an append",
+            )),
+        };
+        let out = match res {
+            Ok(r) => RaftAppendStreamReply {
+                seq,
+                reply: Some(r.into_inner()),
+                error: None,
+            },
+            Err(s) => RaftAppendStreamReply {
+                seq,
+                reply: None,
+                error: Some(AppendError {
+                    code: s.code() as i32,
+                    message: s.message().to_string(),
+                    metadata: Default::default(),
+                }),
+            },
+        };
+        if tx.send(Ok(out)).await.is_err() {
+            return;
+        }
+    }
+}
+
 fn reply<T: Serialize>(v: &T) -> Result<Response<RaftReply>, Status> {
     serde_json::to_vec(v)
         .map(|json| Response::new(RaftReply { json }))
@@ -402,10 +475,21 @@ impl RaftSvc for JournalSvc {
         &self,
         request: Request<RaftAppendRequest>,
     ) -> Result<Response<RaftReply>, Status> {
-        let req = request.into_inner();
-        let shard = self.shard(req.shard)?;
-        let rpc = decode_append(&req).map_err(Status::invalid_argument)?;
-        reply(&shard.raft.append_entries(rpc).await)
+        raft_append(&self.node, request.into_inner()).await
+    }
+
+    type AppendEntriesStreamStream = RaftAppendStream;
+
+    async fn append_entries_stream(
+        &self,
+        request: Request<Streaming<RaftAppendStreamRequest>>,
+    ) -> Result<Response<RaftAppendStream>, Status> {
+        let inbound = request.into_inner();
+        let (tx, rx) = mpsc::channel(RAFT_STREAM_BUFFER);
+        tokio::spawn(serve_raft_stream(Arc::clone(&self.node), inbound, tx));
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
     }
 
     async fn vote(&self, request: Request<RaftMessage>) -> Result<Response<RaftReply>, Status> {

@@ -267,6 +267,12 @@ impl LogShared {
             return Some(c);
         }
         self.commit_held.store(true, Ordering::Release);
+        // The flush may have completed (and `commit_push_loop` looked at `commit_held`) since
+        // `flushed` was read: wake the loop again, or the commit would wait for the next
+        // append or heartbeat.
+        if self.flushed() > c.index {
+            self.flushed.send_modify(|_| {});
+        }
         let h = flushed.checked_sub(1).and_then(|i| self.header(i))?;
         Some(openraft::LogId::new(
             openraft::CommittedLeaderId::new(h.term, h.node),

@@ -48,6 +48,66 @@ pub struct BenchArgs {
     /// operation, summed, next to this client's own (from /proc/<pid>/stat).
     #[arg(long, value_delimiter = ',')]
     node_pids: Vec<u32>,
+    /// Journal endpoints (comma-separated) to tail while appending: for each, the report adds
+    /// when the appended records arrived on a `Read` stream served by that node, relative to
+    /// the append's acknowledgement (negative: before it), as p50/p99 in ms.
+    #[arg(long, value_delimiter = ',')]
+    read_lag_from: Vec<String>,
+}
+
+/// When each record arrived on one reader's stream (index, instant), for `--read-lag-from`.
+type Arrivals = Vec<(u64, Instant)>;
+
+/// Tails `shard` on the one node `endpoint` from `from` until `stop`, noting each record's
+/// arrival.
+async fn tail_arrivals(
+    endpoint: String,
+    shard: u32,
+    from: u64,
+    stop: Arc<AtomicBool>,
+) -> anyhow::Result<Arrivals> {
+    use futures::StreamExt;
+    let client = journal::JournalClient::connect(std::slice::from_ref(&endpoint)).await?;
+    let mut stream = Box::pin(client.read(shard, from).await?);
+    let mut out = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        match tokio::time::timeout(READ_LAG_POLL, stream.next()).await {
+            Ok(Some(r)) => out.push((r?.index, Instant::now())),
+            Ok(None) => break,
+            Err(_) => {}
+        }
+    }
+    Ok(out)
+}
+
+/// How often a `--read-lag-from` reader checks whether the level ended while nothing arrives.
+const READ_LAG_POLL: Duration = Duration::from_millis(100);
+
+/// p50 and p99 (ms) of `arrival - acknowledgement` over the acknowledged records `acks`.
+fn read_lag(acks: &std::collections::HashMap<u64, Instant>, arrivals: &Arrivals) -> String {
+    let mut lag: Vec<f64> = arrivals
+        .iter()
+        .filter_map(|(i, at)| {
+            let ack = acks.get(i)?;
+            Some(if at >= ack {
+                at.duration_since(*ack).as_secs_f64() * 1e3
+            } else {
+                -(ack.duration_since(*at).as_secs_f64() * 1e3)
+            })
+        })
+        .collect();
+    if lag.is_empty() {
+        return "no records".into();
+    }
+    lag.sort_unstable_by(f64::total_cmp);
+    let at =
+        |p: f64| lag[(((p / 100.0) * lag.len() as f64).ceil() as usize).clamp(1, lag.len()) - 1];
+    format!(
+        "p50 {:.3} ms, p99 {:.3} ms ({} records)",
+        at(50.0),
+        at(99.0),
+        lag.len()
+    )
 }
 
 /// How `strata journal bench` sends appends.
@@ -155,6 +215,16 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
         let conns = n.min(clients.len());
         let warm = a.duration / 10;
         let stop = Arc::new(AtomicBool::new(false));
+        let mut readers = Vec::new();
+        if !a.read_lag_from.is_empty() {
+            let from = clients[0].status(a.shard).await?.last_index + 1;
+            for ep in &a.read_lag_from {
+                readers.push((
+                    ep.clone(),
+                    tokio::spawn(tail_arrivals(ep.clone(), a.shard, from, Arc::clone(&stop))),
+                ));
+            }
+        }
         let start = Instant::now() + warm;
         let mut tasks = Vec::new();
         for t in 0..n {
@@ -164,13 +234,19 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
             let k = tag.len().min(payload.len());
             payload[..k].copy_from_slice(&tag[..k]);
             let (shard, op) = (a.shard, a.op);
+            let track_acks = !a.read_lag_from.is_empty();
             tasks.push(tokio::spawn(async move {
                 let mut lat = Vec::new();
+                let mut acked = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let t0 = Instant::now();
                     match op {
                         Op::Append => {
-                            client.append(shard, vec![payload.clone()]).await?;
+                            let idx = client.append(shard, vec![payload.clone()]).await?;
+                            if track_acks && t0 >= start {
+                                let now = Instant::now();
+                                acked.extend(idx.into_iter().map(|i| (i, now)));
+                            }
                         }
                         Op::ReadIndex => {
                             client.read_index(shard).await?;
@@ -180,7 +256,7 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
                         lat.push(t0.elapsed());
                     }
                 }
-                Ok::<_, journal::ClientError>(lat)
+                Ok::<_, journal::ClientError>((lat, acked))
             }));
         }
         tokio::time::sleep(warm).await;
@@ -190,8 +266,11 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
         stop.store(true, Ordering::Relaxed);
         let elapsed = start.elapsed();
         let mut all = Vec::new();
+        let mut acks = std::collections::HashMap::new();
         for t in tasks {
-            all.extend(t.await??);
+            let (lat, acked) = t.await??;
+            all.extend(lat);
+            acks.extend(acked);
         }
         all.sort_unstable();
         // CPU per operation over the measured window (operations started in it).
@@ -212,6 +291,14 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
             per_op(cpu1.0.saturating_sub(cpu0.0)),
             nodes_us,
         );
+        for (ep, r) in readers {
+            let arrivals = r.await??;
+            println!(
+                "{:>8} read lag from {ep}: {}",
+                "",
+                read_lag(&acks, &arrivals)
+            );
+        }
     }
     Ok(())
 }

@@ -77,6 +77,13 @@ pub struct Config {
     /// --experimental-watch-progress-notify-interval), e.g. 10m, 500ms; at least 100ms.
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub watch_progress_notify_interval: Duration,
+
+    /// Tuning: tail the journal from the shard's leader (true), which applies an entry as it
+    /// commits it, or from whichever node the client picks (false), where a follower learns of
+    /// the commit only with the leader's next message. Either way the tail fails over to the
+    /// other nodes.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub tail_from_leader: bool,
 }
 
 /// A configuration that cannot be served.
@@ -114,6 +121,7 @@ impl Config {
             peer_frontends: Vec::new(),
             object_store: None,
             watch_progress_notify_interval: crate::watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL,
+            tail_from_leader: true,
         }
     }
 

@@ -83,7 +83,7 @@ impl Frontend {
     /// Connects to the journal named by `config` and starts serving.
     pub async fn start(config: Config) -> Result<Self, ServeError> {
         config.validate()?;
-        let log = JournalLog::connect(&config.journal).await?;
+        let log = JournalLog::connect_with(&config.journal, config.tail_from_leader).await?;
         Self::start_with_log(config, Arc::new(log)).await
     }
 

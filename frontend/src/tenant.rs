@@ -22,6 +22,10 @@ use crate::writer::Writer;
 /// longer here because a noisy journal node may retry an append across a leader change).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// How long a write waited, after the journal answered its append, for this replica's outcome
+/// (zero when the replica had applied it first).
+pub const APPLY_WAIT_SECONDS: &str = "strata_frontend_apply_wait_seconds";
+
 /// Limits enforced at the edge, before anything reaches the journal.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
@@ -137,7 +141,10 @@ impl Tenant {
         let mut index = 0;
         let answered = tokio::time::timeout(REQUEST_TIMEOUT, async {
             index = self.writer.append(payload).await?;
-            outcome.await.map_err(|_| Error::Stopped)
+            let appended = std::time::Instant::now();
+            let applied = outcome.await.map_err(|_| Error::Stopped)?;
+            metrics::histogram!(APPLY_WAIT_SECONDS).record(appended.elapsed().as_secs_f64());
+            Ok(applied)
         })
         .await;
         match answered {

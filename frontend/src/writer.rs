@@ -2,6 +2,7 @@
 //! (group commit), bounded in entries and bytes, with a bounded number of appends in flight.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -19,8 +20,14 @@ pub const MAX_INFLIGHT_APPENDS: usize = 16;
 /// Writes waiting to be batched; more wait for room.
 pub const WRITE_QUEUE: usize = 8192;
 
+/// Metric names (units in the name): how long the oldest write of a batch waited before its
+/// append was sent, and an append's round trip to the journal (both per batch).
+pub const BATCH_WAIT_SECONDS: &str = "strata_frontend_append_batch_wait_seconds";
+pub const APPEND_SECONDS: &str = "strata_frontend_append_seconds";
+
 struct Pending {
     payload: Vec<u8>,
+    queued: Instant,
     done: oneshot::Sender<Result<u64, LogError>>,
 }
 
@@ -43,7 +50,11 @@ impl Writer {
     pub async fn append(&self, payload: Vec<u8>) -> Result<u64, LogError> {
         let (done, rx) = oneshot::channel();
         self.tx
-            .send(Pending { payload, done })
+            .send(Pending {
+                payload,
+                queued: Instant::now(),
+                done,
+            })
             .await
             .map_err(|_| LogError::Unavailable("writer stopped".into()))?;
         rx.await
@@ -90,10 +101,15 @@ async fn drive(log: Arc<dyn Log>, shard: u32, mut rx: mpsc::Receiver<Pending>) {
         tokio::spawn(async move {
             let _permit = permit;
             metrics::histogram!("strata_frontend_append_batch_entries").record(batch.len() as f64);
+            let sent = Instant::now();
+            metrics::histogram!(BATCH_WAIT_SECONDS)
+                .record(sent.duration_since(batch[0].queued).as_secs_f64());
             let (payloads, dones): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|p| (p.payload, p.done)).unzip();
             let n = payloads.len();
-            match log.append(shard, payloads).await {
+            let answer = log.append(shard, payloads).await;
+            metrics::histogram!(APPEND_SECONDS).record(sent.elapsed().as_secs_f64());
+            match answer {
                 Ok(indexes) if indexes.len() == n => {
                     for (done, index) in dones.into_iter().zip(indexes) {
                         let _ = done.send(Ok(index));

@@ -3,7 +3,9 @@
 //! manifest, then its checkpoints newest first, each verified (size, CRC32C, decode, tenant,
 //! index) before use; a bad one is reported and the next older one tried. A large object is
 //! fetched as parallel ranged GETs straight into one 16-aligned buffer (its CRC32C computed per
-//! part as the parts arrive), so decoding validates it in place without another copy.
+//! part as the parts arrive), so decoding validates it in place without another copy. From a
+//! local directory a large object is instead read with plain file reads straight into a buffer
+//! the allocator hands out already zeroed (no intermediate part buffers, no copy, no fill).
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -31,9 +33,39 @@ pub const FETCH_PART_BYTES: u64 = 8 * 1024 * 1024;
 pub const FETCH_CONCURRENCY: usize = 8;
 /// The alignment `memstore::checkpoint::decode` validates in place (else it copies).
 const CHECKPOINT_ALIGN: usize = 16;
+/// Bytes per read (and per CRC32C pass, while they are still in cache) of a local file.
+pub const LOCAL_READ_BYTES: usize = 1024 * 1024;
 
-/// The object store checkpoints are read from.
-pub type Store = Arc<dyn ObjectStore>;
+/// The object store checkpoints are read from; for a local directory also the directory, so a
+/// large checkpoint is read from its file directly. Dereferences to the object store.
+#[derive(Clone)]
+pub struct Store {
+    objects: Arc<dyn ObjectStore>,
+    local: Option<Arc<LocalFileSystem>>,
+}
+
+impl<T: ObjectStore> From<Arc<T>> for Store {
+    fn from(objects: Arc<T>) -> Store {
+        Store {
+            objects,
+            local: None,
+        }
+    }
+}
+
+impl std::ops::Deref for Store {
+    type Target = dyn ObjectStore;
+
+    fn deref(&self) -> &Self::Target {
+        &*self.objects
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.objects)
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
@@ -69,7 +101,7 @@ pub fn open(url: &str) -> Result<Store, CheckpointError> {
         .split_once('/')
         .map_or("", |(_, p)| p)
         .trim_matches('/');
-    let store: Store = match scheme {
+    let store: Arc<dyn ObjectStore> = match scheme {
         "file" => return open_dir(std::path::Path::new(rest), url),
         "memory" => Arc::new(InMemory::new()),
         "s3" | "s3a" => Arc::new(
@@ -92,19 +124,25 @@ pub fn open(url: &str) -> Result<Store, CheckpointError> {
         ),
         other => return Err(bad(url, format!("unsupported scheme {other:?}"))),
     };
-    if prefix.is_empty() {
-        Ok(store)
+    let objects: Arc<dyn ObjectStore> = if prefix.is_empty() {
+        store
     } else {
         let p = Path::parse(prefix).map_err(|e| bad(url, e))?;
-        Ok(Arc::new(PrefixStore::new(store, p)))
-    }
+        Arc::new(PrefixStore::new(store, p))
+    };
+    Ok(Store {
+        objects,
+        local: None,
+    })
 }
 
 fn open_dir(dir: &std::path::Path, url: &str) -> Result<Store, CheckpointError> {
     std::fs::create_dir_all(dir).map_err(|e| bad(url, format!("create {}: {e}", dir.display())))?;
-    Ok(Arc::new(
-        LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(url, e))?,
-    ))
+    let local = Arc::new(LocalFileSystem::new_with_prefix(dir).map_err(|e| bad(url, e))?);
+    Ok(Store {
+        objects: local.clone(),
+        local: Some(local),
+    })
 }
 
 /// A checkpoint loaded into a store.
@@ -138,10 +176,30 @@ async fn latest_manifest(store: &Store, tenant: &str) -> Result<Option<Manifest>
 /// A checkpoint object read into memory, checked against its manifest entry.
 #[derive(Debug)]
 struct Fetched {
-    bytes: AlignedVec<CHECKPOINT_ALIGN>,
+    bytes: Buffer,
     /// CRC32C of `bytes[CRC_FROM..]` (what the object's header checksum covers), when it was
     /// computed along the way: decode then skips its own pass over the object.
     header_crc: Option<u32>,
+}
+
+/// A fetched object's bytes: 16-aligned by construction (parts from an object store), or a
+/// zeroed allocation a local file was read into (16-aligned in practice, as the allocator
+/// places large blocks; decode copies it once if not).
+#[derive(Debug)]
+enum Buffer {
+    Aligned(AlignedVec<CHECKPOINT_ALIGN>),
+    Plain(Vec<u8>),
+}
+
+impl std::ops::Deref for Buffer {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            Buffer::Aligned(b) => b,
+            Buffer::Plain(b) => b,
+        }
+    }
 }
 
 /// Reads one checkpoint object into a 16-aligned buffer and checks its size and CRC32C against
@@ -164,13 +222,28 @@ async fn fetch_in_parts(
     };
     let size = usize::try_from(r.size)
         .map_err(|_| mismatch(format!("size {} does not fit in memory", r.size)))?;
+    if r.size > parallel_above
+        && let Some(local) = &store.local
+    {
+        let file = local.path_to_filesystem(&path)?;
+        let (buf, parts, per_part) =
+            tokio::task::spawn_blocking(move || read_file(&file, size, LOCAL_READ_BYTES))
+                .await
+                .map_err(|e| CheckpointError::Task(e.to_string()))?
+                .map_err(|e| mismatch(e.to_string()))?;
+        let header_crc = check_crcs(r, size, &parts, &per_part).map_err(mismatch)?;
+        return Ok(Fetched {
+            bytes: Buffer::Plain(buf),
+            header_crc,
+        });
+    }
     let mut buf = AlignedVec::<CHECKPOINT_ALIGN>::with_capacity(size);
     if r.size <= parallel_above {
         let bytes = store.get(&path).await?.bytes().await?;
         r.verify(&bytes)?;
         buf.extend_from_slice(&bytes);
         return Ok(Fetched {
-            bytes: buf,
+            bytes: Buffer::Aligned(buf),
             header_crc: None,
         });
     }
@@ -181,16 +254,28 @@ async fn fetch_in_parts(
         .step_by(part_bytes as usize)
         .map(|from| from..(from + part_bytes).min(r.size))
         .collect();
-    // Per part: the CRC32C of its bytes from CRC_FROM on (all of them but in the first part),
-    // and for the first part also of the bytes before it; combined below into the whole
-    // object's (the manifest's) and the header's.
     let per_part = fetch_ranges(store, &path, &parts, &mut buf).await?;
+    let header_crc = check_crcs(r, size, &parts, &per_part).map_err(mismatch)?;
+    Ok(Fetched {
+        bytes: Buffer::Aligned(buf),
+        header_crc,
+    })
+}
+
+/// Combines the crcs of an object's parts (per part: the CRC32C of its bytes before
+/// `CRC_FROM`, only the first part has any, and of the rest) into the whole object's, which
+/// must be the manifest's, and the header's (of `bytes[CRC_FROM..]`), which is returned.
+fn check_crcs(
+    r: &CheckpointRef,
+    size: usize,
+    parts: &[Range<u64>],
+    per_part: &[(Option<u32>, u32)],
+) -> Result<Option<u32>, String> {
     let head_crc = per_part.iter().find_map(|&(head, _)| head);
-    let crcs: Vec<u32> = per_part.iter().map(|&(_, tail)| tail).collect();
     let header_crc = parts
         .iter()
-        .zip(&crcs)
-        .fold(None, |acc: Option<u32>, (range, &c)| {
+        .zip(per_part)
+        .fold(None, |acc: Option<u32>, (range, &(_, c))| {
             let len = (range.end.max(CRC_FROM as u64) - range.start.max(CRC_FROM as u64)) as usize;
             Some(match acc {
                 None => c,
@@ -203,15 +288,44 @@ async fn fetch_in_parts(
         None => header_crc,
     };
     if crc != r.crc32c {
-        return Err(mismatch(format!(
+        return Err(format!(
             "crc32c {crc:#010x} but the manifest says {:#010x}",
             r.crc32c
+        ));
+    }
+    Ok((size >= CRC_FROM).then_some(header_crc))
+}
+
+/// Reads a local file of `size` bytes (no more, no less) into a zeroed buffer, `part` bytes at a
+/// time, with each part's crcs taken while its bytes are still in cache. Returns the buffer,
+/// the parts and their crcs.
+#[allow(clippy::type_complexity)] // a private helper's three results, named at its one caller
+fn read_file(
+    file: &std::path::Path,
+    size: usize,
+    part: usize,
+) -> std::io::Result<(Vec<u8>, Vec<Range<u64>>, Vec<(Option<u32>, u32)>)> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(file)?;
+    let len = f.metadata()?.len();
+    if len != size as u64 {
+        return Err(std::io::Error::other(format!(
+            "{} holds {len} bytes, the manifest says {size}",
+            file.display()
         )));
     }
-    Ok(Fetched {
-        bytes: buf,
-        header_crc: (size >= CRC_FROM).then_some(header_crc),
-    })
+    // Zeroed by the allocator: fresh pages come zeroed from the kernel, with no fill pass.
+    let mut buf = vec![0u8; size];
+    let part = part.max(CRC_FROM);
+    let mut parts = Vec::with_capacity(size.div_ceil(part));
+    let mut crcs = Vec::with_capacity(size.div_ceil(part));
+    for (i, chunk) in buf.chunks_mut(part).enumerate() {
+        f.read_exact(chunk)?;
+        let start = (i * part) as u64;
+        crcs.push(part_crcs(start, chunk));
+        parts.push(start..start + chunk.len() as u64);
+    }
+    Ok((buf, parts, crcs))
 }
 
 /// The CRC32C of a part's bytes before `CRC_FROM` (only the first part has any) and of the rest.
@@ -389,13 +503,13 @@ mod tests {
 
     #[tokio::test]
     async fn no_manifest_means_no_checkpoint() {
-        let store: Store = Arc::new(InMemory::new());
+        let store = Store::from(Arc::new(InMemory::new()));
         assert!(latest(&store, "default").await.unwrap().is_none());
     }
 
     #[tokio::test]
     async fn newest_usable_checkpoint_is_loaded_and_corrupt_ones_skipped() {
-        let store: Store = Arc::new(InMemory::new());
+        let store = Store::from(Arc::new(InMemory::new()));
         let old = publish(&store, 5, false).await;
         let bad = publish(&store, 9, true).await;
         manifest(&store, 1, vec![old.clone()]).await;
@@ -409,7 +523,7 @@ mod tests {
     async fn large_objects_are_fetched_in_parts_and_checked_whole() {
         let dir = std::env::temp_dir().join(format!("strata-fe-parts-{}", std::process::id()));
         let local = open(dir.to_str().unwrap()).unwrap();
-        let memory: Store = Arc::new(InMemory::new());
+        let memory = Store::from(Arc::new(InMemory::new()));
         for store in [memory, local] {
             fetched_in_parts(&store).await;
         }
@@ -451,6 +565,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!(decoded.applied_index(), 300);
+        if let Some(local) = &store.local {
+            // Read from the file directly: every read size gives the same bytes and crcs.
+            let file = local
+                .path_to_filesystem(&Path::from(good.path.as_str()))
+                .unwrap();
+            let size = good.size as usize;
+            for part in [1, 15, 16, 17, 100, size - 1, size, LOCAL_READ_BYTES] {
+                let (bytes, parts, crcs) = read_file(&file, size, part).unwrap();
+                assert_eq!(&bytes[..], &whole[..], "reads of {part}");
+                assert_eq!(
+                    check_crcs(&good, size, &parts, &crcs).unwrap(),
+                    header_crc,
+                    "reads of {part}"
+                );
+            }
+            // A file of another size than the manifest says is refused before reading.
+            assert!(read_file(&file, size + 1, 64).is_err());
+            assert!(read_file(&file, size - 1, 64).is_err());
+        }
         let err = fetch_in_parts(&store, &bad, 10, 64).await.unwrap_err();
         assert!(err.to_string().contains("crc32c"), "{err}");
         // A manifest naming a longer object than stored: the ranged read past the end fails.
@@ -464,7 +597,8 @@ mod tests {
     }
 
     /// Time to load a checkpoint of `STRATA_LOAD_KEYS` keys (default 1M: 64-byte keys, 256-byte
-    /// values) from a local directory: `cargo test --release -p strata-frontend --lib
+    /// values) from a local directory, read from its file and through ranged GETs, alternating
+    /// (with the process's CPU time and minor faults for each): `cargo test --release -p strata-frontend --lib
     /// load_timing -- --ignored --nocapture`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     #[ignore]
@@ -524,46 +658,59 @@ mod tests {
             .await
             .unwrap();
         manifest(&store, 1, vec![r.clone()]).await;
+        // The same directory without its local reader: ranged GETs through the object store.
+        let remote_like = Store {
+            objects: store.objects.clone(),
+            local: None,
+        };
         for run in 0..4 {
             // Alternate which way goes first: the machine is shared and noisy.
-            if run % 2 == 1 {
-                new_way(&store, &r, keys, meta.revision, run).await;
-            }
-            // For comparison: the same fetch, then the sequential decode with its own crc pass
-            // (the load path before session 4 decoded this way).
-            let t = Instant::now();
-            let Fetched { bytes: whole, .. } = fetch(&store, &r).await.unwrap();
-            let got = Instant::now();
-            let old = tokio::task::spawn_blocking(move || memstore::checkpoint::decode(&whole))
-                .await
-                .unwrap()
-                .unwrap();
-            println!(
-                "run {run}: sequential decode: fetch {:.2} s, decode {:.2} s, total {:.2} s",
-                (got - t).as_secs_f64(),
-                got.elapsed().as_secs_f64(),
-                t.elapsed().as_secs_f64()
-            );
-            drop(old);
-            if run % 2 == 0 {
-                new_way(&store, &r, keys, meta.revision, run).await;
+            for way in if run % 2 == 0 { [0, 1] } else { [1, 0] } {
+                let (s, name) = if way == 0 {
+                    (&store, "local file read")
+                } else {
+                    (&remote_like, "ranged GETs")
+                };
+                // The fetch alone (CPU, faults), then the whole load as a frontend does it.
+                let (cpu, faults) = cpu_and_faults();
+                let t = Instant::now();
+                let fetched = fetch(s, &r).await.unwrap();
+                let fetch_wall = t.elapsed();
+                let (cpu2, faults2) = cpu_and_faults();
+                drop(fetched);
+                let (cpu3, faults3) = cpu_and_faults();
+                let t = Instant::now();
+                let loaded = latest(s, "default").await.unwrap().unwrap();
+                let total = t.elapsed();
+                let (cpu4, faults4) = cpu_and_faults();
+                assert_eq!(loaded.store.revision(), meta.revision);
+                println!(
+                    "run {run}: {name}: fetch alone {:.2} s wall, {:.2} s CPU, {} faults; load {:.2} s (fetch {:.2} s, decode {:.2} s), {:.2} s CPU, {} faults",
+                    fetch_wall.as_secs_f64(),
+                    cpu2 - cpu,
+                    faults2 - faults,
+                    total.as_secs_f64(),
+                    loaded.timings.fetch.as_secs_f64(),
+                    loaded.timings.decode.as_secs_f64(),
+                    cpu4 - cpu3,
+                    faults4 - faults3
+                );
+                drop(loaded);
             }
         }
         let _ = std::fs::remove_dir_all(dir);
     }
 
-    async fn new_way(store: &Store, r: &CheckpointRef, keys: usize, revision: i64, run: usize) {
-        let t = Instant::now();
-        let loaded = latest(store, "default").await.unwrap().unwrap();
-        let total = t.elapsed();
-        assert_eq!(loaded.store.revision(), revision);
-        println!(
-            "run {run}: {keys} keys, {} MB, parallel decode: fetch {:.2} s, decode {:.2} s, total {:.2} s",
-            r.size / 1_000_000,
-            loaded.timings.fetch.as_secs_f64(),
-            loaded.timings.decode.as_secs_f64(),
-            total.as_secs_f64()
-        );
+    /// This process's (user + system CPU seconds, minor page faults), from /proc (Linux).
+    fn cpu_and_faults() -> (f64, u64) {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+        let f: Vec<u64> = after
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0))
+            .collect();
+        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+        (ticks as f64 / 100.0, f.get(7).copied().unwrap_or(0))
     }
 
     #[test]

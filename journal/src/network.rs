@@ -36,6 +36,9 @@ pub const MAX_RAFT_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
 /// AppendEntries requests queued on one peer stream before the sender waits (openraft 0.9
 /// keeps one in flight per follower; an abandoned one may still sit in the queue).
 const RAFT_STREAM_QUEUE: usize = 4;
+/// A peer stream whose last this many calls were all dropped before their replies came (by
+/// openraft's timeout) is replaced by a new one.
+const RAFT_STREAM_MAX_ABANDONED: u32 = 3;
 
 /// Addresses of peers: the local `--peers` list wins over addresses in the membership (so an
 /// operator or a test can route a node's traffic differently), and channels are shared.
@@ -115,6 +118,10 @@ struct RaftStream {
     tx: tokio::sync::mpsc::Sender<RaftAppendStreamRequest>,
     rx: tonic::Streaming<RaftAppendStreamReply>,
     next_seq: u64,
+    /// A request was sent and its reply not read yet (its caller may have been dropped).
+    in_flight: bool,
+    /// Calls in a row dropped before their reply came.
+    abandoned: u32,
 }
 
 impl RaftNetworkFactory<TypeConfig> for Network {
@@ -186,44 +193,66 @@ impl PeerConn {
 
 impl PeerConn {
     /// Sends one AppendEntries over the peer stream (opening it first if needed) and waits
-    /// for its reply, at most `option.hard_ttl()` in all; answers as the unary call would. The
-    /// stream is kept only after a complete exchange, so a failed, timed-out or cancelled
-    /// call leaves none behind (the next call opens a new one). A target that does not know
-    /// the stream gets this and every later message of the session as a unary call.
+    /// for its reply; answers as the unary call would. openraft bounds each call by its
+    /// heartbeat interval and drops the call when that passes: the stream then stays, and the
+    /// late reply is skipped by its `seq` (reopening a stream under load, when such timeouts
+    /// happen, costs a round trip and more work on a busy follower). A stream that failed, or
+    /// whose last `RAFT_STREAM_MAX_ABANDONED` calls were all abandoned, is dropped and the next
+    /// call opens a new one. A target that does not know the stream gets this and every later
+    /// message of the session as a unary call.
     async fn append_on_stream(
         &mut self,
         msg: RaftAppendRequest,
         option: &RPCOption,
     ) -> Result<tonic::Response<RaftReply>, tonic::Status> {
+        let PeerConn {
+            shard,
+            target,
+            client,
+            stream: slot,
+            unary_only,
+            ..
+        } = self;
         let exchange = async {
-            let mut stream = match self.stream.take() {
+            if slot
+                .as_ref()
+                .is_some_and(|s| s.abandoned >= RAFT_STREAM_MAX_ABANDONED)
+            {
+                *slot = None;
+            }
+            let stream = match slot {
                 Some(s) => s,
                 None => {
-                    let mut c = self.client.clone().map_err(tonic::Status::unavailable)?;
+                    let mut c = client.clone().map_err(tonic::Status::unavailable)?;
                     let (tx, rx) = tokio::sync::mpsc::channel(RAFT_STREAM_QUEUE);
                     match c
                         .append_entries_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
                         .await
                     {
-                        Ok(r) => RaftStream {
+                        Ok(r) => slot.insert(RaftStream {
                             tx,
                             rx: r.into_inner(),
                             next_seq: 0,
-                        },
+                            in_flight: false,
+                            abandoned: 0,
+                        }),
                         Err(s) if s.code() == tonic::Code::Unimplemented => {
                             tracing::info!(
-                                shard = self.shard,
-                                target = self.target,
+                                shard = *shard,
+                                target = *target,
                                 "peer has no AppendEntries stream; using unary calls"
                             );
-                            self.unary_only = true;
-                            let mut c = self.client.clone().map_err(tonic::Status::unavailable)?;
-                            return c.append_entries(msg).await.map(|r| (r.into_inner(), None));
+                            *unary_only = true;
+                            return c.append_entries(msg).await.map(|r| r.into_inner());
                         }
                         Err(s) => return Err(s),
                     }
                 }
             };
+            if stream.in_flight {
+                // The previous call was dropped before its reply came.
+                stream.abandoned += 1;
+            }
             let seq = stream.next_seq;
             stream.next_seq += 1;
             stream
@@ -234,6 +263,7 @@ impl PeerConn {
                 })
                 .await
                 .map_err(|_| tonic::Status::unavailable("raft stream to the peer closed"))?;
+            stream.in_flight = true;
             loop {
                 let r =
                     stream.rx.message().await?.ok_or_else(|| {
@@ -249,24 +279,27 @@ impl PeerConn {
                         r.seq
                     )));
                 }
-                let reply = match (r.reply, r.error) {
+                stream.in_flight = false;
+                stream.abandoned = 0;
+                return match (r.reply, r.error) {
                     (_, Some(e)) => Err(tonic::Status::new(tonic::Code::from(e.code), e.message)),
                     (Some(reply), None) => Ok(reply),
                     (None, None) => Err(tonic::Status::internal("raft stream reply is empty")),
-                }?;
-                return Ok((reply, Some(stream)));
+                };
             }
         };
-        match tokio::time::timeout(option.hard_ttl(), exchange).await {
-            Ok(Ok((reply, stream))) => {
-                self.stream = stream;
-                Ok(tonic::Response::new(reply))
-            }
-            Ok(Err(s)) => Err(s),
+        // openraft's own timeout (the same `hard_ttl`) normally ends the call first, as a
+        // timeout; this one only guards a caller that sets none.
+        let res = match tokio::time::timeout(option.hard_ttl() * 2, exchange).await {
+            Ok(r) => r,
             Err(_) => Err(tonic::Status::deadline_exceeded(
                 "raft stream: no reply in time",
             )),
+        };
+        if res.is_err() {
+            *slot = None;
         }
+        res.map(tonic::Response::new)
     }
 }
 

@@ -828,4 +828,78 @@ mod tests {
             assert!(loaded == store);
         }
     }
+
+    /// (VmRSS, VmHWM) of this process in MB, after resetting the peak if `reset` (Linux).
+    fn rss_and_peak_mb(reset: bool) -> (u64, u64) {
+        if reset {
+            // "5" resets the peak resident set size to the current one.
+            let _ = std::fs::write("/proc/self/clear_refs", "5");
+        }
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+                .map_or(0, |kb| kb / 1024)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+
+    /// Peak memory of encoding a checkpoint of `STRATA_ENCODE_KEYS` keys (default 300k, 256-byte
+    /// values, 4 versions each: ~370 MB), archived in place against archived then framed (the
+    /// way before session 5), alternating: `cargo test --release -p strata-memstore --lib
+    /// encode_peak_memory -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn encode_peak_memory() {
+        let keys: u64 = std::env::var("STRATA_ENCODE_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(300_000);
+        let mut store = MemStore::new(Config::default());
+        let mut index = 0;
+        for round in 0..4u8 {
+            for k in 0..keys {
+                index += 1;
+                let put = Request::Put(PutRequest {
+                    key: format!("/registry/pods/{k:012}").into_bytes(),
+                    value: vec![round; 256],
+                    ..Default::default()
+                });
+                store.apply(index, &entry_with_id(index, put));
+            }
+        }
+        let meta = CheckpointMeta {
+            tenant: "t".into(),
+            shard: 0,
+            index: store.applied_index(),
+            revision: store.revision(),
+            created_ms: 0,
+        };
+        for run in 0..3 {
+            for in_place in [run % 2 == 0, run % 2 != 0] {
+                let (before, _) = rss_and_peak_mb(true);
+                let bytes = if in_place {
+                    encode(&meta, &store)
+                } else {
+                    let body = rkyv::to_bytes::<rancor::Error>(&body_v3(&store.state)).unwrap();
+                    frame(&meta, FORMAT_VERSION, &body)
+                };
+                let (_, peak) = rss_and_peak_mb(false);
+                println!(
+                    "run {run}: {}: checkpoint {} MB, peak RSS {} MB above the store's {before} MB",
+                    if in_place {
+                        "archived in place"
+                    } else {
+                        "archived, then framed"
+                    },
+                    bytes.len() >> 20,
+                    peak.saturating_sub(before)
+                );
+                drop(bytes);
+            }
+        }
+    }
 }

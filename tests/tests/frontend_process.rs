@@ -1,7 +1,7 @@
 //! One `strata frontend` process over three `strata journal` processes: the HTTP side port
 //! (`/health`, `/readyz`, `/metrics`), `grpc.health.v1`, Status against the real journal, and
 //! writes carrying on through a journal node's `kill -9` (a minority) with nothing acknowledged
-//! lost.
+//! lost, also when the node killed is the shard's leader, which the frontend tails from.
 
 use std::time::Duration;
 
@@ -89,4 +89,57 @@ async fn writes_carry_on_through_a_journal_node_kill() {
         .map(|kv| kv.key_str().unwrap().to_string())
         .collect();
     assert_eq!(got, acked);
+}
+
+/// Puts `key` through `c`, retrying while the journal elects a new leader; true once acknowledged.
+async fn put_retrying(c: &mut Client, key: &str) -> bool {
+    for _ in 0..WRITE_ATTEMPTS {
+        match tokio::time::timeout(CALL_TIMEOUT, c.put(key, "v", None)).await {
+            Ok(Ok(_)) => return true,
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_the_frontend_tails_from_loses_nothing() {
+    let mut d = Deployment::start(1).await;
+    let mut c = Client::connect([d.frontend(0).endpoint()], None)
+        .await
+        .unwrap();
+    for i in 0..50 {
+        assert!(put_retrying(&mut c, &format!("l/{i:04}")).await);
+    }
+    // The frontend opened its tail at shard 0's leader (--tail-from-leader defaults to true):
+    // kill exactly that node.
+    let journal = journal::client::JournalClient::connect(d.journal_addrs())
+        .await
+        .unwrap();
+    let leader = journal.status(0).await.unwrap().leader_addr;
+    let index = d
+        .journal_addrs()
+        .iter()
+        .position(|a| a.trim_start_matches("http://") == leader.trim_start_matches("http://"))
+        .unwrap_or_else(|| panic!("leader {leader:?} not among {:?}", d.journal_addrs()));
+    d.kill_journal(index);
+    // A write is answered only once this frontend's own replica applied it, so every
+    // acknowledgement below proves the tail moved on to a live node.
+    for i in 50..150 {
+        assert!(
+            put_retrying(&mut c, &format!("l/{i:04}")).await,
+            "write {i} never succeeded after the leader's kill"
+        );
+    }
+    let r = c
+        .get("l/", Some(GetOptions::new().with_prefix().with_keys_only()))
+        .await
+        .unwrap();
+    let got: Vec<String> = r
+        .kvs()
+        .iter()
+        .map(|kv| kv.key_str().unwrap().to_string())
+        .collect();
+    let want: Vec<String> = (0..150).map(|i| format!("l/{i:04}")).collect();
+    assert_eq!(got, want);
 }

@@ -21,6 +21,40 @@ pub const LEADER_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
 /// Pause between two questions for the leader while waiting.
 pub const LEADER_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
+/// How often a tail opened at the leader asks whether the leader is still the same node; when
+/// it moved, the stream ends and the replica re-opens it (at the new leader).
+pub const LEADER_RECHECK: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// `stream`, ended cleanly once `current()` (asked every `every`) names a leader other than
+/// `leader`: after a leader change (a rolling restart of the journal, say) the tail would
+/// otherwise stay on a follower until its stream broke. An unknown or empty answer (an
+/// election under way, a node unreachable) changes nothing.
+fn until_leader_moves<S, F, Fut>(
+    stream: S,
+    leader: String,
+    current: F,
+    every: std::time::Duration,
+) -> RecordStream
+where
+    S: futures::Stream<Item = Result<api::strata::journal::Record, LogError>> + Send + 'static,
+    F: Fn() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = Option<String>> + Send + 'static,
+{
+    let moved = async move {
+        loop {
+            tokio::time::sleep(every).await;
+            if let Some(now) = current().await
+                && !now.is_empty()
+                && host_port(&now) != host_port(&leader)
+            {
+                tracing::info!(from = %leader, to = %now, "journal leader moved; re-opening the tail there");
+                return;
+            }
+        }
+    };
+    stream.take_until(moved).boxed()
+}
+
 /// `host:port` of an endpoint given as `host:port` or `http(s)://host:port[/]`.
 fn host_port(endpoint: &str) -> &str {
     let e = endpoint
@@ -78,7 +112,7 @@ impl JournalLog {
     /// replica after the journal had answered it: docs/benchmarks/frontend.md, session 5).
     /// The client's failover is unchanged: when that stream breaks it moves on to the other
     /// nodes. `None` when the leader is unknown or not among the configured endpoints.
-    async fn leader_reader(&self, shard: u32) -> Option<journal::client::JournalClient> {
+    async fn leader_reader(&self, shard: u32) -> Option<(journal::client::JournalClient, String)> {
         if !self.tail_from_leader {
             return None;
         }
@@ -101,7 +135,10 @@ impl JournalLog {
         };
         let ordered = leader_first(&self.endpoints, &leader)?;
         tracing::debug!(shard, %leader, "tailing the journal from the shard's leader");
-        journal::client::JournalClient::connect(&ordered).await.ok()
+        let client = journal::client::JournalClient::connect(&ordered)
+            .await
+            .ok()?;
+        Some((client, leader))
     }
 }
 
@@ -116,10 +153,22 @@ impl Log for JournalLog {
 
     fn read(&self, shard: u32, from: u64) -> BoxFuture<'_, Result<RecordStream, LogError>> {
         Box::pin(async move {
-            let client = self.leader_reader(shard).await;
-            let client = client.as_ref().unwrap_or(&self.client);
+            let Some((client, leader)) = self.leader_reader(shard).await else {
+                let stream = self.client.read(shard, from).await.map_err(classify)?;
+                return Ok(stream.map(|r| r.map_err(classify)).boxed());
+            };
             let stream = client.read(shard, from).await.map_err(classify)?;
-            Ok(stream.map(|r| r.map_err(classify)).boxed())
+            let status = self.client.clone();
+            let current = move || {
+                let status = status.clone();
+                async move { status.status(shard).await.ok().map(|s| s.leader_addr) }
+            };
+            Ok(until_leader_moves(
+                stream.map(|r| r.map_err(classify)),
+                leader,
+                current,
+                LEADER_RECHECK,
+            ))
         })
     }
 
@@ -135,6 +184,7 @@ impl Log for JournalLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
 
     fn eps(list: &[&str]) -> Vec<String> {
         list.iter().map(|e| e.to_string()).collect()
@@ -152,6 +202,48 @@ mod tests {
             eps(&["127.0.0.1:3", "127.0.0.1:1", "http://127.0.0.1:2/"])
         );
         assert_eq!(leader_first(&e, "127.0.0.1:1").unwrap(), e);
+    }
+
+    fn record(index: u64) -> Result<api::strata::journal::Record, LogError> {
+        Ok(api::strata::journal::Record {
+            index,
+            ..Default::default()
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tail_ends_when_the_leader_moves_and_not_before() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let asked = Arc::new(AtomicUsize::new(0));
+        let answers = asked.clone();
+        // Same leader (other spelling), no answer, an empty one, then another node.
+        let current = move || {
+            let n = answers.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match n {
+                    0 => Some("http://127.0.0.1:1".to_string()),
+                    1 => None,
+                    2 => Some(String::new()),
+                    _ => Some("127.0.0.1:2".to_string()),
+                }
+            }
+        };
+        let (tx, rx) = futures::channel::mpsc::unbounded();
+        let every = std::time::Duration::from_secs(2);
+        let mut s = until_leader_moves(rx, "127.0.0.1:1".into(), current, every);
+        tx.unbounded_send(record(1)).unwrap();
+        assert_eq!(s.next().await.unwrap().unwrap().index, 1);
+        // Three checks that must not end it; records keep flowing between them.
+        for i in 2..5 {
+            tokio::time::sleep(every).await;
+            tx.unbounded_send(record(i)).unwrap();
+            assert_eq!(s.next().await.unwrap().unwrap().index, i);
+        }
+        assert_eq!(asked.load(Ordering::SeqCst), 3);
+        // The fourth check names another node: the stream ends though its source is open.
+        assert!(s.next().await.is_none());
+        assert_eq!(asked.load(Ordering::SeqCst), 4);
+        drop(tx);
     }
 
     #[test]

@@ -2,7 +2,9 @@
 # Soak: a write load against a local deployment (three `strata journal` nodes, one
 # `strata frontend` starting from checkpoints, one `strata compactor` with periodic
 # auto-compaction), sampling the journal's on-disk size, the object store's size and the
-# frontend's and compactor's RSS every interval into a Markdown table (docs/benchmarks/compactor.md
+# frontend's and compactor's RSS every interval into a Markdown table (the compactor's also as
+# the lowest and highest of once-a-second samples over each interval, since it swings with
+# every checkpoint it encodes and uploads) (docs/benchmarks/compactor.md
 # has a run). Not part of the test suite.
 #
 # Usage: scripts/soak.sh [duration_s=600] [interval_s=30]
@@ -87,24 +89,32 @@ revision() { ETCDCTL_API=3 etcdctl --endpoints="$ENDPOINT" endpoint status -w js
   done
 ) &
 LOAD=$!
+# The compactor's RSS once a second ("seconds-since-start MB" lines), for each row's range.
+( while kill -0 "$COMPACTOR" 2>/dev/null; do echo "$SECONDS $(rss_mb "$COMPACTOR")"; sleep 1; done ) >"$DATA/compactor-rss.txt" &
+SAMPLER=$!
+# Lowest and highest compactor RSS sampled in the seconds (from, to].
+rss_range() { awk -v a="$1" -v b="$2" '$1 > a && $1 <= b && $2 != "-" { if (lo == "" || $2 < lo) lo = $2; if ($2 > hi) hi = $2 } END { if (lo == "") print "-"; else printf "%d-%d", lo, hi }' "$DATA/compactor-rss.txt"; }
 
 echo "soak: ${DURATION}s of puts (${CLIENTS} clients, ${KEYS} keys x ${VALUE} B values), periodic auto-compaction ${RETENTION}, checkpoints every ${EVERY}, journal segments of ${SEGMENT} B; binary $STRATA_BIN; $(nproc) cores, load $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
-echo "| t (s) | revision | journal on disk (MB, 3 nodes) | objects (MB) | trimmed below | auto-compactions | frontend RSS (MB) | frontend store (MB) | frontend series | compactor RSS (MB) | load avg |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| t (s) | revision | journal on disk (MB, 3 nodes) | objects (MB) | trimmed below | auto-compactions | frontend RSS (MB) | frontend store (MB) | frontend series | compactor RSS (MB) | compactor RSS over the interval (MB) | load avg |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 # The frontend's /metrics is read only with SOAK_FRONTEND_METRICS=1: a scrape also drains its
 # histograms, so by default the frontend runs unscraped, the worst case for its memory.
 fstore() { [[ -n "${SOAK_FRONTEND_METRICS:-}" ]] && fmetric_mb strata_frontend_stored_bytes || echo "-"; }
 fcount() { [[ -n "${SOAK_FRONTEND_METRICS:-}" ]] && fseries || echo "-"; }
 start=$SECONDS
+prev=$SECONDS
 while :; do
   t=$((SECONDS - start))
-  echo "| $t | $(revision) | $(size_mb "$DATA"/journal-*) | $(size_mb "$DATA/objects") | $(metric strata_compactor_trimmed_below) | $(metric 'strata_compactor_auto_compactions_total{') | $(rss_mb "$FRONTEND") | $(fstore) | $(fcount) | $(rss_mb "$COMPACTOR") | $(cut -d' ' -f1 /proc/loadavg) |"
+  echo "| $t | $(revision) | $(size_mb "$DATA"/journal-*) | $(size_mb "$DATA/objects") | $(metric strata_compactor_trimmed_below) | $(metric 'strata_compactor_auto_compactions_total{') | $(rss_mb "$FRONTEND") | $(fstore) | $(fcount) | $(rss_mb "$COMPACTOR") | $(rss_range "$prev" "$SECONDS") | $(cut -d' ' -f1 /proc/loadavg) |"
+  prev=$SECONDS
   (( t >= DURATION )) && break
   sleep "$INTERVAL"
 done
 wait "$LOAD" 2>/dev/null || true
 LOAD=""
+kill "$SAMPLER" 2>/dev/null || true
 puts=$(python3 -c 'import json,sys; print(sum(json.loads(l).get("ok", json.loads(l).get("requests", 0)) for l in open(sys.argv[1]) if l.strip()))' "$DATA/bench.jsonl" 2>/dev/null || echo "?")
 echo
 echo "bench runs: $(wc -l <"$DATA/bench.jsonl"); puts acknowledged: $puts; error lines: $(grep -c -E "ERROR|WARN" "$DATA/bench.err" || true)"

@@ -8,7 +8,7 @@ use api::strata::journal::StatusRequest;
 use api::strata::journal::journal_client::JournalClient;
 use etcd_client::{Client, GetOptions};
 use strata_tests::deployment::{Deployment, frontend_args};
-use strata_tests::process::{ChildGuard, free_port};
+use strata_tests::process::{ChildGuard, free_port, strata_bin};
 use strata_tests::readiness::{tail_file, wait_ready};
 
 const KEYS: usize = 300;
@@ -151,7 +151,9 @@ const READY_WAIT: Duration = Duration::from_secs(900);
 
 /// Time for a new `strata frontend` to serve a tenant of `STRATA_READY_KEYS` keys (default 1M)
 /// from the compactor's checkpoint plus a journal tail: from spawning the process to its first
-/// linearizable read. A measurement, run on purpose with the release binary:
+/// linearizable read, with the frontend's CPU time and minor faults up to then (`STRATA_BIN_B`
+/// alternates a second binary with the first, `STRATA_READY_RUNS` sets the number of starts).
+/// A measurement, run on purpose with the release binary:
 /// `cargo build --release -p strata && STRATA_BIN=$CARGO_TARGET_DIR/release/strata cargo test
 /// --release -p strata-tests --test frontend_checkpoint ready_timing -- --ignored --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,19 +223,31 @@ async fn ready_timing_on_a_large_tenant() {
     let tail = (keys..keys + READY_TAIL).map(put).collect();
     let tail_last = *client.append(0, tail).await.unwrap().last().unwrap();
 
-    for run in 0..3 {
+    // STRATA_BIN_B: a second binary, alternated with the first run by run (an A/B in one
+    // deployment, so both start from the same checkpoint and tail on the same machine state).
+    let bins: Vec<(&str, std::path::PathBuf)> = std::iter::once(("A", strata_bin()))
+        .chain(std::env::var_os("STRATA_BIN_B").map(|b| ("B", std::path::PathBuf::from(b))))
+        .collect();
+    let runs: usize = std::env::var("STRATA_READY_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(READY_RUNS_DEFAULT);
+    for run in 0..runs {
+        let (label, bin) = &bins[run % bins.len()];
         let listen = format!("127.0.0.1:{}", free_port());
         let metrics = format!("127.0.0.1:{}", free_port());
         let log = d.dir().join(format!("frontend-ready-{run}.log"));
         let mut args = frontend_args(d.journal_addrs(), &listen, &metrics, &[]);
         args.extend(["--object-store".into(), d.objects().display().to_string()]);
+        let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
         let started = Instant::now();
-        let fe = ChildGuard::strata(&format!("frontend-ready-{run}"), &args, Some(&log));
+        let fe = ChildGuard::spawn(&format!("frontend-ready-{run}"), bin, &args, Some(&log));
         let endpoint = format!("http://{listen}");
         if let Err(e) = wait_ready(&endpoint, WAIT).await {
             panic!("{e}\n--- frontend log ---\n{}", tail_file(&log));
         }
         let ready = started.elapsed();
+        let (cpu, faults) = fe.id().map(process_cpu_and_faults).unwrap_or_default();
         let mut c = Client::connect([endpoint], None).await.unwrap();
         let count = c
             .get(
@@ -245,8 +259,9 @@ async fn ready_timing_on_a_large_tenant() {
             .count();
         assert_eq!(count as usize, keys + READY_TAIL);
         println!(
-            "run {run}: ready in {:.2} s (checkpoint {} + tail to {tail_last}); the frontend's log:",
+            "run {run} ({label}): ready in {:.2} s, frontend CPU {cpu:.2} s, {faults} minor faults, load {} (checkpoint {} + tail to {tail_last}); the frontend's log:",
             ready.as_secs_f64(),
+            load.split_whitespace().next().unwrap_or("?"),
             checkpoint.index
         );
         // Where the time went, by the frontend's own log lines (UTC timestamps).
@@ -259,4 +274,20 @@ async fn ready_timing_on_a_large_tenant() {
         }
         drop(fe);
     }
+}
+
+/// Starts timed by `ready_timing_on_a_large_tenant` unless `STRATA_READY_RUNS` says otherwise.
+const READY_RUNS_DEFAULT: usize = 3;
+
+/// A process's (user + system CPU seconds, minor page faults) so far, from /proc (Linux).
+fn process_cpu_and_faults(pid: u32) -> (f64, u64) {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = after
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0))
+        .collect();
+    // After the command: state(0) ppid .. minflt(7) .. utime(11) stime(12), in clock ticks.
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    (ticks as f64 / 100.0, f.get(7).copied().unwrap_or(0))
 }

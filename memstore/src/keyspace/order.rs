@@ -295,6 +295,60 @@ mod tests {
         }
     }
 
+    /// A prefix shortened by every amount from 1 to past 8 bytes, at either end of a chunk:
+    /// the digests recomputed on the shorter prefix equal those computed from the keys.
+    #[test]
+    fn shortened_prefix_recomputes_digests_exactly() {
+        let keys: Vec<Vec<u8>> = [
+            "/registry/pods/ns0000/pod-0000000100-a",
+            "/registry/pods/ns0000/pod-0000000100-b",
+            "/registry/pods/ns0000/pod-0000000100-c",
+            "/registry/pods/ns0000/pod-0000000100",
+            "/registry/pods/ns0000/pod-0000000101",
+            "/registry/pods/ns0000/pod-0000000199",
+            "/registry/pods/ns0000/pod-0000002",
+            "/registry/pods/ns0000/pod-00009",
+            "/registry/pods/ns0000/pod-1",
+            "/registry/pods/ns0000/zz",
+            "/registry/pods/ns0001/pod",
+            "/registry/pods/ns1",
+            "/registry/q",
+            "/",
+            "",
+        ]
+        .iter()
+        .map(|k| k.as_bytes().to_vec())
+        .collect();
+        let key_of = |id: u32| &keys[id as usize][..];
+        let mut ch = OrderChunk::build(vec![0, 1], &key_of);
+        // Each next key, placed at its sorted position (front or back), shortens the prefix.
+        let mut sorted: Vec<u32> = vec![0, 1];
+        for id in 2..keys.len() as u32 {
+            let pos = sorted.partition_point(|&s| key_of(s) < key_of(id));
+            sorted.insert(pos, id);
+            ch.insert(pos, id, key_of(id), &key_of);
+            assert_eq!(ch.ids, sorted);
+            let first = key_of(ch.ids[0]);
+            assert!(
+                ch.ids
+                    .iter()
+                    .all(|&i| key_of(i).starts_with(&first[..ch.prefix_len]))
+            );
+            let want: Vec<u64> = ch
+                .ids
+                .iter()
+                .map(|&i| digest(key_of(i), ch.prefix_len))
+                .collect();
+            assert_eq!(
+                ch.digests,
+                want,
+                "after key {:?}",
+                String::from_utf8_lossy(key_of(id))
+            );
+        }
+        assert_eq!(ch.prefix_len, 0);
+    }
+
     /// Inserts keys one by one (in a scrambled order) and checks the index against a sorted
     /// list after each insert, and `lower_bound` for present and absent keys.
     #[test]
@@ -323,6 +377,21 @@ mod tests {
             if id.is_multiple_of(97) || id as usize + 1 == keys.len() {
                 let flat: Vec<u32> = index.chunks.iter().flat_map(|c| c.ids.clone()).collect();
                 assert_eq!(flat, sorted, "after inserting key {id}");
+            }
+            // Digests (re-computed when the prefix shortens) equal those computed from the keys.
+            for ch in &index.chunks {
+                let first = key_of(ch.ids[0]);
+                assert!(
+                    ch.ids
+                        .iter()
+                        .all(|&i| key_of(i).starts_with(&first[..ch.prefix_len]))
+                );
+                let want: Vec<u64> = ch
+                    .ids
+                    .iter()
+                    .map(|&i| digest(key_of(i), ch.prefix_len))
+                    .collect();
+                assert_eq!(ch.digests, want, "digests after inserting key {id}");
             }
         }
         for probe in keys

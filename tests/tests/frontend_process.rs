@@ -79,16 +79,22 @@ async fn writes_carry_on_through_a_journal_node_kill() {
         );
         acked.push(key);
     }
+    assert_eq!(keys_with_prefix(&mut c, "j/").await, acked);
+}
+
+/// Every key under `prefix`, in key order (a linearizable read).
+async fn keys_with_prefix(c: &mut Client, prefix: &str) -> Vec<String> {
     let r = c
-        .get("j/", Some(GetOptions::new().with_prefix().with_keys_only()))
+        .get(
+            prefix,
+            Some(GetOptions::new().with_prefix().with_keys_only()),
+        )
         .await
         .unwrap();
-    let got: Vec<String> = r
-        .kvs()
+    r.kvs()
         .iter()
         .map(|kv| kv.key_str().unwrap().to_string())
-        .collect();
-    assert_eq!(got, acked);
+        .collect()
 }
 
 /// Puts `key` through `c`, retrying while the journal elects a new leader; true once acknowledged.
@@ -131,15 +137,6 @@ async fn killing_the_leader_the_frontend_tails_from_loses_nothing() {
             "write {i} never succeeded after the leader's kill"
         );
     }
-    let r = c
-        .get("l/", Some(GetOptions::new().with_prefix().with_keys_only()))
-        .await
-        .unwrap();
-    let got: Vec<String> = r
-        .kvs()
-        .iter()
-        .map(|kv| kv.key_str().unwrap().to_string())
-        .collect();
     let want: Vec<String> = (0..150).map(|i| format!("l/{i:04}")).collect();
-    assert_eq!(got, want);
+    assert_eq!(keys_with_prefix(&mut c, "l/").await, want);
 }

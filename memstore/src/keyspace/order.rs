@@ -297,6 +297,27 @@ mod tests {
 
     /// A prefix shortened by every amount from 1 to past 8 bytes, at either end of a chunk:
     /// the digests recomputed on the shorter prefix equal those computed from the keys.
+    /// Every key of `ch` starts with its prefix, and its digests are those computed from the
+    /// keys.
+    fn assert_prefix_and_digests<'k>(
+        ch: &OrderChunk,
+        key_of: &impl Fn(u32) -> &'k [u8],
+        after: &str,
+    ) {
+        let first = key_of(ch.ids[0]);
+        assert!(
+            ch.ids
+                .iter()
+                .all(|&i| key_of(i).starts_with(&first[..ch.prefix_len]))
+        );
+        let want: Vec<u64> = ch
+            .ids
+            .iter()
+            .map(|&i| digest(key_of(i), ch.prefix_len))
+            .collect();
+        assert_eq!(ch.digests, want, "digests after inserting {after}");
+    }
+
     #[test]
     fn shortened_prefix_recomputes_digests_exactly() {
         let keys: Vec<Vec<u8>> = [
@@ -328,23 +349,7 @@ mod tests {
             sorted.insert(pos, id);
             ch.insert(pos, id, key_of(id), &key_of);
             assert_eq!(ch.ids, sorted);
-            let first = key_of(ch.ids[0]);
-            assert!(
-                ch.ids
-                    .iter()
-                    .all(|&i| key_of(i).starts_with(&first[..ch.prefix_len]))
-            );
-            let want: Vec<u64> = ch
-                .ids
-                .iter()
-                .map(|&i| digest(key_of(i), ch.prefix_len))
-                .collect();
-            assert_eq!(
-                ch.digests,
-                want,
-                "after key {:?}",
-                String::from_utf8_lossy(key_of(id))
-            );
+            assert_prefix_and_digests(&ch, &key_of, &String::from_utf8_lossy(key_of(id)));
         }
         assert_eq!(ch.prefix_len, 0);
     }
@@ -380,18 +385,7 @@ mod tests {
             }
             // Digests (re-computed when the prefix shortens) equal those computed from the keys.
             for ch in &index.chunks {
-                let first = key_of(ch.ids[0]);
-                assert!(
-                    ch.ids
-                        .iter()
-                        .all(|&i| key_of(i).starts_with(&first[..ch.prefix_len]))
-                );
-                let want: Vec<u64> = ch
-                    .ids
-                    .iter()
-                    .map(|&i| digest(key_of(i), ch.prefix_len))
-                    .collect();
-                assert_eq!(ch.digests, want, "digests after inserting key {id}");
+                assert_prefix_and_digests(ch, &key_of, &format!("key {id}"));
             }
         }
         for probe in keys

@@ -6,6 +6,8 @@
 //! Deterministic: the seed is fixed (or `MEMSTORE_MODEL_SEED=<u64>`), printed, and proptest
 //! shrinks a failure to a minimal sequence. Cases: `MEMSTORE_MODEL_CASES` (default 192).
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use api::etcdserverpb::{
@@ -19,7 +21,6 @@ use api::strata::journal::{Record, record::Kind};
 use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Config, Error, MemStore, Outcome};
 use proptest::prelude::*;
-use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
 
 const KEYS: [&str; 5] = ["a", "ab", "b", "c", "d"];
 const ENDS: [&str; 5] = ["", "b", "c", "e", "\0"];
@@ -708,28 +709,9 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn memstore_agrees_with_the_naive_model() {
-    let seed = env_u64("MEMSTORE_MODEL_SEED").unwrap_or(DEFAULT_SEED);
-    let cases = env_u64("MEMSTORE_MODEL_CASES").map_or(DEFAULT_CASES, |c| c as u32);
-    println!(
-        "memstore model test: seed {seed} ({cases} cases); replay with MEMSTORE_MODEL_SEED={seed}"
-    );
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(&(seed.wrapping_mul(i as u64 + 1)).to_le_bytes());
-    }
-    let config = PtConfig {
-        cases,
-        failure_persistence: None,
-        ..PtConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let (mut runner, seed) = common::seeded_runner("MEMSTORE_MODEL", DEFAULT_SEED, DEFAULT_CASES);
     let result = runner.run(&prop::collection::vec(step(), 1..60), |steps| {
         run_case(&steps)
     });

@@ -9,13 +9,15 @@
 //! Deterministic: the seed is fixed (or `MEMSTORE_RECORD_SEED=<u64>`) and printed; cases:
 //! `MEMSTORE_RECORD_CASES` (default 256).
 
+mod common;
+
 use api::etcdserverpb::{DeleteRangeRequest, LeaseGrantRequest, PutRequest};
 use api::record::{FastRecord, entry_for_tenant, entry_for_tenant_owned, put_view};
 use api::strata::entry::{Entry, Tick, entry::Request};
 use api::strata::journal::{Record, record::Kind};
 use memstore::{Config, MemStore, Outcome};
 use proptest::prelude::*;
-use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
+
 use prost::Message;
 
 const DEFAULT_SEED: u64 = 0x7265_636f_7264_0005;
@@ -371,28 +373,9 @@ fn run_case(specs: &[Spec], seen: &mut Seen) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn env_u64(name: &str) -> Option<u64> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
 #[test]
 fn apply_record_agrees_with_the_general_path_on_random_records() {
-    let seed = env_u64("MEMSTORE_RECORD_SEED").unwrap_or(DEFAULT_SEED);
-    let cases = env_u64("MEMSTORE_RECORD_CASES").map_or(DEFAULT_CASES, |c| c as u32);
-    println!(
-        "apply_record test: seed {seed} ({cases} cases); replay with MEMSTORE_RECORD_SEED={seed}"
-    );
-    let mut bytes = [0u8; 32];
-    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
-        chunk.copy_from_slice(&(seed.wrapping_mul(i as u64 + 1)).to_le_bytes());
-    }
-    let config = PtConfig {
-        cases,
-        failure_persistence: None,
-        ..PtConfig::default()
-    };
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &bytes));
+    let (mut runner, seed) = common::seeded_runner("MEMSTORE_RECORD", DEFAULT_SEED, DEFAULT_CASES);
     let seen = std::cell::RefCell::new(Seen::default());
     let result = runner.run(&prop::collection::vec(spec(), 1..40), |specs| {
         run_case(&specs, &mut seen.borrow_mut())

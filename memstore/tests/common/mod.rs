@@ -8,6 +8,7 @@ use api::etcdserverpb::{
 use api::strata::entry::{Entry, LeaderChange, Tick, entry::Request};
 use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Applied, Config, MemStore, Outcome};
+use proptest::test_runner::{Config as PtConfig, RngAlgorithm, TestRng, TestRunner};
 
 /// A store plus the next journal index and the journal clock.
 pub struct Harness {
@@ -199,4 +200,29 @@ pub fn reload(store: &MemStore) -> MemStore {
     let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta_of(store), store))
         .expect("a checkpoint of the store loads");
     loaded
+}
+
+/// A deterministic proptest runner: the seed and case count come from the environment variables
+/// `<var>_SEED` and `<var>_CASES` when set, else from the defaults; prints how to replay.
+/// Returns the runner and its seed (for the failure message).
+pub fn seeded_runner(var: &str, default_seed: u64, default_cases: u32) -> (TestRunner, u64) {
+    let env = |suffix: &str| -> Option<u64> {
+        std::env::var(format!("{var}_{suffix}"))
+            .ok()
+            .and_then(|v| v.parse().ok())
+    };
+    let seed = env("SEED").unwrap_or(default_seed);
+    let cases = env("CASES").map_or(default_cases, |c| c as u32);
+    println!("seed {seed} ({cases} cases); replay with {var}_SEED={seed}");
+    let mut bytes = [0u8; 32];
+    for (i, chunk) in bytes.chunks_mut(8).enumerate() {
+        chunk.copy_from_slice(&(seed.wrapping_mul(i as u64 + 1)).to_le_bytes());
+    }
+    let config = PtConfig {
+        cases,
+        failure_persistence: None,
+        ..PtConfig::default()
+    };
+    let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
+    (TestRunner::new_with_rng(config, rng), seed)
 }

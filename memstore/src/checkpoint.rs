@@ -736,26 +736,45 @@ mod tests {
         }
     }
 
-    #[test]
-    fn format_1_and_2_checkpoints_still_load() {
+    /// A store after `rounds` rounds of puts, one per key number `0..keys` in each, every put
+    /// with its own request id; `put(round, k)` gives its key and value.
+    fn store_of_rounds(
+        rounds: u8,
+        keys: u64,
+        put: impl Fn(u8, u64) -> (Vec<u8>, Vec<u8>),
+    ) -> MemStore {
         let mut store = MemStore::new(Config::default());
         let mut index = 0;
-        for round in 0..3u8 {
-            for k in 0..50u8 {
+        for round in 0..rounds {
+            for k in 0..keys {
                 index += 1;
-                store.apply(
-                    index,
-                    &entry_with_id(
-                        index,
-                        Request::Put(PutRequest {
-                            key: vec![b'k', k],
-                            value: vec![round; 10],
-                            ..Default::default()
-                        }),
-                    ),
-                );
+                let (key, value) = put(round, k);
+                let put = Request::Put(PutRequest {
+                    key,
+                    value,
+                    ..Default::default()
+                });
+                store.apply(index, &entry_with_id(index, put));
             }
         }
+        store
+    }
+
+    /// The metadata of a checkpoint of `store` as it is now.
+    fn meta_now(store: &MemStore, tenant: &str, shard: u32, created_ms: i64) -> CheckpointMeta {
+        CheckpointMeta {
+            tenant: tenant.into(),
+            shard,
+            index: store.applied_index(),
+            revision: store.revision(),
+            created_ms,
+        }
+    }
+
+    #[test]
+    fn format_1_and_2_checkpoints_still_load() {
+        let mut store = store_of_rounds(3, 50, |round, k| (vec![b'k', k as u8], vec![round; 10]));
+        let mut index = store.applied_index();
         index += 1;
         store.apply(
             index,
@@ -765,13 +784,7 @@ mod tests {
                 ..Default::default()
             })),
         );
-        let meta = CheckpointMeta {
-            tenant: "t".into(),
-            shard: 0,
-            index: store.applied_index(),
-            revision: store.revision(),
-            created_ms: 0,
-        };
+        let meta = meta_now(&store, "t", 0, 0);
         assert_eq!(store.state.dedup.len(), 150);
         for bytes in [encode_v1(&meta, &store), encode_v2(&meta, &store)] {
             let (m, loaded) = decode(&bytes).unwrap();
@@ -797,27 +810,14 @@ mod tests {
     /// one framing a separately archived body gives, and the buffer was sized once.
     #[test]
     fn encoding_in_place_equals_framing_a_separate_archive() {
-        let mut store = MemStore::new(Config::default());
-        let mut index = 0;
-        for round in 0..4u8 {
-            for k in 0..200u16 {
-                index += 1;
-                let put = Request::Put(PutRequest {
-                    key: format!("key-{k:04}").into_bytes(),
-                    value: vec![round; 1 + (k as usize % 300)],
-                    ..Default::default()
-                });
-                store.apply(index, &entry_with_id(index, put));
-            }
-        }
+        let store = store_of_rounds(4, 200, |round, k| {
+            (
+                format!("key-{k:04}").into_bytes(),
+                vec![round; 1 + (k as usize % 300)],
+            )
+        });
         for tenant in ["t", "a-longer-tenant-name-that-moves-the-body-offset"] {
-            let meta = CheckpointMeta {
-                tenant: tenant.into(),
-                shard: 1,
-                index: store.applied_index(),
-                revision: store.revision(),
-                created_ms: 5,
-            };
+            let meta = meta_now(&store, tenant, 1, 5);
             let body = rkyv::to_bytes::<rancor::Error>(&body_v3(&store.state)).unwrap();
             let framed = frame(&meta, FORMAT_VERSION, &body);
             let encoded = encode(&meta, &store);
@@ -858,26 +858,13 @@ mod tests {
             .ok()
             .and_then(|v| v.parse().ok())
             .unwrap_or(300_000);
-        let mut store = MemStore::new(Config::default());
-        let mut index = 0;
-        for round in 0..4u8 {
-            for k in 0..keys {
-                index += 1;
-                let put = Request::Put(PutRequest {
-                    key: format!("/registry/pods/{k:012}").into_bytes(),
-                    value: vec![round; 256],
-                    ..Default::default()
-                });
-                store.apply(index, &entry_with_id(index, put));
-            }
-        }
-        let meta = CheckpointMeta {
-            tenant: "t".into(),
-            shard: 0,
-            index: store.applied_index(),
-            revision: store.revision(),
-            created_ms: 0,
-        };
+        let store = store_of_rounds(4, keys, |round, k| {
+            (
+                format!("/registry/pods/{k:012}").into_bytes(),
+                vec![round; 256],
+            )
+        });
+        let meta = meta_now(&store, "t", 0, 0);
         for run in 0..3 {
             for in_place in [run % 2 == 0, run % 2 != 0] {
                 let (before, _) = rss_and_peak_mb(true);

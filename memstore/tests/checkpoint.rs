@@ -343,23 +343,13 @@ fn rss_bytes() -> u64 {
 #[test]
 #[ignore]
 fn dedup_window_cost() {
-    let n: u64 = std::env::var("STRATA_DEDUP_IDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+    let n: u64 = env_or("STRATA_DEDUP_IDS", 1_000_000);
     let mut store = MemStore::new(memstore::Config::default());
     let entries: Vec<api::strata::entry::Entry> = (0..n)
         .map(|i| api::strata::entry::Entry {
             format_version: api::ENTRY_FORMAT_VERSION,
             tenant: "t".into(),
-            // 16 pseudo-random bytes, as frontends write them.
-            request_id: [
-                i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes(),
-                (i ^ 0x5555)
-                    .wrapping_mul(0xbf58_476d_1ce4_e5b9)
-                    .to_le_bytes(),
-            ]
-            .concat(),
+            request_id: pseudo_random_id(i),
             // 1M requests within one minute of journal time: all inside the window.
             time_ms: 1_000_000 + (i * 60_000 / n) as i64,
             request: Some(Request::Alarm(api::etcdserverpb::AlarmRequest::default())),
@@ -398,6 +388,25 @@ fn dedup_window_cost() {
     );
 }
 
+/// A measurement's size from the environment variable `name`, else `default`.
+fn env_or(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Request id `i` of a measurement: 16 pseudo-random bytes, as frontends write them.
+fn pseudo_random_id(i: u64) -> Vec<u8> {
+    [
+        i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes(),
+        (i ^ 0x5555)
+            .wrapping_mul(0xbf58_476d_1ce4_e5b9)
+            .to_le_bytes(),
+    ]
+    .concat()
+}
+
 /// This process's (user + system CPU seconds, minor page faults), from /proc (Linux).
 fn cpu_and_faults() -> (f64, u64) {
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
@@ -419,10 +428,7 @@ fn cpu_and_faults() -> (f64, u64) {
 #[test]
 #[ignore]
 fn decode_cost_of_a_large_tenant() {
-    let n: u64 = std::env::var("STRATA_DECODE_KEYS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+    let n: u64 = env_or("STRATA_DECODE_KEYS", 1_000_000);
     let mut store = MemStore::new(memstore::Config::default());
     for i in 0..n {
         let mut key = format!("/registry/pods/ns{:04}/pod-{i:08}-", i / 1000).into_bytes();
@@ -430,13 +436,7 @@ fn decode_cost_of_a_large_tenant() {
         let e = api::strata::entry::Entry {
             format_version: api::ENTRY_FORMAT_VERSION,
             tenant: "t".into(),
-            request_id: [
-                i.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes(),
-                (i ^ 0x5555)
-                    .wrapping_mul(0xbf58_476d_1ce4_e5b9)
-                    .to_le_bytes(),
-            ]
-            .concat(),
+            request_id: pseudo_random_id(i),
             time_ms: 1_000_000,
             request: Some(Request::Put(PutRequest {
                 key,

@@ -269,40 +269,32 @@ fn one_off_figures() {
     // The same reads answering less: the lookup alone (count_only: hash probe, slot, key
     // compare, no response key-value), and the lookup plus the key copy (keys_only: the value
     // is neither read nor copied). The difference to the full read is the value's miss and copy.
-    let lookups: Vec<RangeRequest> = reads
-        .iter()
-        .map(|r| RangeRequest {
-            count_only: true,
-            ..r.clone()
-        })
-        .collect();
-    timed(
-        "point reads, uniformly random over 1M keys, count_only (the lookup alone)",
-        BIG,
-        || {
-            for r in &lookups {
-                black_box(store.range(r).expect("read"));
-            }
-        },
-    );
-    drop(lookups);
-    let keys_only: Vec<RangeRequest> = reads
-        .iter()
-        .map(|r| RangeRequest {
-            keys_only: true,
-            ..r.clone()
-        })
-        .collect();
-    timed(
-        "point reads, uniformly random over 1M keys, keys_only (no value read or copied)",
-        BIG,
-        || {
-            for r in &keys_only {
-                black_box(store.range(r).expect("read"));
-            }
-        },
-    );
-    drop(keys_only);
+    type Lighten = fn(&mut RangeRequest);
+    let variants: [(&str, Lighten); 2] = [
+        ("count_only (the lookup alone)", |r| r.count_only = true),
+        ("keys_only (no value read or copied)", |r| {
+            r.keys_only = true
+        }),
+    ];
+    for (what, set) in variants {
+        let lighter: Vec<RangeRequest> = reads
+            .iter()
+            .map(|r| {
+                let mut r = r.clone();
+                set(&mut r);
+                r
+            })
+            .collect();
+        timed(
+            &format!("point reads, uniformly random over 1M keys, {what}"),
+            BIG,
+            || {
+                for r in &lighter {
+                    black_box(store.range(r).expect("read"));
+                }
+            },
+        );
+    }
     let hot: Vec<RangeRequest> = (0..BIG)
         .map(|i| RangeRequest {
             key: key(scatter(i % 1000, BIG)),

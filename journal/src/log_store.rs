@@ -286,14 +286,18 @@ impl LogShared {
     }
 
     /// fdatasyncs everything written so far (earlier segments were synced when they were
-    /// closed) and raises `flushed` to it. The caller reports a failure (`fail`).
-    fn sync_written(&self) -> std::io::Result<()> {
+    /// closed), calls `synced` with the fsync's duration, and only then raises `flushed` to it
+    /// (so whatever an acknowledgement lets a client see, the fsync's metrics included, is
+    /// already in place). The caller reports a failure (`fail`).
+    fn sync_written(&self, synced: impl FnOnce(std::time::Duration)) -> std::io::Result<()> {
         let (file, written) = {
             let log = lock(&self.log);
             (log.active_file(), log.next_index())
         };
+        let started = Instant::now();
         crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
             .and_then(|()| file.sync_data())?;
+        synced(started.elapsed());
         self.flushed.send_if_modified(|f| {
             let raise = written > *f;
             if raise {
@@ -365,10 +369,7 @@ fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<FlushJob>) {
                 "journal storage failed earlier; see status errors",
             ))
         } else {
-            let started = Instant::now();
-            let r = shared.sync_written();
-            crate::metrics::fsynced(shared.shard, started.elapsed(), batch.len());
-            r
+            shared.sync_written(|took| crate::metrics::fsynced(shared.shard, took, batch.len()))
         };
         if let Err(e) = &result {
             shared.fail(format!("fsync failed: {e}"));
@@ -453,7 +454,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // anything to another leader (even a heartbeat whose prev_log_id matches them), so
         // make them durable here.
         if self.shared.flushed() < self.shared.next_index() {
-            self.shared.sync_written().map_err(|e| {
+            self.shared.sync_written(|_| {}).map_err(|e| {
                 self.shared.fail(format!("fsync failed: {e}"));
                 StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
             })?;

@@ -325,38 +325,96 @@ impl JournalClient {
             shard,
             payloads: payloads.to_vec(),
         };
-        if self.inner.append_stream && !lock(&self.inner.unary_only).contains(&target) {
-            let session = self.session(&target, ch.clone());
-            let (seq, rx) = session.register()?;
-            let msg = AppendStreamRequest {
+        let on_stream = self
+            .on_stream(&target, &ch, |seq| AppendStreamRequest {
                 seq,
                 append: Some(request()),
-            };
-            let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, async {
-                session
-                    .tx
-                    .send(msg)
-                    .await
-                    .map_err(|_| Status::unavailable("journal append stream closed"))?;
-                rx.await
-                    .map_err(|_| Status::unavailable("journal append stream closed"))?
+                read_index: None,
             })
             .await;
-            match answer {
-                Ok(Err(s)) if s.code() == Code::Unimplemented => {} // an older node: unary below
-                Ok(res) => return res,
-                Err(_) => {
-                    session.forget(seq);
-                    return Err(Status::deadline_exceeded(
-                        "journal append not answered in time",
-                    ));
-                }
-            }
+        match on_stream {
+            Some(Err(s)) if s.code() == Code::Unimplemented => {} // an older node: unary below
+            Some(res) => return res,
+            None => {}
         }
         grpc(ch)
             .append(timed(request()))
             .await
             .map(|r| r.into_inner().indexes)
+    }
+
+    /// One attempt of `read_index` at the node `target`: over its `AppendStream` (one message
+    /// on a long-lived stream instead of a unary call per read-index round), or a unary
+    /// `ReadIndex` if the node has no stream or does not know read indexes on it (an older
+    /// node refuses the request as invalid). Fails as the unary call would.
+    async fn read_index_attempt(
+        &self,
+        target: String,
+        ch: Channel,
+        shard: u32,
+    ) -> Result<u64, Status> {
+        let on_stream = self
+            .on_stream(&target, &ch, |seq| AppendStreamRequest {
+                seq,
+                append: None,
+                read_index: Some(ReadIndexRequest { shard }),
+            })
+            .await;
+        match on_stream {
+            Some(Err(s)) if matches!(s.code(), Code::Unimplemented | Code::InvalidArgument) => {}
+            Some(Ok(indexes)) => {
+                return match indexes.as_slice() {
+                    [index] => Ok(*index),
+                    _ => Err(Status::internal(format!(
+                        "a read index answered with {} indexes",
+                        indexes.len()
+                    ))),
+                };
+            }
+            Some(Err(s)) => return Err(s),
+            None => {}
+        }
+        grpc(ch)
+            .read_index(timed(ReadIndexRequest { shard }))
+            .await
+            .map(|r| r.into_inner().index)
+    }
+
+    /// Sends the request `build(seq)` on `target`'s shared `AppendStream` and waits for its
+    /// answer; `None` when this client does not use streams or the node is known to have none.
+    async fn on_stream(
+        &self,
+        target: &str,
+        ch: &Channel,
+        build: impl FnOnce(u64) -> AppendStreamRequest,
+    ) -> Option<Result<Vec<u64>, Status>> {
+        if !self.inner.append_stream || lock(&self.inner.unary_only).contains(target) {
+            return None;
+        }
+        let session = self.session(target, ch.clone());
+        let (seq, rx) = match session.register() {
+            Ok(r) => r,
+            Err(s) => return Some(Err(s)),
+        };
+        let answer = tokio::time::timeout(ATTEMPT_TIMEOUT, async {
+            session
+                .tx
+                .send(build(seq))
+                .await
+                .map_err(|_| Status::unavailable("journal append stream closed"))?;
+            rx.await
+                .map_err(|_| Status::unavailable("journal append stream closed"))?
+        })
+        .await;
+        Some(match answer {
+            Ok(res) => res,
+            Err(_) => {
+                session.forget(seq);
+                Err(Status::deadline_exceeded(
+                    "journal call not answered in time",
+                ))
+            }
+        })
     }
 
     /// The append stream to `target`, opened now if there is none.
@@ -384,10 +442,8 @@ impl JournalClient {
 
     /// An index safe for a linearizable read of `shard` (confirmed by the leader with a quorum).
     pub async fn read_index(&self, shard: u32) -> Result<u64, ClientError> {
-        self.unary(shard, true, |mut c| async move {
-            c.read_index(timed(ReadIndexRequest { shard }))
-                .await
-                .map(|r| r.into_inner().index)
+        self.retrying_at(shard, true, |target, ch| {
+            self.read_index_attempt(target, ch, shard)
         })
         .await
     }

@@ -134,8 +134,7 @@ impl Journal for JournalSvc {
         &self,
         request: Request<ReadIndexRequest>,
     ) -> Result<Response<ReadIndexResponse>, Status> {
-        let shard = self.shard(request.into_inner().shard)?;
-        let index = shard.read_index().await?;
+        let index = read_index_one(&self.node, request.into_inner()).await?;
         Ok(Response::new(ReadIndexResponse { index }))
     }
 
@@ -167,6 +166,13 @@ impl Journal for JournalSvc {
             errors: lock(&self.node.errors).clone(),
         }))
     }
+}
+
+/// What a unary `ReadIndex` answers, and what a read index on an `AppendStream` answers (as its
+/// one index).
+async fn read_index_one(node: &JournalNode, req: ReadIndexRequest) -> Result<u64, Status> {
+    let shard = node.shard(req.shard).map_err(Status::from)?;
+    Ok(shard.read_index().await?)
 }
 
 /// Checks one append against the limits, then appends it: what a unary `Append` does, and what
@@ -248,12 +254,15 @@ async fn serve_append_stream(
         tokio::select! {
             req = inbound.next(), if inbound_open && inflight.len() < APPEND_STREAM_MAX_INFLIGHT => {
                 match req {
-                    Some(Ok(AppendStreamRequest { seq, append })) => {
+                    Some(Ok(AppendStreamRequest { seq, append, read_index })) => {
                         let node = Arc::clone(&node);
                         inflight.push(async move {
-                            let res = match append {
-                                Some(a) => append_one(&node, a).await,
-                                None => Err(Status::invalid_argument("append stream request without an append")),
+                            let res = match (append, read_index) {
+                                (Some(a), None) => append_one(&node, a).await,
+                                (None, Some(r)) => read_index_one(&node, r).await.map(|i| vec![i]),
+                                _ => Err(Status::invalid_argument(
+                                    "append stream request without exactly one of an append and a read index",
+                                )),
                             };
                             (seq, res)
                         });

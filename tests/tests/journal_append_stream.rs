@@ -7,7 +7,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use api::strata::journal::journal_client::JournalClient as GrpcClient;
-use api::strata::journal::{AppendRequest, AppendStreamRequest, AppendStreamResponse};
+use api::strata::journal::{
+    AppendRequest, AppendStreamRequest, AppendStreamResponse, ReadIndexRequest,
+};
 use futures::StreamExt;
 use journal::ClientError;
 use journal::error::{ERROR_KIND_METADATA, FIRST_INDEX_METADATA, LEADER_METADATA};
@@ -71,12 +73,24 @@ impl RawStream {
         &mut self,
         reqs: Vec<(u64, Option<AppendRequest>)>,
     ) -> HashMap<u64, AppendStreamResponse> {
+        let reqs = reqs
+            .into_iter()
+            .map(|(seq, append)| AppendStreamRequest {
+                seq,
+                append,
+                read_index: None,
+            })
+            .collect();
+        self.ask_raw(reqs).await
+    }
+
+    async fn ask_raw(
+        &mut self,
+        reqs: Vec<AppendStreamRequest>,
+    ) -> HashMap<u64, AppendStreamResponse> {
         let n = reqs.len();
-        for (seq, append) in reqs {
-            self.tx
-                .send(AppendStreamRequest { seq, append })
-                .await
-                .expect("stream open");
+        for req in reqs {
+            self.tx.send(req).await.expect("stream open");
         }
         let mut out = HashMap::new();
         while out.len() < n {
@@ -97,7 +111,13 @@ impl RawStream {
 
 /// Asserts that the stream's answer to `req` is the unary call's answer to it.
 async fn assert_same_as_unary(addr: &str, req: AppendRequest, streamed: &AppendStreamResponse) {
-    let unary = grpc(addr).await.append(req).await;
+    let unary = grpc(addr).await.append(req).await.map(|_| ());
+    assert_same_error(unary, streamed);
+}
+
+/// Asserts that a failed streamed call carries the unary call's status: code, message and
+/// metadata.
+fn assert_same_error(unary: Result<(), tonic::Status>, streamed: &AppendStreamResponse) {
     match (unary, &streamed.error) {
         (Err(s), Some(e)) => {
             assert_eq!(e.code, s.code() as i32, "code of {s:?}");
@@ -243,4 +263,102 @@ async fn a_broken_stream_loses_no_acknowledged_append() {
             }
         }
     }
+}
+
+/// A read index asked on the append stream: an index at least that of an append acknowledged
+/// before it, never above what a unary `ReadIndex` asked afterwards answers; errors as the unary
+/// call's (unknown shard; a follower's redirect to the leader); a request with both an append
+/// and a read index refused; and the client's `read_index` follows the leader over the stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_streamed_read_index_answers_as_the_unary_call_would() {
+    let c = JournalCluster::start(3, 1, &[]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let follower = (leader + 1) % 3;
+    let (leader_addr, follower_addr) =
+        (c.nodes[leader].addr.clone(), c.nodes[follower].addr.clone());
+    let read_index = |seq, shard| AppendStreamRequest {
+        seq,
+        append: None,
+        read_index: Some(ReadIndexRequest { shard }),
+    };
+    let mut s = RawStream::open(&leader_addr).await;
+    let acked = s
+        .ask(vec![(
+            1,
+            Some(AppendRequest {
+                shard: SHARD,
+                payloads: vec![b"w".to_vec()],
+            }),
+        )])
+        .await;
+    let written = acked[&1].indexes[0];
+    let both = AppendStreamRequest {
+        seq: 4,
+        append: Some(AppendRequest {
+            shard: SHARD,
+            payloads: vec![b"x".to_vec()],
+        }),
+        read_index: Some(ReadIndexRequest { shard: SHARD }),
+    };
+    let answers = s
+        .ask_raw(vec![read_index(2, SHARD), read_index(3, 99), both])
+        .await;
+    assert!(answers[&2].error.is_none(), "{answers:?}");
+    assert_eq!(answers[&2].indexes.len(), 1);
+    let streamed = answers[&2].indexes[0];
+    assert!(
+        streamed >= written,
+        "read index {streamed} below the acknowledged append {written}"
+    );
+    let unary = grpc(&leader_addr)
+        .await
+        .read_index(ReadIndexRequest { shard: SHARD })
+        .await
+        .expect("unary read index")
+        .into_inner()
+        .index;
+    assert!(unary >= streamed, "unary {unary} after streamed {streamed}");
+    let unknown = grpc(&leader_addr)
+        .await
+        .read_index(ReadIndexRequest { shard: 99 })
+        .await
+        .map(|_| ());
+    assert_same_error(unknown, &answers[&3]);
+    assert_eq!(
+        answers[&4].error.as_ref().map(|e| e.code),
+        Some(tonic::Code::InvalidArgument as i32)
+    );
+
+    // A follower answers as its unary ReadIndex does: a redirect naming the leader (or, if it
+    // forwards, an index).
+    let mut f = RawStream::open(&follower_addr).await;
+    let answer = f.ask_raw(vec![read_index(1, SHARD)]).await;
+    if answer[&1].error.is_some() {
+        let unary = grpc(&follower_addr)
+            .await
+            .read_index(ReadIndexRequest { shard: SHARD })
+            .await
+            .map(|_| ());
+        assert_same_error(unary, &answer[&1]);
+        assert_eq!(
+            answer[&1]
+                .error
+                .as_ref()
+                .and_then(|e| e.metadata.get(LEADER_METADATA)),
+            Some(&leader_addr)
+        );
+    }
+
+    // The client asks over the stream and follows the leader from a follower-only list.
+    let client = c.client_of(follower).await;
+    let idx = client
+        .read_index(SHARD)
+        .await
+        .expect("read index through a follower-only client");
+    assert!(idx >= written);
+    assert!(matches!(
+        client.read_index(99).await,
+        Err(ClientError::UnknownShard { shard: 99, .. })
+    ));
 }

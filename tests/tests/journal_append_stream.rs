@@ -129,12 +129,18 @@ fn assert_same_error(unary: Result<(), tonic::Status>, streamed: &AppendStreamRe
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn each_streamed_append_answers_as_the_unary_call_would() {
+/// A 3-node cluster with shard `SHARD`'s leader elected: the cluster, the leader's position and a
+/// follower's.
+async fn three_nodes() -> (JournalCluster, usize, usize) {
     let c = JournalCluster::start(3, 1, &[]);
     let leaders = c.wait_leaders(&[0, 1, 2]).await;
     let leader = c.index_of(leaders[SHARD as usize]);
-    let follower = (leader + 1) % 3;
+    (c, leader, (leader + 1) % 3)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_streamed_append_answers_as_the_unary_call_would() {
+    let (c, leader, follower) = three_nodes().await;
     let (leader_addr, follower_addr) =
         (c.nodes[leader].addr.clone(), c.nodes[follower].addr.clone());
 
@@ -271,10 +277,7 @@ async fn a_broken_stream_loses_no_acknowledged_append() {
 /// and a read index refused; and the client's `read_index` follows the leader over the stream.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_streamed_read_index_answers_as_the_unary_call_would() {
-    let c = JournalCluster::start(3, 1, &[]);
-    let leaders = c.wait_leaders(&[0, 1, 2]).await;
-    let leader = c.index_of(leaders[SHARD as usize]);
-    let follower = (leader + 1) % 3;
+    let (c, leader, follower) = three_nodes().await;
     let (leader_addr, follower_addr) =
         (c.nodes[leader].addr.clone(), c.nodes[follower].addr.clone());
     let read_index = |seq, shard| AppendStreamRequest {

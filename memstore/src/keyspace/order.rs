@@ -61,15 +61,15 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     // Eight bytes at a time, then the first differing byte of the differing word.
     const W: usize = 8;
     let n = a.len().min(b.len());
-    let mut i = 0;
-    while i + W <= n {
-        let x = u64::from_le_bytes(a[i..i + W].try_into().expect("8-byte slice"));
-        let y = u64::from_le_bytes(b[i..i + W].try_into().expect("8-byte slice"));
+    let (words_a, _) = a[..n].as_chunks::<W>();
+    let (words_b, _) = b[..n].as_chunks::<W>();
+    for (w, (x, y)) in words_a.iter().zip(words_b).enumerate() {
+        let (x, y) = (u64::from_le_bytes(*x), u64::from_le_bytes(*y));
         if x != y {
-            return i + ((x ^ y).trailing_zeros() / 8) as usize;
+            return w * W + ((x ^ y).trailing_zeros() / 8) as usize;
         }
-        i += W;
     }
+    let i = words_a.len() * W;
     i + a[i..n]
         .iter()
         .zip(&b[i..n])

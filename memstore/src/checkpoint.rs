@@ -483,6 +483,24 @@ fn version_from(v: &ArchivedVersionRecord<'_>) -> Version {
     }
 }
 
+/// `keys_from_flat` on a format 2 or 3 body `a` (their flat arrays and counters have the same
+/// names in both archived types).
+macro_rules! flat_keys {
+    ($a:expr, $compact_revision:expr) => {
+        keys_from_flat(
+            &$a.keys,
+            &$a.versions,
+            $compact_revision,
+            (
+                $a.live_keys.to_native(),
+                $a.live_bytes.to_native(),
+                $a.total_bytes.to_native(),
+                $a.version_count.to_native(),
+            ),
+        )
+    };
+}
+
 /// The key space from format 2 and 3's flat arrays, checked against the archived counters.
 fn keys_from_flat(
     keys: &[ArchivedKeyRecord<'_>],
@@ -516,17 +534,7 @@ fn keys_from_flat(
 
 fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
     let compact_revision = a.compact_revision.to_native();
-    let keys = keys_from_flat(
-        &a.keys,
-        &a.versions,
-        compact_revision,
-        (
-            a.live_keys.to_native(),
-            a.live_bytes.to_native(),
-            a.total_bytes.to_native(),
-            a.version_count.to_native(),
-        ),
-    )?;
+    let keys = flat_keys!(a, compact_revision)?;
     let dedup = Dedup::from_records(a.dedup.iter().map(|r| Remembered {
         time_ms: r.time_ms.to_native(),
         revision: r.revision.to_native(),
@@ -554,17 +562,7 @@ fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
 
 fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
     let compact_revision = a.compact_revision.to_native();
-    let keys = keys_from_flat(
-        &a.keys,
-        &a.versions,
-        compact_revision,
-        (
-            a.live_keys.to_native(),
-            a.live_bytes.to_native(),
-            a.total_bytes.to_native(),
-            a.version_count.to_native(),
-        ),
-    )?;
+    let keys = flat_keys!(a, compact_revision)?;
     let dedup: LegacyDedup = rkyv::deserialize::<_, rancor::Error>(&a.dedup).map_err(corrupt)?;
     Ok(State {
         applied_index: a.applied_index.to_native(),

@@ -205,32 +205,28 @@ fn one_off_figures() {
             },
         );
         drop(s);
-        let records: Vec<Record> = (0..BIG).map(put_record).collect();
-        let s = timed(
-            "apply 1M puts of new keys from journal records with apply_record (the replica's path: the put read in place)",
-            BIG,
-            || {
+        type RecordOf = fn(usize) -> Record;
+        let shapes: [(&str, RecordOf); 2] = [
+            (
+                "apply 1M puts of new keys from journal records with apply_record (the replica's path: the put read in place)",
+                put_record,
+            ),
+            (
+                "apply 1M puts of new keys from journal records with 16-byte request ids, apply_record",
+                put_record_with_id,
+            ),
+        ];
+        for (what, record) in shapes {
+            let records: Vec<Record> = (0..BIG).map(record).collect();
+            let s = timed(what, BIG, || {
                 let mut s = MemStore::new(Config::default());
                 for r in records {
                     black_box(s.apply_record(r, "bench").expect("bench record"));
                 }
                 s
-            },
-        );
-        drop(s);
-        let records: Vec<Record> = (0..BIG).map(put_record_with_id).collect();
-        let s = timed(
-            "apply 1M puts of new keys from journal records with 16-byte request ids, apply_record",
-            BIG,
-            || {
-                let mut s = MemStore::new(Config::default());
-                for r in records {
-                    black_box(s.apply_record(r, "bench").expect("bench record"));
-                }
-                s
-            },
-        );
-        drop(s);
+            });
+            drop(s);
+        }
     }
     let before = ALLOCATED.load(Ordering::Relaxed);
     let entries: Vec<Entry> = (0..BIG).map(put_entry).collect();

@@ -1,10 +1,11 @@
 //! The durable checkpoint object of one tenant: magic, format version, crc32c, a small meta
 //! header and the rkyv archive of the whole store state, loaded back through checked access.
-//! Format 3 archives the keys as two flat arrays (key records, then every version), the
-//! request-id window as one flat array of fixed-size records (oldest first) and a staged
-//! restore, if any, as one protobuf `RestoreStage`. Formats 2 (the same keys, the window as two
-//! archived ordered maps of boxed ids) and 1 (the keys as an archived `BTreeMap` too) are still
-//! read.
+//! Format 4 archives the keys as two flat arrays (key records, then every version), the
+//! request-id window as its table's size and live slots with their places (loaded straight into
+//! place) and a staged restore, if any, as one protobuf `RestoreStage`. Formats 3 (the same, the
+//! window as a flat array of records oldest first, re-hashed on load), 2 (the window as two
+//! archived ordered maps of boxed ids, no restore stage) and 1 (the keys as an archived
+//! `BTreeMap` too) are still read.
 //!
 //! Layout (all integers little-endian):
 //! `magic[8] | format_version u32 | crc32c u32 | meta_len u32 | body_len u64 | meta | zero
@@ -19,7 +20,7 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::with::{Inline, InlineAsBox};
 
-use crate::dedup::{ArchivedRemembered, Dedup, Remembered, key_of};
+use crate::dedup::{Dedup, Key, Remembered, Slot, key_of};
 use crate::keyspace::{KeySpace, KeySpaceBuilder, Version};
 use crate::lease::LeaseTable;
 use crate::restore::Stage;
@@ -28,8 +29,11 @@ use crate::{Config, Error, MemStore};
 
 /// First bytes of every checkpoint object.
 pub const MAGIC: [u8; 8] = *b"STRATACP";
-/// The format this build writes; `decode` reads it, `FORMAT_VERSION_V2` and `FORMAT_VERSION_V1`.
-pub const FORMAT_VERSION: u32 = 3;
+/// The format this build writes; `decode` reads it and every older one down to
+/// `FORMAT_VERSION_V1`.
+pub const FORMAT_VERSION: u32 = 4;
+/// The third format (the request-id window as records oldest first), still read.
+pub const FORMAT_VERSION_V3: u32 = 3;
 /// The second format (the request-id window as two archived maps), still read.
 pub const FORMAT_VERSION_V2: u32 = 2;
 /// The first format (keys as an archived `BTreeMap`), still read.
@@ -133,9 +137,48 @@ fn body_offset(meta_len: usize) -> usize {
     (HEADER_LEN + meta_len).div_ceil(BODY_ALIGN) * BODY_ALIGN
 }
 
-/// Format 3's body: the state with its keys and its request-id window flattened, borrowed from
-/// the store while it is written.
+/// Format 4's body: the state with its keys flattened and its request-id table's live slots,
+/// borrowed from the store while it is written.
 #[derive(rkyv::Archive, rkyv::Serialize)]
+struct BodyV4<'a> {
+    applied_index: u64,
+    revision: i64,
+    compact_revision: i64,
+    time_ms: i64,
+    /// Every key in ascending order, with how many of `versions` are its own.
+    keys: Vec<KeyRecord<'a>>,
+    /// The versions of every key, key by key, oldest first.
+    versions: Vec<VersionRecord<'a>>,
+    live_keys: u64,
+    live_bytes: u64,
+    total_bytes: u64,
+    version_count: u64,
+    #[rkyv(with = Inline)]
+    leases: &'a LeaseTable,
+    /// Slots of the request-id table.
+    dedup_capacity: u64,
+    /// The table's live slots with their places, in the order of places.
+    dedup: Vec<PlacedRecord>,
+    #[rkyv(with = Inline)]
+    alarms: &'a BTreeSet<(u64, i32)>,
+    #[rkyv(with = Inline)]
+    auth: &'a AuthState,
+    /// A protobuf `RestoreStage`, empty when no restore is being staged.
+    restore_stage: Vec<u8>,
+}
+
+/// A live slot of the request-id table and its place in it.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct PlacedRecord {
+    position: u64,
+    time_ms: i64,
+    revision: i64,
+    key: Key,
+}
+
+/// Format 3's body: format 4's with the request-id window as records oldest first.
+#[derive(rkyv::Archive, rkyv::Serialize)]
+#[cfg_attr(not(test), allow(dead_code))] // only its archived form is read outside the tests
 struct BodyV3<'a> {
     applied_index: u64,
     revision: i64,
@@ -264,7 +307,7 @@ struct StateV1 {
     auth: AuthState,
 }
 
-fn body_v3(state: &State) -> BodyV3<'_> {
+fn body_v4(state: &State) -> BodyV4<'_> {
     let ks = &state.keys;
     let mut keys = Vec::with_capacity(ks.len());
     let mut versions = Vec::with_capacity(ks.versions as usize);
@@ -283,7 +326,7 @@ fn body_v3(state: &State) -> BodyV3<'_> {
             value: &v.value,
         }));
     }
-    BodyV3 {
+    BodyV4 {
         applied_index: state.applied_index,
         revision: state.revision,
         compact_revision: state.compact_revision,
@@ -295,7 +338,17 @@ fn body_v3(state: &State) -> BodyV3<'_> {
         total_bytes: ks.total_bytes,
         version_count: ks.versions,
         leases: &state.leases,
-        dedup: state.dedup.iter().copied().collect(),
+        dedup_capacity: state.dedup.capacity() as u64,
+        dedup: state
+            .dedup
+            .live_slots()
+            .map(|(position, s)| PlacedRecord {
+                position: position as u64,
+                time_ms: s.time_ms,
+                revision: s.revision,
+                key: s.key,
+            })
+            .collect(),
         alarms: &state.alarms,
         auth: &state.auth,
         restore_stage: state
@@ -316,7 +369,7 @@ pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
     header(&mut out, FORMAT_VERSION, &meta_bytes);
     // The body's positions count from the buffer's start; `offset` is a multiple of
     // BODY_ALIGN, so the archive is laid out exactly as it would be on its own.
-    let mut out = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&body_v3(&store.state), out)
+    let mut out = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&body_v4(&store.state), out)
         .expect("invariant: archiving in-memory state into a growable buffer cannot fail");
     seal(&mut out, offset);
     out
@@ -326,10 +379,10 @@ pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
 /// value bytes, and slack for leases, alarms and auth: [`body_estimate`]'s constants.
 const KEY_RECORD_BYTES: usize = std::mem::size_of::<ArchivedKeyRecord<'static>>();
 const VERSION_RECORD_BYTES: usize = std::mem::size_of::<ArchivedVersionRecord<'static>>();
-const REMEMBERED_BYTES: usize = std::mem::size_of::<ArchivedRemembered>();
+const PLACED_RECORD_BYTES: usize = std::mem::size_of::<ArchivedPlacedRecord>();
 const ESTIMATE_SLACK: usize = 1 << 20;
 
-/// An upper estimate of format 3's body for `state`: every key and value byte (the key-space's
+/// An upper estimate of format 4's body for `state`: every key and value byte (the key-space's
 /// `total_bytes` counts a key once per version, more than the archive holds), the fixed part
 /// of every record, and slack for the rest (leases, auth), a sixteenth on top. An
 /// over-estimate costs address space only: pages of the buffer never written never become
@@ -339,7 +392,7 @@ fn body_estimate(state: &State) -> usize {
     let bytes = ks.total_bytes as usize
         + ks.len() * KEY_RECORD_BYTES
         + ks.versions as usize * VERSION_RECORD_BYTES
-        + state.dedup.len() * REMEMBERED_BYTES
+        + state.dedup.len() * PLACED_RECORD_BYTES
         + ESTIMATE_SLACK;
     bytes + bytes / 16
 }
@@ -387,7 +440,7 @@ pub struct DecodeOptions {
 /// Offset of the first byte the header's crc covers.
 pub const CRC_FROM: usize = 16;
 
-/// Reads a checkpoint object back (format 3, 2 or 1). Every defect (magic, version, checksum,
+/// Reads a checkpoint object back (format 4, 3, 2 or 1). Every defect (magic, version, checksum,
 /// lengths, archive validation, meta disagreeing with the state) is `Error::Corrupt`, never a
 /// panic. The store gets `Config::default()`; use `MemStore::set_config` to change it.
 pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
@@ -447,6 +500,10 @@ pub fn decode_with(
         &copy
     };
     let state = if version == FORMAT_VERSION {
+        let archived = rkyv::access::<ArchivedBodyV4<'_>, rancor::Error>(body)
+            .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
+        state_from_v4(archived)?
+    } else if version == FORMAT_VERSION_V3 {
         let archived = rkyv::access::<ArchivedBodyV3<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
         state_from_v3(archived)?
@@ -483,7 +540,7 @@ fn version_from(v: &ArchivedVersionRecord<'_>) -> Version {
     }
 }
 
-/// `keys_from_flat` on a format 2 or 3 body `a` (their flat arrays and counters have the same
+/// `keys_from_flat` on a format 2, 3 or 4 body `a` (their flat arrays and counters have the same
 /// names in both archived types).
 macro_rules! flat_keys {
     ($a:expr, $compact_revision:expr) => {
@@ -501,7 +558,7 @@ macro_rules! flat_keys {
     };
 }
 
-/// The key space from format 2 and 3's flat arrays, checked against the archived counters.
+/// The key space from the flat arrays of formats 2 to 4, checked against the archived counters.
 fn keys_from_flat(
     keys: &[ArchivedKeyRecord<'_>],
     versions: &[ArchivedVersionRecord<'_>],
@@ -532,6 +589,48 @@ fn keys_from_flat(
     Ok(keys)
 }
 
+fn state_from_v4(a: &ArchivedBodyV4<'_>) -> Result<State, Error> {
+    let compact_revision = a.compact_revision.to_native();
+    let keys = flat_keys!(a, compact_revision)?;
+    let capacity = usize::try_from(a.dedup_capacity.to_native())
+        .map_err(|_| Error::Corrupt("de-duplication table larger than memory".into()))?;
+    let dedup = Dedup::from_placed(
+        capacity,
+        a.dedup.iter().map(|r| {
+            (
+                r.position.to_native(),
+                Slot {
+                    key: r.key,
+                    time_ms: r.time_ms.to_native(),
+                    revision: r.revision.to_native(),
+                },
+            )
+        }),
+    )
+    .map_err(Error::Corrupt)?;
+    Ok(State {
+        applied_index: a.applied_index.to_native(),
+        revision: a.revision.to_native(),
+        compact_revision,
+        time_ms: a.time_ms.to_native(),
+        keys,
+        leases: rkyv::deserialize::<_, rancor::Error>(&a.leases).map_err(corrupt)?,
+        dedup,
+        alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
+        auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
+        restore: restore_stage(&a.restore_stage)?,
+    })
+}
+
+/// The staged restore of a format 3 or 4 body (none when empty).
+fn restore_stage(bytes: &[u8]) -> Result<Option<Stage>, Error> {
+    if bytes.is_empty() {
+        Ok(None)
+    } else {
+        Stage::decode(bytes).map(Some).map_err(Error::Corrupt)
+    }
+}
+
 fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
     let compact_revision = a.compact_revision.to_native();
     let keys = flat_keys!(a, compact_revision)?;
@@ -541,11 +640,7 @@ fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
         key: r.key,
     }))
     .map_err(Error::Corrupt)?;
-    let restore = if a.restore_stage.is_empty() {
-        None
-    } else {
-        Some(Stage::decode(&a.restore_stage).map_err(Error::Corrupt)?)
-    };
+    let restore = restore_stage(&a.restore_stage)?;
     Ok(State {
         applied_index: a.applied_index.to_native(),
         revision: a.revision.to_native(),
@@ -674,7 +769,7 @@ mod tests {
     /// The window as formats 1 and 2 kept it (the tests' ids have 16 bytes: id = key).
     fn legacy(d: &Dedup) -> LegacyDedup {
         let mut l = LegacyDedup::default();
-        for r in d.iter() {
+        for r in d.records_oldest_first() {
             let id: Box<[u8]> = Box::from(&r.key[..]);
             l.by_id.insert(
                 id.clone(),
@@ -688,10 +783,35 @@ mod tests {
         l
     }
 
+    /// Writes a store in format 3, as builds before format 4 did.
+    fn encode_v3(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
+        let s = &store.state;
+        let v4 = body_v4(s);
+        let v3 = BodyV3 {
+            applied_index: v4.applied_index,
+            revision: v4.revision,
+            compact_revision: v4.compact_revision,
+            time_ms: v4.time_ms,
+            keys: v4.keys,
+            versions: v4.versions,
+            live_keys: v4.live_keys,
+            live_bytes: v4.live_bytes,
+            total_bytes: v4.total_bytes,
+            version_count: v4.version_count,
+            leases: v4.leases,
+            dedup: s.dedup.records_oldest_first(),
+            alarms: v4.alarms,
+            auth: v4.auth,
+            restore_stage: v4.restore_stage,
+        };
+        let body = rkyv::to_bytes::<rancor::Error>(&v3).unwrap();
+        frame(meta, FORMAT_VERSION_V3, &body)
+    }
+
     /// Writes a store in format 2, as builds before format 3 did.
     fn encode_v2(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
         let s = &store.state;
-        let v3 = body_v3(s);
+        let v3 = body_v4(s);
         let dedup = legacy(&s.dedup);
         let v2 = BodyV2 {
             applied_index: v3.applied_index,
@@ -770,7 +890,7 @@ mod tests {
     }
 
     #[test]
-    fn format_1_and_2_checkpoints_still_load() {
+    fn format_1_2_and_3_checkpoints_still_load() {
         let mut store = store_of_rounds(3, 50, |round, k| (vec![b'k', k as u8], vec![round; 10]));
         let mut index = store.applied_index();
         index += 1;
@@ -784,7 +904,11 @@ mod tests {
         );
         let meta = meta_now(&store, "t", 0, 0);
         assert_eq!(store.state.dedup.len(), 150);
-        for bytes in [encode_v1(&meta, &store), encode_v2(&meta, &store)] {
+        for bytes in [
+            encode_v1(&meta, &store),
+            encode_v2(&meta, &store),
+            encode_v3(&meta, &store),
+        ] {
             let (m, loaded) = decode(&bytes).unwrap();
             assert_eq!(m, meta);
             assert!(loaded == store);
@@ -800,8 +924,8 @@ mod tests {
             );
             assert_eq!(again.outcome, crate::Outcome::Duplicate { revision: 8 });
         }
-        let (_, loaded3) = decode(&encode(&meta, &store)).unwrap();
-        assert!(loaded3 == store);
+        let (_, loaded4) = decode(&encode(&meta, &store)).unwrap();
+        assert!(loaded4 == store);
     }
 
     /// `encode` archives the body in place after the header; the object is byte for byte the
@@ -816,7 +940,7 @@ mod tests {
         });
         for tenant in ["t", "a-longer-tenant-name-that-moves-the-body-offset"] {
             let meta = meta_now(&store, tenant, 1, 5);
-            let body = rkyv::to_bytes::<rancor::Error>(&body_v3(&store.state)).unwrap();
+            let body = rkyv::to_bytes::<rancor::Error>(&body_v4(&store.state)).unwrap();
             let framed = frame(&meta, FORMAT_VERSION, &body);
             let encoded = encode(&meta, &store);
             assert!(encoded == framed, "tenant {tenant:?}");
@@ -869,7 +993,7 @@ mod tests {
                 let bytes = if in_place {
                     encode(&meta, &store)
                 } else {
-                    let body = rkyv::to_bytes::<rancor::Error>(&body_v3(&store.state)).unwrap();
+                    let body = rkyv::to_bytes::<rancor::Error>(&body_v4(&store.state)).unwrap();
                     frame(&meta, FORMAT_VERSION, &body)
                 };
                 let (_, peak) = rss_and_peak_mb(false);

@@ -10,8 +10,9 @@ use std::time::Duration;
 use api::strata::journal::journal_admin_client::JournalAdminClient;
 use api::strata::journal::journal_client::JournalClient as GrpcClient;
 use api::strata::journal::{
-    AppendError, AppendRequest, AppendStreamRequest, AppendStreamResponse, ReadIndexRequest,
-    ReadRequest, Record, ReplaceNodeRequest, StatusRequest, StatusResponse, TrimRequest,
+    AppendError, AppendRequest, AppendStreamRequest, AppendStreamResponse, HandoffRequest,
+    HandoffResponse, ReadIndexRequest, ReadRequest, Record, ReplaceNodeRequest, StatusRequest,
+    StatusResponse, TrimRequest,
 };
 use futures::{Stream, StreamExt};
 use tokio::sync::{mpsc, oneshot};
@@ -505,6 +506,24 @@ impl JournalClient {
                 r.set_timeout(RETRY_DEADLINE * 4);
                 c.replace_node(r).await.map(|r| r.into_inner().voters)
             }
+        })
+        .await
+    }
+
+    /// Asks the leader of `shard` about handing its leadership to `to` (0: the shard's
+    /// preferred node): with `start`, hands it over now and answers once done (a failed
+    /// hand-off is `ClientError::Server` with the reason, not retried); else only reports.
+    pub async fn handoff(
+        &self,
+        shard: u32,
+        start: bool,
+        to: u64,
+    ) -> Result<HandoffResponse, ClientError> {
+        self.unary_admin(shard, move |ch| async move {
+            let mut c = JournalAdminClient::new(ch);
+            c.handoff(timed(HandoffRequest { shard, start, to }))
+                .await
+                .map(|r| r.into_inner())
         })
         .await
     }

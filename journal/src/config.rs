@@ -144,6 +144,8 @@ impl FileConfig {
             batching: Default::default(),
             overlap_leader_fsync: true,
             read_lease: crate::node::DEFAULT_READ_LEASE,
+            handoff_settle: Some(crate::handoff::DEFAULT_HANDOFF_SETTLE),
+            refuse_streams: false,
         };
         validate(&config)?;
         Ok(config)

@@ -19,9 +19,13 @@ use crate::log_store::lock;
 use crate::types::NodeId;
 
 /// Per follower: the newest send time of a message it acknowledged, under which vote.
+/// Also, per follower, when this node last received an acceptance from it (whatever the
+/// vote): a leader handing its shard over waits until the followers' vote refusal, which each
+/// restarted when it accepted that message, has run out (`crate::handoff`).
 #[derive(Default)]
 pub struct LeaseClock {
     acks: Mutex<HashMap<NodeId, (Vote<NodeId>, Instant)>>,
+    heard: Mutex<HashMap<NodeId, Instant>>,
 }
 
 impl LeaseClock {
@@ -33,6 +37,20 @@ impl LeaseClock {
         if e.0 != vote || e.1 < sent {
             *e = (vote, sent);
         }
+    }
+
+    /// `target`'s acceptance of a message arrived here at `at`.
+    pub fn heard(&self, target: NodeId, at: Instant) {
+        let mut heard = lock(&self.heard);
+        let e = heard.entry(target).or_insert(at);
+        if *e < at {
+            *e = at;
+        }
+    }
+
+    /// When `target`'s latest acceptance arrived here, if one did.
+    pub fn last_heard(&self, target: NodeId) -> Option<Instant> {
+        lock(&self.heard).get(&target).copied()
     }
 
     /// The latest instant such that a quorum of `voters` (counting `me`, the leader, whose

@@ -20,6 +20,10 @@ pub const ENTRY_RECORDS: &str = "strata_journal_entry_records";
 pub const READ_INDEX_TOTAL: &str = "strata_journal_read_index_total";
 /// Storage failures (write, fsync, vote) since start.
 pub const STORAGE_ERRORS_TOTAL: &str = "strata_journal_storage_errors_total";
+/// Leader hand-offs tried by this node, by `outcome` (`done`, `failed`).
+pub const HANDOFFS_TOTAL: &str = "strata_journal_handoffs_total";
+/// How long a hand-off kept the shard's writes paused.
+pub const HANDOFF_PAUSE_SECONDS: &str = "strata_journal_handoff_pause_seconds";
 /// Per shard: committed (applied) record index, last record index in the local log, first
 /// retained record index, current term, leader id (0: unknown), 1 if this node leads, 1 if the
 /// shard's storage failed.
@@ -67,6 +71,18 @@ pub(crate) fn read_index(shard: u32, lease: bool, callers: usize) {
         ("path", (if lease { "lease" } else { "round" }).to_string()),
     ];
     metrics::counter!(READ_INDEX_TOTAL, &labels).increment(callers as u64);
+}
+
+pub(crate) fn handoff(shard: u32, done: bool, paused: Duration) {
+    let labels = [
+        ("shard", shard.to_string()),
+        (
+            "outcome",
+            (if done { "done" } else { "failed" }).to_string(),
+        ),
+    ];
+    metrics::counter!(HANDOFFS_TOTAL, &labels).increment(1);
+    metrics::histogram!(HANDOFF_PAUSE_SECONDS, &shard_label(shard)).record(paused.as_secs_f64());
 }
 
 pub(crate) fn storage_error(shard: u32) {

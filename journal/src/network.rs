@@ -67,7 +67,7 @@ impl Peers {
         &self.overrides
     }
 
-    fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
+    pub(crate) fn channel(&self, addr: &str) -> Result<Channel, tonic::transport::Error> {
         let mut map = lock(&self.channels);
         if let Some(c) = map.get(addr) {
             return Ok(c.clone());
@@ -338,7 +338,10 @@ impl RaftNetwork<TypeConfig> for PeerConn {
         match resp {
             AppendEntriesResponse::Success
             | AppendEntriesResponse::PartialSuccess(_)
-            | AppendEntriesResponse::Conflict => self.lease.acked(self.target, rpc.vote, sent),
+            | AppendEntriesResponse::Conflict => {
+                self.lease.acked(self.target, rpc.vote, sent);
+                self.lease.heard(self.target, std::time::Instant::now());
+            }
             AppendEntriesResponse::HigherVote(_) => {}
         }
         Ok(resp)

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use openraft::error::{ClientWriteError, RaftError};
@@ -105,6 +105,13 @@ pub struct NodeConfig {
     /// Leader lease for ReadIndex (`DEFAULT_READ_LEASE`; zero: every ReadIndex is a quorum
     /// round). At most `MAX_READ_LEASE`.
     pub read_lease: Duration,
+    /// Automatic leader hand-off: a shard is handed back to its preferred node once that node
+    /// has been alive and caught up this long (`None`: only on an admin's request).
+    pub handoff_settle: Option<Duration>,
+    /// Testing only: answer UNIMPLEMENTED to the stream RPCs (`AppendStream`,
+    /// `AppendEntriesStream`), as a node built before them would, so peers and clients use the
+    /// unary calls with this node.
+    pub refuse_streams: bool,
 }
 
 /// How Append calls are coalesced into Raft entries (see `DEFAULT_MAX_INFLIGHT_ENTRIES` and
@@ -148,7 +155,13 @@ pub struct Shard {
     proposals: mpsc::Sender<Proposal>,
     read_index: mpsc::Sender<ReadIndexWaiter>,
     /// When followers last acknowledged this node's leadership.
-    lease: Arc<LeaseClock>,
+    pub(crate) lease: Arc<LeaseClock>,
+    /// The node that led this shard when the cluster formed (`ids[shard % n]`): leadership is
+    /// handed back to it after a failover (`crate::handoff`).
+    pub preferred: NodeId,
+    /// While this node hands its leadership to another (that node's id; 0: not handing off),
+    /// the shard takes no appends, trims or read indexes, and sends no ticks or heartbeats.
+    handing_to: AtomicU64,
     read_lease: Duration,
     /// A node restarted with a vote on disk refuses vote requests until then (its followers'
     /// refusal to vote, which leases rely on, was lost with the process).
@@ -272,6 +285,29 @@ impl Shard {
         rx.await.map_err(|_| self.unavailable("shutting down"))?
     }
 
+    /// The node this shard's leadership is being handed to, if a hand-off is in progress.
+    pub fn handing_to(&self) -> Option<NodeId> {
+        Some(self.handing_to.load(Ordering::Acquire)).filter(|n| *n != 0)
+    }
+
+    /// Starts a hand-off to `to`: from now on the shard takes no appends, trims or read
+    /// indexes (each is answered with a retryable UNAVAILABLE) and sends no heartbeats.
+    pub(crate) fn begin_handoff(&self, to: NodeId) {
+        self.handing_to.store(to, Ordering::Release);
+        self.raft.runtime_config().heartbeat(false);
+    }
+
+    /// Ends a hand-off, whatever its outcome: heartbeats and requests resume (a node that is
+    /// no longer the leader answers them as a follower does).
+    pub(crate) fn end_handoff(&self) {
+        self.raft.runtime_config().heartbeat(true);
+        self.handing_to.store(0, Ordering::Release);
+    }
+
+    fn handing_off_error(&self, to: NodeId) -> ShardError {
+        self.unavailable(format!("handing its leadership to node {to}"))
+    }
+
     /// True while this node, restarted, still refuses to vote (see `votes_held_until`).
     pub fn votes_held(&self) -> bool {
         self.votes_held_until
@@ -285,7 +321,7 @@ impl Shard {
     /// Every Append acknowledged before the call was acknowledged by this leader after
     /// applying it, so the applied end covers it.
     fn lease_read_index(&self) -> Option<u64> {
-        if self.read_lease.is_zero() || self.log.failed() {
+        if self.read_lease.is_zero() || self.log.failed() || self.handing_to().is_some() {
             return None;
         }
         let now = std::time::Instant::now();
@@ -401,7 +437,7 @@ async fn proposer(
                 },
                 _ = tokio::time::sleep_until(last_activity + idle_tick) => {
                     last_activity = Instant::now();
-                    if shard.is_leader() {
+                    if shard.is_leader() && shard.handing_to().is_none() {
                         let time_ms = stamp(&shard);
                         match shard.raft.client_write_ff(JournalRequest::Tick { time_ms }).await {
                             // Nobody waits for a tick; keep its responder alive until it is done.
@@ -424,6 +460,10 @@ async fn proposer(
                 let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
                     return;
                 };
+                if let Some(to) = shard.handing_to() {
+                    let _ = reply.send(Err(shard.handing_off_error(to)));
+                    continue;
+                }
                 let mut batch = Batch::new(payloads, reply);
                 while carry.is_none() && !batch.full() {
                     match rx.try_recv() {
@@ -486,6 +526,10 @@ async fn proposer(
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
                 }
+                if let Some(to) = shard.handing_to() {
+                    let _ = reply.send(Err(shard.handing_off_error(to)));
+                    continue;
+                }
                 let time_ms = stamp(&shard);
                 let s = Arc::clone(&shard);
                 match shard
@@ -539,6 +583,14 @@ async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWait
         let mut waiters = vec![first];
         while let Ok(w) = rx.try_recv() {
             waiters.push(w);
+        }
+        if let Some(to) = shard.handing_to() {
+            // No lease answer, and no round (its heartbeats would renew the followers' vote
+            // refusal): the caller retries, at the new leader once the hand-off is done.
+            for w in waiters {
+                let _ = w.send(Err(shard.handing_off_error(to)));
+            }
+            continue;
         }
         if let Some(index) = shard.lease_read_index() {
             crate::metrics::read_index(shard.id, true, waiters.len());
@@ -605,6 +657,10 @@ pub struct JournalNode {
     pub peers: Arc<Peers>,
     /// Set when the node stops: open read streams end so a graceful shutdown completes.
     pub stopping: tokio::sync::watch::Sender<bool>,
+    /// Leader hand-offs: the looks at each shard, one hand-off at a time.
+    pub handoffs: crate::handoff::Handoffs,
+    /// Testing only: the stream RPCs answer UNIMPLEMENTED (`NodeConfig::refuse_streams`).
+    pub refuse_streams: bool,
 }
 
 impl JournalNode {
@@ -693,6 +749,8 @@ impl JournalNode {
             let shard = Arc::new(Shard {
                 id: s,
                 node_id: config.id,
+                preferred: ids[(s as usize) % ids.len()],
+                handing_to: AtomicU64::new(0),
                 raft,
                 log,
                 sm: sm_shared,
@@ -732,13 +790,20 @@ impl JournalNode {
             }
             shards.push(shard);
         }
-        Ok(Arc::new(JournalNode {
+        let node = Arc::new(JournalNode {
             id: config.id,
             shards,
             errors,
             peers,
             stopping: tokio::sync::watch::Sender::new(false),
-        }))
+            handoffs: Default::default(),
+            refuse_streams: config.refuse_streams,
+        });
+        tokio::spawn(crate::handoff::rebalance_loop(
+            Arc::downgrade(&node),
+            config.handoff_settle,
+        ));
+        Ok(node)
     }
 
     /// The shard `id`, or the unknown-shard error.

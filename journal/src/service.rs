@@ -10,9 +10,10 @@ use api::strata::journal::journal_server::{Journal, JournalServer};
 use api::strata::journal::raft_server::{Raft as RaftSvc, RaftServer};
 use api::strata::journal::{
     AppendError, AppendRequest, AppendResponse, AppendStreamRequest, AppendStreamResponse,
-    RaftAppendRequest, RaftAppendStreamReply, RaftAppendStreamRequest, RaftMessage, RaftReply,
-    ReadIndexRequest, ReadIndexResponse, ReadRequest, ReadResponse, ReplaceNodeRequest,
-    ReplaceNodeResponse, StatusRequest, StatusResponse, TrimRequest, TrimResponse,
+    CampaignRequest, CampaignResponse, HandoffRequest, HandoffResponse, RaftAppendRequest,
+    RaftAppendStreamReply, RaftAppendStreamRequest, RaftMessage, RaftReply, ReadIndexRequest,
+    ReadIndexResponse, ReadRequest, ReadResponse, ReplaceNodeRequest, ReplaceNodeResponse,
+    StatusRequest, StatusResponse, TrimRequest, TrimResponse,
 };
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
@@ -97,6 +98,9 @@ impl Journal for JournalSvc {
         &self,
         request: Request<Streaming<AppendStreamRequest>>,
     ) -> Result<Response<AppendStream>, Status> {
+        if self.node.refuse_streams {
+            return Err(refused_stream("AppendStream"));
+        }
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(APPEND_STREAM_BUFFER);
         tokio::spawn(serve_append_stream(Arc::clone(&self.node), inbound, tx));
@@ -355,6 +359,50 @@ async fn stream_records(
 
 #[tonic::async_trait]
 impl JournalAdmin for JournalSvc {
+    async fn handoff(
+        &self,
+        request: Request<HandoffRequest>,
+    ) -> Result<Response<HandoffResponse>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        let (leader, leader_addr) = shard.leader();
+        if leader != Some(self.node.id) {
+            return Err(ShardError::NotLeader {
+                shard: shard.id,
+                leader_addr,
+            }
+            .into());
+        }
+        let to = if req.to == 0 { shard.preferred } else { req.to };
+        let message = if req.start {
+            match crate::handoff::hand_off(&self.node, &shard, to).await {
+                Ok(paused) => format!(
+                    "handed to node {to}; writes paused {} ms",
+                    paused.as_millis()
+                ),
+                // Not retried by the client: the caller decides whether to ask again.
+                Err(e) => return Err(Status::failed_precondition(e.to_string())),
+            }
+        } else if to == self.node.id {
+            format!("node {to} leads the shard: nothing to hand over")
+        } else if let Some(target) = shard.handing_to() {
+            format!("handing over to node {target} now")
+        } else {
+            match crate::log_store::lock(&self.node.handoffs.settle).healthy_since(shard.id) {
+                Some((n, since)) if n == to => format!(
+                    "node {to} has been alive and caught up for {} ms",
+                    since.elapsed().as_millis()
+                ),
+                _ => format!("node {to} is not alive and caught up"),
+            }
+        };
+        Ok(Response::new(HandoffResponse {
+            leader_id: shard.leader().0.unwrap_or(0),
+            preferred_id: shard.preferred,
+            message,
+        }))
+    }
+
     async fn replace_node(
         &self,
         request: Request<ReplaceNodeRequest>,
@@ -493,6 +541,9 @@ impl RaftSvc for JournalSvc {
         &self,
         request: Request<Streaming<RaftAppendStreamRequest>>,
     ) -> Result<Response<RaftAppendStream>, Status> {
+        if self.node.refuse_streams {
+            return Err(refused_stream("AppendEntriesStream"));
+        }
         let inbound = request.into_inner();
         let (tx, rx) = mpsc::channel(RAFT_STREAM_BUFFER);
         tokio::spawn(serve_raft_stream(Arc::clone(&self.node), inbound, tx));
@@ -524,4 +575,54 @@ impl RaftSvc for JournalSvc {
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         reply(&shard.raft.install_snapshot(rpc).await)
     }
+
+    async fn campaign(
+        &self,
+        request: Request<CampaignRequest>,
+    ) -> Result<Response<CampaignResponse>, Status> {
+        let req = request.into_inner();
+        let shard = self.shard(req.shard)?;
+        {
+            let m = shard.raft.metrics();
+            let m = m.borrow();
+            // Only the leader this node follows, in its current term, hands over: a late or
+            // stray request must not start an election.
+            if m.current_leader != Some(req.leader_id) || m.current_term != req.term {
+                return Err(Status::failed_precondition(format!(
+                    "this node follows {:?} in term {}, not node {} in term {}",
+                    m.current_leader, m.current_term, req.leader_id, req.term
+                )));
+            }
+            if !m
+                .membership_config
+                .membership()
+                .voter_ids()
+                .any(|v| v == self.node.id)
+            {
+                return Err(Status::failed_precondition(
+                    "this node is not a voter of the shard",
+                ));
+            }
+        }
+        tracing::info!(
+            shard = shard.id,
+            from = req.leader_id,
+            term = req.term,
+            "campaigning at the leader's request"
+        );
+        shard
+            .raft
+            .trigger()
+            .elect()
+            .await
+            .map_err(|e| Status::unavailable(e.to_string()))?;
+        Ok(Response::new(CampaignResponse {}))
+    }
+}
+
+/// What a node built before the stream RPCs answers them (`NodeConfig::refuse_streams`).
+fn refused_stream(name: &str) -> Status {
+    Status::unimplemented(format!(
+        "{name} is refused by this node (--refuse-streams, testing the unary fallback)"
+    ))
 }

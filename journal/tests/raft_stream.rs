@@ -53,6 +53,8 @@ async fn stream_answers_each_request_in_order_as_the_unary_call_does() {
         batching: Default::default(),
         overlap_leader_fsync: true,
         read_lease: journal::node::DEFAULT_READ_LEASE,
+        handoff_settle: Some(journal::handoff::DEFAULT_HANDOFF_SETTLE),
+        refuse_streams: false,
     })
     .await
     .unwrap();

@@ -39,6 +39,8 @@ async fn start(dir: &std::path::Path, port: u16, idle_tick: Duration) -> Running
         batching: Default::default(),
         overlap_leader_fsync: true,
         read_lease: journal::node::DEFAULT_READ_LEASE,
+        handoff_settle: Some(journal::handoff::DEFAULT_HANDOFF_SETTLE),
+        refuse_streams: false,
     })
     .await
     .unwrap();

@@ -1,5 +1,5 @@
 //! `strata journal`: runs one journal node (the default), or an admin/benchmark sub-command of
-//! the journal (`replace-node`, `fsync-probe`, `bench`).
+//! the journal (`replace-node`, `handoff`, `fsync-probe`, `bench`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -82,6 +82,15 @@ struct NodeArgs {
     /// `write` and/or `fsync`, segment writes fail as on a full disk and fsyncs fail with EIO.
     #[arg(long)]
     failpoints: bool,
+    /// After a failover, a shard's leadership goes back to its preferred node (the one that
+    /// led it when the cluster formed) once that node has been alive and caught up this long
+    /// (0 turns automatic hand-offs off; `strata journal handoff` still does them).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    handoff_settle: Duration,
+    /// Testing only: answer UNIMPLEMENTED to the stream RPCs, as a node built before them
+    /// would, so peers and clients fall back to unary calls with this node.
+    #[arg(long, hide = true)]
+    refuse_streams: bool,
 }
 
 impl NodeArgs {
@@ -132,6 +141,26 @@ enum Command {
         #[arg(long)]
         add: String,
     },
+    /// Each shard's leader and preferred node (the one that led it when the cluster formed),
+    /// and whether a leader hand-off is due; with `--start`, hands each shard whose leader is
+    /// not its preferred node back to it, one shard at a time.
+    Handoff {
+        /// Journal endpoints to talk to (any live nodes), comma-separated.
+        #[arg(long, value_delimiter = ',')]
+        endpoints: Vec<String>,
+        /// Number of shards of the cluster.
+        #[arg(long, default_value_t = 4)]
+        shards: u32,
+        /// Only this shard.
+        #[arg(long)]
+        shard: Option<u32>,
+        /// Hand over now (else only report).
+        #[arg(long)]
+        start: bool,
+        /// Hand over to this node instead of the preferred one.
+        #[arg(long, default_value_t = 0)]
+        to: u64,
+    },
     /// Append throughput and latency (p50/p99) at several concurrencies.
     Bench(bench::BenchArgs),
     /// This disk's limit: sequential write + fdatasync per second, and its latency.
@@ -167,6 +196,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             remove,
             add,
         }) => replace_node(endpoints, shards, remove, &add).await,
+        Some(Command::Handoff {
+            endpoints,
+            shards,
+            shard,
+            start,
+            to,
+        }) => handoff(endpoints, shard.map_or(0..shards, |s| s..s + 1), start, to).await,
         Some(Command::Bench(a)) => bench::bench(a).await,
         Some(Command::FsyncProbe(a)) => bench::fsync_probe(a).await,
         None => run_node(args.node).await,
@@ -192,6 +228,37 @@ async fn replace_node(
     Ok(())
 }
 
+async fn handoff(
+    endpoints: Vec<String>,
+    shards: std::ops::Range<u32>,
+    start: bool,
+    to: u64,
+) -> anyhow::Result<()> {
+    let client = journal::JournalClient::connect(&endpoints).await?;
+    let mut failed = 0;
+    for shard in shards {
+        let report = client.handoff(shard, false, to).await;
+        let r = match report {
+            Ok(r) if start && r.leader_id != if to == 0 { r.preferred_id } else { to } => {
+                client.handoff(shard, true, to).await
+            }
+            other => other,
+        };
+        match r {
+            Ok(r) => println!(
+                "shard {shard}: leader {}, preferred {}: {}",
+                r.leader_id, r.preferred_id, r.message
+            ),
+            Err(e) => {
+                failed += 1;
+                println!("shard {shard}: {e}");
+            }
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} shard(s) failed");
+    Ok(())
+}
+
 async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
     let settings = a.merged()?;
     let listen = settings.listen_or_default();
@@ -207,6 +274,11 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
         journal::node::MAX_READ_LEASE
     );
     config.read_lease = a.read_lease;
+    config.handoff_settle = (!a.handoff_settle.is_zero()).then_some(a.handoff_settle);
+    config.refuse_streams = a.refuse_streams;
+    if a.refuse_streams {
+        tracing::warn!("refusing the stream RPCs (testing the unary fallback)");
+    }
     if a.failpoints {
         let file = config.data_dir.join("FAILPOINTS");
         tracing::warn!(trigger = %file.display(), "storage failpoints armed (testing only)");

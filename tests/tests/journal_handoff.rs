@@ -1,0 +1,205 @@
+//! Leader hand-off with real `strata journal` processes: after a node that led some shards is
+//! killed and restarted, each shard's leadership goes back to its preferred node (the one that
+//! led it when the cluster formed), while appenders keep running and lose nothing; and the
+//! admin `Handoff` call moves a shard on request, with read indexes never stale meanwhile.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use api::strata::journal::record::Kind;
+use strata_tests::journal::{Appenders, CONVERGE_TIMEOUT, JournalCluster};
+
+/// Shards of the cluster: two per node.
+const SHARDS: u32 = 6;
+/// Appenders per shard.
+const APPENDERS: usize = 8;
+/// How long the appenders may take to reach the next acknowledged count.
+const ACK_WAIT: Duration = Duration::from_secs(60);
+/// Settle period given to the nodes (the default is 10 s).
+const SETTLE: &str = "2s";
+
+/// The preferred leader of `shard` in a cluster of nodes 1..=n.
+fn preferred(shard: u32, n: u64) -> u64 {
+    (shard as u64 % n) + 1
+}
+
+/// Waits until every running node names the preferred node as the leader of every shard.
+async fn wait_spread(c: &JournalCluster, running: &[usize]) {
+    let deadline = tokio::time::Instant::now() + CONVERGE_TIMEOUT;
+    loop {
+        let leaders = c.wait_leaders(running).await;
+        let want: Vec<u64> = (0..c.shards).map(|s| preferred(s, 3)).collect();
+        if leaders == want {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "leaders {leaders:?} not spread as {want:?} after {CONVERGE_TIMEOUT:?}; logs in {}",
+            c.dir.path().display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every node holds the same gap-free records of `shard` up to the highest acked index, and
+/// every acknowledged index holds the acknowledged bytes.
+async fn check_all_nodes(c: &JournalCluster, shard: u32, acked: &BTreeMap<u64, Vec<u8>>) {
+    let last = *acked.keys().last().expect("something was acked");
+    let mut reference = None;
+    for i in 0..c.nodes.len() {
+        let recs = c.read_node(i, shard, 0, last).await;
+        for (k, r) in recs.iter().enumerate() {
+            assert_eq!(
+                r.index, k as u64,
+                "node {} shard {shard} has a gap",
+                c.nodes[i].id
+            );
+            if let Some(p) = acked.get(&r.index) {
+                assert_eq!(
+                    r.kind,
+                    Some(Kind::Data(p.clone())),
+                    "node {} shard {shard} index {}",
+                    c.nodes[i].id,
+                    r.index
+                );
+            }
+        }
+        match &reference {
+            None => reference = Some(recs),
+            Some(r0) => assert_eq!(r0, &recs, "node {} differs on shard {shard}", c.nodes[i].id),
+        }
+    }
+}
+
+/// The pauses the nodes logged for their hand-offs (`paused_ms=N`), for the record.
+fn logged_pauses(c: &JournalCluster) -> Vec<String> {
+    let mut out = Vec::new();
+    for n in &c.nodes {
+        let log = std::fs::read_to_string(n.log_path()).unwrap_or_default();
+        for line in log.lines().filter(|l| l.contains("leadership handed over")) {
+            out.push(format!("node {}: {}", n.id, line));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leaders_spread_again_after_a_leader_is_killed_and_restarted() {
+    let mut c = JournalCluster::start(3, SHARDS, &["--handoff-settle".into(), SETTLE.into()]);
+    wait_spread(&c, &[0, 1, 2]).await;
+    let client = c.client().await;
+    let appenders: Vec<Appenders> = (0..SHARDS)
+        .map(|s| Appenders::start(&client, s, APPENDERS))
+        .collect();
+    for a in &appenders {
+        a.wait_acked(100, ACK_WAIT).await;
+    }
+    // Node 1 leads shards 0 and 3.
+    let victim = c.index_of(1);
+    c.kill(victim);
+    let mut at = Vec::new();
+    for a in &appenders {
+        at.push(a.acked_count().await);
+    }
+    // The appenders carry on under the survivors.
+    for (a, n) in appenders.iter().zip(&at) {
+        a.wait_acked(n + 200, ACK_WAIT).await;
+    }
+    let survivors = c.wait_leaders(&[1, 2]).await;
+    assert!(
+        survivors.iter().all(|l| *l != 1),
+        "the killed node still leads: {survivors:?}"
+    );
+    c.restart(victim);
+    // After the settle period each node leads its preferred shards again.
+    wait_spread(&c, &[0, 1, 2]).await;
+    for a in &appenders {
+        at.push(a.acked_count().await);
+    }
+    // ...and the appenders carry on.
+    for (a, n) in appenders.iter().zip(&at[SHARDS as usize..]) {
+        a.wait_acked(n + 200, ACK_WAIT).await;
+    }
+    for (s, a) in appenders.into_iter().enumerate() {
+        let (acked, failures) = a.stop().await;
+        assert!(
+            failures.is_empty(),
+            "shard {s}: appends failed: {failures:?}"
+        );
+        check_all_nodes(&c, s as u32, &acked).await;
+    }
+    let pauses = logged_pauses(&c);
+    assert!(
+        !pauses.is_empty(),
+        "no hand-off was logged; logs in {}",
+        c.dir.path().display()
+    );
+    for p in pauses {
+        eprintln!("{p}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn admin_handoff_moves_a_shard_and_read_indexes_stay_linearizable() {
+    // Automatic hand-offs off: only the admin call moves leaders.
+    let c = JournalCluster::start(3, 1, &["--handoff-settle".into(), "0s".into()]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let first = leaders[0];
+    let other = if first == 1 { 2 } else { 1 };
+
+    // Writers append, then ask for a read index: it must cover their acknowledged append.
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for t in 0..4 {
+        let (client, stop) = (client.clone(), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let mut checks = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let idx = client
+                    .append(0, vec![format!("writer {t} check {checks}").into_bytes()])
+                    .await
+                    .expect("append")[0];
+                let ri = client.read_index(0).await.expect("read index");
+                assert!(ri >= idx, "read index {ri} below acknowledged append {idx}");
+                checks += 1;
+            }
+            checks
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let r = client.handoff(0, false, 0).await.expect("report");
+    assert_eq!((r.leader_id, r.preferred_id), (first, 1), "{}", r.message);
+    let r = client.handoff(0, true, other).await.expect("hand-off");
+    assert_eq!(r.leader_id, other, "{}", r.message);
+    eprintln!("hand-off to node {other}: {}", r.message);
+    assert_eq!(c.wait_leaders(&[0, 1, 2]).await, vec![other]);
+    // With automatic hand-offs off it stays there.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(c.wait_leaders(&[0, 1, 2]).await, vec![other]);
+    let r = client.handoff(0, false, 0).await.expect("report");
+    assert_eq!((r.leader_id, r.preferred_id), (other, 1), "{}", r.message);
+    if other != 1 {
+        // Back to the preferred node.
+        let r = client.handoff(0, true, 0).await.expect("hand-off back");
+        assert_eq!(r.leader_id, 1, "{}", r.message);
+        eprintln!("hand-off back to node 1: {}", r.message);
+    }
+    // Handing to the node that leads is refused with the reason.
+    let leader = c.wait_leaders(&[0, 1, 2]).await[0];
+    let err = client
+        .handoff(0, true, leader)
+        .await
+        .expect_err("hand-off to the leader itself");
+    assert!(err.to_string().contains("already leads"), "{err}");
+
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        let checks = t.await.expect("writer panicked");
+        assert!(checks > 0, "a writer made no progress");
+    }
+}

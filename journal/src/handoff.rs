@@ -332,6 +332,9 @@ async fn steps(
         }
         tokio::time::sleep(POLL).await;
     }
+    // From here `to` may campaign at any moment, although it acknowledged this leader lately:
+    // this leader's lease no longer proves that no other leader exists (docs/journal.md).
+    shard.revoke_lease(vote.leader_id().get_term());
     campaign(node, shard, to, term).await?;
     loop {
         let leader = {

@@ -162,6 +162,9 @@ pub struct Shard {
     /// While this node hands its leadership to another (that node's id; 0: not handing off),
     /// the shard takes no appends, trims or read indexes, and sends no ticks or heartbeats.
     handing_to: AtomicU64,
+    /// A term in which this node asked another to campaign (a hand-off): no lease answers in
+    /// it any more, even if the hand-off failed (`crate::handoff`); read indexes take rounds.
+    lease_revoked_term: AtomicU64,
     read_lease: Duration,
     /// A node restarted with a vote on disk refuses vote requests until then (its followers'
     /// refusal to vote, which leases rely on, was lost with the process).
@@ -304,6 +307,13 @@ impl Shard {
         self.handing_to.store(0, Ordering::Release);
     }
 
+    /// No lease answers in `term` from now on: this node is about to ask another voter to
+    /// campaign, and that voter's acknowledgements, which the lease counts on, do not stop its
+    /// own campaign.
+    pub(crate) fn revoke_lease(&self, term: u64) {
+        self.lease_revoked_term.store(term, Ordering::Release);
+    }
+
     fn handing_off_error(&self, to: NodeId) -> ShardError {
         self.unavailable(format!("handing its leadership to node {to}"))
     }
@@ -330,7 +340,8 @@ impl Shard {
             let m = m.borrow();
             let vote = m.vote;
             let term = vote.leader_id().get_term();
-            let leading = m.state == ServerState::Leader
+            let leading = term != self.lease_revoked_term.load(Ordering::Acquire)
+                && m.state == ServerState::Leader
                 && m.current_leader == Some(self.node_id)
                 && vote.is_committed()
                 && vote.leader_id().voted_for() == Some(self.node_id)
@@ -751,6 +762,7 @@ impl JournalNode {
                 node_id: config.id,
                 preferred: ids[(s as usize) % ids.len()],
                 handing_to: AtomicU64::new(0),
+                lease_revoked_term: AtomicU64::new(0),
                 raft,
                 log,
                 sm: sm_shared,

@@ -5,14 +5,20 @@
 #      journal on loopback;
 #   3. etcd 3.4 (3 members on loopback, default fsync): `strata bench put` with 256-byte values
 #      at the same concurrencies, against the leader.
-# Usage: scripts/bench-journal.sh [--quick]
+# Usage: scripts/bench-journal.sh [--quick | --handoff]
+#   --handoff: instead, the write pause of leader hand-offs: 16 appenders on shard 0 of a
+#   3-node, 3-shard journal while `strata journal handoff` moves shard 0's leader back and
+#   forth 6 times (each answer says how long the leader paused writes; the bench's "max ms"
+#   is the worst pause an appender saw).
 # Needs: etcd (Debian's etcd-server) on PATH. Builds `strata` in release mode, unless
 # STRATA_BIN names a binary to measure instead (e.g. an older build, for a before/after).
 # JOURNAL_BENCH_ARGS adds flags to `strata journal bench` (e.g. `--append-rpc unary`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK=0
+HANDOFF=0
 [ "${1:-}" = "--quick" ] && QUICK=1
+[ "${1:-}" = "--handoff" ] && HANDOFF=1
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-/var/cache/strata-target}"
 if [ -n "${STRATA_BIN:-}" ]; then
   BIN="$STRATA_BIN"
@@ -28,7 +34,29 @@ cleanup() { for p in "${PIDS[@]}"; do kill -9 "$p" 2>/dev/null || true; done; wa
 trap cleanup EXIT
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-echo "== machine: $(nproc) cores, $(uname -r), $(date -u +%FT%TZ)"
+echo "== machine: $(nproc) cores, $(uname -r), $(date -u +%FT%TZ), load $(cut -d' ' -f1-3 /proc/loadavg)"
+if [ "$HANDOFF" = 1 ]; then
+  P=($(free_port) $(free_port) $(free_port))
+  PEERS="1=127.0.0.1:${P[0]},2=127.0.0.1:${P[1]},3=127.0.0.1:${P[2]}"
+  EPS="127.0.0.1:${P[0]},127.0.0.1:${P[1]},127.0.0.1:${P[2]}"
+  for i in 0 1 2; do
+    STRATA_LOG=info "$BIN" journal --id $((i + 1)) --listen "127.0.0.1:${P[$i]}" --peers "$PEERS" \
+      --data-dir "$WORK/journal-$((i + 1))" --shards 3 --handoff-settle 0s \
+      >"$WORK/journal-$((i + 1)).log" 2>&1 &
+    PIDS+=($!)
+  done
+  sleep 4
+  "$BIN" journal bench --endpoints "$EPS" --shard 0 --clients 16 --duration 24s --entry-bytes 256 &
+  BENCH=$!
+  sleep 6
+  for to in 2 1 3 1 2 1; do
+    "$BIN" journal handoff --endpoints "$EPS" --shards 3 --shard 0 --start --to "$to" || true
+    sleep 2
+  done
+  wait "$BENCH"
+  echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  exit 0
+fi
 echo "== fsync probe ($WORK)"
 "$BIN" journal fsync-probe --dir "$WORK" --duration 5s
 

@@ -12,13 +12,14 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
-use api::etcdserverpb::{CompactionRequest, PutRequest, RangeRequest};
+use api::etcdserverpb::{CompactionRequest, PutRequest, RangeRequest, ResponseHeader};
 use api::strata::entry::{Entry, entry::Request};
 use api::strata::journal::{Record, record::Kind};
 use criterion::{BatchSize, Criterion, Throughput, black_box};
 use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Config, MemStore};
 use mimalloc::MiMalloc;
+use prost::Message;
 
 /// Bytes currently allocated through the global allocator.
 static ALLOCATED: AtomicI64 = AtomicI64::new(0);
@@ -48,6 +49,8 @@ const VALUE_LEN: usize = 256;
 const BIG: usize = 1_000_000;
 const PUT_BATCH: usize = 100_000;
 const READ_BATCH: usize = 4096;
+/// gRPC's length prefix before each message (a server writes it ahead of the response).
+const GRPC_PREFIX: usize = 5;
 const KEYS_PER_NAMESPACE: usize = 1000;
 /// How far behind the head the catch-up watcher of the events bench starts.
 const WATCH_BEHIND: i64 = 100_000;
@@ -333,6 +336,7 @@ fn one_off_figures() {
         },
     );
     drop(flat);
+    wire_format_reads(&store);
     let prefixes: Vec<RangeRequest> = (0..500)
         .map(|i| prefix_request(scatter(i, BIG / KEYS_PER_NAMESPACE)))
         .collect();
@@ -418,6 +422,86 @@ fn one_off_figures() {
             }
         },
     );
+}
+
+/// One way of answering a point read in etcd's wire format (what a frontend sends): the
+/// request, the frontend's header (its revision set from the answer) and a reusable buffer in;
+/// the message length out.
+type Answer = fn(&MemStore, &RangeRequest, &ResponseHeader, &mut Vec<u8>) -> usize;
+
+/// Point reads answered as the bytes a frontend sends, three ways, over random and hot keys
+/// (requests decoded into one reused buffer): `range` then prost's encode (the frontend's path
+/// before `range_view`), `range_view` encoded into a buffer allocated at its exact size per
+/// read (as a server answers), and into one reused buffer (no allocation at all).
+fn wire_format_reads(store: &MemStore) {
+    let answers: [(&str, Answer); 3] = [
+        ("range + prost encode, buffer per read", |s, r, h, _| {
+            let mut resp = s.range(r).expect("read");
+            let revision = resp.header.as_ref().map_or(0, |x| x.revision);
+            resp.header = Some(ResponseHeader { revision, ..*h });
+            let mut out = Vec::with_capacity(GRPC_PREFIX + resp.encoded_len());
+            out.extend_from_slice(&[0; GRPC_PREFIX]);
+            resp.encode_raw(&mut out);
+            black_box(out).len()
+        }),
+        ("range_view + encode_raw, buffer per read", |s, r, h, _| {
+            let view = s.range_view(r).expect("read");
+            let h = ResponseHeader {
+                revision: view.revision(),
+                ..*h
+            };
+            let mut out = Vec::with_capacity(GRPC_PREFIX + view.encoded_len(&h));
+            out.extend_from_slice(&[0; GRPC_PREFIX]);
+            view.encode_raw(&h, &mut out);
+            black_box(out).len()
+        }),
+        ("range_view + encode_raw, reused buffer", |s, r, h, out| {
+            let view = s.range_view(r).expect("read");
+            let h = ResponseHeader {
+                revision: view.revision(),
+                ..*h
+            };
+            out.clear();
+            out.extend_from_slice(&[0; GRPC_PREFIX]);
+            view.encode_raw(&h, out);
+            black_box(&out).len()
+        }),
+    ];
+    let header = ResponseHeader {
+        cluster_id: 0x1234_5678_9abc_def0,
+        member_id: 0x0fed_cba9_8765_4321,
+        revision: 0,
+        raft_term: 7,
+    };
+    let mut req = RangeRequest::default();
+    let mut out = Vec::new();
+    for (keys, hot) in [
+        ("uniformly random over 1M keys", false),
+        ("1000 hot keys of the 1M", true),
+    ] {
+        let flat: Vec<u8> = (0..BIG)
+            .flat_map(|i| key(scatter(if hot { i % 1000 } else { i }, BIG)))
+            .collect();
+        for (how, answer) in answers {
+            let bytes = timed(
+                &format!("point reads in wire format, {keys}, {how}"),
+                BIG,
+                || {
+                    let mut bytes = 0;
+                    for k in flat.chunks(KEY_LEN) {
+                        req.key.clear();
+                        req.key.extend_from_slice(k);
+                        bytes += answer(store, &req, &header, &mut out);
+                    }
+                    bytes
+                },
+            );
+            assert!(
+                bytes > BIG * (KEY_LEN + VALUE_LEN),
+                "every read found its key"
+            );
+        }
+    }
 }
 
 fn prefix_request(ns: usize) -> RangeRequest {

@@ -337,6 +337,11 @@ impl KeySpace {
         self.find(key).map(|id| &self.slab.get(id).versions[..])
     }
 
+    /// The slot (key and versions) of `key`, if it has any version.
+    pub fn get_slot(&self, key: &[u8]) -> Option<&Slot> {
+        self.find(key).map(|id| self.slab.get(id))
+    }
+
     /// The key and versions of a slot named by the change log.
     pub fn slot(&self, id: u32) -> &Slot {
         self.slab.get(id)

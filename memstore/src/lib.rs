@@ -5,6 +5,7 @@ mod dedup;
 mod error;
 mod keyspace;
 mod lease;
+mod point;
 mod restore;
 mod store;
 
@@ -21,6 +22,7 @@ pub use api::etcdserverpb::{
     AlarmMember, LeaseLeasesResponse, LeaseTimeToLiveResponse, RangeRequest, RangeResponse,
 };
 pub use error::{Code, Error};
+pub use point::RangeView;
 pub use restore::{MAX_STAGE_BYTES, RestoreStep};
 pub use store::MemStore;
 

@@ -20,6 +20,7 @@ use api::strata::journal::Record;
 use crate::dedup::Dedup;
 use crate::keyspace::{KeySpace, Version, below, bounds, live_at};
 use crate::lease::LeaseTable;
+use crate::point::RangeView;
 use crate::restore::Stage;
 use crate::{Applied, Config, Error, HashKv, Outcome, RecordApplied, Stats, validate};
 
@@ -867,8 +868,16 @@ impl MemStore {
 
     /// A range read at the request's revision (0 = current).
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, Error> {
+        self.range_view(req).map(RangeView::into_response)
+    }
+
+    /// `range` answered as a view of the store: the same answer (`RangeView::into_response`
+    /// is `range`'s response), or encoded straight into etcd's wire format with the caller's
+    /// header (`RangeView::encode_raw`): for a point read, one copy of the key and value into
+    /// the caller's buffer and no allocation of the store's own.
+    pub fn range_view(&self, req: &RangeRequest) -> Result<RangeView<'_>, Error> {
         validate::range(req)?;
-        range_at(&self.state, req, self.state.revision)
+        view_at(&self.state, req, self.state.revision)
     }
 
     /// Events with mod revision >= `from_rev` for keys in the range, oldest first; see the
@@ -1179,7 +1188,12 @@ pub(crate) fn range_at(
     req: &RangeRequest,
     cur: i64,
 ) -> Result<RangeResponse, Error> {
-    use range_request::{SortOrder, SortTarget};
+    view_at(state, req, cur).map(RangeView::into_response)
+}
+
+/// `range_at` as a view: a point read borrows its key-value from the store (one hash probe,
+/// nothing built), any other range is scanned into a response.
+fn view_at<'a>(state: &'a State, req: &RangeRequest, cur: i64) -> Result<RangeView<'a>, Error> {
     if req.revision > cur {
         return Err(Error::FutureRevision);
     }
@@ -1187,23 +1201,23 @@ pub(crate) fn range_at(
     if rev < state.compact_revision {
         return Err(Error::Compacted);
     }
-    let keys = &state.keys;
     // Point read: no scan.
     if req.range_end.is_empty() {
-        let found = keys.get(&req.key).and_then(|vs| live_at(vs, rev));
-        let pass = found.is_some_and(|v| passes_filters(req, v));
+        let found = state
+            .keys
+            .get_slot(&req.key)
+            .and_then(|s| live_at(&s.versions, rev).map(|v| (&s.key[..], v)));
         let count = i64::from(found.is_some());
-        let kvs = match found {
-            Some(v) if pass && !req.count_only => vec![v.to_kv(&req.key, req.keys_only)],
-            _ => Vec::new(),
-        };
-        return Ok(RangeResponse {
-            header: header(cur),
-            kvs,
-            more: false,
-            count,
-        });
+        let kv = found.filter(|(_, v)| !req.count_only && passes_filters(req, v));
+        return Ok(RangeView::point(cur, kv, req.keys_only, count));
     }
+    Ok(RangeView::owned(cur, scan_range(state, req, cur, rev)))
+}
+
+/// A range with a `range_end` at revision `rev` (checked) of store revision `cur`.
+fn scan_range(state: &State, req: &RangeRequest, cur: i64, rev: i64) -> RangeResponse {
+    use range_request::{SortOrder, SortTarget};
+    let keys = &state.keys;
     let sort_order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
     let sort_target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
     let filtered = req.min_mod_revision != 0
@@ -1253,7 +1267,7 @@ pub(crate) fn range_at(
         hits.truncate(req.limit as usize);
         more = true;
     }
-    Ok(RangeResponse {
+    RangeResponse {
         header: header(cur),
         kvs: hits
             .iter()
@@ -1261,7 +1275,7 @@ pub(crate) fn range_at(
             .collect(),
         more,
         count,
-    })
+    }
 }
 
 fn passes_filters(req: &RangeRequest, v: &Version) -> bool {

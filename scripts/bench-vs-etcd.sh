@@ -12,7 +12,8 @@
 #   scripts/bench-vs-etcd.sh --etcd-only     # only the etcd half
 #   scripts/bench-vs-etcd.sh --out DIR       # results directory (default: $CARGO_TARGET_DIR/bench-vs-etcd/<UTC time>)
 #
-# Environment: STRATA_BIN (use this binary, skip the build), CARGO_TARGET_DIR, STRATA_SKIP_INSTALL=1.
+# Environment: STRATA_BIN (use this binary, skip the build), CARGO_TARGET_DIR, STRATA_SKIP_INSTALL=1,
+# STRATA_FE_WORKERS (tokio workers of the one-frontend phase, default 1).
 # Each workload's flags are in the WORKLOADS section below; docs/BENCHMARKS.md explains the ratios.
 set -uo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -25,7 +26,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1 ;;
     --etcd-only) ETCD_ONLY=1 ;;
     --out) OUT="$2"; shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -213,7 +214,10 @@ if [ "$ETCD_ONLY" = 0 ]; then
     PIDS+=($!)
   done
   FE1="127.0.0.1:${SP[3]}"; FE2="127.0.0.1:${SP[5]}"
-  STRATA_LOG=warn "$STRATA_BIN" frontend --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
+  # One tokio worker for the lone frontend too (STRATA_FE_WORKERS to change it): it shares the
+  # two cores with three journal nodes and the load generator, and with two workers it spent
+  # ~20 % more CPU per put for no more puts/s (docs/benchmarks/frontend.md, session 6).
+  TOKIO_WORKER_THREADS="${STRATA_FE_WORKERS:-1}" STRATA_LOG=warn "$STRATA_BIN" frontend --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
     >"$OUT/logs/frontend-1.log" 2>&1 &
   PIDS+=($!); FRONTEND_PIDS+=($!)
   if wait_serving "$FE1"; then

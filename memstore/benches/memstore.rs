@@ -49,6 +49,9 @@ const VALUE_LEN: usize = 256;
 const BIG: usize = 1_000_000;
 const PUT_BATCH: usize = 100_000;
 const READ_BATCH: usize = 4096;
+/// Requests per `range_views` call in the batched-read figures (a frontend would batch the
+/// point reads that arrive together).
+const READ_BATCH_REQUESTS: usize = 64;
 /// gRPC's length prefix before each message (a server writes it ahead of the response).
 const GRPC_PREFIX: usize = 5;
 const KEYS_PER_NAMESPACE: usize = 1000;
@@ -337,6 +340,7 @@ fn one_off_figures() {
     );
     drop(flat);
     wire_format_reads(&store);
+    batched_reads(&store);
     let prefixes: Vec<RangeRequest> = (0..500)
         .map(|i| prefix_request(scatter(i, BIG / KEYS_PER_NAMESPACE)))
         .collect();
@@ -501,6 +505,61 @@ fn wire_format_reads(store: &MemStore) {
                 "every read found its key"
             );
         }
+    }
+}
+
+/// The same random and hot point reads one request at a time (`range_view`) and in batches
+/// (`range_views`, the lookups of a batch overlapping their misses), each answer encoded into
+/// one reused buffer; both from the same prepared requests, so the ratio is the batching's.
+fn batched_reads(store: &MemStore) {
+    let header = ResponseHeader {
+        cluster_id: 0x1234_5678_9abc_def0,
+        member_id: 0x0fed_cba9_8765_4321,
+        revision: 0,
+        raft_term: 7,
+    };
+    let mut out = Vec::new();
+    let mut encode = |view: &memstore::RangeView<'_>| {
+        let h = ResponseHeader {
+            revision: view.revision(),
+            ..header
+        };
+        out.clear();
+        view.encode_raw(&h, &mut out);
+        out.len()
+    };
+    for (keys, hot) in [
+        ("uniformly random over 1M keys", false),
+        ("1000 hot keys of the 1M", true),
+    ] {
+        let reqs: Vec<RangeRequest> = (0..BIG)
+            .map(|i| RangeRequest {
+                key: key(scatter(if hot { i % 1000 } else { i }, BIG)),
+                ..Default::default()
+            })
+            .collect();
+        let single = timed(
+            &format!("point reads in wire format, {keys}, one request at a time (range_view)"),
+            BIG,
+            || {
+                reqs.iter()
+                    .map(|r| encode(&store.range_view(r).expect("read")))
+                    .sum::<usize>()
+            },
+        );
+        let batched = timed(
+            &format!(
+                "point reads in wire format, {keys}, batches of {READ_BATCH_REQUESTS} (range_views)"
+            ),
+            BIG,
+            || {
+                reqs.chunks(READ_BATCH_REQUESTS)
+                    .flat_map(|batch| store.range_views(batch))
+                    .map(|v| encode(&v.expect("read")))
+                    .sum::<usize>()
+            },
+        );
+        assert_eq!(single, batched, "the same answers");
     }
 }
 

@@ -10,6 +10,7 @@ use std::ops::Bound;
 use api::mvccpb::KeyValue;
 use hashbrown::HashTable;
 
+mod batch;
 mod bulk;
 mod order;
 

@@ -3,7 +3,9 @@
 //! (`range` with no `range_end`, any revision, count_only, keys_only, min/max filters, limit,
 //! sort) answers exactly what the general range path answers for the same key as the range
 //! `[key, key + "\0")`, errors included; and `range_view`'s wire encoding, with any header, is
-//! byte for byte prost's encoding of `range`'s response with that header (ranges too).
+//! byte for byte prost's encoding of `range`'s response with that header (ranges too); and
+//! `range_views` of all those requests together (the batched lookup, point reads mixed with
+//! ranges, missing and empty keys) answers each exactly as `range` does alone.
 //!
 //! Deterministic: the seed is fixed (or `MEMSTORE_POINT_SEED=<u64>`), printed, and proptest
 //! shrinks a failure. Cases: `MEMSTORE_POINT_CASES` (default 128).
@@ -216,12 +218,14 @@ fn run_case(
 ) -> Result<(), TestCaseError> {
     let h = build(steps);
     let keys = keys();
+    let mut batch = Vec::new();
     for (r, hdr) in reads {
         let mut req = request(&keys, r);
         // Revisions around what this store holds: compacted, head, future, 0 and negative.
         if req.revision > 0 {
             req.revision += base;
         }
+        batch.push(req.clone());
         let point = h.store.range(&req);
         let mut as_range = req.clone();
         as_range.range_end = req.key.iter().copied().chain([0]).collect();
@@ -251,6 +255,9 @@ fn run_case(
                     range_end: end,
                     ..req.clone()
                 };
+                if ranged.key.len().is_multiple_of(2) {
+                    batch.push(ranged.clone());
+                }
                 prop_assert_eq!(
                     h.store
                         .range_view(&ranged)
@@ -264,6 +271,15 @@ fn run_case(
             }
         }
     }
+    // The batched lookup answers each request as a lone one does.
+    let batched: Vec<_> = h
+        .store
+        .range_views(&batch)
+        .into_iter()
+        .map(|v| v.map(RangeView::into_response))
+        .collect();
+    let single: Vec<_> = batch.iter().map(|r| h.store.range(r)).collect();
+    prop_assert_eq!(batched, single, "range_views of {:?}", batch);
     Ok(())
 }
 

@@ -8,7 +8,7 @@
 # Usage: scripts/bench-journal.sh [--quick | --handoff]
 #   --handoff: instead, the write pause of leader hand-offs: 16 appenders on shard 0 of a
 #   3-node, 3-shard journal while `strata journal handoff` moves shard 0's leader back and
-#   forth 6 times (each answer says how long the leader paused writes; the bench's "max ms"
+#   forth 6 times, 4 s apart (each answer says how long the leader paused writes; the bench's "max ms"
 #   is the worst pause an appender saw).
 # Needs: etcd (Debian's etcd-server) on PATH. Builds `strata` in release mode, unless
 # STRATA_BIN names a binary to measure instead (e.g. an older build, for a before/after).
@@ -46,12 +46,13 @@ if [ "$HANDOFF" = 1 ]; then
     PIDS+=($!)
   done
   sleep 4
-  "$BIN" journal bench --endpoints "$EPS" --shard 0 --clients 16 --duration 24s --entry-bytes 256 &
+  "$BIN" journal bench --endpoints "$EPS" --shard 0 --clients 16 --duration 36s --entry-bytes 256 &
   BENCH=$!
   sleep 6
   for to in 2 1 3 1 2 1; do
     "$BIN" journal handoff --endpoints "$EPS" --shards 3 --shard 0 --start --to "$to" || true
-    sleep 2
+    # A leader of less than 2.3 s first waits (writes not paused) until its own vote is free.
+    sleep 4
   done
   wait "$BENCH"
   echo "== load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -203,13 +203,14 @@ pub fn look(shard: &Shard, now: Instant) -> Option<Observation> {
 }
 
 /// Hands the leadership of `shard` to `to`, safely:
-/// 1. the shard stops taking appends, trims and read indexes (a retryable UNAVAILABLE the
-///    client retries elsewhere; no lease read is served from here on), idle ticks and
-///    heartbeats stop;
+/// 1. the shard holds appends, trims and read indexes back (after the hand-off they go on
+///    here, or are answered with the new leader's address; no lease read is served from here
+///    on), idle ticks and heartbeats stop;
 /// 2. it waits until `to` holds this node's whole log (so `to` can win and loses nothing), and
 ///    until, without `to`, a majority of the voters minus one is free to vote: this node once it
 ///    led for the followers' vote refusal, a follower once that long passed since its last
-///    acceptance of a message arrived here;
+///    acceptance of a message arrived here (with three voters, this node's own vote is enough,
+///    and it waits for it before the pause);
 /// 3. asks `to` to campaign, and waits until `to` leads.
 ///
 /// Whatever happens, the shard then resumes (as leader if it still is). Answers how long
@@ -249,6 +250,11 @@ pub async fn hand_off(
     let leading_since = lock(&node.handoffs.settle)
         .leading_since(shard.id, &obs.vote)
         .unwrap_or(now);
+    if voters.len() / 2 == 1 {
+        // Three voters: this node's own vote, free once it led for the followers' vote
+        // refusal, is all the target needs besides its own. Wait for that before pausing.
+        tokio::time::sleep_until((leading_since + refusal()).into()).await;
+    }
     tracing::info!(
         shard = shard.id,
         to,

@@ -160,8 +160,8 @@ pub struct Shard {
     /// handed back to it after a failover (`crate::handoff`).
     pub preferred: NodeId,
     /// While this node hands its leadership to another (that node's id; 0: not handing off),
-    /// the shard takes no appends, trims or read indexes, and sends no ticks or heartbeats.
-    handing_to: AtomicU64,
+    /// the shard holds appends, trims and read indexes back, and sends no ticks or heartbeats.
+    handing_to: tokio::sync::watch::Sender<NodeId>,
     /// A term in which this node asked another to campaign (a hand-off): no lease answers in
     /// it any more, even if the hand-off failed (`crate::handoff`); read indexes take rounds.
     lease_revoked_term: AtomicU64,
@@ -290,13 +290,22 @@ impl Shard {
 
     /// The node this shard's leadership is being handed to, if a hand-off is in progress.
     pub fn handing_to(&self) -> Option<NodeId> {
-        Some(self.handing_to.load(Ordering::Acquire)).filter(|n| *n != 0)
+        Some(*self.handing_to.borrow()).filter(|n| *n != 0)
     }
 
-    /// Starts a hand-off to `to`: from now on the shard takes no appends, trims or read
-    /// indexes (each is answered with a retryable UNAVAILABLE) and sends no heartbeats.
+    /// Returns once no hand-off is in progress.
+    async fn handoff_ended(&self) {
+        if self.handing_to().is_some() {
+            let mut rx = self.handing_to.subscribe();
+            let _ = rx.wait_for(|to| *to == 0).await;
+        }
+    }
+
+    /// Starts a hand-off to `to`: from now on the shard proposes nothing and answers no read
+    /// index (they wait for the hand-off to end, then go on here or are sent to the new
+    /// leader), and sends no heartbeats.
     pub(crate) fn begin_handoff(&self, to: NodeId) {
-        self.handing_to.store(to, Ordering::Release);
+        self.handing_to.send_replace(to);
         self.raft.runtime_config().heartbeat(false);
     }
 
@@ -304,7 +313,7 @@ impl Shard {
     /// no longer the leader answers them as a follower does).
     pub(crate) fn end_handoff(&self) {
         self.raft.runtime_config().heartbeat(true);
-        self.handing_to.store(0, Ordering::Release);
+        self.handing_to.send_replace(0);
     }
 
     /// No lease answers in `term` from now on: this node is about to ask another voter to
@@ -312,10 +321,6 @@ impl Shard {
     /// own campaign.
     pub(crate) fn revoke_lease(&self, term: u64) {
         self.lease_revoked_term.store(term, Ordering::Release);
-    }
-
-    fn handing_off_error(&self, to: NodeId) -> ShardError {
-        self.unavailable(format!("handing its leadership to node {to}"))
     }
 
     /// True while this node, restarted, still refuses to vote (see `votes_held_until`).
@@ -463,6 +468,7 @@ async fn proposer(
         last_activity = Instant::now();
         match proposal {
             Proposal::Append { payloads, reply } => {
+                shard.handoff_ended().await;
                 if !shard.is_leader() {
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
@@ -471,9 +477,14 @@ async fn proposer(
                 let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
                     return;
                 };
-                if let Some(to) = shard.handing_to() {
-                    let _ = reply.send(Err(shard.handing_off_error(to)));
-                    continue;
+                if shard.handing_to().is_some() {
+                    // A hand-off began meanwhile: after it, propose here or send the caller
+                    // to the new leader.
+                    shard.handoff_ended().await;
+                    if !shard.is_leader() {
+                        let _ = reply.send(Err(shard.not_leader()));
+                        continue;
+                    }
                 }
                 let mut batch = Batch::new(payloads, reply);
                 while carry.is_none() && !batch.full() {
@@ -533,12 +544,9 @@ async fn proposer(
                 }
             }
             Proposal::Trim { below, reply } => {
+                shard.handoff_ended().await;
                 if !shard.is_leader() {
                     let _ = reply.send(Err(shard.not_leader()));
-                    continue;
-                }
-                if let Some(to) = shard.handing_to() {
-                    let _ = reply.send(Err(shard.handing_off_error(to)));
                     continue;
                 }
                 let time_ms = stamp(&shard);
@@ -595,14 +603,10 @@ async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWait
         while let Ok(w) = rx.try_recv() {
             waiters.push(w);
         }
-        if let Some(to) = shard.handing_to() {
-            // No lease answer, and no round (its heartbeats would renew the followers' vote
-            // refusal): the caller retries, at the new leader once the hand-off is done.
-            for w in waiters {
-                let _ = w.send(Err(shard.handing_off_error(to)));
-            }
-            continue;
-        }
+        // During a hand-off: no lease answer, and no round (its heartbeats would renew the
+        // followers' vote refusal). After it, the lease is revoked for this term, and a round
+        // on a node that no longer leads answers with the new leader's address.
+        shard.handoff_ended().await;
         if let Some(index) = shard.lease_read_index() {
             crate::metrics::read_index(shard.id, true, waiters.len());
             for w in waiters {
@@ -761,7 +765,7 @@ impl JournalNode {
                 id: s,
                 node_id: config.id,
                 preferred: ids[(s as usize) % ids.len()],
-                handing_to: AtomicU64::new(0),
+                handing_to: tokio::sync::watch::Sender::new(0),
                 lease_revoked_term: AtomicU64::new(0),
                 raft,
                 log,

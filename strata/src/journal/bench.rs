@@ -31,6 +31,10 @@ pub struct BenchArgs {
     /// Payload bytes per entry.
     #[arg(long, default_value_t = 256)]
     entry_bytes: usize,
+    /// Entries (payloads) per Append call, as the frontend batches them (up to 512); with
+    /// more than one, each row is followed by the figures per entry.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
     /// Connections (HTTP/2) per journal node the appenders share (appender i uses connection
     /// i % conns). One is the fastest here: 32 measured 0.5-0.75x of one at 256 appenders
     /// (docs/benchmarks/journal.md).
@@ -203,6 +207,11 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
         "clients", what, per_s, "p50 ms", "p99 ms", "max ms", "client us", "nodes us"
     );
     anyhow::ensure!(a.conns >= 1, "--conns must be at least 1");
+    anyhow::ensure!(
+        (1..=journal::node::MAX_APPEND_ENTRIES).contains(&a.batch),
+        "--batch must be in 1..={}",
+        journal::node::MAX_APPEND_ENTRIES
+    );
     let mut clients = vec![client];
     for _ in 1..a.conns.min(MAX_CLIENTS) {
         clients.push(connect(a.endpoints.clone()).await?);
@@ -233,7 +242,7 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
             let tag = (t as u64).to_le_bytes();
             let k = tag.len().min(payload.len());
             payload[..k].copy_from_slice(&tag[..k]);
-            let (shard, op) = (a.shard, a.op);
+            let (shard, op, batch) = (a.shard, a.op, a.batch);
             let track_acks = !a.read_lag_from.is_empty();
             tasks.push(tokio::spawn(async move {
                 let mut lat = Vec::new();
@@ -242,7 +251,7 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
                     let t0 = Instant::now();
                     match op {
                         Op::Append => {
-                            let idx = client.append(shard, vec![payload.clone()]).await?;
+                            let idx = client.append(shard, vec![payload.clone(); batch]).await?;
                             if track_acks && t0 >= start {
                                 let now = Instant::now();
                                 acked.extend(idx.into_iter().map(|i| (i, now)));
@@ -291,6 +300,23 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
             per_op(cpu1.0.saturating_sub(cpu0.0)),
             nodes_us,
         );
+        if a.batch > 1 {
+            let records = (all.len() * a.batch) as f64;
+            let per_record =
+                |d: Duration| format!("{:.2}", d.as_secs_f64() * 1e6 / records.max(1.0));
+            println!(
+                "{:>8} {} entries per append: {:.0} entries/s, client {} us and nodes {} us per entry",
+                "",
+                a.batch,
+                records / elapsed.as_secs_f64(),
+                per_record(cpu1.0.saturating_sub(cpu0.0)),
+                if a.node_pids.is_empty() {
+                    "-".to_string()
+                } else {
+                    per_record(cpu1.1.saturating_sub(cpu0.1))
+                },
+            );
+        }
         for (ep, r) in readers {
             let arrivals = r.await??;
             println!(

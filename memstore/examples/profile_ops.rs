@@ -4,11 +4,13 @@
 //! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
 //! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
 //! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
-//! gives every entry a 16-byte request id, as frontends write them.
+//! gives every entry a 16-byte request id, as frontends write them. Read modes: `reads`,
+//! `hot`, each also as `-view` (`range_view` encoded into a buffer) and `-batch`
+//! (`range_views`); `PROFILE_KEYS` sets the store's size, `PROFILE_ROUNDS` the rounds.
 
 use std::hint::black_box;
 
-use api::etcdserverpb::{PutRequest, RangeRequest};
+use api::etcdserverpb::{PutRequest, RangeRequest, ResponseHeader};
 use api::strata::entry::{Entry, entry::Request};
 use api::strata::journal::{Record, record::Kind};
 use memstore::{Config, MemStore};
@@ -17,7 +19,10 @@ use memstore::{Config, MemStore};
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// Keys in the store (`PROFILE_KEYS` overrides, e.g. a smaller store under callgrind).
 const N: usize = 1_000_000;
+/// Point reads per `range_views` call in the `-batch` read modes.
+const BATCH: usize = 64;
 const KEY_LEN: usize = 64;
 const READ_ROUNDS: usize = 5;
 const LOAD_ROUNDS: usize = 4;
@@ -39,16 +44,17 @@ fn cpu_ns() -> u64 {
 
 fn main() {
     let mode = std::env::args().nth(1).unwrap_or_else(|| "puts".into());
+    let n: usize = env_num("PROFILE_KEYS").unwrap_or(N);
     // `random`: the puts in a scattered key order (a fixed permutation).
     let order = |i: usize| {
         if mode == "random" {
-            i.wrapping_mul(2_654_435_761) % N
+            i.wrapping_mul(2_654_435_761) % n
         } else {
             i
         }
     };
     let ids = std::env::var("PROFILE_IDS").is_ok_and(|v| v == "1");
-    let entries: Vec<Entry> = (0..N)
+    let entries: Vec<Entry> = (0..n)
         .map(order)
         .map(|i| Entry {
             format_version: 1,
@@ -73,10 +79,7 @@ fn main() {
         let owned = mode == "decoded-owned";
         let encoded: Vec<Vec<u8>> = entries.iter().map(api::record::encode_entry).collect();
         drop(entries);
-        let rounds = std::env::var("PROFILE_ROUNDS")
-            .ok()
-            .and_then(|r| r.parse().ok())
-            .unwrap_or(DECODED_ROUNDS);
+        let rounds = env_num("PROFILE_ROUNDS").unwrap_or(DECODED_ROUNDS);
         for _ in 0..rounds {
             let records: Vec<Record> = encoded
                 .iter()
@@ -104,7 +107,7 @@ fn main() {
             }
             println!(
                 "{mode}: {:.0} puts per cpu-second (wall {:.3} s)",
-                N as f64 / ((cpu_ns() - cpu) as f64 / 1e9),
+                n as f64 / ((cpu_ns() - cpu) as f64 / 1e9),
                 wall.elapsed().as_secs_f64()
             );
         }
@@ -137,25 +140,68 @@ fn main() {
         }
         return;
     }
-    let hot = mode == "hot";
-    let flat: Vec<u8> = (0..N)
+    // Read modes: `reads` (random) and `hot` (1000 keys) through `range`; with `-view`
+    // through `range_view` encoded into one reused buffer; with `-batch` through
+    // `range_views` in batches of `BATCH`, each answer encoded likewise. `PROFILE_ROUNDS` read
+    // rounds (0: the build alone, for instruction counts per read by difference).
+    let hot = mode.starts_with("hot");
+    let flat: Vec<u8> = (0..n)
         .flat_map(|i| {
             let j = if hot { i % 1000 } else { i };
-            key(j.wrapping_mul(2_654_435_761) % N)
+            key(j.wrapping_mul(2_654_435_761) % n)
         })
         .collect();
+    let header = ResponseHeader {
+        cluster_id: 0x1234_5678_9abc_def0,
+        member_id: 0x0fed_cba9_8765_4321,
+        revision: 0,
+        raft_term: 7,
+    };
+    let mut out = Vec::new();
+    let mut encode = |view: &memstore::RangeView<'_>| {
+        let h = ResponseHeader {
+            revision: view.revision(),
+            ..header
+        };
+        out.clear();
+        view.encode_raw(&h, &mut out);
+        black_box(out.len());
+    };
     let mut req = RangeRequest::default();
-    for _ in 0..READ_ROUNDS {
+    let mut batch = vec![RangeRequest::default(); BATCH];
+    for _ in 0..env_num("PROFILE_ROUNDS").unwrap_or(READ_ROUNDS) {
         let (wall, cpu) = (std::time::Instant::now(), cpu_ns());
-        for k in flat.chunks(KEY_LEN) {
-            req.key.clear();
-            req.key.extend_from_slice(k);
-            black_box(store.range(&req).expect("read"));
+        if mode.ends_with("-batch") {
+            for keys in flat.chunks(KEY_LEN * BATCH) {
+                let batch = &mut batch[..keys.len() / KEY_LEN];
+                for (r, k) in batch.iter_mut().zip(keys.chunks(KEY_LEN)) {
+                    r.key.clear();
+                    r.key.extend_from_slice(k);
+                }
+                for view in store.range_views(batch) {
+                    encode(&view.expect("read"));
+                }
+            }
+        } else {
+            for k in flat.chunks(KEY_LEN) {
+                req.key.clear();
+                req.key.extend_from_slice(k);
+                if mode.ends_with("-view") {
+                    encode(&store.range_view(&req).expect("read"));
+                } else {
+                    black_box(store.range(&req).expect("read"));
+                }
+            }
         }
         println!(
             "{mode}: {:.0} reads per cpu-second (wall {:.3} s)",
-            N as f64 / ((cpu_ns() - cpu) as f64 / 1e9),
+            n as f64 / ((cpu_ns() - cpu) as f64 / 1e9),
             wall.elapsed().as_secs_f64()
         );
     }
+}
+
+/// A number from the environment variable `var`, if set and valid.
+fn env_num(var: &str) -> Option<usize> {
+    std::env::var(var).ok().and_then(|v| v.parse().ok())
 }

@@ -388,6 +388,42 @@ fn dedup_window_cost() {
     );
 }
 
+/// What the request-id window costs a replica in a steady state: `STRATA_DEDUP_PUTS` (default
+/// 4M) requests with 16-byte ids at 20 per journal millisecond, so the 2-minute window holds
+/// 2.4M ids and forgets one per request once full; requests that change nothing (alarm lists),
+/// so the window is most of what an apply does. CPU time of the applying thread, three rounds.
+/// A measurement, not a check: `cargo test --release -p strata-memstore --test checkpoint
+/// dedup_window_steady_state -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn dedup_window_steady_state() {
+    let n: u64 = env_or("STRATA_DEDUP_PUTS", 4_000_000);
+    let entries: Vec<api::strata::entry::Entry> = (0..n)
+        .map(|i| api::strata::entry::Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            request_id: pseudo_random_id(i),
+            time_ms: 1_000_000 + (i / 20) as i64,
+            request: Some(Request::Alarm(api::etcdserverpb::AlarmRequest::default())),
+        })
+        .collect();
+    for round in 0..3 {
+        let mut store = MemStore::new(memstore::Config::default());
+        let (cpu, _) = cpu_and_faults();
+        let t = std::time::Instant::now();
+        for (i, e) in entries.iter().enumerate() {
+            store.apply(i as u64 + 1, e);
+        }
+        let wall = t.elapsed().as_secs_f64();
+        let cpu = cpu_and_faults().0 - cpu;
+        println!(
+            "round {round}: {n} requests, {} ids remembered at the end: wall {wall:.3} s, CPU {cpu:.2} s, {:.0} ns CPU per request",
+            store.remembered_request_ids(),
+            cpu * 1e9 / n as f64
+        );
+    }
+}
+
 /// A measurement's size from the environment variable `name`, else `default`.
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)

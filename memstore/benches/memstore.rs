@@ -433,12 +433,17 @@ fn one_off_figures() {
 /// the message length out.
 type Answer = fn(&MemStore, &RangeRequest, &ResponseHeader, &mut Vec<u8>) -> usize;
 
-/// Point reads answered as the bytes a frontend sends, three ways, over random and hot keys
-/// (requests decoded into one reused buffer): `range` then prost's encode (the frontend's path
-/// before `range_view`), `range_view` encoded into a buffer allocated at its exact size per
+/// Point reads answered as the bytes a frontend sends, over random keys, 1000 hot keys and one
+/// key (requests decoded into one reused buffer): `range` alone (no bytes: the store's own
+/// figure, for comparison), `range` then prost's encode (the frontend's path before
+/// `range_view`), `range_view` encoded into a buffer allocated at its exact size per
 /// read (as a server answers), and into one reused buffer (no allocation at all).
 fn wire_format_reads(store: &MemStore) {
-    let answers: [(&str, Answer); 3] = [
+    let answers: [(&str, Answer); 4] = [
+        (
+            "range alone, no encoding (the response as the API type)",
+            |s, r, _, _| black_box(s.range(r).expect("read")).kvs.len() * (KEY_LEN + VALUE_LEN + 1),
+        ),
         ("range + prost encode, buffer per read", |s, r, h, _| {
             let mut resp = s.range(r).expect("read");
             let revision = resp.header.as_ref().map_or(0, |x| x.revision);
@@ -479,12 +484,16 @@ fn wire_format_reads(store: &MemStore) {
     };
     let mut req = RangeRequest::default();
     let mut out = Vec::new();
-    for (keys, hot) in [
-        ("uniformly random over 1M keys", false),
-        ("1000 hot keys of the 1M", true),
+    for (keys, distinct) in [
+        ("uniformly random over 1M keys", BIG),
+        ("1000 hot keys of the 1M", 1000),
+        (
+            "one key read over and over (etcd's `benchmark range KEY`)",
+            1,
+        ),
     ] {
         let flat: Vec<u8> = (0..BIG)
-            .flat_map(|i| key(scatter(if hot { i % 1000 } else { i }, BIG)))
+            .flat_map(|i| key(scatter(i % distinct, BIG)))
             .collect();
         for (how, answer) in answers {
             let bytes = timed(

@@ -338,9 +338,23 @@ impl KeySpace {
         self.find(key).map(|id| &self.slab.get(id).versions[..])
     }
 
-    /// The slot (key and versions) of `key`, if it has any version.
+    /// The slot (key and versions) of `key`, if it has any version. For reads: once a slot's
+    /// hash matches, its newest value's first byte is loaded before the key is compared, so
+    /// the two misses (key bytes, value bytes: separate boxes) overlap instead of the value's
+    /// waiting for the comparison.
     pub fn get_slot(&self, key: &[u8]) -> Option<&Slot> {
-        self.find(key).map(|id| self.slab.get(id))
+        let slab = &self.slab;
+        let h = hash_key(key);
+        self.index
+            .find(table_hash(h), |e| {
+                if e.hash != h {
+                    return false;
+                }
+                let slot = slab.get(e.id);
+                std::hint::black_box(slot.versions.last().and_then(|v| v.value.first()).copied());
+                &slot.key[..] == key
+            })
+            .map(|e| slab.get(e.id))
     }
 
     /// The key and versions of a slot named by the change log.

@@ -559,6 +559,11 @@ async fn run_watch(
     let puts = r.puts.summary(r.put_elapsed);
     let from_ack = r.from_ack.summary(r.delivery_elapsed);
     let from_send = r.from_send.summary(r.delivery_elapsed);
+    let by_endpoint: Vec<_> = r
+        .by_endpoint
+        .iter_mut()
+        .map(|(a, s)| (a.summary(r.delivery_elapsed), s.summary(r.delivery_elapsed)))
+        .collect();
     let v = &r.verdict;
     if common.json {
         let j = serde_json::json!({
@@ -572,6 +577,15 @@ async fn run_watch(
             "put": merge_errors(puts.to_json(), r.puts.errors()),
             "delivery_from_ack": from_ack.to_json(),
             "delivery_from_send": from_send.to_json(),
+            "delivery_by_endpoint": by_endpoint
+                .iter()
+                .enumerate()
+                .map(|(i, (a, s))| serde_json::json!({
+                    "endpoint": common.endpoints.get(i),
+                    "from_ack": a.to_json(),
+                    "from_send": s.to_json(),
+                }))
+                .collect::<Vec<_>>(),
             "verify": v.to_json(),
         });
         println!("{j}");
@@ -599,6 +613,24 @@ async fn run_watch(
             "{}",
             from_send.render_text("Event delivery latency, from the put's send", &empty)
         );
+        if by_endpoint.len() > 1 {
+            println!("\nDelivery by endpoint (p50 / p99 / max ms, from the ack; from the send):");
+            for (i, (a, s)) in by_endpoint.iter().enumerate() {
+                let (a, s) = (a.to_json(), s.to_json());
+                let ms =
+                    |x: &serde_json::Value, p: &str| x["latency_ms"][p].as_f64().unwrap_or(0.0);
+                println!(
+                    "  {}:\t{:.2} / {:.2} / {:.2}; {:.2} / {:.2} / {:.2}",
+                    common.endpoints.get(i).map_or("?", String::as_str),
+                    ms(&a, "p50"),
+                    ms(&a, "p99"),
+                    ms(&a, "max"),
+                    ms(&s, "p50"),
+                    ms(&s, "p99"),
+                    ms(&s, "max"),
+                );
+            }
+        }
         println!("\nVerification:");
         println!("  Watchers created:\t{} of {}", v.created, v.watchers);
         println!(

@@ -47,6 +47,8 @@ pub fn check_pool_args(endpoints: &[String], conns: usize) -> Result<(), BenchEr
 #[derive(Clone)]
 pub struct Pool {
     channels: Vec<Channel>,
+    /// How many endpoints the connections go to (connection `i` to endpoint `i % endpoints`).
+    endpoints: usize,
     tenant: Option<MetadataValue<tonic::metadata::Ascii>>,
     request_timeout: Duration,
 }
@@ -81,6 +83,7 @@ impl Pool {
         }
         Ok(Self {
             channels,
+            endpoints: endpoints.len(),
             tenant,
             request_timeout,
         })
@@ -88,6 +91,16 @@ impl Pool {
 
     pub fn conns(&self) -> usize {
         self.channels.len()
+    }
+
+    /// How many endpoints the connections go to.
+    pub fn endpoints(&self) -> usize {
+        self.endpoints
+    }
+
+    /// The index (in `--endpoints`) of the endpoint client number `client` talks to.
+    pub fn endpoint_of(&self, client: usize) -> usize {
+        (client % self.channels.len()) % self.endpoints.max(1)
     }
 
     fn channel(&self, client: usize) -> Channel {

@@ -253,6 +253,8 @@ impl Shared {
 
 /// What one stream saw.
 struct StreamOutcome {
+    /// Index of the endpoint the stream talked to.
+    endpoint: usize,
     received: Vec<Vec<(i64, Instant)>>,
     created: usize,
     cancelled: usize,
@@ -269,6 +271,7 @@ async fn run_stream(
     mut stop: watch::Receiver<bool>,
 ) -> StreamOutcome {
     let mut out = StreamOutcome {
+        endpoint: pool.endpoint_of(stream),
         received: vec![Vec::new(); watchers],
         created: 0,
         cancelled: 0,
@@ -369,6 +372,9 @@ pub struct WatchRun {
     /// First put sent to last event received.
     pub delivery_elapsed: Duration,
     pub verdict: Verdict,
+    /// Per endpoint (index in `--endpoints`): delivery latency from the ack and from the send
+    /// of the watchers whose stream talked to it, so a tail can be told apart by frontend.
+    pub by_endpoint: Vec<(Samples, Samples)>,
 }
 
 /// Runs `plan` over `pool`.
@@ -436,11 +442,15 @@ pub async fn run(pool: &Pool, plan: &WatchPlan) -> Result<WatchRun, BenchError> 
     let _ = stop_tx.send(true);
 
     let mut received = Vec::with_capacity(plan.watchers);
+    let mut grouped: Vec<Vec<Vec<(i64, Instant)>>> = vec![Vec::new(); pool.endpoints()];
     let mut create_samples = Samples::new();
     let mut verdict_extra = Verdict::default();
     while let Some(joined) = streams.join_next().await {
         match joined {
             Ok(o) => {
+                if let Some(g) = grouped.get_mut(o.endpoint) {
+                    g.extend(o.received.iter().cloned());
+                }
                 received.extend(o.received);
                 create_samples.merge(o.create_latency);
                 verdict_extra.created += o.created;
@@ -465,6 +475,13 @@ pub async fn run(pool: &Pool, plan: &WatchPlan) -> Result<WatchRun, BenchError> 
     // Watchers that never existed (a failed stream) still count as missing everything.
     received.resize(plan.watchers, Vec::new());
     let (mut verdict, from_ack, from_send) = verify(&acks, &received);
+    let by_endpoint = grouped
+        .iter()
+        .map(|g| {
+            let (_, a, s) = verify(&acks, g);
+            (a, s)
+        })
+        .collect();
     verdict.created = verdict_extra.created;
     verdict.cancelled = verdict_extra.cancelled;
     verdict.stream_errors = verdict_extra.stream_errors;
@@ -477,6 +494,7 @@ pub async fn run(pool: &Pool, plan: &WatchPlan) -> Result<WatchRun, BenchError> 
         from_send,
         delivery_elapsed,
         verdict,
+        by_endpoint,
     })
 }
 

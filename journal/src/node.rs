@@ -20,7 +20,7 @@ use crate::lease::LeaseClock;
 use crate::log_store::{ErrorList, LogShared, LogStore, OpenError};
 use crate::network::{Network, Peers};
 use crate::state_machine::{SmShared, StateMachine};
-use crate::types::{JournalRequest, NodeId, TypeConfig};
+use crate::types::{JournalRequest, NodeId, Payloads, TypeConfig};
 
 /// Largest payload of one entry.
 pub const MAX_ENTRY_BYTES: usize = 2 * 1024 * 1024;
@@ -383,7 +383,7 @@ type Waiters = Vec<(usize, oneshot::Sender<Result<Vec<u64>, ShardError>>)>;
 
 /// The Raft entry being built from queued Append calls.
 struct Batch {
-    payloads: Vec<Vec<u8>>,
+    payloads: Payloads,
     bytes: usize,
     waiters: Waiters,
 }
@@ -393,7 +393,7 @@ impl Batch {
         Batch {
             bytes: payloads.iter().map(Vec::len).sum(),
             waiters: vec![(payloads.len(), reply)],
-            payloads,
+            payloads: Payloads::from_vecs(&payloads),
         }
     }
 
@@ -413,7 +413,7 @@ impl Batch {
                 }
                 self.bytes += bytes;
                 self.waiters.push((payloads.len(), reply));
-                self.payloads.extend(payloads);
+                self.payloads.extend(&payloads);
                 None
             }
             other => Some(other),

@@ -18,10 +18,7 @@ pub type NodeId = u64;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum JournalRequest {
     /// Client payloads (of one or several coalesced Append calls), one record each.
-    Data {
-        time_ms: i64,
-        payloads: Vec<Vec<u8>>,
-    },
+    Data { time_ms: i64, payloads: Payloads },
     /// An idle tick.
     Tick { time_ms: i64 },
     /// Drop records below `below` on every node (a tick to readers).
@@ -36,6 +33,91 @@ impl JournalRequest {
             | JournalRequest::Trim { time_ms, .. } => *time_ms,
         }
     }
+}
+
+/// The payloads of a data entry, kept encoded as the segment frame and the Raft wire carry them
+/// (`u32 len | bytes` each, concatenated), so that writing, reading back, replicating and
+/// receiving an entry each cost one copy of one buffer instead of one allocation and copy per
+/// payload (an entry carries up to `MAX_BATCH_RECORDS` of them).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Payloads {
+    count: u32,
+    body: Vec<u8>,
+}
+
+impl Payloads {
+    /// Payloads encoded from `ps`.
+    pub fn from_vecs(ps: &[Vec<u8>]) -> Self {
+        let mut out = Payloads::default();
+        out.extend(ps);
+        out
+    }
+
+    /// Appends `ps`, in order.
+    pub fn extend(&mut self, ps: &[Vec<u8>]) {
+        self.body
+            .reserve(ps.iter().map(|p| p.len() + PAYLOAD_LEN_BYTES).sum());
+        for p in ps {
+            // Payloads are capped far below 4 GiB (node::MAX_ENTRY_BYTES).
+            self.body.extend_from_slice(&(p.len() as u32).to_le_bytes());
+            self.body.extend_from_slice(p);
+        }
+        self.count = self.count.saturating_add(ps.len() as u32);
+    }
+
+    /// Number of payloads.
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The encoded payloads (what follows the kind byte of a data entry's body).
+    pub fn body(&self) -> &[u8] {
+        &self.body
+    }
+
+    /// The payloads of an encoded body, checked for truncation.
+    pub fn decode(body: &[u8]) -> Result<Self, CodecError> {
+        Ok(Payloads {
+            count: count_payloads(body)?,
+            body: body.to_vec(),
+        })
+    }
+
+    /// Each payload, in order.
+    pub fn iter(&self) -> impl Iterator<Item = &[u8]> {
+        walk_payloads(&self.body)
+    }
+}
+
+/// The number of payloads of an encoded body; an error if one is cut short.
+fn count_payloads(mut tail: &[u8]) -> Result<u32, CodecError> {
+    let mut n = 0u32;
+    while !tail.is_empty() {
+        let len: [u8; PAYLOAD_LEN_BYTES] = tail
+            .get(..PAYLOAD_LEN_BYTES)
+            .ok_or(CodecError::Truncated)?
+            .try_into()
+            .map_err(|_| CodecError::Truncated)?;
+        let end = PAYLOAD_LEN_BYTES + u32::from_le_bytes(len) as usize;
+        tail = tail.get(end..).ok_or(CodecError::Truncated)?;
+        n = n.saturating_add(1);
+    }
+    Ok(n)
+}
+
+/// The payloads of a body that `count_payloads` accepted (a cut-short tail ends the walk).
+fn walk_payloads(mut tail: &[u8]) -> impl Iterator<Item = &[u8]> {
+    std::iter::from_fn(move || {
+        let len: [u8; PAYLOAD_LEN_BYTES] = tail.get(..PAYLOAD_LEN_BYTES)?.try_into().ok()?;
+        let end = PAYLOAD_LEN_BYTES + u32::from_le_bytes(len) as usize;
+        let p = tail.get(PAYLOAD_LEN_BYTES..end)?;
+        tail = &tail[end..];
+        Some(p)
+    })
 }
 
 openraft::declare_raft_types!(
@@ -118,13 +200,7 @@ pub fn encode_rest(entry: &JEntry, out: &mut Vec<u8>) {
         }
         EntryPayload::Normal(JournalRequest::Data { payloads, .. }) => {
             out.push(KIND_DATA);
-            let n: usize = payloads.iter().map(|p| p.len() + PAYLOAD_LEN_BYTES).sum();
-            out.reserve(n);
-            for p in payloads {
-                // Payloads are capped far below 4 GiB (node::MAX_ENTRY_BYTES).
-                out.extend_from_slice(&(p.len() as u32).to_le_bytes());
-                out.extend_from_slice(p);
-            }
+            out.extend_from_slice(payloads.body());
         }
         EntryPayload::Normal(JournalRequest::Tick { .. }) => out.push(KIND_TICK),
         EntryPayload::Normal(JournalRequest::Trim { below, .. }) => {
@@ -142,7 +218,7 @@ pub fn decode_entry(h: &FrameHeader, rest: &[u8]) -> Result<JEntry, CodecError> 
         KIND_MEMBERSHIP => EntryPayload::Membership(serde_json::from_slice(tail)?),
         KIND_DATA => EntryPayload::Normal(JournalRequest::Data {
             time_ms: h.time_ms,
-            payloads: split_payloads(tail)?.map(<[u8]>::to_vec).collect(),
+            payloads: Payloads::decode(tail)?,
         }),
         KIND_TICK => EntryPayload::Normal(JournalRequest::Tick { time_ms: h.time_ms }),
         KIND_TRIM => {
@@ -164,26 +240,6 @@ pub fn decode_entry(h: &FrameHeader, rest: &[u8]) -> Result<JEntry, CodecError> 
     })
 }
 
-/// The payloads of a data entry's body rest (after the kind byte), checked for truncation.
-fn split_payloads(mut tail: &[u8]) -> Result<impl Iterator<Item = &[u8]>, CodecError> {
-    let mut out = Vec::new();
-    while !tail.is_empty() {
-        let len: [u8; PAYLOAD_LEN_BYTES] = tail
-            .get(..PAYLOAD_LEN_BYTES)
-            .ok_or(CodecError::Truncated)?
-            .try_into()
-            .map_err(|_| CodecError::Truncated)?;
-        let len = u32::from_le_bytes(len) as usize;
-        let end = PAYLOAD_LEN_BYTES + len;
-        out.push(
-            tail.get(PAYLOAD_LEN_BYTES..end)
-                .ok_or(CodecError::Truncated)?,
-        );
-        tail = &tail[end..];
-    }
-    Ok(out.into_iter())
-}
-
 /// The client-visible records of a stored frame with a record index at or after `from`,
 /// appended to `out`.
 pub fn records_of(
@@ -202,14 +258,15 @@ pub fn records_of(
     let single = match kind {
         KIND_BLANK => Kind::LeaderChange(LeaderChange { term: h.term }),
         KIND_DATA => {
-            let mut any = false;
-            for (index, p) in (h.first_record..).zip(split_payloads(tail)?) {
-                any = true;
-                if index >= from {
-                    out.push(record(index, Kind::Data(p.to_vec())));
+            let n = count_payloads(tail)?;
+            if n > 0 {
+                let skip = from.saturating_sub(h.first_record);
+                out.reserve(u64::from(n).saturating_sub(skip) as usize);
+                for (index, p) in (h.first_record..).zip(walk_payloads(tail)) {
+                    if index >= from {
+                        out.push(record(index, Kind::Data(p.to_vec())));
+                    }
                 }
-            }
-            if any {
                 return Ok(());
             }
             Kind::Tick(Tick {})
@@ -285,11 +342,11 @@ mod tests {
             EntryPayload::Membership(members),
             EntryPayload::Normal(JournalRequest::Data {
                 time_ms: 5,
-                payloads: vec![b"xyz".to_vec()],
+                payloads: Payloads::from_vecs(&[b"xyz".to_vec()]),
             }),
             EntryPayload::Normal(JournalRequest::Data {
                 time_ms: 5,
-                payloads: vec![b"a".to_vec(), Vec::new(), vec![7; 300]],
+                payloads: Payloads::from_vecs(&[b"a".to_vec(), Vec::new(), vec![7; 300]]),
             }),
             EntryPayload::Normal(JournalRequest::Tick { time_ms: 6 }),
             EntryPayload::Normal(JournalRequest::Trim {
@@ -346,7 +403,7 @@ mod tests {
     fn a_batch_is_one_record_per_payload_from_the_asked_index() {
         let rest = rest_of(EntryPayload::Normal(JournalRequest::Data {
             time_ms: 77,
-            payloads: vec![vec![1], vec![2, 2], vec![3]],
+            payloads: Payloads::from_vecs(&[vec![1], vec![2, 2], vec![3]]),
         }));
         let mut out = Vec::new();
         records_of(&header(20, 3), &rest, 0, &mut out).unwrap();
@@ -369,7 +426,7 @@ mod tests {
         // An empty batch still takes its one position, as a tick.
         let empty = rest_of(EntryPayload::Normal(JournalRequest::Data {
             time_ms: 1,
-            payloads: Vec::new(),
+            payloads: Payloads::default(),
         }));
         out.clear();
         records_of(&header(5, 1), &empty, 0, &mut out).unwrap();
@@ -378,9 +435,37 @@ mod tests {
         assert_eq!(
             record_count(&EntryPayload::Normal(JournalRequest::Data {
                 time_ms: 1,
-                payloads: Vec::new()
+                payloads: Payloads::default()
             })),
             1
         );
+    }
+
+    #[test]
+    fn payloads_keep_their_encoding_and_refuse_a_cut_body() {
+        let ps = vec![b"a".to_vec(), Vec::new(), vec![7; 300], b"zz".to_vec()];
+        let mut p = Payloads::from_vecs(&ps[..2]);
+        p.extend(&ps[2..]);
+        assert_eq!(p.len(), 4);
+        assert_eq!(p.iter().map(<[u8]>::to_vec).collect::<Vec<_>>(), ps);
+        let back = Payloads::decode(p.body()).unwrap();
+        assert_eq!(back, p);
+        for cut in 1..p.body().len() {
+            // Every cut that does not fall between two payloads is refused.
+            let ends: Vec<usize> = ps
+                .iter()
+                .scan(0, |at, x| {
+                    *at += PAYLOAD_LEN_BYTES + x.len();
+                    Some(*at)
+                })
+                .collect();
+            let r = Payloads::decode(&p.body()[..cut]);
+            if ends.contains(&cut) {
+                assert!(r.is_ok(), "cut at {cut}");
+            } else {
+                assert!(r.is_err(), "cut at {cut} accepted");
+            }
+        }
+        assert!(Payloads::decode(&[]).unwrap().is_empty());
     }
 }

@@ -43,6 +43,13 @@ pub fn check_pool_args(endpoints: &[String], conns: usize) -> Result<(), BenchEr
     Ok(())
 }
 
+/// The index in `--endpoints` that client number `client` talks to, with `conns` connections
+/// over `endpoints` endpoints (client `i` uses connection `i % conns`, connection `j` endpoint
+/// `j % endpoints`).
+pub fn endpoint_index(client: usize, conns: usize, endpoints: usize) -> usize {
+    (client % conns.max(1)) % endpoints.max(1)
+}
+
 /// The connections of one run.
 #[derive(Clone)]
 pub struct Pool {
@@ -100,7 +107,7 @@ impl Pool {
 
     /// The index (in `--endpoints`) of the endpoint client number `client` talks to.
     pub fn endpoint_of(&self, client: usize) -> usize {
-        (client % self.channels.len()) % self.endpoints.max(1)
+        endpoint_index(client, self.channels.len(), self.endpoints)
     }
 
     fn channel(&self, client: usize) -> Channel {
@@ -143,6 +150,18 @@ mod tests {
         assert_eq!(endpoint_url("127.0.0.1:2379"), "http://127.0.0.1:2379");
         assert_eq!(endpoint_url("http://a:1"), "http://a:1");
         assert_eq!(endpoint_url("https://a:1"), "https://a:1");
+    }
+
+    #[test]
+    fn a_client_talks_to_its_connection_s_endpoint() {
+        // 4 connections over 2 endpoints: connections 0 and 2 go to the first, 1 and 3 to the
+        // second; client 5 uses connection 1.
+        let got: Vec<usize> = (0..8).map(|c| endpoint_index(c, 4, 2)).collect();
+        assert_eq!(got, [0, 1, 0, 1, 0, 1, 0, 1]);
+        // 4 connections over 3 endpoints: connection 3 wraps to the first endpoint.
+        let got: Vec<usize> = (0..4).map(|c| endpoint_index(c, 4, 3)).collect();
+        assert_eq!(got, [0, 1, 2, 0]);
+        assert_eq!(endpoint_index(7, 1, 3), 0);
     }
 
     #[tokio::test]

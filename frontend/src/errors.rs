@@ -47,6 +47,9 @@ pub enum Error {
     /// The replica produced an outcome of another kind than the request (an invariant breach).
     #[error("unexpected outcome for {0}")]
     UnexpectedOutcome(&'static str),
+    /// An answer too large for a gRPC message's 4-byte length prefix.
+    #[error("response of {0} bytes is too large")]
+    ResponseTooLarge(usize),
 }
 
 /// etcd's messages, verbatim.
@@ -127,8 +130,8 @@ impl From<Error> for Status {
                 Code::Unimplemented,
                 "auth (users, roles, permissions, tokens) comes with a later release; nothing was changed",
             ),
-            Error::UnexpectedOutcome(what) => {
-                own(Code::Internal, &format!("unexpected outcome for {what}"))
+            Error::UnexpectedOutcome(_) | Error::ResponseTooLarge(_) => {
+                own(Code::Internal, &e.to_string())
             }
         }
     }

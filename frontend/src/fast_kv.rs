@@ -26,6 +26,7 @@ use tonic::body::Body;
 use tonic::metadata::MetadataMap;
 use tonic::{Response, Status};
 
+use crate::errors::Error;
 use crate::rpc::{RequestId, handled, unary};
 use crate::tenants::Tenants;
 
@@ -159,7 +160,11 @@ async fn answer(
             let req = RangeRequest::decode(message).map_err(decode_error)?;
             let t = tenants.resolve(metadata).map_err(handled)?;
             let id = RequestId::random();
-            encoded(unary("Range", &t.name, id, crate::kv::range(&t, req)).await?)
+            Ok(
+                unary("Range", &t.name, id, crate::kv::range_message(&t, req))
+                    .await?
+                    .into_inner(),
+            )
         }
         Rpc::Put => {
             let req = PutRequest::decode(message).map_err(decode_error)?;
@@ -199,8 +204,7 @@ fn decode_error(e: prost::DecodeError) -> Status {
 fn encoded<T: Message>(resp: Response<T>) -> Result<Bytes, Status> {
     let msg = resp.into_inner();
     let len = msg.encoded_len();
-    let prefix = u32::try_from(len)
-        .map_err(|_| Status::internal(format!("response of {len} bytes is too large")))?;
+    let prefix = u32::try_from(len).map_err(|_| handled(Error::ResponseTooLarge(len)))?;
     let mut buf = BytesMut::with_capacity(GRPC_HEADER_LEN + len);
     buf.put_u8(0);
     buf.put_u32(prefix);

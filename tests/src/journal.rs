@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::strata::journal::Record;
+use api::strata::journal::record::Kind;
 use journal::JournalClient;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -269,6 +270,46 @@ impl JournalCluster {
             out.push(r);
         }
         out
+    }
+
+    /// Checks that nodes `nodes` hold the same gap-free records of `shard` from `from` up to
+    /// the highest acknowledged index, with journal times that never go back, and that every
+    /// acknowledged index holds the acknowledged bytes.
+    pub async fn check_nodes_agree(
+        &self,
+        nodes: &[usize],
+        shard: u32,
+        from: u64,
+        acked: &BTreeMap<u64, Vec<u8>>,
+    ) {
+        let last = *acked.keys().last().expect("something was acked");
+        let mut reference: Option<Vec<Record>> = None;
+        for &i in nodes {
+            let id = self.nodes[i].id;
+            let recs = self.read_node(i, shard, from, last).await;
+            let mut prev_time = i64::MIN;
+            for (k, r) in recs.iter().enumerate() {
+                assert_eq!(
+                    r.index,
+                    from + k as u64,
+                    "node {id} shard {shard} has a gap"
+                );
+                assert!(r.time_ms >= prev_time, "time went back at {}", r.index);
+                prev_time = r.time_ms;
+                if let Some(p) = acked.get(&r.index) {
+                    assert_eq!(
+                        r.kind,
+                        Some(Kind::Data(p.clone())),
+                        "node {id} shard {shard} index {}",
+                        r.index
+                    );
+                }
+            }
+            match &reference {
+                None => reference = Some(recs),
+                Some(r0) => assert_eq!(r0, &recs, "node {id} differs on shard {shard}"),
+            }
+        }
     }
 }
 

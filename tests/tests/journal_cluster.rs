@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use api::strata::journal::record::Kind;
 use journal::ClientError;
 use strata_tests::journal::{Appenders, JournalCluster, peers_arg};
 use strata_tests::process::free_port;
@@ -16,40 +15,6 @@ const SHARD: u32 = 0;
 
 /// How long the appenders may take to reach the next acknowledged count.
 const ACK_WAIT: Duration = Duration::from_secs(60);
-
-/// Checks that every node holds the same gap-free records from `from` to the highest acked
-/// index, and that every acknowledged index holds the acknowledged bytes.
-async fn check_all_nodes(
-    c: &JournalCluster,
-    nodes: &[usize],
-    from: u64,
-    acked: &BTreeMap<u64, Vec<u8>>,
-) {
-    let last = *acked.keys().last().expect("something was acked");
-    let mut reference: Option<Vec<api::strata::journal::Record>> = None;
-    for &i in nodes {
-        let recs = c.read_node(i, SHARD, from, last).await;
-        let mut prev_time = i64::MIN;
-        for (k, r) in recs.iter().enumerate() {
-            assert_eq!(r.index, from + k as u64, "node {} has a gap", c.nodes[i].id);
-            assert!(r.time_ms >= prev_time, "time went back at {}", r.index);
-            prev_time = r.time_ms;
-            if let Some(p) = acked.get(&r.index) {
-                assert_eq!(
-                    r.kind,
-                    Some(Kind::Data(p.clone())),
-                    "node {} index {}",
-                    c.nodes[i].id,
-                    r.index
-                );
-            }
-        }
-        match &reference {
-            None => reference = Some(recs),
-            Some(r0) => assert_eq!(r0, &recs, "node {} differs", c.nodes[i].id),
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn kill_leader_under_256_appenders_then_restart() {
@@ -67,7 +32,7 @@ async fn kill_leader_under_256_appenders_then_restart() {
     appenders.wait_acked(at_kill + 3000, ACK_WAIT).await;
     let (acked, failures) = appenders.stop().await;
     assert!(failures.is_empty(), "appends failed: {failures:?}");
-    check_all_nodes(&c, &[0, 1, 2], 0, &acked).await;
+    c.check_nodes_agree(&[0, 1, 2], SHARD, 0, &acked).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -92,7 +57,7 @@ async fn whole_cluster_restart_keeps_every_committed_entry() {
         c.restart(i);
     }
     c.wait_leaders(&[0, 1, 2]).await;
-    check_all_nodes(&c, &[0, 1, 2], 0, &acked).await;
+    c.check_nodes_agree(&[0, 1, 2], SHARD, 0, &acked).await;
     // And it takes writes again.
     let client = c.client().await;
     let idx = client
@@ -194,5 +159,5 @@ async fn replace_a_dead_node_with_one_command() {
         let p = format!("after {i}").into_bytes();
         acked.insert(client.append(SHARD, vec![p.clone()]).await.unwrap()[0], p);
     }
-    check_all_nodes(&c, &[0, n4], 0, &acked).await;
+    c.check_nodes_agree(&[0, n4], SHARD, 0, &acked).await;
 }

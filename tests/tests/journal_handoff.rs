@@ -3,12 +3,10 @@
 //! led it when the cluster formed), while appenders keep running and lose nothing; and the
 //! admin `Handoff` call moves a shard on request, with read indexes never stale meanwhile.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use api::strata::journal::record::Kind;
 use strata_tests::journal::{Appenders, CONVERGE_TIMEOUT, JournalCluster};
 
 /// Shards of the cluster: two per node.
@@ -40,36 +38,6 @@ async fn wait_spread(c: &JournalCluster, running: &[usize]) {
             c.dir.path().display()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Every node holds the same gap-free records of `shard` up to the highest acked index, and
-/// every acknowledged index holds the acknowledged bytes.
-async fn check_all_nodes(c: &JournalCluster, shard: u32, acked: &BTreeMap<u64, Vec<u8>>) {
-    let last = *acked.keys().last().expect("something was acked");
-    let mut reference = None;
-    for i in 0..c.nodes.len() {
-        let recs = c.read_node(i, shard, 0, last).await;
-        for (k, r) in recs.iter().enumerate() {
-            assert_eq!(
-                r.index, k as u64,
-                "node {} shard {shard} has a gap",
-                c.nodes[i].id
-            );
-            if let Some(p) = acked.get(&r.index) {
-                assert_eq!(
-                    r.kind,
-                    Some(Kind::Data(p.clone())),
-                    "node {} shard {shard} index {}",
-                    c.nodes[i].id,
-                    r.index
-                );
-            }
-        }
-        match &reference {
-            None => reference = Some(recs),
-            Some(r0) => assert_eq!(r0, &recs, "node {} differs on shard {shard}", c.nodes[i].id),
-        }
     }
 }
 
@@ -128,7 +96,7 @@ async fn leaders_spread_again_after_a_leader_is_killed_and_restarted() {
             failures.is_empty(),
             "shard {s}: appends failed: {failures:?}"
         );
-        check_all_nodes(&c, s as u32, &acked).await;
+        c.check_nodes_agree(&[0, 1, 2], s as u32, 0, &acked).await;
     }
     let pauses = logged_pauses(&c);
     assert!(

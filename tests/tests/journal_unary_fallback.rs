@@ -5,14 +5,12 @@
 //! over unary calls; a leader kill changes nothing of that, and every node ends up with the
 //! same records.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use api::strata::journal::journal_client::JournalClient as GrpcClient;
 use api::strata::journal::raft_client::RaftClient;
-use api::strata::journal::record::Kind;
 use api::strata::journal::{AppendRequest, AppendStreamRequest, RaftAppendStreamRequest};
 use strata_tests::journal::{Appenders, JournalCluster};
 
@@ -31,36 +29,6 @@ fn own_args(id: u64) -> Vec<String> {
         a.push("--refuse-streams".into());
     }
     a
-}
-
-/// Every node holds the same gap-free records of `shard` up to the highest acked index, and
-/// every acknowledged index holds the acknowledged bytes.
-async fn check_all_nodes(c: &JournalCluster, shard: u32, acked: &BTreeMap<u64, Vec<u8>>) {
-    let last = *acked.keys().last().expect("something was acked");
-    let mut reference = None;
-    for i in 0..c.nodes.len() {
-        let recs = c.read_node(i, shard, 0, last).await;
-        for (k, r) in recs.iter().enumerate() {
-            assert_eq!(
-                r.index, k as u64,
-                "node {} shard {shard} has a gap",
-                c.nodes[i].id
-            );
-            if let Some(p) = acked.get(&r.index) {
-                assert_eq!(
-                    r.kind,
-                    Some(Kind::Data(p.clone())),
-                    "node {} shard {shard} index {}",
-                    c.nodes[i].id,
-                    r.index
-                );
-            }
-        }
-        match &reference {
-            None => reference = Some(recs),
-            Some(r0) => assert_eq!(r0, &recs, "node {} differs on shard {shard}", c.nodes[i].id),
-        }
-    }
 }
 
 /// Read-index checkers on `shard`: each appends, then asks for a read index, which must cover
@@ -178,6 +146,6 @@ async fn a_node_without_the_streams_replicates_appends_and_serves_over_unary_cal
             failures.is_empty(),
             "shard {s}: appends failed: {failures:?}"
         );
-        check_all_nodes(&c, s as u32, &acked).await;
+        c.check_nodes_agree(&[0, 1, 2], s as u32, 0, &acked).await;
     }
 }

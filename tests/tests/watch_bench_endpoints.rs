@@ -2,22 +2,10 @@
 //! real etcd (Debian's 3.4, one member on loopback) named three times in `--endpoints`: every
 //! watcher's deliveries are counted under the endpoint its stream's connection went to.
 
-use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
 
-use strata_tests::process::{ChildGuard, free_port, strata_bin, wait_for_port};
-
-/// How long etcd may take to start and elect itself on a busy 2-core machine.
-const ETCD_READY_TIMEOUT: Duration = Duration::from_secs(60);
-/// Pause between readiness probes.
-const RETRY_PAUSE: Duration = Duration::from_millis(200);
-
-// A plain test thread (no runtime) waiting between probe processes: a blocking sleep is right.
-#[allow(clippy::disallowed_methods)]
-fn pause(d: Duration) {
-    std::thread::sleep(d);
-}
+use strata_tests::etcd::EtcdServer;
+use strata_tests::process::strata_bin;
 
 /// Runs `strata bench --endpoints=ENDPOINTS ARGS`; (success, stdout, stderr).
 fn bench(endpoints: &str, args: &[&str]) -> (bool, String, String) {
@@ -35,49 +23,10 @@ fn bench(endpoints: &str, args: &[&str]) -> (bool, String, String) {
     )
 }
 
-#[test]
-fn watch_deliveries_are_split_by_the_endpoint_of_each_stream() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let (client, peer) = (free_port(), free_port());
-    let client_url = format!("http://127.0.0.1:{client}");
-    let peer_url = format!("http://127.0.0.1:{peer}");
-    let args = vec![
-        "--name=split".to_string(),
-        format!("--data-dir={}", dir.path().join("data").display()),
-        format!("--listen-client-urls={client_url}"),
-        format!("--advertise-client-urls={client_url}"),
-        format!("--listen-peer-urls={peer_url}"),
-        format!("--initial-advertise-peer-urls={peer_url}"),
-        format!("--initial-cluster=split={peer_url}"),
-    ];
-    let _etcd = ChildGuard::spawn(
-        "etcd",
-        Path::new("etcd"),
-        &args,
-        Some(&dir.path().join("etcd.log")),
-    );
-    let endpoint = format!("127.0.0.1:{client}");
-    wait_for_port(endpoint.parse().expect("addr"), ETCD_READY_TIMEOUT);
-    let deadline = Instant::now() + ETCD_READY_TIMEOUT;
-    loop {
-        let (ok, _, err) = bench(
-            &endpoint,
-            &[
-                "put",
-                "--total",
-                "1",
-                "--key-prefix",
-                "ready/",
-                "--key-size",
-                "7",
-            ],
-        );
-        if ok {
-            break;
-        }
-        assert!(Instant::now() < deadline, "etcd never served a put: {err}");
-        pause(RETRY_PAUSE);
-    }
+#[tokio::test]
+async fn watch_deliveries_are_split_by_the_endpoint_of_each_stream() {
+    let etcd = EtcdServer::start().await;
+    let endpoint = etcd.endpoint().trim_start_matches("http://").to_string();
 
     // Three endpoint entries (the same member), three connections: stream s uses connection
     // s % 3, i.e. endpoint entry s % 3. Six streams of five watchers: two streams, ten

@@ -272,6 +272,20 @@ impl JournalCluster {
         out
     }
 
+    /// Stops `appenders` (one per shard, in shard order from 0), asserts no append failed, and
+    /// checks that nodes `nodes` agree on each shard's records (`check_nodes_agree`).
+    pub async fn stop_and_check(&self, appenders: Vec<Appenders>, nodes: &[usize]) {
+        for (s, a) in appenders.into_iter().enumerate() {
+            let (acked, failures) = a.stop().await;
+            assert!(
+                failures.is_empty(),
+                "shard {s}: appends failed: {failures:?}"
+            );
+            let shard = u32::try_from(s).expect("shard number");
+            self.check_nodes_agree(nodes, shard, 0, &acked).await;
+        }
+    }
+
     /// Checks that nodes `nodes` hold the same gap-free records of `shard` from `from` up to
     /// the highest acknowledged index, with journal times that never go back, and that every
     /// acknowledged index holds the acknowledged bytes.

@@ -126,14 +126,7 @@ async fn five_nodes_lose_two_and_spread_again() {
     }
     wait_spread(&c, &all).await;
     carry_on(&appenders, 100).await;
-    for (s, a) in appenders.into_iter().enumerate() {
-        let (acked, failures) = a.stop().await;
-        assert!(
-            failures.is_empty(),
-            "shard {s}: appends failed: {failures:?}"
-        );
-        c.check_nodes_agree(&all, s as u32, 0, &acked).await;
-    }
+    c.stop_and_check(appenders, &all).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -162,14 +155,7 @@ async fn leaders_spread_again_after_a_leader_is_killed_and_restarted() {
     wait_spread(&c, &[0, 1, 2]).await;
     // ...and the appenders carry on.
     carry_on(&appenders, 200).await;
-    for (s, a) in appenders.into_iter().enumerate() {
-        let (acked, failures) = a.stop().await;
-        assert!(
-            failures.is_empty(),
-            "shard {s}: appends failed: {failures:?}"
-        );
-        c.check_nodes_agree(&[0, 1, 2], s as u32, 0, &acked).await;
-    }
+    c.stop_and_check(appenders, &[0, 1, 2]).await;
     let pauses = logged_pauses(&c);
     assert!(
         !pauses.is_empty(),

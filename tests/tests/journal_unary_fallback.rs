@@ -140,12 +140,5 @@ async fn a_node_without_the_streams_replicates_appends_and_serves_over_unary_cal
             "a checker made no progress"
         );
     }
-    for (s, a) in appenders.into_iter().enumerate() {
-        let (acked, failures) = a.stop().await;
-        assert!(
-            failures.is_empty(),
-            "shard {s}: appends failed: {failures:?}"
-        );
-        c.check_nodes_agree(&[0, 1, 2], s as u32, 0, &acked).await;
-    }
+    c.stop_and_check(appenders, &[0, 1, 2]).await;
 }

@@ -2,14 +2,14 @@
 //! loopback: every request is answered in order, with its `seq`, exactly as the unary
 //! `AppendEntries` answers the same request (a reply, or the status code and message).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use api::strata::journal::raft_client::RaftClient;
 use api::strata::journal::{RaftAppendRequest, RaftAppendStreamReply, RaftAppendStreamRequest};
-use journal::{JournalClient, JournalNode, NodeConfig};
+use journal::JournalClient;
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+
+mod common;
 
 /// Longest wait for the node's shard to elect itself.
 const LEADER_WAIT: Duration = Duration::from_secs(30);
@@ -42,33 +42,10 @@ async fn stream_answers_each_request_in_order_as_the_unary_call_does() {
     let dir = tempfile::tempdir().unwrap();
     let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let node = JournalNode::open(NodeConfig {
-        id: 1,
-        peers: BTreeMap::from([(1, addr.clone())]),
-        data_dir: dir.path().to_path_buf(),
-        shards: 1,
-        idle_tick: Duration::from_millis(500),
-        join: false,
-        segment_bytes: 1 << 20,
-        batching: Default::default(),
-        overlap_leader_fsync: true,
-        read_lease: journal::node::DEFAULT_READ_LEASE,
-        handoff_settle: Some(journal::handoff::DEFAULT_HANDOFF_SETTLE),
-        refuse_streams: false,
-    })
-    .await
-    .unwrap();
-    let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(async move {
-        node.serve(listener, async {
-            let _ = stopped.await;
-        })
-        .await
-        .unwrap();
-    });
+    let node = common::serve(common::one_node(&addr, dir.path()), listener).await;
 
     // Wait until the shard has its leader (its term is then >= 1).
-    let c = JournalClient::connect(std::slice::from_ref(&addr))
+    let c = JournalClient::connect(std::slice::from_ref(&node.addr))
         .await
         .unwrap();
     let deadline = tokio::time::Instant::now() + LEADER_WAIT;
@@ -97,7 +74,9 @@ async fn stream_answers_each_request_in_order_as_the_unary_call_does() {
             entries: Vec::new(),
         },
     ];
-    let mut raft = RaftClient::connect(format!("http://{addr}")).await.unwrap();
+    let mut raft = RaftClient::connect(format!("http://{}", node.addr))
+        .await
+        .unwrap();
     let mut expected = Vec::new();
     for r in &requests {
         expected.push(unary_outcome(raft.append_entries(r.clone()).await));
@@ -157,6 +136,5 @@ async fn stream_answers_each_request_in_order_as_the_unary_call_does() {
         .expect("the end in time");
     assert!(matches!(end, Ok(None)), "{end:?}");
 
-    let _ = stop.send(());
-    server.await.unwrap();
+    node.stop().await;
 }

@@ -6,57 +6,23 @@ use std::time::Duration;
 
 use api::strata::journal::record::Kind;
 use futures::StreamExt;
-use journal::{ClientError, JournalClient, JournalNode, NodeConfig};
+use journal::{ClientError, JournalClient, NodeConfig};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
 
-struct Running {
-    addr: String,
-    stop: Option<oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<()>,
-}
+mod common;
 
-impl Running {
-    async fn stop(mut self) {
-        if let Some(s) = self.stop.take() {
-            let _ = s.send(());
-        }
-        let _ = self.task.await;
-    }
-}
+use common::Running;
 
 async fn start(dir: &std::path::Path, port: u16, idle_tick: Duration) -> Running {
     let listener = TcpListener::bind(("127.0.0.1", port)).await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
-    let node = JournalNode::open(NodeConfig {
-        id: 1,
-        peers: BTreeMap::from([(1, addr.clone())]),
-        data_dir: dir.to_path_buf(),
+    let config = NodeConfig {
         shards: 2,
         idle_tick,
-        join: false,
         segment_bytes: 4096,
-        batching: Default::default(),
-        overlap_leader_fsync: true,
-        read_lease: journal::node::DEFAULT_READ_LEASE,
-        handoff_settle: Some(journal::handoff::DEFAULT_HANDOFF_SETTLE),
-        refuse_streams: false,
-    })
-    .await
-    .unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        node.serve(listener, async {
-            let _ = rx.await;
-        })
-        .await
-        .unwrap();
-    });
-    Running {
-        addr,
-        stop: Some(tx),
-        task,
-    }
+        ..common::one_node(&addr, dir)
+    };
+    common::serve(config, listener).await
 }
 
 async fn wait_leader(c: &JournalClient, shard: u32) {

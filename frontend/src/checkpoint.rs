@@ -429,11 +429,17 @@ pub async fn latest(store: &Store, tenant: &str) -> Result<Option<Loaded>, Check
     Err(CheckpointError::NoneUsable(first_error.unwrap_or_default()))
 }
 
+/// The measurement tests' /proc reader, shared with the other crates' (std only).
+#[cfg(test)]
+#[path = "../../tests/src/procstat.rs"]
+mod procstat;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use api::manifest::MANIFEST_FORMAT_VERSION;
     use object_store::PutPayload;
+    use procstat::cpu_and_faults;
 
     /// A store that applied `index` ticks.
     fn store_at(index: u64) -> MemStore {
@@ -672,17 +678,17 @@ mod tests {
                     (&remote_like, "ranged GETs")
                 };
                 // The fetch alone (CPU, faults), then the whole load as a frontend does it.
-                let (cpu, faults) = cpu_and_faults();
+                let (cpu, faults) = cpu_and_faults("self");
                 let t = Instant::now();
                 let fetched = fetch(s, &r).await.unwrap();
                 let fetch_wall = t.elapsed();
-                let (cpu2, faults2) = cpu_and_faults();
+                let (cpu2, faults2) = cpu_and_faults("self");
                 drop(fetched);
-                let (cpu3, faults3) = cpu_and_faults();
+                let (cpu3, faults3) = cpu_and_faults("self");
                 let t = Instant::now();
                 let loaded = latest(s, "default").await.unwrap().unwrap();
                 let total = t.elapsed();
-                let (cpu4, faults4) = cpu_and_faults();
+                let (cpu4, faults4) = cpu_and_faults("self");
                 assert_eq!(loaded.store.revision(), meta.revision);
                 println!(
                     "run {run}: {name}: fetch alone {:.2} s wall, {:.2} s CPU, {} faults; load {:.2} s (fetch {:.2} s, decode {:.2} s), {:.2} s CPU, {} faults",
@@ -699,18 +705,6 @@ mod tests {
             }
         }
         let _ = std::fs::remove_dir_all(dir);
-    }
-
-    /// This process's (user + system CPU seconds, minor page faults), from /proc (Linux).
-    fn cpu_and_faults() -> (f64, u64) {
-        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-        let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let f: Vec<u64> = after
-            .split_whitespace()
-            .map(|x| x.parse().unwrap_or(0))
-            .collect();
-        let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-        (ticks as f64 / 100.0, f.get(7).copied().unwrap_or(0))
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Checkpoint format: round trip, and every kind of damage is refused with `Error::Corrupt`
 //! (never a panic): flipped bytes anywhere, truncation, bad magic, a newer version.
 mod common;
+#[path = "../../tests/src/procstat.rs"]
+mod procstat;
 
 /// The `strata` binary allocates through mimalloc; the decode measurement below should too.
 #[global_allocator]
@@ -11,6 +13,7 @@ use api::strata::entry::entry::Request;
 use common::*;
 use memstore::checkpoint::{self, CheckpointMeta, DecodeOptions, FORMAT_VERSION, MAGIC};
 use memstore::{Error, MemStore};
+use procstat::cpu_and_faults;
 
 fn sample() -> (CheckpointMeta, MemStore) {
     let mut h = Harness::new();
@@ -409,13 +412,13 @@ fn dedup_window_steady_state() {
         .collect();
     for round in 0..3 {
         let mut store = MemStore::new(memstore::Config::default());
-        let (cpu, _) = cpu_and_faults();
+        let (cpu, _) = cpu_and_faults("self");
         let t = std::time::Instant::now();
         for (i, e) in entries.iter().enumerate() {
             store.apply(i as u64 + 1, e);
         }
         let wall = t.elapsed().as_secs_f64();
-        let cpu = cpu_and_faults().0 - cpu;
+        let cpu = cpu_and_faults("self").0 - cpu;
         println!(
             "round {round}: {n} requests, {} ids remembered at the end: wall {wall:.3} s, CPU {cpu:.2} s, {:.0} ns CPU per request",
             store.remembered_request_ids(),
@@ -441,19 +444,6 @@ fn pseudo_random_id(i: u64) -> Vec<u8> {
             .to_le_bytes(),
     ]
     .concat()
-}
-
-/// This process's (user + system CPU seconds, minor page faults), from /proc (Linux).
-fn cpu_and_faults() -> (f64, u64) {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // Fields after the command: state(0) ppid .. minflt(7) .. utime(11) stime(12), in ticks.
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    (ticks as f64 / 100.0, f.get(7).copied().unwrap_or(0))
 }
 
 /// What decoding the ready-timing tenant costs (issue 5: `STRATA_DECODE_KEYS` keys, default 1M,
@@ -498,7 +488,7 @@ fn decode_cost_of_a_large_tenant() {
     let crc = crc32c::crc32c(&aligned[checkpoint::CRC_FROM..]);
     println!("{n} keys, checkpoint of {} MB", aligned.len() / 1_000_000);
     for run in 0..5 {
-        let (rss, (cpu, faults)) = (rss_bytes(), cpu_and_faults());
+        let (rss, (cpu, faults)) = (rss_bytes(), cpu_and_faults("self"));
         let t = std::time::Instant::now();
         let (_, loaded) = checkpoint::decode_with(
             &aligned,
@@ -508,7 +498,7 @@ fn decode_cost_of_a_large_tenant() {
         )
         .unwrap();
         let wall = t.elapsed();
-        let (cpu2, faults2) = cpu_and_faults();
+        let (cpu2, faults2) = cpu_and_faults("self");
         let grown = rss_bytes().saturating_sub(rss);
         println!(
             "run {run}: decode {:.3} s wall, {:.2} s CPU, {} minor faults, RSS +{} MB",

@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod etcdctl;
 pub mod journal;
 pub mod process;
+pub mod procstat;
 pub mod readiness;
 pub mod s3;
 pub mod target;

@@ -9,6 +9,7 @@ use api::strata::journal::journal_client::JournalClient;
 use etcd_client::{Client, GetOptions};
 use strata_tests::deployment::{Deployment, frontend_args};
 use strata_tests::process::{ChildGuard, free_port, strata_bin};
+use strata_tests::procstat::cpu_and_faults;
 use strata_tests::readiness::{tail_file, wait_ready};
 
 const KEYS: usize = 300;
@@ -247,7 +248,10 @@ async fn ready_timing_on_a_large_tenant() {
             panic!("{e}\n--- frontend log ---\n{}", tail_file(&log));
         }
         let ready = started.elapsed();
-        let (cpu, faults) = fe.id().map(process_cpu_and_faults).unwrap_or_default();
+        let (cpu, faults) = fe
+            .id()
+            .map(|pid| cpu_and_faults(&pid.to_string()))
+            .unwrap_or_default();
         let mut c = Client::connect([endpoint], None).await.unwrap();
         let count = c
             .get(
@@ -278,16 +282,3 @@ async fn ready_timing_on_a_large_tenant() {
 
 /// Starts timed by `ready_timing_on_a_large_tenant` unless `STRATA_READY_RUNS` says otherwise.
 const READY_RUNS_DEFAULT: usize = 3;
-
-/// A process's (user + system CPU seconds, minor page faults) so far, from /proc (Linux).
-fn process_cpu_and_faults(pid: u32) -> (f64, u64) {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let after = stat.rsplit_once(')').map_or("", |(_, r)| r);
-    let f: Vec<u64> = after
-        .split_whitespace()
-        .map(|x| x.parse().unwrap_or(0))
-        .collect();
-    // After the command: state(0) ppid .. minflt(7) .. utime(11) stime(12), in clock ticks.
-    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
-    (ticks as f64 / 100.0, f.get(7).copied().unwrap_or(0))
-}

@@ -8,6 +8,9 @@
 // sizes up.
 #![allow(unsafe_code)]
 
+#[path = "support/wire.rs"]
+mod wire;
+
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -20,6 +23,7 @@ use memstore::checkpoint::{self, CheckpointMeta};
 use memstore::{Config, MemStore};
 use mimalloc::MiMalloc;
 use prost::Message;
+use wire::WireEncoder;
 
 /// Bytes currently allocated through the global allocator.
 static ALLOCATED: AtomicI64 = AtomicI64::new(0);
@@ -476,12 +480,7 @@ fn wire_format_reads(store: &MemStore) {
             black_box(&out).len()
         }),
     ];
-    let header = ResponseHeader {
-        cluster_id: 0x1234_5678_9abc_def0,
-        member_id: 0x0fed_cba9_8765_4321,
-        revision: 0,
-        raft_term: 7,
-    };
+    let header = wire::HEADER;
     let mut req = RangeRequest::default();
     let mut out = Vec::new();
     for (keys, distinct) in [
@@ -521,22 +520,8 @@ fn wire_format_reads(store: &MemStore) {
 /// (`range_views`, the lookups of a batch overlapping their misses), each answer encoded into
 /// one reused buffer; both from the same prepared requests, so the ratio is the batching's.
 fn batched_reads(store: &MemStore) {
-    let header = ResponseHeader {
-        cluster_id: 0x1234_5678_9abc_def0,
-        member_id: 0x0fed_cba9_8765_4321,
-        revision: 0,
-        raft_term: 7,
-    };
-    let mut out = Vec::new();
-    let mut encode = |view: &memstore::RangeView<'_>| {
-        let h = ResponseHeader {
-            revision: view.revision(),
-            ..header
-        };
-        out.clear();
-        view.encode_raw(&h, &mut out);
-        out.len()
-    };
+    let mut wire = WireEncoder::new();
+    let mut encode = |view: &memstore::RangeView<'_>| wire.encode(view);
     for (keys, hot) in [
         ("uniformly random over 1M keys", false),
         ("1000 hot keys of the 1M", true),

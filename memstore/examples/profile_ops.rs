@@ -8,12 +8,16 @@
 //! `hot`, each also as `-view` (`range_view` encoded into a buffer) and `-batch`
 //! (`range_views`); `PROFILE_KEYS` sets the store's size, `PROFILE_ROUNDS` the rounds.
 
+#[path = "../benches/support/wire.rs"]
+mod wire;
+
 use std::hint::black_box;
 
-use api::etcdserverpb::{PutRequest, RangeRequest, ResponseHeader};
+use api::etcdserverpb::{PutRequest, RangeRequest};
 use api::strata::entry::{Entry, entry::Request};
 use api::strata::journal::{Record, record::Kind};
 use memstore::{Config, MemStore};
+use wire::WireEncoder;
 
 /// The allocator of the `strata` binary, so profiles show what a replica spends.
 #[global_allocator]
@@ -151,21 +155,9 @@ fn main() {
             key(j.wrapping_mul(2_654_435_761) % n)
         })
         .collect();
-    let header = ResponseHeader {
-        cluster_id: 0x1234_5678_9abc_def0,
-        member_id: 0x0fed_cba9_8765_4321,
-        revision: 0,
-        raft_term: 7,
-    };
-    let mut out = Vec::new();
+    let mut wire = WireEncoder::new();
     let mut encode = |view: &memstore::RangeView<'_>| {
-        let h = ResponseHeader {
-            revision: view.revision(),
-            ..header
-        };
-        out.clear();
-        view.encode_raw(&h, &mut out);
-        black_box(out.len());
+        black_box(wire.encode(view));
     };
     let mut req = RangeRequest::default();
     let mut batch = vec![RangeRequest::default(); BATCH];

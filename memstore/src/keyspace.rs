@@ -8,13 +8,16 @@ use std::hash::BuildHasher;
 use std::ops::Bound;
 
 use api::mvccpb::KeyValue;
-use hashbrown::HashTable;
+
+use crate::prefetch::prefetch;
 
 mod batch;
 mod bulk;
+mod index;
 mod order;
 
 pub(crate) use bulk::KeySpaceBuilder;
+use index::HashIndex;
 use order::OrderIndex;
 
 /// One stored version of a key: a put, or a tombstone (`version == 0`).
@@ -103,20 +106,6 @@ static HASHER: foldhash::quality::FixedState = foldhash::quality::FixedState::wi
 fn hash_key(key: &[u8]) -> u32 {
     let h = HASHER.hash_one(key);
     (h ^ (h >> 32)) as u32
-}
-
-/// The 64-bit hash the table works with, from the stored 32 bits: the low half picks the
-/// bucket, the top 7 bits are the table's tag (independent of the bucket below 2^25 buckets).
-fn table_hash(h: u32) -> u64 {
-    (u64::from(h) << 32) | u64::from(h)
-}
-
-/// One hash index entry: a slot id and its key's hash (so the table grows without reading
-/// the slots, and a probe reads a slot only when the full 32-bit hash matches).
-#[derive(Debug, Clone, Copy)]
-struct Indexed {
-    id: u32,
-    hash: u32,
 }
 
 /// One key with all its versions, oldest first.
@@ -216,6 +205,11 @@ impl Slab {
             .expect("invariant: every indexed slot id holds a key")
     }
 
+    /// Where slot `id` lives, without reading it (for a prefetch).
+    fn place(&self, id: u32) -> &Option<Slot> {
+        &self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
+    }
+
     fn get_mut(&mut self, id: u32) -> &mut Slot {
         self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
             .as_mut()
@@ -233,7 +227,9 @@ impl Slab {
         }
         let n = self.chunks.len() - 1;
         let id = u32::try_from(n * SLAB_CHUNK + self.chunks[n].len())
-            .expect("invariant: a tenant holds fewer than 2^32 keys");
+            .ok()
+            .filter(|&id| id < u32::MAX)
+            .expect("invariant: a tenant holds fewer than 2^32 - 1 keys");
         self.chunks[n].push(Some(slot));
         id
     }
@@ -249,7 +245,7 @@ impl Slab {
 pub(crate) struct KeySpace {
     slab: Slab,
     /// Slot ids by hash of their key: point reads and writes.
-    index: HashTable<Indexed>,
+    index: HashIndex,
     /// Slot ids in key order: ranges.
     order: OrderIndex,
     /// Every stored version newer than the compact revision, in (main, sub) order: event
@@ -325,12 +321,8 @@ impl<'a> Iterator for RangeIter<'a> {
 impl KeySpace {
     fn find(&self, key: &[u8]) -> Option<u32> {
         let slab = &self.slab;
-        let h = hash_key(key);
         self.index
-            .find(table_hash(h), |e| {
-                e.hash == h && &slab.get(e.id).key[..] == key
-            })
-            .map(|e| e.id)
+            .find(hash_key(key), |id| &slab.get(id).key[..] == key)
     }
 
     /// The versions of `key`, oldest first, if it has any.
@@ -339,22 +331,20 @@ impl KeySpace {
     }
 
     /// The slot (key and versions) of `key`, if it has any version. For reads: once a slot's
-    /// hash matches, its newest value's first byte is loaded before the key is compared, so
-    /// the two misses (key bytes, value bytes: separate boxes) overlap instead of the value's
-    /// waiting for the comparison.
+    /// hash matches, its newest value is prefetched before the key is compared, so the two
+    /// misses (key bytes, value bytes: separate boxes) overlap instead of the value's waiting
+    /// for the comparison.
     pub fn get_slot(&self, key: &[u8]) -> Option<&Slot> {
         let slab = &self.slab;
-        let h = hash_key(key);
         self.index
-            .find(table_hash(h), |e| {
-                if e.hash != h {
-                    return false;
+            .find(hash_key(key), |id| {
+                let slot = slab.get(id);
+                if let Some(v) = slot.versions.last() {
+                    prefetch(&*v.value);
                 }
-                let slot = slab.get(e.id);
-                std::hint::black_box(slot.versions.last().and_then(|v| v.value.first()).copied());
                 &slot.key[..] == key
             })
-            .map(|e| slab.get(e.id))
+            .map(|id| slab.get(id))
     }
 
     /// The key and versions of a slot named by the change log.
@@ -453,12 +443,7 @@ impl KeySpace {
         let kl = k.len() as u64;
         let h = hash_key(k);
         let slab = &self.slab;
-        let found = self
-            .index
-            .find(table_hash(h), |e| {
-                e.hash == h && &slab.get(e.id).key[..] == k
-            })
-            .map(|e| e.id);
+        let found = self.index.find(h, |id| &slab.get(id).key[..] == k);
         let (id, added, live, main, sub) = match found {
             Some(id) => {
                 let slot = self.slab.get_mut(id);
@@ -480,10 +465,7 @@ impl KeySpace {
                     key: key.into(),
                     versions: Versions::One(v),
                 });
-                self.index
-                    .insert_unique(table_hash(h), Indexed { id, hash: h }, |e| {
-                        table_hash(e.hash)
-                    });
+                self.index.insert_unique(h, id);
                 let slab = &self.slab;
                 let key = &slab.get(id).key;
                 self.order
@@ -543,10 +525,7 @@ impl KeySpace {
             return;
         }
         for &id in &emptied {
-            let h = hash_key(&self.slab.get(id).key);
-            if let Ok(e) = self.index.find_entry(table_hash(h), |e| e.id == id) {
-                e.remove();
-            }
+            self.index.remove(hash_key(&self.slab.get(id).key), id);
             self.slab.remove(id);
         }
         // Re-pack the ordered index into full chunks (compaction walks every key anyway).
@@ -564,7 +543,7 @@ impl KeySpace {
             .collect();
         let slab = &self.slab;
         self.order = OrderIndex::from_sorted(&kept, &|id| &slab.get(id).key[..]);
-        self.index.shrink_to_fit(|e| table_hash(e.hash));
+        self.index.shrink_to_fit();
     }
 
     /// The change log expressed in `other`'s slot ids (for equality across two key spaces).
@@ -585,13 +564,10 @@ impl KeySpace {
         compact_rev: i64,
     ) -> Result<KeySpace, String> {
         let (lower, _) = keys.size_hint();
-        let mut ks = KeySpace {
-            index: HashTable::with_capacity(lower),
-            ..KeySpace::default()
-        };
+        let mut ks = KeySpace::default();
         let mut ordered: Vec<u32> = Vec::with_capacity(lower);
         let mut log: Vec<Change> = Vec::new();
-        let mut pending: Vec<Indexed> = Vec::with_capacity(lower);
+        let mut pending: Vec<(u32, u32)> = Vec::with_capacity(lower);
         for (key, versions) in keys {
             if versions.is_empty() {
                 return Err("a key without versions".into());
@@ -629,11 +605,10 @@ impl KeySpace {
                     });
                 }
             }
-            pending.push(Indexed { id, hash });
+            pending.push((hash, id));
             ordered.push(id);
         }
-        ks.index.reserve(pending.len(), |e| table_hash(e.hash));
-        insert_in_bucket_order(&mut ks.index, pending);
+        ks.index = HashIndex::from_pairs(pending);
         log.sort_unstable_by_key(|c| (c.main, c.sub));
         if log
             .windows(2)
@@ -645,40 +620,6 @@ impl KeySpace {
         let slab = &ks.slab;
         ks.order = OrderIndex::from_sorted(&ordered, &|id| &slab.get(id).key[..]);
         Ok(ks)
-    }
-}
-
-/// log2 of the partitions `insert_in_bucket_order` sorts into.
-const BULK_PARTITION_BITS: u32 = 12;
-
-/// Inserts entries (distinct keys) into a table that already has room for all of them, in
-/// the order of their home buckets (a counting sort on the bucket index's top bits), so the
-/// table is written front to back instead of at random: a bulk load then misses the cache
-/// about once per table line rather than once per key.
-fn insert_in_bucket_order(index: &mut HashTable<Indexed>, entries: Vec<Indexed>) {
-    // hashbrown keeps 7/8 of a power-of-two bucket count usable (all of it below 8 buckets).
-    let buckets = (index.capacity() / 7 * 8)
-        .max(index.capacity())
-        .next_power_of_two();
-    let bits = buckets.trailing_zeros();
-    let shift = bits.saturating_sub(BULK_PARTITION_BITS);
-    let mask = buckets - 1;
-    let part = |e: &Indexed| (e.hash as usize & mask) >> shift;
-    let mut starts = vec![0usize; (1usize << bits.min(BULK_PARTITION_BITS)) + 1];
-    for e in &entries {
-        starts[part(e) + 1] += 1;
-    }
-    for i in 1..starts.len() {
-        starts[i] += starts[i - 1];
-    }
-    let mut sorted = vec![Indexed { id: 0, hash: 0 }; entries.len()];
-    for e in entries {
-        let p = part(&e);
-        sorted[starts[p]] = e;
-        starts[p] += 1;
-    }
-    for e in sorted {
-        index.insert_unique(table_hash(e.hash), e, |e| table_hash(e.hash));
     }
 }
 

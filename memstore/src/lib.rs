@@ -6,6 +6,7 @@ mod error;
 mod keyspace;
 mod lease;
 mod point;
+mod prefetch;
 mod restore;
 mod store;
 

@@ -1,23 +1,24 @@
 //! Batched point lookups: many keys looked up together in stages (hash index, then slots,
 //! then key and value bytes), so the DRAM misses of independent lookups overlap instead of
-//! each lookup waiting out its own chain of four or five.
+//! each lookup waiting out its own chain of three.
 //!
-//! A single lookup is a chain of dependent loads (index control bytes -> index entry -> slot
-//! -> key and value bytes); each waits for the one before. Here every stage first issues the
-//! loads of a whole group of lookups (plain loads whose values are folded into one byte, so
-//! nothing waits on them and the core keeps a dozen misses in flight), and the next stage then
-//! finds its lines in cache. No `unsafe` prefetch instruction is needed: an out-of-order core
-//! overlaps independent loads by itself.
+//! A single lookup is a chain of dependent loads (index entry -> slot -> key and value bytes);
+//! each waits for the one before. Here every stage first prefetches the lines of a whole group
+//! of lookups, and the next stage finds them in cache: a group's misses are in flight at once
+//! instead of one after another. (A rolling pipeline, each key a fixed distance behind the
+//! one before, was measured slower on the batches a server gathers, tens of keys: filling
+//! and draining it costs more than the stage boundaries it saves.)
 
-use std::hint::black_box;
+use crate::prefetch::prefetch;
 
-use super::{KeySpace, Slot, hash_key, table_hash};
+use super::{KeySpace, Slot, hash_key};
 
-/// Lookups in one group: enough to keep a dozen or more misses in flight per stage, few
-/// enough that each stage's lines are still in L1/L2 when the next stage reads them.
-pub(crate) const PIPELINE: usize = 16;
-/// Cache lines of a value touched ahead of its copy (the rest follows the hardware's stream
-/// prefetcher).
+/// Lookups in one group: stage 2 alone then has 8 x 5 lines in flight, more than the core's
+/// miss buffers hold; groups of 4 left them idle and groups of 16 and 32 were no faster
+/// (alternating runs over 1M keys, docs/memstore.md).
+const GROUP: usize = 8;
+/// Cache lines of a value prefetched ahead of its copy (the rest follows the hardware's
+/// stream prefetcher).
 const VALUE_LINES: usize = 4;
 const LINE: usize = 64;
 
@@ -26,42 +27,38 @@ impl KeySpace {
     /// appended to `out`: the same answers as `get_slot` key by key.
     pub fn get_slots<'a>(&'a self, keys: &[&[u8]], out: &mut Vec<Option<&'a Slot>>) {
         out.reserve(keys.len());
-        for group in keys.chunks(PIPELINE) {
+        for group in keys.chunks(GROUP) {
             self.get_group(group, out);
         }
     }
 
     fn get_group<'a>(&'a self, keys: &[&[u8]], out: &mut Vec<Option<&'a Slot>>) {
-        let mut hashes = [0u32; PIPELINE];
+        // Stage 0: hash each key, prefetch its index entry.
+        let mut hashes = [0u32; GROUP];
         for (h, k) in hashes.iter_mut().zip(keys) {
             *h = hash_key(k);
+            self.index.prefetch(*h);
         }
-        // Stage 1: the index entry whose 32-bit hash matches (the key is checked in stage 4).
-        let mut ids = [None; PIPELINE];
-        for (id, &h) in ids.iter_mut().zip(&hashes).take(keys.len()) {
-            *id = self
-                .index
-                .find(table_hash(h), |e| e.hash == h)
-                .map(|e| e.id);
+        // Stage 1: the index entry whose 32-bit hash matches (the key is confirmed in stage
+        // 3); prefetch its slot.
+        let mut ids = [None; GROUP];
+        for (id, &h) in ids.iter_mut().zip(&hashes[..keys.len()]) {
+            *id = self.index.find(h, |_| true);
+            if let Some(id) = *id {
+                prefetch(self.slab.place(id));
+            }
         }
-        // Stage 2: load each candidate slot (its first and last words).
-        let mut touched = 0usize;
+        // Stage 2: prefetch each slot's key bytes and newest value.
         for &id in ids.iter().flatten() {
             let slot = self.slab.get(id);
-            touched ^= slot.key.len() ^ slot.versions.len();
-        }
-        // Stage 3: load the key bytes and the newest version's value bytes.
-        for &id in ids.iter().flatten() {
-            let slot = self.slab.get(id);
-            touched ^= usize::from(slot.key.first().copied().unwrap_or(0));
+            prefetch(&*slot.key);
             if let Some(v) = slot.versions.last() {
-                for b in v.value.iter().step_by(LINE).take(VALUE_LINES) {
-                    touched ^= usize::from(*b);
+                for line in v.value.chunks(LINE).take(VALUE_LINES) {
+                    prefetch(line);
                 }
             }
         }
-        black_box(touched);
-        // Stage 4: confirm each key; a 32-bit hash shared with another key falls back to the
+        // Stage 3: confirm each key; a 32-bit hash shared with another key falls back to the
         // full probe.
         for (&key, id) in keys.iter().zip(ids) {
             out.push(match id {

@@ -7,11 +7,9 @@
 
 use std::collections::VecDeque;
 
-use hashbrown::HashTable;
-
 use super::{
-    Change, Indexed, KeySpace, SLAB_CHUNK, Slab, Slot, Version, Versions, hash_key,
-    insert_in_bucket_order, order::OrderIndex, table_hash,
+    Change, KeySpace, SLAB_CHUNK, Slab, Slot, Version, Versions, hash_key, index::HashIndex,
+    order::OrderIndex,
 };
 
 /// Builds a [`KeySpace`] from keys pushed in strictly ascending order, each with its versions
@@ -21,8 +19,8 @@ use super::{
 /// an error the builder is dropped, not used further.
 pub(crate) struct KeySpaceBuilder {
     ks: KeySpace,
-    /// Each pushed key's hash, by slot id (= push order).
-    hashes: Vec<Indexed>,
+    /// Each pushed key's (hash, slot id), in push order (= slot id).
+    hashes: Vec<(u32, u32)>,
     log: Vec<Change>,
     compact_rev: i64,
 }
@@ -37,7 +35,6 @@ impl KeySpaceBuilder {
                     chunks: Vec::with_capacity(keys.div_ceil(SLAB_CHUNK)),
                     free: Vec::new(),
                 },
-                index: HashTable::with_capacity(keys),
                 ..KeySpace::default()
             },
             hashes: Vec::with_capacity(keys),
@@ -61,7 +58,9 @@ impl KeySpaceBuilder {
 
     fn push(&mut self, key: Box<[u8]>, versions: Versions) -> Result<(), String> {
         let id = u32::try_from(self.hashes.len())
-            .map_err(|_| "more keys than a key space holds".to_string())?;
+            .ok()
+            .filter(|&id| id < u32::MAX)
+            .ok_or_else(|| "more keys than a key space holds".to_string())?;
         if let Some(prev) = id.checked_sub(1)
             && self.ks.slab.get(prev).key >= key
         {
@@ -89,10 +88,7 @@ impl KeySpaceBuilder {
             ks.live_bytes += kl + l.value.len() as u64;
         }
         ks.versions += versions.len() as u64;
-        self.hashes.push(Indexed {
-            id,
-            hash: hash_key(&key),
-        });
+        self.hashes.push((hash_key(&key), id));
         let chunks = &mut ks.slab.chunks;
         if chunks.last().is_none_or(|c| c.len() == SLAB_CHUNK) {
             chunks.push(Vec::with_capacity(SLAB_CHUNK));
@@ -113,8 +109,7 @@ impl KeySpaceBuilder {
             ..
         } = self;
         let n = hashes.len();
-        ks.index.reserve(n, |e| table_hash(e.hash));
-        insert_in_bucket_order(&mut ks.index, hashes);
+        ks.index = HashIndex::from_pairs(hashes);
         log.sort_unstable_by_key(|c| (c.main, c.sub));
         if log
             .windows(2)

@@ -1,0 +1,25 @@
+//! A software prefetch: asks the core to start loading a cache line that a lookup a little
+//! later will read, without waiting for it.
+//!
+//! Why an instruction and not a plain load: a load whose value is thrown away still sits in the
+//! core's reorder window until its data arrives, so after a couple of hundred instructions the
+//! core stalls on it as if it were needed; a prefetch retires at once and the work after it
+//! runs at full speed while the line comes in. This is the one `unsafe` of the memstore (the
+//! workspace denies it everywhere else): the intrinsic is `unsafe` only because it is declared
+//! with a target feature; a prefetch never faults, never writes, and the address here comes
+//! from a live reference. Elsewhere than x86_64 it does nothing.
+
+/// Starts loading the cache line holding `*r` into every cache level.
+#[inline(always)]
+#[allow(unsafe_code)]
+pub(crate) fn prefetch<T: ?Sized>(r: &T) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `_mm_prefetch` is a hint: it cannot fault or change memory, whatever the address;
+    // SSE, its target feature, is part of the x86_64 baseline.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>((r as *const T).cast::<i8>());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = r;
+}

@@ -13,6 +13,8 @@
 
 use std::collections::VecDeque;
 
+use crate::prefetch::prefetch;
+
 /// Bytes of a de-duplication key. Frontends, the compactor and `strata admin` all write 16-byte
 /// random request ids, which are used as they are; any other length is digested to 16 bytes.
 pub const KEY_BYTES: usize = 16;
@@ -208,6 +210,14 @@ impl Dedup {
             return None;
         }
         self.find(&key_of(id)).map(|s| s.revision)
+    }
+
+    /// Asks the core to start loading the slot where a lookup of `id` begins, so the check
+    /// and insert that follow the work in between find it in cache.
+    pub fn prefetch(&self, id: &[u8]) {
+        if !self.slots.is_empty() {
+            prefetch(&self.slots[home(&key_of(id), self.slots.len())]);
+        }
     }
 
     fn find(&self, key: &Key) -> Option<&Slot> {

@@ -325,6 +325,11 @@ impl KeySpace {
             .find(hash_key(key), |id| &slab.get(id).key[..] == key)
     }
 
+    /// Asks the core to start loading the index entry where a lookup of `key` begins.
+    pub fn prefetch(&self, key: &[u8]) {
+        self.index.prefetch(hash_key(key));
+    }
+
     /// The versions of `key`, oldest first, if it has any.
     pub fn get(&self, key: &[u8]) -> Option<&[Version]> {
         self.find(key).map(|id| &self.slab.get(id).versions[..])

@@ -452,12 +452,24 @@ impl MemStore {
         )
     }
 
+    /// Starts loading what a put looks up first (its request id in the de-duplication window,
+    /// its key in the index): on a large tenant both are cache misses, and issued as the put
+    /// starts they overlap instead of running one after the other. (Issued one record ahead instead, in the replica's loop,
+    /// it was slower: the extra parse of the next record cost more than the overlap gained.)
+    fn prefetch_put(&self, request_id: &[u8], key: &[u8]) {
+        if !request_id.is_empty() {
+            self.state.dedup.prefetch(request_id);
+        }
+        self.state.keys.prefetch(key);
+    }
+
     /// The records `api::record::put_view` reads in place (a put, another tenant's put),
     /// applied; None for every other record.
     fn apply_record_fast(&mut self, record: &Record, tenant: &str) -> Option<RecordApplied> {
         let (index, time_ms) = (record.index, record.time_ms);
         Some(match api::record::put_view(record, tenant)? {
             FastRecord::Put(v) => {
+                self.prefetch_put(v.request_id, v.key);
                 let flags = PutFlags::of_view(&v);
                 let applied = self.apply_parts(
                     index,

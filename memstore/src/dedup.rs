@@ -205,11 +205,22 @@ fn place(slots: &mut [Slot], horizon: i64, mut cur: Slot) {
 
 impl Dedup {
     /// The revision of the first apply of `id`, if it is remembered.
+    #[cfg(test)]
     pub fn get(&self, id: &[u8]) -> Option<i64> {
+        self.look_up(id).err()
+    }
+
+    /// `id`'s key when it is not remembered (to hand to `remember` after the apply), or the
+    /// revision of its first apply: one digest and one probe for the check and the insert.
+    pub fn look_up(&self, id: &[u8]) -> Result<Key, i64> {
+        let key = key_of(id);
         if self.live == 0 {
-            return None;
+            return Ok(key);
         }
-        self.find(&key_of(id)).map(|s| s.revision)
+        match self.find(&key) {
+            Some(s) => Err(s.revision),
+            None => Ok(key),
+        }
     }
 
     /// Asks the core to start loading the slot where a lookup of `id` begins, so the check
@@ -224,13 +235,19 @@ impl Dedup {
         find_in(&self.slots, self.horizon, key)
     }
 
-    /// Remembers `id` (not remembered yet) as applied at `time_ms`, ending at `revision`.
-    /// `time_ms` must not be older than the newest remembered time.
+    /// Remembers `id` as applied at `time_ms`, ending at `revision` (nothing when it is
+    /// remembered already). `time_ms` must not be older than the newest remembered time.
+    #[cfg(test)]
     pub fn insert(&mut self, id: &[u8], time_ms: i64, revision: i64) {
-        let key = key_of(id);
-        if self.find(&key).is_some() {
-            return;
+        if let Ok(key) = self.look_up(id) {
+            self.remember(key, time_ms, revision);
         }
+    }
+
+    /// Remembers `key`, which `look_up` just found missing, as applied at `time_ms`, ending at
+    /// `revision`. `time_ms` must not be older than the newest remembered time.
+    pub fn remember(&mut self, key: Key, time_ms: i64, revision: i64) {
+        debug_assert!(self.find(&key).is_none(), "remembered twice");
         debug_assert!(self.per_ms.back().is_none_or(|&(t, _)| t <= time_ms));
         if self.live + 1 > max_live(self.slots.len()) {
             self.resize(capacity_for(self.live + 1));

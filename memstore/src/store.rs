@@ -532,20 +532,19 @@ impl MemStore {
         let outcome = match carried {
             Carried::Nothing | Carried::LeaderChange => Outcome::Nothing,
             Carried::Request => {
-                let id = request_id;
-                let first = if id.is_empty() {
+                let seen = if request_id.is_empty() {
                     None
                 } else {
-                    self.state.dedup.get(id)
+                    Some(self.state.dedup.look_up(request_id))
                 };
-                if let Some(revision) = first {
-                    Outcome::Duplicate { revision }
-                } else {
-                    let outcome = run(self, &mut events);
-                    if !id.is_empty() {
-                        self.remember(id, now);
+                match seen {
+                    Some(Err(revision)) => Outcome::Duplicate { revision },
+                    Some(Ok(key)) => {
+                        let outcome = run(self, &mut events);
+                        self.state.dedup.remember(key, now, self.state.revision);
+                        outcome
                     }
-                    outcome
+                    None => run(self, &mut events),
                 }
             }
         };
@@ -555,10 +554,6 @@ impl MemStore {
             outcome,
             events,
         }
-    }
-
-    fn remember(&mut self, id: &[u8], now: i64) {
-        self.state.dedup.insert(id, now, self.state.revision);
     }
 
     fn prune_dedup(&mut self, now: i64) {

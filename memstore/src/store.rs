@@ -454,8 +454,9 @@ impl MemStore {
 
     /// Starts loading what a put looks up first (its request id in the de-duplication window,
     /// its key in the index): on a large tenant both are cache misses, and issued as the put
-    /// starts they overlap instead of running one after the other. (Issued one record ahead instead, in the replica's loop,
-    /// it was slower: the extra parse of the next record cost more than the overlap gained.)
+    /// starts they overlap instead of running one after the other. (Issued one record ahead,
+    /// in the replica's loop, it was slower: parsing the next record twice cost more than the
+    /// overlap gained.)
     fn prefetch_put(&self, request_id: &[u8], key: &[u8]) {
         if !request_id.is_empty() {
             self.state.dedup.prefetch(request_id);

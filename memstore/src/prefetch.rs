@@ -11,15 +11,33 @@
 
 /// Starts loading the cache line holding `*r` into every cache level.
 #[inline(always)]
-#[allow(unsafe_code)]
 pub(crate) fn prefetch<T: ?Sized>(r: &T) {
+    prefetch_at((r as *const T).cast::<u8>());
+}
+
+/// Starts loading every cache line `*r` spans (an 80-byte slot straddles two or three).
+#[inline(always)]
+pub(crate) fn prefetch_all<T>(r: &T) {
+    let first = (r as *const T).cast::<u8>();
+    let mut offset = 0;
+    while offset < size_of::<T>() {
+        prefetch_at(first.wrapping_add(offset));
+        offset += 64;
+    }
+    prefetch_at(first.wrapping_add(size_of::<T>().saturating_sub(1)));
+}
+
+#[inline(always)]
+#[allow(unsafe_code)]
+fn prefetch_at(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: `_mm_prefetch` is a hint: it cannot fault or change memory, whatever the address;
-    // SSE, its target feature, is part of the x86_64 baseline.
+    // SAFETY: `_mm_prefetch` is a hint: it cannot fault or change memory, whatever the address
+    // (callers pass addresses inside live references anyway); SSE, its target feature, is part
+    // of the x86_64 baseline.
     unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>((r as *const T).cast::<i8>());
+        _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = r;
+    let _ = p;
 }

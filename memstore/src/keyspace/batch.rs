@@ -9,7 +9,7 @@
 //! one before, was measured slower on the batches a server gathers, tens of keys: filling
 //! and draining it costs more than the stage boundaries it saves.)
 
-use crate::prefetch::prefetch;
+use crate::prefetch::{prefetch, prefetch_all};
 
 use super::{KeySpace, Slot, hash_key};
 
@@ -40,12 +40,13 @@ impl KeySpace {
             self.index.prefetch(*h);
         }
         // Stage 1: the index entry whose 32-bit hash matches (the key is confirmed in stage
-        // 3); prefetch its slot.
+        // 3); prefetch its slot (every line of it: the newest value's address may be in the
+        // second).
         let mut ids = [None; GROUP];
         for (id, &h) in ids.iter_mut().zip(&hashes[..keys.len()]) {
             *id = self.index.find(h, |_| true);
             if let Some(id) = *id {
-                prefetch(self.slab.place(id));
+                prefetch_all(self.slab.place(id));
             }
         }
         // Stage 2: prefetch each slot's key bytes and newest value.

@@ -471,6 +471,11 @@ impl MemStore {
         Some(match api::record::put_view(record, tenant)? {
             FastRecord::Put(v) => {
                 self.prefetch_put(v.request_id, v.key);
+                // Done while those lines come in, as neither waits for them: the value's copy
+                // into the box the store keeps (wasted only on a duplicate) and the id's copy
+                // handed back.
+                let value: Box<[u8]> = v.value.into();
+                let request_id = v.request_id.to_vec();
                 let flags = PutFlags::of_view(&v);
                 let applied = self.apply_parts(
                     index,
@@ -478,12 +483,12 @@ impl MemStore {
                     v.request_id,
                     Carried::Request,
                     |s, events| {
-                        s.apply_put_with(v.key, v.value, flags, events)
+                        s.apply_put_with(v.key, value, flags, events)
                             .map_or_else(Outcome::Failed, Outcome::Put)
                     },
                 );
                 RecordApplied {
-                    request_id: v.request_id.to_vec(),
+                    request_id,
                     applied,
                 }
             }

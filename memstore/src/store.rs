@@ -113,13 +113,25 @@ impl Writer<'_> {
     }
 
     pub(crate) fn put(&mut self, req: &PutRequest) -> PutResponse {
-        self.put_bytes(req.key.as_slice(), req.value.as_slice(), PutFlags::of(req))
+        self.put_bytes(
+            req.key.as_slice(),
+            req.value.as_slice(),
+            PutFlags::of(req),
+            None,
+        )
     }
 
     /// The one put: `key` and `value` are copied or moved into the store as their types allow
     /// (a decoded request's `Vec`s move, a record's slices are copied once); the event's
-    /// key-value is copied from what the store then holds.
-    fn put_bytes<K, V>(&mut self, key: K, value: V, flags: PutFlags) -> PutResponse
+    /// key-value is copied from what the store then holds, unless the caller copied its key
+    /// and value ahead (`event_bytes`).
+    fn put_bytes<K, V>(
+        &mut self,
+        key: K,
+        value: V,
+        flags: PutFlags,
+        event_bytes: Option<EventBytes>,
+    ) -> PutResponse
     where
         K: AsRef<[u8]> + Into<Box<[u8]>>,
         V: Into<Box<[u8]>>,
@@ -167,7 +179,20 @@ impl Writer<'_> {
         if lease != 0 && lease != old_lease {
             self.state.leases.attach(lease, &slot.key);
         }
-        let kv = slot.versions.last().map(|v| v.to_kv(&slot.key, false));
+        let kv = slot.versions.last().map(|v| match event_bytes {
+            Some(EventBytes { key, value }) => {
+                debug_assert!(key == *slot.key && value == *v.value);
+                KeyValue {
+                    key,
+                    create_revision: v.create,
+                    mod_revision: v.main,
+                    version: v.version,
+                    value,
+                    lease: v.lease,
+                }
+            }
+            None => v.to_kv(&slot.key, false),
+        });
         self.sub += 1;
         if self.events.capacity() == 0 {
             // Most entries are one put: room for its one event, not the four a first push
@@ -277,6 +302,13 @@ impl PutFlags {
             ignore_lease: v.ignore_lease,
         }
     }
+}
+
+/// A put event's key and value, copied by a caller before the put runs (they are the put's
+/// own key and value; not for `ignore_value`, whose value is the previous one).
+struct EventBytes {
+    key: Vec<u8>,
+    value: Vec<u8>,
 }
 
 /// What an entry carries, as far as `apply_parts` must know before running it.
@@ -443,7 +475,7 @@ impl MemStore {
             |s, events| match request {
                 Some(Request::Put(p)) => {
                     let flags = PutFlags::of(&p);
-                    s.apply_put_with(p.key, p.value, flags, events)
+                    s.apply_put_with(p.key, p.value, flags, None, events)
                         .map_or_else(Outcome::Failed, Outcome::Put)
                 }
                 Some(other) => s.apply_request(index, &other, events),
@@ -471,19 +503,23 @@ impl MemStore {
         Some(match api::record::put_view(record, tenant)? {
             FastRecord::Put(v) => {
                 self.prefetch_put(v.request_id, v.key);
-                // Done while those lines come in, as neither waits for them: the value's copy
-                // into the box the store keeps (wasted only on a duplicate) and the id's copy
-                // handed back.
+                // Done while those lines come in, as none waits for them: the value's copy
+                // into the box the store keeps, the event's copies of key and value (all
+                // wasted only on a duplicate or a failed put) and the id's copy handed back.
                 let value: Box<[u8]> = v.value.into();
-                let request_id = v.request_id.to_vec();
                 let flags = PutFlags::of_view(&v);
+                let event_bytes = (!flags.ignore_value).then(|| EventBytes {
+                    key: v.key.to_vec(),
+                    value: v.value.to_vec(),
+                });
+                let request_id = v.request_id.to_vec();
                 let applied = self.apply_parts(
                     index,
                     time_ms,
                     v.request_id,
                     Carried::Request,
                     |s, events| {
-                        s.apply_put_with(v.key, value, flags, events)
+                        s.apply_put_with(v.key, value, flags, event_bytes, events)
                             .map_or_else(Outcome::Failed, Outcome::Put)
                     },
                 );
@@ -644,6 +680,7 @@ impl MemStore {
             p.key.as_slice(),
             p.value.as_slice(),
             PutFlags::of(p),
+            None,
             events,
         )
     }
@@ -655,6 +692,7 @@ impl MemStore {
         key: K,
         value: V,
         flags: PutFlags,
+        event_bytes: Option<EventBytes>,
         events: &mut Vec<Event>,
     ) -> Result<PutResponse, Error>
     where
@@ -666,7 +704,7 @@ impl MemStore {
         self.check_space((k.len() + v.len()) as u64)?;
         self.check_put(k, flags)?;
         let mut w = Writer::new(&mut self.state, events);
-        let mut resp = w.put_bytes(key, value, flags);
+        let mut resp = w.put_bytes(key, value, flags, event_bytes);
         resp.header = header(w.finish());
         Ok(resp)
     }

@@ -4,23 +4,31 @@
 
 use std::process::Command;
 
+use serde_json::Value;
+
 use strata_tests::etcd::EtcdServer;
 use strata_tests::process::strata_bin;
 
-/// Runs `strata bench --endpoints=ENDPOINTS ARGS`; (success, stdout, stderr).
-fn bench(endpoints: &str, args: &[&str]) -> (bool, String, String) {
+/// Runs `strata bench --endpoints=ENDPOINTS --json --conns CONNS watch --watchers W --streams S
+/// --put-total P`, which must succeed, and returns its JSON report.
+fn watch_report(endpoints: &str, conns: u32, watchers: u32, streams: u32, puts: u32) -> Value {
     let out = Command::new(strata_bin())
         .arg("bench")
         .arg(format!("--endpoints={endpoints}"))
-        .args(args)
+        .args(["--json", "--conns", &conns.to_string(), "watch"])
+        .args(["--watchers", &watchers.to_string()])
+        .args(["--streams", &streams.to_string()])
+        .args(["--put-total", &puts.to_string()])
         .env("STRATA_LOG", "warn")
         .output()
         .expect("run strata bench");
-    (
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
         out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+        "strata bench watch failed: {}\nstdout: {stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
 }
 
 #[tokio::test]
@@ -32,24 +40,7 @@ async fn watch_deliveries_are_split_by_the_endpoint_of_each_stream() {
     // s % 3, i.e. endpoint entry s % 3. Six streams of five watchers: two streams, ten
     // watchers, per entry; ten puts, so 100 deliveries under each.
     let endpoints = format!("{endpoint},{endpoint},{endpoint}");
-    let (ok, out, err) = bench(
-        &endpoints,
-        &[
-            "--json",
-            "--conns",
-            "3",
-            "watch",
-            "--watchers",
-            "30",
-            "--streams",
-            "6",
-            "--put-total",
-            "10",
-        ],
-    );
-    assert!(ok, "strata bench watch failed: {err}\nstdout: {out}");
-    let report: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let report = watch_report(&endpoints, 3, 30, 6, 10);
     assert_eq!(report["verify"]["ok"], true, "{report}");
     assert_eq!(report["verify"]["delivered"], 300, "{report}");
     let split = report["delivery_by_endpoint"]
@@ -63,24 +54,7 @@ async fn watch_deliveries_are_split_by_the_endpoint_of_each_stream() {
     }
 
     // Two connections over the three entries: the third endpoint entry carries nothing.
-    let (ok, out, err) = bench(
-        &endpoints,
-        &[
-            "--json",
-            "--conns",
-            "2",
-            "watch",
-            "--watchers",
-            "20",
-            "--streams",
-            "4",
-            "--put-total",
-            "5",
-        ],
-    );
-    assert!(ok, "strata bench watch failed: {err}\nstdout: {out}");
-    let report: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"));
+    let report = watch_report(&endpoints, 2, 20, 4, 5);
     let counts: Vec<u64> = report["delivery_by_endpoint"]
         .as_array()
         .unwrap_or_else(|| panic!("no delivery_by_endpoint: {report}"))

@@ -344,7 +344,7 @@ fn body_v4(state: &State) -> BodyV4<'_> {
             .live_slots()
             .map(|(position, s)| PlacedRecord {
                 position: position as u64,
-                time_ms: s.time_ms,
+                time_ms: s.time_ms(),
                 revision: s.revision,
                 key: s.key,
             })
@@ -599,11 +599,7 @@ fn state_from_v4(a: &ArchivedBodyV4<'_>) -> Result<State, Error> {
         a.dedup.iter().map(|r| {
             (
                 r.position.to_native(),
-                Slot {
-                    key: r.key,
-                    time_ms: r.time_ms.to_native(),
-                    revision: r.revision.to_native(),
-                },
+                Slot::new(r.key, r.time_ms.to_native(), r.revision.to_native()),
             )
         }),
     )

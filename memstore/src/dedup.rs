@@ -13,6 +13,8 @@
 
 use std::collections::VecDeque;
 
+use zerocopy::FromZeros;
+
 use crate::prefetch::prefetch;
 
 /// Bytes of a de-duplication key. Frontends, the compactor and `strata admin` all write 16-byte
@@ -92,19 +94,55 @@ const MAX_COUNTING_SPAN_MS: i64 = 1 << 20;
 /// One slot of the table: a key, when it was applied (journal ms) and the revision its first
 /// apply ended at. A slot is free when `time_ms` is older than the horizon (never written:
 /// `NEVER`). 32 bytes, aligned so a slot never straddles two cache lines.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// The time is kept as a stamp that orders as the time does and is 0 for `NEVER`, so a free
+/// slot is all zero bytes and a new table is one zeroed allocation (fresh pages from the
+/// allocator, nothing written), not a loop writing a free slot into every place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromZeros)]
 #[repr(C, align(32))]
 pub(crate) struct Slot {
     pub key: Key,
-    pub time_ms: i64,
+    stamp: u64,
     pub revision: i64,
 }
 
+/// The stamp of `time_ms`: the sign bit flipped, so `NEVER` (`i64::MIN`) is 0 and stamps
+/// compare as their times do.
+const fn stamp_of(time_ms: i64) -> u64 {
+    (time_ms as u64) ^ (1 << 63)
+}
+
+impl Slot {
+    pub fn new(key: Key, time_ms: i64, revision: i64) -> Slot {
+        Slot {
+            key,
+            stamp: stamp_of(time_ms),
+            revision,
+        }
+    }
+
+    /// When the entry was applied (journal ms); `NEVER` for a slot never written.
+    pub fn time_ms(&self) -> i64 {
+        (self.stamp ^ (1 << 63)) as i64
+    }
+}
+
+#[cfg(test)]
 const FREE: Slot = Slot {
     key: [0; KEY_BYTES],
-    time_ms: NEVER,
+    stamp: stamp_of(NEVER),
     revision: 0,
 };
+
+/// A table of `capacity` free slots.
+fn free_table(capacity: usize) -> Vec<Slot> {
+    Slot::new_vec_zeroed(capacity).unwrap_or_else(|_| {
+        std::alloc::handle_alloc_error(
+            std::alloc::Layout::array::<Slot>(capacity)
+                .expect("invariant: a table's size fits the address space"),
+        )
+    })
+}
 
 /// The request ids applied within the window.
 #[derive(Debug, Clone)]
@@ -171,7 +209,7 @@ fn find_in<'a>(slots: &'a [Slot], horizon: i64, key: &Key) -> Option<&'a Slot> {
     let mut p = home(key, slots.len());
     for _ in 0..slots.len() {
         let s = &slots[p];
-        if s.time_ms < horizon {
+        if s.time_ms() < horizon {
             return None;
         }
         if s.key == *key {
@@ -191,11 +229,11 @@ fn place(slots: &mut [Slot], horizon: i64, mut cur: Slot) {
     let mut p = home(&cur.key, slots.len());
     for _ in 0..slots.len() {
         let s = &mut slots[p];
-        if s.time_ms < horizon {
+        if s.time_ms() < horizon {
             *s = cur;
             return;
         }
-        if cur.time_ms > s.time_ms {
+        if cur.time_ms() > s.time_ms() {
             std::mem::swap(s, &mut cur);
         }
         p = (p + 1) & mask;
@@ -255,11 +293,7 @@ impl Dedup {
         place(
             &mut self.slots,
             self.horizon,
-            Slot {
-                key,
-                time_ms,
-                revision,
-            },
+            Slot::new(key, time_ms, revision),
         );
         match self.per_ms.back_mut() {
             Some((t, n)) if *t == time_ms => *n += 1,
@@ -298,8 +332,8 @@ impl Dedup {
     /// their places, which is (nearly) the order of their homes in the new table too: it is
     /// written front to back.
     fn resize(&mut self, capacity: usize) {
-        let old = std::mem::replace(&mut self.slots, vec![FREE; capacity]);
-        for s in old.iter().filter(|s| s.time_ms >= self.horizon) {
+        let old = std::mem::replace(&mut self.slots, free_table(capacity));
+        for s in old.iter().filter(|s| s.time_ms() >= self.horizon) {
             place(&mut self.slots, self.horizon, *s);
         }
     }
@@ -318,7 +352,7 @@ impl Dedup {
         self.slots
             .iter()
             .enumerate()
-            .filter(|(_, s)| s.time_ms >= self.horizon)
+            .filter(|(_, s)| s.time_ms() >= self.horizon)
     }
 
     /// Every live entry, oldest first (ties in place order), as format 3 listed them.
@@ -327,7 +361,7 @@ impl Dedup {
         let mut records: Vec<Remembered> = self
             .live_slots()
             .map(|(_, s)| Remembered {
-                time_ms: s.time_ms,
+                time_ms: s.time_ms(),
                 revision: s.revision,
                 key: s.key,
             })
@@ -357,17 +391,13 @@ impl Dedup {
                 Some((t, c)) if *t == r.time_ms => *c += 1,
                 _ => per_ms.push_back((r.time_ms, 1)),
             }
-            slots.push(Slot {
-                key: r.key,
-                time_ms: r.time_ms,
-                revision: r.revision,
-            });
+            slots.push(Slot::new(r.key, r.time_ms, r.revision));
         }
         if n == 0 {
             return Ok(Dedup::default());
         }
         let capacity = capacity_for(n);
-        let mut table = vec![FREE; capacity];
+        let mut table = free_table(capacity);
         for i in home_order(&slots, capacity) {
             let s = slots[i as usize];
             if find_in(&table, NO_HORIZON, &s.key).is_some() {
@@ -406,29 +436,29 @@ impl Dedup {
                 "a de-duplication table of {capacity} slots holding {n} entries"
             ));
         }
-        let mut slots = vec![FREE; capacity];
+        let mut slots = free_table(capacity);
         let mut next = 0u64;
         let mut times = Vec::with_capacity(n);
         for (position, s) in entries {
             if position < next || position >= capacity as u64 {
                 return Err("de-duplication entries out of place order".into());
             }
-            if s.time_ms == NEVER {
+            if s.time_ms() == NEVER {
                 return Err("a de-duplication entry older than time itself".into());
             }
             slots[position as usize] = s;
-            times.push(s.time_ms);
+            times.push(s.time_ms());
             next = position + 1;
         }
         let mask = capacity - 1;
         for (position, s) in slots.iter().enumerate() {
-            if s.time_ms == NEVER {
+            if s.time_ms() == NEVER {
                 continue;
             }
             let mut p = home(&s.key, capacity);
             while p != position {
                 let before = &slots[p];
-                if before.time_ms < s.time_ms || before.key == s.key {
+                if before.time_ms() < s.time_ms() || before.key == s.key {
                     return Err(format!(
                         "de-duplication entry at {position} is not where a lookup finds it"
                     ));
@@ -511,6 +541,22 @@ impl crate::MemStore {
 mod tests {
     use super::*;
 
+    /// A new table is one zeroed allocation, so a free slot must be all zero bytes and read
+    /// as `NEVER`; and the stamps that make that so must order as the times do, including
+    /// across 0 and at both ends.
+    #[test]
+    fn a_free_slot_is_all_zero_and_stamps_order_as_times() {
+        assert!(free_table(MIN_CAPACITY).iter().all(|s| *s == FREE));
+        assert_eq!(FREE.time_ms(), NEVER);
+        let times = [NEVER, NEVER + 1, -5, -1, 0, 1, 1_700_000_000_000, i64::MAX];
+        for w in times.windows(2) {
+            assert!(stamp_of(w[0]) < stamp_of(w[1]), "{} vs {}", w[0], w[1]);
+        }
+        for t in times {
+            assert_eq!(Slot::new([1; KEY_BYTES], t, 9).time_ms(), t);
+        }
+    }
+
     #[test]
     fn sixteen_byte_ids_are_their_own_keys_and_others_are_digested_stably() {
         let id = [7u8; 16];
@@ -568,7 +614,7 @@ mod tests {
             let mut p = home(&s.key, d.capacity());
             while p != position {
                 assert!(
-                    d.slots[p].time_ms >= s.time_ms,
+                    d.slots[p].time_ms() >= s.time_ms(),
                     "older entry before {position}"
                 );
                 p = (p + 1) & (d.capacity() - 1);
@@ -674,7 +720,13 @@ mod tests {
         fn live_only_slots(&self) -> Vec<Slot> {
             self.slots
                 .iter()
-                .map(|s| if s.time_ms >= self.horizon { *s } else { FREE })
+                .map(|s| {
+                    if s.time_ms() >= self.horizon {
+                        *s
+                    } else {
+                        FREE
+                    }
+                })
                 .collect()
         }
     }
@@ -777,17 +829,11 @@ mod tests {
         // it (every slot on the way is at least as new): only the key gives it away.
         let mut twice = entries.clone();
         let (p0, s0) = twice[0];
-        let oldest = entries.iter().map(|e| e.1.time_ms).min().unwrap();
+        let oldest = entries.iter().map(|e| e.1.time_ms()).min().unwrap();
         let free = (p0 + 1..d.capacity() as u64)
             .find(|p| twice.iter().all(|e| e.0 != *p))
             .unwrap();
-        twice.push((
-            free,
-            Slot {
-                time_ms: oldest,
-                ..s0
-            },
-        ));
+        twice.push((free, Slot::new(s0.key, oldest, s0.revision)));
         twice.sort_by_key(|e| e.0);
         let refused = load(d.capacity(), twice).unwrap_err();
         assert!(refused.contains("not where a lookup finds it"), "{refused}");

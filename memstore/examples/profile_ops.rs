@@ -1,6 +1,6 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|reads|hot|load|decoded|decoded-owned|record` (`decoded`:
+//! --example profile_ops -- puts|random|reads|hot|load|decoded|decoded-owned|record|chase` (`decoded`:
 //! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
 //! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
 //! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
@@ -57,6 +57,10 @@ fn main() {
             i
         }
     };
+    if mode == "chase" {
+        chase();
+        return;
+    }
     let ids = std::env::var("PROFILE_IDS").is_ok_and(|v| v == "1");
     let entries: Vec<Entry> = (0..n)
         .map(order)
@@ -189,6 +193,55 @@ fn main() {
             "{mode}: {:.0} reads per cpu-second (wall {:.3} s)",
             n as f64 / ((cpu_ns() - cpu) as f64 / 1e9),
             wall.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Lines of the pointer chase: 512 MiB, larger than the 1M-key store, so nearly every step
+/// misses every cache.
+const CHASE_LINES: usize = 8 << 20;
+const CHASE_STEPS: usize = 20_000_000;
+
+/// `chase`: the latency of one dependent memory miss on this machine, the floor under a point
+/// read (each of whose steps needs the address the previous one loaded). One 64-byte line per
+/// element, linked into a single random cycle (Sattolo's shuffle), walked one load at a time.
+/// `PROFILE_CHAINS=k` walks k places of the cycle side by side (k independent misses in
+/// flight): the misses per second the core sustains when work overlaps, the ceiling of batched
+/// reads.
+fn chase() {
+    let mut next: Vec<[u64; 8]> = vec![[0; 8]; CHASE_LINES];
+    let mut order: Vec<u64> = (0..CHASE_LINES as u64).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..CHASE_LINES).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % i as u64) as usize);
+    }
+    for w in order.windows(2) {
+        next[w[0] as usize][0] = w[1];
+    }
+    next[order[CHASE_LINES - 1] as usize][0] = order[0];
+    let chains = env_num("PROFILE_CHAINS").unwrap_or(1).clamp(1, 64);
+    let starts: Vec<u64> = (0..chains)
+        .map(|c| order[c * (CHASE_LINES / chains)])
+        .collect();
+    drop(order);
+    for _ in 0..env_num("PROFILE_ROUNDS").unwrap_or(READ_ROUNDS) {
+        let mut at = starts.clone();
+        let cpu = cpu_ns();
+        for _ in 0..CHASE_STEPS / chains {
+            for a in at.iter_mut() {
+                *a = next[*a as usize][0];
+            }
+        }
+        black_box(&at);
+        let ns = (cpu_ns() - cpu) as f64;
+        let misses = (CHASE_STEPS / chains * chains) as f64;
+        println!(
+            "chase, {chains} chain(s): {:.1} ns per step of a chain, {:.0} misses per cpu-second",
+            ns / (CHASE_STEPS / chains) as f64,
+            misses / (ns / 1e9)
         );
     }
 }

@@ -201,6 +201,31 @@ impl OrderIndex {
         }
     }
 
+    /// Takes out slot `id`, whose key is `key` (still readable through `key_of`); a chunk left
+    /// empty goes. The chunk's prefix stays valid for the keys left (it may be shorter than
+    /// theirs), so no digest changes; only a new first key is copied.
+    pub fn remove<'k>(&mut self, id: u32, key: &[u8], key_of: &impl Fn(u32) -> &'k [u8]) {
+        let (c, pos) = self.lower_bound(key, key_of);
+        let ch = &mut self.chunks[c];
+        assert_eq!(
+            ch.ids.get(pos),
+            Some(&id),
+            "invariant: a stored key is found at its own place"
+        );
+        ch.ids.remove(pos);
+        ch.digests.remove(pos);
+        match ch.ids.first() {
+            None => {
+                self.chunks.remove(c);
+            }
+            Some(&first) if pos == 0 => {
+                ch.first = key_of(first).into();
+                ch.head = head(&ch.first);
+            }
+            Some(_) => {}
+        }
+    }
+
     /// Where a new key goes; a key after every other one (sequential loads) costs one
     /// comparison.
     pub fn insert_position<'k>(
@@ -267,6 +292,29 @@ impl OrderIndex {
                 tail.insert(pos - at, id, key, key_of);
             }
             self.chunks.insert(chunk + 1, tail);
+        }
+    }
+}
+
+#[cfg(test)]
+impl OrderIndex {
+    /// Panics unless every chunk is non-empty and holds its ids in strictly ascending key
+    /// order after the previous chunk's, with its first key, a prefix all its keys share and
+    /// the digests those keys give.
+    pub(super) fn assert_consistent<'k>(&self, key_of: &impl Fn(u32) -> &'k [u8]) {
+        let mut before: Option<&[u8]> = None;
+        for ch in &self.chunks {
+            assert!(!ch.ids.is_empty(), "an empty chunk");
+            assert_eq!(&ch.first[..], key_of(ch.ids[0]), "first key");
+            assert_eq!(ch.head, head(&ch.first));
+            for (&id, &d) in ch.ids.iter().zip(&ch.digests) {
+                let k = key_of(id);
+                assert!(before.is_none_or(|b| b < k), "keys out of order");
+                assert!(k.starts_with(&ch.first[..ch.prefix_len]), "prefix");
+                assert_eq!(d, digest(k, ch.prefix_len), "digest");
+                before = Some(k);
+            }
+            assert_eq!(ch.ids.len(), ch.digests.len());
         }
     }
 }

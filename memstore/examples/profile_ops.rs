@@ -1,6 +1,6 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|reads|hot|load|decoded|decoded-owned|record|chase` (`decoded`:
+//! --example profile_ops -- puts|random|overwrite|reads|hot|load|decoded|decoded-owned|record|chase` (`decoded`:
 //! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
 //! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
 //! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
@@ -13,7 +13,7 @@ mod wire;
 
 use std::hint::black_box;
 
-use api::etcdserverpb::{PutRequest, RangeRequest};
+use api::etcdserverpb::{CompactionRequest, PutRequest, RangeRequest};
 use api::strata::entry::{Entry, entry::Request};
 use api::strata::journal::{Record, record::Kind};
 use memstore::{Config, MemStore};
@@ -133,6 +133,49 @@ fn main() {
     if mode == "puts" || mode == "random" {
         return;
     }
+    if mode == "overwrite" {
+        // Every key updated once with a new value of the same size, in a scattered key order
+        // (the common Kubernetes write: an update of a live object).
+        let base = store.applied_index();
+        let updates: Vec<Entry> = (0..n)
+            .map(|i| Entry {
+                format_version: 1,
+                tenant: "p".into(),
+                request_id: Vec::new(),
+                time_ms: 1_000,
+                request: Some(Request::Put(PutRequest {
+                    key: key(i.wrapping_mul(2_654_435_761) % n),
+                    value: vec![b'w'; 256],
+                    ..Default::default()
+                })),
+            })
+            .collect();
+        // `PROFILE_COMPACT_EVERY=k`: a compaction at the head after every k updates (the
+        // steady state of a cluster whose API server compacts on a timer: the history stays
+        // short and the memory of replaced versions is reused); 0 or unset: none.
+        let every = env_num("PROFILE_COMPACT_EVERY").unwrap_or(0);
+        let (wall, cpu) = (std::time::Instant::now(), cpu_ns());
+        let (mut index, mut compactions, mut compacting_ns) = (base, 0u64, 0u64);
+        for (i, e) in updates.iter().enumerate() {
+            index += 1;
+            black_box(store.apply(index, e));
+            if every > 0 && (i + 1) % every == 0 {
+                index += 1;
+                let revision = store.revision();
+                let start = cpu_ns();
+                black_box(store.apply(index, &compact_entry(revision)));
+                compacting_ns += cpu_ns() - start;
+                compactions += 1;
+            }
+        }
+        println!(
+            "{mode}: {:.0} puts per cpu-second (wall {:.3} s), {compactions} compactions of {:.3} ms CPU each",
+            n as f64 / ((cpu_ns() - cpu) as f64 / 1e9),
+            wall.elapsed().as_secs_f64(),
+            compacting_ns as f64 / 1e6 / compactions.max(1) as f64
+        );
+        return;
+    }
     if mode == "load" {
         let meta = memstore::checkpoint::CheckpointMeta {
             tenant: "p".into(),
@@ -243,6 +286,19 @@ fn chase() {
             ns / (CHASE_STEPS / chains) as f64,
             misses / (ns / 1e9)
         );
+    }
+}
+
+fn compact_entry(revision: i64) -> Entry {
+    Entry {
+        format_version: 1,
+        tenant: "p".into(),
+        request_id: Vec::new(),
+        time_ms: 1_000,
+        request: Some(Request::Compact(CompactionRequest {
+            revision,
+            physical: true,
+        })),
     }
 }
 

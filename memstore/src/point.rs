@@ -219,9 +219,11 @@ fn kv_body_len(k: &[u8], v: &Version, keys_only: bool) -> usize {
         + int_field_len(v.lease)
 }
 
-/// Bytes `Scratch` holds: the most written between two flushes is the header field with its
-/// four varints and the `kvs` and `key` prefixes (2 + 4 x 11 + 6 + 6 = 58 bytes).
-const SCRATCH: usize = 64;
+/// Bytes `Scratch` holds: everything but the key and value bytes of one answer, should no
+/// flush come between (the header field with its four varints, the `kvs` prefix, the key and
+/// value prefixes, three revision fields, lease and count: 2 + 4 x 11 + 6 + 6 + 3 x 11 + 6 +
+/// 2 x 11 = 119 bytes).
+const SCRATCH: usize = 128;
 
 /// Tags and varints gathered on the stack, written to the buffer with one `put_slice` before
 /// each run of key or value bytes and at the end.

@@ -32,6 +32,18 @@ fn digest(key: &[u8], prefix_len: usize) -> u64 {
     u64::from_be_bytes(b)
 }
 
+/// The digest under the shorter prefix `to` of a key whose digest under prefix `from` is `d`,
+/// for a key starting with `first[..from]`: the bytes `first[to..from]`, then the top of `d`.
+fn reprefix(d: u64, first: &[u8], from: usize, to: usize) -> u64 {
+    let shift = from - to;
+    if shift >= 8 {
+        return digest(first, to);
+    }
+    let mut b = [0u8; 8];
+    b[..shift].copy_from_slice(&first[to..from]);
+    u64::from_be_bytes(b) | (d >> (8 * shift))
+}
+
 /// Bytes of a chunk's first key kept inline for the top-level search.
 const HEAD_LEN: usize = 32;
 
@@ -169,14 +181,17 @@ impl OrderChunk {
     }
 
     /// Puts `id` (whose key is `key`) at `pos`; the chunk has room.
-    fn insert<'k>(&mut self, pos: usize, id: u32, key: &[u8], key_of: &impl Fn(u32) -> &'k [u8]) {
+    fn insert(&mut self, pos: usize, id: u32, key: &[u8]) {
         let shared = common_prefix(key, &self.first);
         if shared < self.prefix_len {
-            self.prefix_len = shared;
-            let l = shared;
-            for (d, &i) in self.digests.iter_mut().zip(&self.ids) {
-                *d = digest(key_of(i), l);
+            // Every key here starts with `first[..prefix_len]`, so its digest under the shorter
+            // prefix is those bytes from `shared` on, then the top of its digest now: no key
+            // is read.
+            let (from, first) = (self.prefix_len, &self.first);
+            for d in &mut self.digests {
+                *d = reprefix(*d, first, from, shared);
             }
+            self.prefix_len = shared;
         }
         if pos == 0 {
             self.first = key.into();
@@ -305,7 +320,7 @@ impl OrderIndex {
         };
         let ch = &mut self.chunks[chunk];
         if ch.ids.len() < ORDER_CHUNK {
-            ch.insert(pos, id, key, key_of);
+            ch.insert(pos, id, key);
         } else if chunk == last && pos == ch.ids.len() {
             self.chunks.push(fresh(id));
         } else {
@@ -317,9 +332,9 @@ impl OrderIndex {
             // The halves share longer prefixes than the whole did: fewer digest ties.
             ch.refresh(key_of);
             if pos < at || (pos == at && key < &tail.first[..]) {
-                ch.insert(pos, id, key, key_of);
+                ch.insert(pos, id, key);
             } else {
-                tail.insert(pos - at, id, key, key_of);
+                tail.insert(pos - at, id, key);
             }
             self.chunks.insert(chunk + 1, tail);
         }
@@ -443,7 +458,7 @@ mod tests {
         for id in 2..keys.len() as u32 {
             let pos = sorted.partition_point(|&s| key_of(s) < key_of(id));
             sorted.insert(pos, id);
-            ch.insert(pos, id, key_of(id), &key_of);
+            ch.insert(pos, id, key_of(id));
             assert_eq!(ch.ids, sorted);
             assert_prefix_and_digests(&ch, &key_of, &String::from_utf8_lossy(key_of(id)));
         }

@@ -96,8 +96,8 @@ const MAX_COUNTING_SPAN_MS: i64 = 1 << 20;
 /// `NEVER`). 32 bytes, aligned so a slot never straddles two cache lines.
 ///
 /// The time is kept as a stamp that orders as the time does and is 0 for `NEVER`, so a free
-/// slot is all zero bytes and a new table is one zeroed allocation (fresh pages from the
-/// allocator, nothing written), not a loop writing a free slot into every place.
+/// slot is all zero bytes and a new table is one zeroed allocation (the allocator writes
+/// nothing where its pages are fresh), not a loop writing a free slot into every place.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, FromZeros)]
 #[repr(C, align(32))]
 pub(crate) struct Slot {

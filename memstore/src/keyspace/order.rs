@@ -98,7 +98,7 @@ fn first_not_below(digests: &[u64], d: u64) -> usize {
     lo + digests[lo..hi].partition_point(|&x| x < d)
 }
 
-/// Length of the longest common prefix of `a` and `b`./// Length of the longest common prefix of `a` and `b`.
+/// Length of the longest common prefix of `a` and `b`.
 fn common_prefix(a: &[u8], b: &[u8]) -> usize {
     // Eight bytes at a time, then the first differing byte of the differing word.
     const W: usize = 8;

@@ -1,5 +1,5 @@
 //! The ordered index of the key space: slot ids in key order, in chunks that each carry a copy
-//! of their first key and an order-preserving 8-byte digest per key, so finding a key's place
+//! of their first key and an order-preserving 16-byte digest per key, so finding a key's place
 //! reads the keys themselves only when two digests tie.
 
 use crate::prefetch::prefetch;
@@ -13,7 +13,7 @@ pub(super) const ORDER_CHUNK: usize = 512;
 pub(super) struct OrderChunk {
     pub ids: Vec<u32>,
     /// `digest(key, prefix_len)` of each id's key: non-decreasing along `ids`.
-    digests: Vec<u64>,
+    digests: Vec<Digest>,
     /// A copy of the key of `ids[0]` (the top-level search reads no slot).
     first: Box<[u8]>,
     /// `head(first)`: the top-level search reads `first` only when heads tie.
@@ -22,26 +22,33 @@ pub(super) struct OrderChunk {
     prefix_len: usize,
 }
 
-/// The 8 bytes of `key` after `prefix_len`, big-endian, zero padded: for keys sharing that
-/// prefix, `a < b` implies `digest(a) <= digest(b)`.
-fn digest(key: &[u8], prefix_len: usize) -> u64 {
+/// A key's digest: the 16 bytes after its chunk's prefix, big-endian. Sixteen, not eight: keys
+/// of one namespace in a chunk that spans two (whose prefix then ends inside the namespace's
+/// name) tied on eight bytes, and a tie is settled by reading keys, two misses each
+/// (docs/memstore.md, "Session 8").
+type Digest = u128;
+const DIGEST_BYTES: usize = std::mem::size_of::<Digest>();
+
+/// The `DIGEST_BYTES` bytes of `key` after `prefix_len`, big-endian, zero padded: for keys
+/// sharing that prefix, `a < b` implies `digest(a) <= digest(b)`.
+fn digest(key: &[u8], prefix_len: usize) -> Digest {
     let rest = key.get(prefix_len..).unwrap_or(&[]);
-    let mut b = [0u8; 8];
-    let n = rest.len().min(8);
+    let mut b = [0u8; DIGEST_BYTES];
+    let n = rest.len().min(DIGEST_BYTES);
     b[..n].copy_from_slice(&rest[..n]);
-    u64::from_be_bytes(b)
+    Digest::from_be_bytes(b)
 }
 
 /// The digest under the shorter prefix `to` of a key whose digest under prefix `from` is `d`,
 /// for a key starting with `first[..from]`: the bytes `first[to..from]`, then the top of `d`.
-fn reprefix(d: u64, first: &[u8], from: usize, to: usize) -> u64 {
+fn reprefix(d: Digest, first: &[u8], from: usize, to: usize) -> Digest {
     let shift = from - to;
-    if shift >= 8 {
+    if shift >= DIGEST_BYTES {
         return digest(first, to);
     }
-    let mut b = [0u8; 8];
+    let mut b = [0u8; DIGEST_BYTES];
     b[..shift].copy_from_slice(&first[to..from]);
-    u64::from_be_bytes(b) | (d >> (8 * shift))
+    Digest::from_be_bytes(b) | (d >> (8 * shift))
 }
 
 /// Bytes of a chunk's first key kept inline for the top-level search.
@@ -71,16 +78,16 @@ fn starts_at_or_below(
 }
 
 /// Digests per cache line.
-const PER_LINE: usize = 64 / std::mem::size_of::<u64>();
+const PER_LINE: usize = 64 / DIGEST_BYTES;
 /// Parts the first round of `first_not_below` splits a chunk's digests into.
 const PARTS: usize = 8;
 
 /// `digests.partition_point(|&x| x < d)` in two rounds of cache misses instead of one per
-/// halving: a chunk's 4 KiB of digests is rarely cached when a key lands in it at random, and
+/// halving: a chunk's 8 KiB of digests is rarely cached when a key lands in it at random, and
 /// each halving of a plain binary search waits for the line the previous one chose. The first
 /// round reads the digests at the seven boundaries of eight equal parts, all requested at
 /// once; the second requests every line of the one part left, then searches it.
-fn first_not_below(digests: &[u64], d: u64) -> usize {
+fn first_not_below(digests: &[Digest], d: Digest) -> usize {
     let n = digests.len();
     if n <= PARTS * PER_LINE {
         return digests.partition_point(|&x| x < d);
@@ -374,7 +381,7 @@ mod tests {
     #[test]
     fn first_not_below_agrees_with_partition_point() {
         for n in [0, 1, 7, 63, 64, 65, 71, 72, 100, 511, 512, 600] {
-            let digests: Vec<u64> = (0..n as u64).map(|i| (i / 3) * 10).collect();
+            let digests: Vec<Digest> = (0..n as Digest).map(|i| (i / 3) * 10).collect();
             let top = digests.last().copied().unwrap_or(0) + 20;
             for d in 0..top {
                 assert_eq!(
@@ -421,7 +428,7 @@ mod tests {
                 .iter()
                 .all(|&i| key_of(i).starts_with(&first[..ch.prefix_len]))
         );
-        let want: Vec<u64> = ch
+        let want: Vec<Digest> = ch
             .ids
             .iter()
             .map(|&i| digest(key_of(i), ch.prefix_len))

@@ -185,6 +185,17 @@ impl Versions {
     }
 }
 
+/// Whether `versions` (oldest first) hold something a compaction at `compact_rev` drops: more
+/// than one version at or below it, or a tombstone there. Never true of a key space this code
+/// compacted; a loader notes such keys so the next compaction visits them (`unlogged`).
+fn holds_compactable(versions: &[Version], compact_rev: i64) -> bool {
+    match versions.partition_point(|v| v.main <= compact_rev) {
+        0 => false,
+        1 => versions[0].is_tombstone(),
+        _ => true,
+    }
+}
+
 /// One entry of the change log: the version of slot `slot` written at (`main`, `sub`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Change {
@@ -254,6 +265,10 @@ pub(crate) struct KeySpace {
     /// Every stored version newer than the compact revision, in (main, sub) order: event
     /// replay. Appended by writes, trimmed at the front by compaction.
     log: VecDeque<Change>,
+    /// Keys a loaded checkpoint gave history at or below its compact revision that a
+    /// compaction would have dropped (the log does not name them): the next compaction visits
+    /// them as well. Empty for every store this code compacted and wrote.
+    unlogged: Vec<u32>,
     /// Keys whose newest version is a put.
     pub live_keys: u64,
     /// Key + value bytes of the newest version of live keys.
@@ -506,6 +521,7 @@ impl KeySpace {
     pub fn compact(&mut self, rev: i64) {
         let gone = self.log.partition_point(|c| c.main <= rev);
         let mut touched: Vec<u32> = self.log.drain(..gone).map(|c| c.slot).collect();
+        touched.append(&mut self.unlogged);
         if self.log.capacity() > 2 * self.log.len() {
             self.log.shrink_to_fit();
         }
@@ -583,6 +599,7 @@ impl KeySpace {
     fn compact_every_key(&mut self, rev: i64) {
         let gone = self.log.partition_point(|c| c.main <= rev);
         self.log.drain(..gone);
+        self.unlogged.clear();
         let ids: Vec<u32> = self
             .order
             .chunks
@@ -639,10 +656,14 @@ impl KeySpace {
             }
             ks.versions += versions.len() as u64;
             let hash = hash_key(&key);
+            let compactable = holds_compactable(&versions, compact_rev);
             let id = ks.slab.insert(Slot {
                 key,
                 versions: Versions::from_vec(versions),
             });
+            if compactable {
+                ks.unlogged.push(id);
+            }
             for v in ks.slab.get(id).versions.iter() {
                 if v.main > compact_rev {
                     log.push(Change {
@@ -771,8 +792,61 @@ mod tests {
             assert_eq!(keys, ks.len());
         }
 
+        /// Keys with their versions, oldest first, in key order.
+        type Keys = Vec<(Box<[u8]>, Vec<Version>)>;
+
+        /// Keys with 1 to 4 versions each (the last a tombstone where asked), revisions rising
+        /// from 2, in key order: what a checkpoint hands a loader; and the last revision.
+        fn history(shapes: &[(usize, bool)]) -> (Keys, i64) {
+            let mut rev = 1;
+            let mut keys: Keys = Vec::new();
+            for (i, &(n, ends_deleted)) in shapes.iter().enumerate() {
+                let mut ks = KeySpace::default();
+                for j in 0..n {
+                    rev += 1;
+                    write(
+                        &mut ks,
+                        key(i as u16),
+                        rev,
+                        ends_deleted && j == n - 1 && n > 1,
+                    );
+                }
+                let (k, vs) = ks.iter_all().next().expect("one key written");
+                keys.push((k.into(), vs.to_vec()));
+            }
+            keys.sort_by(|a, b| a.0.cmp(&b.0));
+            (keys, rev)
+        }
+
         proptest! {
             #![proptest_config(ProptestConfig::with_cases(40))]
+
+            /// A checkpoint may hold history at or below its compact revision that a
+            /// compaction would drop (no store of ours writes one, but the loaders accept it,
+            /// and the log does not name those keys): through either loader, the next
+            /// compaction still leaves what a visit of every key leaves.
+            #[test]
+            fn loaded_history_below_the_compact_revision_is_compacted_too(
+                shapes in proptest::collection::vec((1usize..5, any::<bool>()), 1..300),
+                compact_pct in 0i64..=100,
+                at_pct in 0i64..=100,
+            ) {
+                let (keys, rev) = history(&shapes);
+                let compact_rev = rev * compact_pct / 100;
+                let at = compact_rev + (rev - compact_rev) * at_pct / 100;
+                let loaded = KeySpace::from_sorted(keys.clone().into_iter(), compact_rev).unwrap();
+                let mut b = KeySpaceBuilder::new(keys.len(), 0, compact_rev);
+                for (k, vs) in keys {
+                    b.push_many(k, vs).unwrap();
+                }
+                for mut ks in [loaded, b.finish().unwrap()] {
+                    let mut reference = ks.clone();
+                    reference.compact_every_key(at);
+                    ks.compact(at);
+                    prop_assert!(ks == reference);
+                    assert_compacted(&ks, at);
+                }
+            }
 
             /// The compaction that visits only the keys the log names leaves exactly what a
             /// visit of every key leaves, over few keys (emptied keys re-pack the ordered

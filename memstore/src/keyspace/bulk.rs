@@ -8,8 +8,8 @@
 use std::collections::VecDeque;
 
 use super::{
-    Change, KeySpace, SLAB_CHUNK, Slab, Slot, Version, Versions, hash_key, index::HashIndex,
-    order::OrderIndex,
+    Change, KeySpace, SLAB_CHUNK, Slab, Slot, Version, Versions, hash_key, holds_compactable,
+    index::HashIndex, order::OrderIndex,
 };
 
 /// Builds a [`KeySpace`] from keys pushed in strictly ascending order, each with its versions
@@ -86,6 +86,9 @@ impl KeySpaceBuilder {
         if let Some(l) = versions.last().filter(|v| !v.is_tombstone()) {
             ks.live_keys += 1;
             ks.live_bytes += kl + l.value.len() as u64;
+        }
+        if holds_compactable(&versions, self.compact_rev) {
+            ks.unlogged.push(id);
         }
         ks.versions += versions.len() as u64;
         self.hashes.push((hash_key(&key), id));

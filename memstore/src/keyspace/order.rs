@@ -187,6 +187,26 @@ impl OrderChunk {
             .unwrap_or(ORDER_CHUNK / 2)
     }
 
+    /// The chunk of the ids from `at` on, which this one gives up. Both keep this chunk's
+    /// prefix and digests (still valid for either half; the halves may share longer prefixes,
+    /// but finding them means reading every key): only the new chunk's first key is read.
+    fn split_off<'k>(&mut self, at: usize, key_of: &impl Fn(u32) -> &'k [u8]) -> OrderChunk {
+        let mut ids = Vec::with_capacity(ORDER_CHUNK);
+        ids.extend_from_slice(&self.ids[at..]);
+        let mut digests = Vec::with_capacity(ORDER_CHUNK);
+        digests.extend_from_slice(&self.digests[at..]);
+        self.ids.truncate(at);
+        self.digests.truncate(at);
+        let first: Box<[u8]> = key_of(ids[0]).into();
+        OrderChunk {
+            ids,
+            digests,
+            head: head(&first),
+            first,
+            prefix_len: self.prefix_len,
+        }
+    }
+
     /// Puts `id` (whose key is `key`) at `pos`; the chunk has room.
     fn insert(&mut self, pos: usize, id: u32, key: &[u8]) {
         let shared = common_prefix(key, &self.first);
@@ -332,12 +352,7 @@ impl OrderIndex {
             self.chunks.push(fresh(id));
         } else {
             let at = ch.split_point();
-            let mut tail = Vec::with_capacity(ORDER_CHUNK);
-            tail.extend_from_slice(&ch.ids[at..]);
-            ch.ids.truncate(at);
-            let mut tail = OrderChunk::build(tail, key_of);
-            // The halves share longer prefixes than the whole did: fewer digest ties.
-            ch.refresh(key_of);
+            let mut tail = ch.split_off(at, key_of);
             if pos < at || (pos == at && key < &tail.first[..]) {
                 ch.insert(pos, id, key);
             } else {

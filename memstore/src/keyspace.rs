@@ -9,15 +9,13 @@ use std::ops::Bound;
 
 use api::mvccpb::KeyValue;
 
-use crate::prefetch::prefetch;
-
 mod batch;
 mod bulk;
 mod index;
 mod order;
 
 pub(crate) use bulk::KeySpaceBuilder;
-use index::HashIndex;
+use index::{HashIndex, Hints};
 use order::OrderIndex;
 
 /// One stored version of a key: a put, or a tombstone (`version == 0`).
@@ -224,6 +222,17 @@ impl Slab {
         &self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
     }
 
+    /// The hash index's hints for slot `id`: where its key bytes and newest value lie.
+    fn hints(&self, id: u32) -> Hints {
+        let slot = self.get(id);
+        let value = slot
+            .versions
+            .last()
+            .filter(|v| !v.value.is_empty())
+            .map(|v| v.value.as_ptr().addr());
+        Hints::new(slot.key.as_ptr().addr(), value)
+    }
+
     fn get_mut(&mut self, id: u32) -> &mut Slot {
         self.chunks[(id >> SLAB_CHUNK_BITS) as usize][id as usize & (SLAB_CHUNK - 1)]
             .as_mut()
@@ -338,9 +347,19 @@ impl<'a> Iterator for RangeIter<'a> {
 
 impl KeySpace {
     fn find(&self, key: &[u8]) -> Option<u32> {
+        self.find_hashed(hash_key(key), key)
+    }
+
+    /// The slot id of `key`, whose hash is `hash`. Once an entry's hash matches, the key bytes
+    /// and the newest value its hints name are prefetched before the slot is read, so the
+    /// slot, the key (for the comparison) and the value (for a read's answer, a put's
+    /// previous key-value) come in together: one miss after the index entry's, not two.
+    fn find_hashed(&self, hash: u32, key: &[u8]) -> Option<u32> {
         let slab = &self.slab;
-        self.index
-            .find(hash_key(key), |id| &slab.get(id).key[..] == key)
+        self.index.find(hash, |id, hints| {
+            hints.prefetch();
+            &slab.get(id).key[..] == key
+        })
     }
 
     /// Asks the core to start loading the index entry where a lookup of `key` begins.
@@ -353,21 +372,9 @@ impl KeySpace {
         self.find(key).map(|id| &self.slab.get(id).versions[..])
     }
 
-    /// The slot (key and versions) of `key`, if it has any version. For reads: once a slot's
-    /// hash matches, its newest value is prefetched before the key is compared, so the two
-    /// misses (key bytes, value bytes: separate boxes) overlap instead of the value's waiting
-    /// for the comparison.
+    /// The slot (key and versions) of `key`, if it has any version.
     pub fn get_slot(&self, key: &[u8]) -> Option<&Slot> {
-        let slab = &self.slab;
-        self.index
-            .find(hash_key(key), |id| {
-                let slot = slab.get(id);
-                if let Some(v) = slot.versions.last() {
-                    prefetch(&*v.value);
-                }
-                &slot.key[..] == key
-            })
-            .map(|id| slab.get(id))
+        self.find(key).map(|id| self.slab.get(id))
     }
 
     /// The key and versions of a slot named by the change log.
@@ -465,8 +472,7 @@ impl KeySpace {
         let k = key.as_ref();
         let kl = k.len() as u64;
         let h = hash_key(k);
-        let slab = &self.slab;
-        let found = self.index.find(h, |id| &slab.get(id).key[..] == k);
+        let found = self.find_hashed(h, k);
         let (id, added, live, main, sub) = match found {
             Some(id) => {
                 let slot = self.slab.get_mut(id);
@@ -477,6 +483,9 @@ impl KeySpace {
                 }
                 let facts = (kl + v.value.len() as u64, !v.is_tombstone(), v.main, v.sub);
                 slot.versions.push(v);
+                // A new newest value: the index's hints follow it.
+                let indexed = self.index.set_hints(h, id, self.slab.hints(id));
+                debug_assert!(indexed, "a found key is indexed");
                 (id, facts.0, facts.1, facts.2, facts.3)
             }
             None => {
@@ -488,7 +497,7 @@ impl KeySpace {
                     key: key.into(),
                     versions: Versions::One(v),
                 });
-                self.index.insert_unique(h, id);
+                self.index.insert_unique(h, id, self.slab.hints(id));
                 let slab = &self.slab;
                 let key = &slab.get(id).key;
                 self.order
@@ -631,7 +640,7 @@ impl KeySpace {
         let mut ks = KeySpace::default();
         let mut ordered: Vec<u32> = Vec::with_capacity(lower);
         let mut log: Vec<Change> = Vec::new();
-        let mut pending: Vec<(u32, u32)> = Vec::with_capacity(lower);
+        let mut pending: Vec<(u32, u32, Hints)> = Vec::with_capacity(lower);
         for (key, versions) in keys {
             if versions.is_empty() {
                 return Err("a key without versions".into());
@@ -673,7 +682,7 @@ impl KeySpace {
                     });
                 }
             }
-            pending.push((hash, id));
+            pending.push((hash, id, ks.slab.hints(id)));
             ordered.push(id);
         }
         ks.index = HashIndex::from_pairs(pending);
@@ -893,6 +902,66 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Every index entry's hints name the cache lines of its key and newest value, through
+    /// new keys, overwrites, deletes, a compaction and a bulk load.
+    #[test]
+    fn index_hints_follow_the_newest_value() {
+        fn check(ks: &KeySpace) {
+            let line = |addr: usize| addr >> 6 << 6;
+            let (mut keys, mut exact) = (0, 0);
+            for (key, versions) in ks.iter_all() {
+                let id = ks.find(key).expect("indexed");
+                let hints = ks.index.hints_of(hash_key(key), id).expect("hints");
+                let (value, key) = hints.addresses();
+                let slot = ks.slab.get(id);
+                let newest = versions.last().expect("a version");
+                let want_key = line(slot.key.as_ptr().addr());
+                if newest.value.is_empty() {
+                    assert_eq!((value, key), (want_key, want_key));
+                } else {
+                    assert_eq!(value, line(newest.value.as_ptr().addr()));
+                    // The key's line, unless the two boxes lie too far apart to say.
+                    assert!(key == want_key || key == value, "key hint");
+                }
+                keys += 1;
+                exact += usize::from(key == want_key);
+            }
+            // Boxes of one small store lie within 128 MiB of each other: (nearly) every key's
+            // own line is named.
+            assert!(
+                exact * 100 >= keys * 99,
+                "{exact} of {keys} key hints exact"
+            );
+        }
+        let mut ks = KeySpace::default();
+        let mut main = 0;
+        for round in 0..3 {
+            for i in 0..2000u32 {
+                main += 1;
+                let tombstone = round == 1 && i % 3 == 0;
+                let len = if tombstone { 0 } else { 10 + i as usize % 300 };
+                let key = format!("/k/{:05}", (i * 7919) % 2000).into_bytes();
+                ks.upsert(key, |_, _| Version {
+                    main,
+                    sub: 0,
+                    create: 1,
+                    version: u32::from(!tombstone).into(),
+                    lease: 0,
+                    value: vec![b'v'; len].into(),
+                });
+            }
+            check(&ks);
+        }
+        ks.compact(main - 1000);
+        check(&ks);
+        let keys: Vec<(Box<[u8]>, Vec<Version>)> = ks
+            .iter_all()
+            .map(|(k, vs)| (k.into(), vs.to_vec()))
+            .collect();
+        let loaded = KeySpace::from_sorted(keys.into_iter(), main - 1000).expect("loads");
+        check(&loaded);
     }
 
     /// The inline version must not make a slot bigger than the 96 bytes it replaces

@@ -27,12 +27,19 @@ pub(crate) fn prefetch_all<T>(r: &T) {
     prefetch_at(first.wrapping_add(size_of::<T>().saturating_sub(1)));
 }
 
+/// Starts loading the cache line at address `addr`, which need not be inside anything live: a
+/// hint computed from addresses (the hash index's), never read through.
+#[inline(always)]
+pub(crate) fn prefetch_line(addr: usize) {
+    prefetch_at(std::ptr::without_provenance(addr));
+}
+
 #[inline(always)]
 #[allow(unsafe_code)]
 fn prefetch_at(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `_mm_prefetch` is a hint: it cannot fault or change memory, whatever the address
-    // (callers pass addresses inside live references anyway); SSE, its target feature, is part
+    // (callers pass addresses inside live references, or `prefetch_line`'s hints); SSE, its target feature, is part
     // of the x86_64 baseline.
     unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};

@@ -44,10 +44,11 @@ impl KeySpace {
         // second).
         let mut ids = [None; GROUP];
         for (id, &h) in ids.iter_mut().zip(&hashes[..keys.len()]) {
-            *id = self.index.find(h, |_| true);
-            if let Some(id) = *id {
+            *id = self.index.find(h, |id, hints| {
                 prefetch_all(self.slab.place(id));
-            }
+                hints.prefetch();
+                true
+            });
         }
         // Stage 2: prefetch each slot's key bytes and newest value.
         for &id in ids.iter().flatten() {

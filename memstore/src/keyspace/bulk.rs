@@ -9,7 +9,8 @@ use std::collections::VecDeque;
 
 use super::{
     Change, KeySpace, SLAB_CHUNK, Slab, Slot, Version, Versions, hash_key, holds_compactable,
-    index::HashIndex, order::OrderIndex,
+    index::{HashIndex, Hints},
+    order::OrderIndex,
 };
 
 /// Builds a [`KeySpace`] from keys pushed in strictly ascending order, each with its versions
@@ -19,8 +20,8 @@ use super::{
 /// an error the builder is dropped, not used further.
 pub(crate) struct KeySpaceBuilder {
     ks: KeySpace,
-    /// Each pushed key's (hash, slot id), in push order (= slot id).
-    hashes: Vec<(u32, u32)>,
+    /// Each pushed key's (hash, slot id, index hints), in push order (= slot id).
+    hashes: Vec<(u32, u32, Hints)>,
     log: Vec<Change>,
     compact_rev: i64,
 }
@@ -91,7 +92,7 @@ impl KeySpaceBuilder {
             ks.unlogged.push(id);
         }
         ks.versions += versions.len() as u64;
-        self.hashes.push((hash_key(&key), id));
+        let hash = hash_key(&key);
         let chunks = &mut ks.slab.chunks;
         if chunks.last().is_none_or(|c| c.len() == SLAB_CHUNK) {
             chunks.push(Vec::with_capacity(SLAB_CHUNK));
@@ -99,6 +100,7 @@ impl KeySpaceBuilder {
         if let Some(chunk) = chunks.last_mut() {
             chunk.push(Some(Slot { key, versions }));
         }
+        self.hashes.push((hash, id, ks.slab.hints(id)));
         Ok(())
     }
 

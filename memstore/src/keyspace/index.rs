@@ -1,5 +1,6 @@
 //! The hash index of a key space: slot ids by the 32-bit hash of their key, in one
-//! open-addressed array of 8-byte entries (hash and slot id side by side) probed linearly.
+//! open-addressed array of 16-byte entries (hash and slot id side by side, then where the
+//! slot's key and newest value lie) probed linearly.
 //!
 //! Why not a general hash table: a point read on a large tenant is a chain of dependent cache
 //! misses, and the index is its first link. A table with separate control bytes (hashbrown's
@@ -9,26 +10,101 @@
 //! pass other keys' entries without reading their slots, and lets the table grow without
 //! reading any slot.
 //!
-//! Layout: an entry is one `u64`, the hash in the high half and `slot id + 1` in the low half
-//! (0 = empty, so a new table is one zeroed allocation: fresh pages, nothing written). A key's
-//! home is the top bits of its hash, so entries lie in hash order (apart from probe runs) and a
-//! bulk load sorted by hash writes the array front to back. At most 3/4 of the entries are used
-//! (a lookup of a key never stored then ends within two cache lines on average); removal shifts
-//! the run after the hole back, so there are no tombstones and lookups never slow down with
-//! churn.
+//! Layout: an entry is a `u64` word, the hash in the high half and `slot id + 1` in the low
+//! half (0 = empty, so a new table is one zeroed allocation: fresh pages, nothing written),
+//! and a `u64` of hints: the cache lines of the slot's newest value and key bytes (`Hints`).
+//! A lookup whose hash matches prefetches that key and value before it reads the slot, so the
+//! slot, the key and the value are in flight together: a read waits for two misses (the
+//! entry, then those three) instead of three (the entry, the slot, then the key and value
+//! whose addresses the slot holds). Hints are only ever prefetched, never read through: a
+//! stale one costs a wasted line, not a wrong answer. They cost 8 bytes per entry (about 17 B
+//! per key at 1M keys); random reads one at a time gained 20 %, overwrites 33 %
+//! (docs/memstore.md, "Session 9"). A key's home is the top bits of its hash, so entries lie
+//! in hash order (apart from probe runs) and a bulk load sorted by hash writes the array
+//! front to back. At most 3/4 of the entries are used (a lookup of a key never stored then
+//! ends within two cache lines on average); removal shifts the run after the hole back, so
+//! there are no tombstones and lookups never slow down with churn.
 
-use crate::prefetch::prefetch;
+use zerocopy::FromZeros;
+
+use crate::prefetch::{prefetch, prefetch_line};
 
 /// Fewest entries of a table that holds anything.
 const MIN_CAPACITY: usize = 8;
 const EMPTY: u64 = 0;
+
+/// One place of the table: the packed hash and id (`EMPTY` when free), and the hints.
+/// Sixteen bytes aligned to sixteen, so an entry never straddles two cache lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, FromZeros)]
+#[repr(C, align(16))]
+struct Entry {
+    word: u64,
+    hints: Hints,
+}
+
+/// Where a slot's newest value and key bytes lie: the value's cache line (the key's when the
+/// value is empty) in the low 42 bits, the key's line as a signed distance from it in the high
+/// 22 (left 0, the value's own line, when the two boxes lie more than 128 MiB apart; 0 alone
+/// means no hint). Prefetch addresses only, never read through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, FromZeros)]
+#[repr(transparent)]
+pub(crate) struct Hints(u64);
+
+/// Bytes per cache line, as a shift.
+const LINE_BITS: u32 = 6;
+const BASE_BITS: u32 = 42;
+const DELTA_BITS: u32 = 64 - BASE_BITS;
+
+impl Hints {
+    /// The hints of a slot whose key bytes start at address `key` and whose newest value at
+    /// `value` (`None`: an empty value, a tombstone's).
+    pub fn new(key: usize, value: Option<usize>) -> Hints {
+        let key_line = (key >> LINE_BITS) as u64;
+        let base = value.map_or(key_line, |v| (v >> LINE_BITS) as u64);
+        if base >> BASE_BITS != 0 {
+            return Hints(0);
+        }
+        let delta = key_line.wrapping_sub(base) as i64;
+        let reach = 1i64 << (DELTA_BITS - 1);
+        let delta = if (-reach..reach).contains(&delta) {
+            delta
+        } else {
+            0
+        };
+        Hints(base | ((delta as u64) << BASE_BITS))
+    }
+
+    /// The value's line and the key's line, as addresses.
+    fn lines(self) -> (usize, usize) {
+        let base = self.0 & ((1 << BASE_BITS) - 1);
+        // The high bits, sign-extended by the arithmetic shift.
+        let delta = (self.0 as i64) >> BASE_BITS;
+        let key = base.wrapping_add(delta as u64);
+        ((base << LINE_BITS) as usize, (key << LINE_BITS) as usize)
+    }
+
+    /// Starts loading the value's first line and the key's.
+    pub fn prefetch(self) {
+        if self.0 != 0 {
+            let (value, key) = self.lines();
+            prefetch_line(value);
+            prefetch_line(key);
+        }
+    }
+
+    /// The (value, key) lines as addresses, for tests.
+    #[cfg(test)]
+    pub fn addresses(self) -> (usize, usize) {
+        self.lines()
+    }
+}
 
 /// Slot ids by key hash. It stores no keys: every answer is a candidate the caller confirms
 /// against its slot (`find`'s `is_key`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HashIndex {
     /// Empty, or a power of two of at least `MIN_CAPACITY` entries.
-    entries: Vec<u64>,
+    entries: Vec<Entry>,
     len: usize,
 }
 
@@ -60,24 +136,36 @@ fn capacity_for(n: usize) -> usize {
         .max(MIN_CAPACITY)
 }
 
+/// A table of `capacity` free entries: one zeroed allocation.
+fn free_table(capacity: usize) -> Vec<Entry> {
+    Entry::new_vec_zeroed(capacity).unwrap_or_else(|_| {
+        std::alloc::handle_alloc_error(
+            std::alloc::Layout::array::<Entry>(capacity)
+                .expect("invariant: a table's size fits the address space"),
+        )
+    })
+}
+
 impl HashIndex {
     /// An index with room for `n` keys before it grows.
     pub fn with_capacity(n: usize) -> HashIndex {
         HashIndex {
-            entries: vec![EMPTY; capacity_for(n)],
+            entries: free_table(capacity_for(n)),
             len: 0,
         }
     }
 
-    /// Builds the index of `(hash, id)` pairs (distinct ids; the caller vouches that no two
-    /// belong to the same key), placed in the order of their homes so the array is written
-    /// front to back.
-    pub fn from_pairs(mut pairs: Vec<(u32, u32)>) -> HashIndex {
-        let mut index = HashIndex::with_capacity(pairs.len());
+    /// Builds the index of `(hash, id, hints)` triples (distinct ids; the caller vouches that
+    /// no two belong to the same key), placed in the order of their homes so the array is
+    /// written front to back. (The hints travel with the pairs: looked up from the slots here
+    /// instead, in hash order, one random slot read per key cost a 1M-key load 45 ms against
+    /// 15 for sorting the wider triples.)
+    pub fn from_pairs(mut triples: Vec<(u32, u32, Hints)>) -> HashIndex {
+        let mut index = HashIndex::with_capacity(triples.len());
         // Sorting by hash is sorting by home (the home is the hash's top bits).
-        radix_sort_by_hash(&mut pairs);
-        for (hash, id) in pairs {
-            index.insert_unique(hash, id);
+        radix_sort_by_hash(&mut triples);
+        for (hash, id, hints) in triples {
+            index.insert_unique(hash, id, hints);
         }
         index
     }
@@ -102,8 +190,8 @@ impl HashIndex {
         }
     }
 
-    /// The first slot id whose entry has `hash` and for which `is_key(id)` holds.
-    pub fn find(&self, hash: u32, mut is_key: impl FnMut(u32) -> bool) -> Option<u32> {
+    /// The place of the first entry with `hash` for whose slot id and hints `is_key` holds.
+    fn position(&self, hash: u32, mut is_key: impl FnMut(u32, Hints) -> bool) -> Option<usize> {
         if self.entries.is_empty() {
             return None;
         }
@@ -111,31 +199,52 @@ impl HashIndex {
         let mut p = self.home(hash);
         loop {
             let e = self.entries[p];
-            if e == EMPTY {
+            if e.word == EMPTY {
                 return None;
             }
-            if hash_of(e) == hash && is_key(id_of(e)) {
-                return Some(id_of(e));
+            if hash_of(e.word) == hash && is_key(id_of(e.word), e.hints) {
+                return Some(p);
             }
             p = (p + 1) & mask;
         }
     }
 
+    /// The first slot id whose entry has `hash` and for which `is_key(id, hints)` holds (the
+    /// hints are the entry's, for the caller to prefetch before it reads the slot).
+    pub fn find(&self, hash: u32, is_key: impl FnMut(u32, Hints) -> bool) -> Option<u32> {
+        self.position(hash, is_key)
+            .map(|p| id_of(self.entries[p].word))
+    }
+
+    /// Replaces the hints of slot `id` (indexed under `hash`); false if it is not indexed.
+    pub fn set_hints(&mut self, hash: u32, id: u32, hints: Hints) -> bool {
+        match self.position(hash, |c, _| c == id) {
+            Some(p) => {
+                self.entries[p].hints = hints;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Adds slot `id` under `hash`; the caller knows its key is not indexed yet.
-    pub fn insert_unique(&mut self, hash: u32, id: u32) {
+    pub fn insert_unique(&mut self, hash: u32, id: u32, hints: Hints) {
         debug_assert!(id < u32::MAX, "slot ids stay below u32::MAX");
         if self.len + 1 > max_len(self.entries.len()) {
             self.resize(capacity_for(self.len + 1));
         }
-        self.place(pack(hash, id));
+        self.place(Entry {
+            word: pack(hash, id),
+            hints,
+        });
         self.len += 1;
     }
 
     /// Puts an entry at the first empty place from its home (there always is one).
-    fn place(&mut self, e: u64) {
+    fn place(&mut self, e: Entry) {
         let mask = self.entries.len() - 1;
-        let mut p = self.home(hash_of(e));
-        while self.entries[p] != EMPTY {
+        let mut p = self.home(hash_of(e.word));
+        while self.entries[p].word != EMPTY {
             p = (p + 1) & mask;
         }
         self.entries[p] = e;
@@ -145,35 +254,26 @@ impl HashIndex {
     /// entries after it in its probe run move back, so every remaining entry is still found
     /// from its home without passing an empty place.
     pub fn remove(&mut self, hash: u32, id: u32) -> bool {
-        if self.entries.is_empty() {
+        let Some(mut hole) = self.position(hash, |c, _| c == id) else {
             return false;
-        }
+        };
         let mask = self.entries.len() - 1;
-        let target = pack(hash, id);
-        let mut hole = self.home(hash);
-        loop {
-            match self.entries[hole] {
-                EMPTY => return false,
-                e if e == target => break,
-                _ => hole = (hole + 1) & mask,
-            }
-        }
         let mut p = hole;
         loop {
             p = (p + 1) & mask;
             let e = self.entries[p];
-            if e == EMPTY {
+            if e.word == EMPTY {
                 break;
             }
             // The entry at `p` may fill the hole when its home is not strictly between the
             // hole and `p` (cyclically): it is then still reached from its home.
-            let home = self.home(hash_of(e));
+            let home = self.home(hash_of(e.word));
             if (p.wrapping_sub(home) & mask) >= (p.wrapping_sub(hole) & mask) {
                 self.entries[hole] = e;
                 hole = p;
             }
         }
-        self.entries[hole] = EMPTY;
+        self.entries[hole] = Entry::new_zeroed();
         self.len -= 1;
         true
     }
@@ -189,15 +289,15 @@ impl HashIndex {
     /// Moves every entry into a table of `capacity` entries, in the order of the old table,
     /// which is (nearly) the order of their homes in the new one: it is written front to back.
     fn resize(&mut self, capacity: usize) {
-        let old = std::mem::replace(&mut self.entries, vec![EMPTY; capacity]);
+        let old = std::mem::replace(&mut self.entries, free_table(capacity));
         if capacity == 0 {
             return;
         }
         // A run that wrapped around the end starts the old table; its entries belong at the
         // end of the new one, so the old table is walked from its first empty place.
-        let start = old.iter().position(|&e| e == EMPTY).unwrap_or(0);
+        let start = old.iter().position(|e| e.word == EMPTY).unwrap_or(0);
         for &e in old[start..].iter().chain(&old[..start]) {
-            if e != EMPTY {
+            if e.word != EMPTY {
                 self.place(e);
             }
         }
@@ -208,35 +308,42 @@ impl HashIndex {
     fn pairs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
         self.entries
             .iter()
-            .filter(|&&e| e != EMPTY)
-            .map(|&e| (hash_of(e), id_of(e)))
+            .filter(|e| e.word != EMPTY)
+            .map(|e| (hash_of(e.word), id_of(e.word)))
+    }
+
+    /// The hints of slot `id` (indexed under `hash`).
+    #[cfg(test)]
+    pub fn hints_of(&self, hash: u32, id: u32) -> Option<Hints> {
+        self.position(hash, |c, _| c == id)
+            .map(|p| self.entries[p].hints)
     }
 }
 
-/// Sorts pairs by hash, two passes of 16 bits (a counting sort each): linear in the pairs, for
-/// the millions of keys a checkpoint brings.
-fn radix_sort_by_hash(pairs: &mut Vec<(u32, u32)>) {
+/// Sorts by hash (the first of each triple), two passes of 16 bits (a counting sort each):
+/// linear in the keys, for the millions a checkpoint brings.
+fn radix_sort_by_hash<T: Copy + Default>(items: &mut Vec<(u32, u32, T)>) {
     const BITS: u32 = 16;
-    if pairs.len() < 64 {
-        pairs.sort_unstable_by_key(|p| p.0);
+    if items.len() < 64 {
+        items.sort_unstable_by_key(|p| p.0);
         return;
     }
-    let mut buf = vec![(0u32, 0u32); pairs.len()];
+    let mut buf = vec![(0u32, 0u32, T::default()); items.len()];
     for shift in [0, BITS] {
-        let digit = |p: &(u32, u32)| ((p.0 >> shift) & ((1 << BITS) - 1)) as usize;
+        let digit = |p: &(u32, u32, T)| ((p.0 >> shift) & ((1 << BITS) - 1)) as usize;
         let mut starts = vec![0usize; (1 << BITS) + 1];
-        for p in pairs.iter() {
+        for p in items.iter() {
             starts[digit(p) + 1] += 1;
         }
         for i in 1..starts.len() {
             starts[i] += starts[i - 1];
         }
-        for &p in pairs.iter() {
+        for &p in items.iter() {
             let d = digit(&p);
             buf[starts[d]] = p;
             starts[d] += 1;
         }
-        std::mem::swap(pairs, &mut buf);
+        std::mem::swap(items, &mut buf);
     }
 }
 
@@ -264,7 +371,7 @@ mod tests {
                 _ => raw % 7,
             };
             if insert || model.is_empty() {
-                index.insert_unique(hash, next_id);
+                index.insert_unique(hash, next_id, Hints(u64::from(next_id)));
                 model.insert(next_id, hash);
                 next_id += 1;
             } else {
@@ -282,9 +389,14 @@ mod tests {
             prop_assert_eq!(index.len(), model.len());
         }
         for (&id, &hash) in &model {
-            prop_assert_eq!(index.find(hash, |c| c == id), Some(id));
+            prop_assert_eq!(index.find(hash, |c, _| c == id), Some(id));
+            prop_assert_eq!(
+                index.hints_of(hash, id),
+                Some(Hints(u64::from(id))),
+                "hints move with their entry"
+            );
         }
-        prop_assert_eq!(index.find(0x1234_5678, |_| false), None);
+        prop_assert_eq!(index.find(0x1234_5678, |_, _| false), None);
         let mut got: Vec<(u32, u32)> = index.pairs().collect();
         let mut want: Vec<(u32, u32)> = model.iter().map(|(&id, &h)| (h, id)).collect();
         got.sort_unstable();
@@ -305,18 +417,26 @@ mod tests {
     /// is filled in hash order (no entry before its home except runs wrapping the end).
     #[test]
     fn from_pairs_equals_inserts() {
-        let pairs: Vec<(u32, u32)> = (0..10_000u32)
-            .map(|i| (i.wrapping_mul(2_654_435_761) ^ (i >> 3), i))
+        let pairs: Vec<(u32, u32, Hints)> = (0..10_000u32)
+            .map(|i| {
+                (
+                    i.wrapping_mul(2_654_435_761) ^ (i >> 3),
+                    i,
+                    Hints(u64::from(i) << 7),
+                )
+            })
             .collect();
         let bulk = HashIndex::from_pairs(pairs.clone());
         let mut one = HashIndex::default();
-        for &(h, id) in &pairs {
-            one.insert_unique(h, id);
+        for &(h, id, hints) in &pairs {
+            one.insert_unique(h, id, hints);
         }
         assert_eq!(bulk.len(), one.len());
-        for &(h, id) in &pairs {
-            assert_eq!(bulk.find(h, |c| c == id), Some(id));
-            assert_eq!(one.find(h, |c| c == id), Some(id));
+        for &(h, id, hints) in &pairs {
+            assert_eq!(bulk.find(h, |c, _| c == id), Some(id));
+            assert_eq!(one.find(h, |c, _| c == id), Some(id));
+            assert_eq!(bulk.hints_of(h, id), Some(hints));
+            assert_eq!(one.hints_of(h, id), Some(hints));
         }
         let hashes: Vec<u32> = bulk.pairs().map(|(h, _)| h).collect();
         let descents = hashes.windows(2).filter(|w| w[0] > w[1]).count();
@@ -325,16 +445,48 @@ mod tests {
 
     #[test]
     fn radix_sort_sorts() {
-        let mut pairs: Vec<(u32, u32)> = (0..5000u32)
-            .map(|i| (i.wrapping_mul(0x9e37_79b9).rotate_left(7), i))
+        let mut pairs: Vec<(u32, u32, u8)> = (0..5000u32)
+            .map(|i| (i.wrapping_mul(0x9e37_79b9).rotate_left(7), i, i as u8))
             .collect();
         let mut want = pairs.clone();
-        want.sort_by_key(|p| p.0);
         radix_sort_by_hash(&mut pairs);
+        assert!(pairs.windows(2).all(|w| w[0].0 <= w[1].0), "in hash order");
+        // Each id still with its own hash and companion.
+        pairs.sort_unstable();
+        want.sort_unstable();
+        assert_eq!(pairs, want);
+    }
+
+    /// Hints give back the value's and the key's lines; a key too far from its value falls
+    /// back to the value's line, an empty value to the key's, an address beyond 48 bits to no
+    /// hint at all.
+    #[test]
+    fn hints_name_the_lines_of_value_and_key() {
+        let line = |a: usize| a >> 6 << 6;
+        let value = 0x7f12_3456_7890usize;
+        for key in [
+            value + 100,
+            value - 4096,
+            value + (100 << 20),
+            value - (127 << 20),
+        ] {
+            assert_eq!(
+                Hints::new(key, Some(value)).addresses(),
+                (line(value), line(key))
+            );
+        }
+        for far in [value + (129 << 20), value - (129 << 20), 0x10] {
+            assert_eq!(
+                Hints::new(far, Some(value)).addresses(),
+                (line(value), line(value))
+            );
+        }
         assert_eq!(
-            pairs.iter().map(|p| p.0).collect::<Vec<_>>(),
-            want.iter().map(|p| p.0).collect::<Vec<_>>()
+            Hints::new(value, None).addresses(),
+            (line(value), line(value))
         );
+        assert_eq!(Hints::new(value, Some(1 << 48)), Hints(0));
+        assert_eq!(Hints::new(1 << 48, None), Hints(0));
     }
 
     /// The table grows at 3/4 and an emptied one shrinks back to nothing.
@@ -342,10 +494,10 @@ mod tests {
     fn grows_at_three_quarters_and_shrinks() {
         let mut index = HashIndex::default();
         for id in 0..6 {
-            index.insert_unique(id * 0x1000_0000, id);
+            index.insert_unique(id * 0x1000_0000, id, Hints::default());
         }
         assert_eq!(index.entries.len(), 8);
-        index.insert_unique(7, 6);
+        index.insert_unique(7, 6, Hints::default());
         assert_eq!(index.entries.len(), 16);
         for id in 0..6 {
             assert!(index.remove(id * 0x1000_0000, id));
@@ -353,6 +505,6 @@ mod tests {
         assert!(index.remove(7, 6));
         index.shrink_to_fit();
         assert_eq!(index.entries.len(), 0);
-        assert_eq!(index.find(7, |_| true), None);
+        assert_eq!(index.find(7, |_, _| true), None);
     }
 }

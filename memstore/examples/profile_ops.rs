@@ -1,12 +1,15 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|overwrite|reads|hot|load|decoded|decoded-owned|record|chase` (`decoded`:
+//! --example profile_ops -- puts|random|overwrite|reads|hot|load|load-file|decoded|decoded-owned|record|chase` (`decoded`:
 //! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
 //! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
 //! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
 //! gives every entry a 16-byte request id, as frontends write them. Read modes: `reads`,
 //! `hot`, each also as `-view` (`range_view` encoded into a buffer) and `-batch`
-//! (`range_views`); `PROFILE_KEYS` sets the store's size, `PROFILE_ROUNDS` the rounds.
+//! (`range_views`); `PROFILE_KEYS` sets the store's size, `PROFILE_ROUNDS` the rounds. `load`
+//! decodes the store's checkpoint four times, timing each (`PROFILE_KEEP=1` keeps the store
+//! alive meanwhile, as the bench does); `load-file` times one decode in a fresh process, as a
+//! new frontend decodes (`PROFILE_CHECKPOINT=<file>`: the first run writes it).
 
 #[path = "../benches/support/wire.rs"]
 mod wire;
@@ -59,6 +62,10 @@ fn main() {
     };
     if mode == "chase" {
         chase();
+        return;
+    }
+    if mode == "load-file" {
+        load_file();
         return;
     }
     let ids = std::env::var("PROFILE_IDS").is_ok_and(|v| v == "1");
@@ -185,18 +192,12 @@ fn main() {
         return;
     }
     if mode == "load" {
-        let meta = memstore::checkpoint::CheckpointMeta {
-            tenant: "p".into(),
-            shard: 0,
-            index: store.applied_index(),
-            revision: store.revision(),
-            created_ms: 0,
-        };
-        let bytes = memstore::checkpoint::encode(&meta, &store);
-        drop(store);
+        let bytes = checkpoint_of(&store);
+        let kept = env_num("PROFILE_KEEP").is_some().then_some(store);
         for _ in 0..LOAD_ROUNDS {
-            black_box(memstore::checkpoint::decode(&bytes).expect("decode"));
+            drop(black_box(timed_decode("load", &bytes)));
         }
+        drop(kept);
         return;
     }
     // Read modes: `reads` (random) and `hot` (1000 keys) through `range`; with `-view`
@@ -311,6 +312,59 @@ fn compact_entry(revision: i64) -> Entry {
 }
 
 /// A number from the environment variable `var`, if set and valid.
+/// `load-file`: a checkpoint decoded by a fresh process, as a new frontend loads one. The
+/// first run (no file at `PROFILE_CHECKPOINT`) builds 1M keys and writes their checkpoint
+/// there; each later run reads it and times one decode.
+fn load_file() {
+    let path = std::env::var("PROFILE_CHECKPOINT").expect("PROFILE_CHECKPOINT names a file");
+    if let Ok(bytes) = std::fs::read(&path) {
+        timed_decode("load-file", &bytes);
+        return;
+    }
+    let mut store = MemStore::new(Config::default());
+    for i in 0..env_num("PROFILE_KEYS").unwrap_or(N) {
+        let put = PutRequest {
+            key: key(i),
+            value: vec![b'v'; 256],
+            ..Default::default()
+        };
+        let entry = Entry {
+            format_version: 1,
+            tenant: "p".into(),
+            request_id: Vec::new(),
+            time_ms: 1_000,
+            request: Some(Request::Put(put)),
+        };
+        store.apply(i as u64 + 1, &entry);
+    }
+    std::fs::write(&path, checkpoint_of(&store)).expect("write");
+}
+
+/// The store's checkpoint.
+fn checkpoint_of(store: &MemStore) -> Vec<u8> {
+    let meta = memstore::checkpoint::CheckpointMeta {
+        tenant: "p".into(),
+        shard: 0,
+        index: store.applied_index(),
+        revision: store.revision(),
+        created_ms: 0,
+    };
+    memstore::checkpoint::encode(&meta, store)
+}
+
+/// Decodes `bytes`, printing the CPU and wall time it took.
+fn timed_decode(what: &str, bytes: &[u8]) -> MemStore {
+    let (wall, cpu) = (std::time::Instant::now(), cpu_ns());
+    let (_, loaded) = memstore::checkpoint::decode(bytes).expect("decode");
+    println!(
+        "{what}: {:.3} s CPU (wall {:.3} s), revision {}",
+        (cpu_ns() - cpu) as f64 / 1e9,
+        wall.elapsed().as_secs_f64(),
+        loaded.revision()
+    );
+    loaded
+}
+
 fn env_num(var: &str) -> Option<usize> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
 }

@@ -6,8 +6,9 @@
 //! core stalls on it as if it were needed; a prefetch retires at once and the work after it
 //! runs at full speed while the line comes in. This is the one `unsafe` of the memstore (the
 //! workspace denies it everywhere else): the intrinsic is `unsafe` only because it is declared
-//! with a target feature; a prefetch never faults, never writes, and the address here comes
-//! from a live reference. Elsewhere than x86_64 it does nothing.
+//! with a target feature; a prefetch never faults and never writes, and the address here
+//! comes from a live reference or from the hash index's hints (addresses remembered from live
+//! boxes, possibly stale, only ever prefetched). Elsewhere than x86_64 it does nothing.
 
 /// Starts loading the cache line holding `*r` into every cache level.
 #[inline(always)]
@@ -39,8 +40,8 @@ pub(crate) fn prefetch_line(addr: usize) {
 fn prefetch_at(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `_mm_prefetch` is a hint: it cannot fault or change memory, whatever the address
-    // (callers pass addresses inside live references, or `prefetch_line`'s hints); SSE, its target feature, is part
-    // of the x86_64 baseline.
+    // (callers pass addresses inside live references, or `prefetch_line`'s hints, which may be
+    // stale); SSE, its target feature, is part of the x86_64 baseline.
     unsafe {
         use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
         _mm_prefetch::<_MM_HINT_T0>(p.cast::<i8>());

@@ -19,11 +19,13 @@
 //! whose addresses the slot holds). Hints are only ever prefetched, never read through: a
 //! stale one costs a wasted line, not a wrong answer. They cost 8 bytes per entry (about 17 B
 //! per key at 1M keys); random reads one at a time gained 20 %, overwrites 33 %
-//! (docs/memstore.md, "Session 9"). A key's home is the top bits of its hash, so entries lie
-//! in hash order (apart from probe runs) and a bulk load sorted by hash writes the array
+//! (docs/memstore.md, "Session 9"). A key's home is its hash scaled to the table, so entries
+//! lie in hash order (apart from probe runs) and a bulk load sorted by hash writes the array
 //! front to back. At most 3/4 of the entries are used (a lookup of a key never stored then
-//! ends within two cache lines on average); removal shifts the run after the hole back, so
-//! there are no tombstones and lookups never slow down with churn.
+//! ends within a few cache lines); a full table grows by half (any size, not powers of two:
+//! after growing it is half full, where doubling left it 3/8 full), a load sizes it two thirds
+//! full; removal shifts the run after the hole back, so there are no tombstones and lookups
+//! never slow down with churn.
 
 use zerocopy::FromZeros;
 
@@ -103,7 +105,7 @@ impl Hints {
 /// against its slot (`find`'s `is_key`).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct HashIndex {
-    /// Empty, or a power of two of at least `MIN_CAPACITY` entries.
+    /// Empty, or at least `MIN_CAPACITY` entries.
     entries: Vec<Entry>,
     len: usize,
 }
@@ -120,20 +122,24 @@ fn id_of(e: u64) -> u32 {
     (e as u32).wrapping_sub(1)
 }
 
-/// Most entries a table of `capacity` holds.
+/// Most entries a table of `capacity` holds: 3/4 of it.
 const fn max_len(capacity: usize) -> usize {
-    capacity / 4 * 3
+    capacity.saturating_mul(3) / 4
 }
 
-/// Entries of a table for `n` keys (at most 3/4 used).
+/// Entries of a table for `n` keys two thirds full (a load, a shrink after a compaction):
+/// room for an eighth more before it grows.
 fn capacity_for(n: usize) -> usize {
     if n == 0 {
         return 0;
     }
-    n.saturating_mul(4)
-        .div_ceil(3)
-        .next_power_of_two()
-        .max(MIN_CAPACITY)
+    (n.saturating_mul(3) / 2 + 1).max(MIN_CAPACITY)
+}
+
+/// What a full table of `capacity` grows to: half as large again, so it is half full after
+/// growing (doubling would leave it 3/8 full: 43 bytes a key instead of 32).
+fn grown(capacity: usize) -> usize {
+    capacity.saturating_add(capacity / 2).max(MIN_CAPACITY)
 }
 
 /// A table of `capacity` free entries: one zeroed allocation.
@@ -162,7 +168,7 @@ impl HashIndex {
     /// 15 for sorting the wider triples.)
     pub fn from_pairs(mut triples: Vec<(u32, u32, Hints)>) -> HashIndex {
         let mut index = HashIndex::with_capacity(triples.len());
-        // Sorting by hash is sorting by home (the home is the hash's top bits).
+        // Sorting by hash is sorting by home (homes rise with hashes).
         radix_sort_by_hash(&mut triples);
         for (hash, id, hints) in triples {
             index.insert_unique(hash, id, hints);
@@ -174,12 +180,28 @@ impl HashIndex {
         self.len
     }
 
-    /// The home entry of `hash`: its top bits.
+    /// The home entry of `hash`: the hash scaled to the table (`hash * capacity / 2^32`), so
+    /// homes rise with hashes whatever the capacity.
     fn home(&self, hash: u32) -> usize {
-        let bits = self.entries.len().trailing_zeros();
-        // A capacity of 2^32 entries or more keeps every bit of the hash (one probe run
-        // then spreads over the extra entries' neighbours: correct, just never that large).
-        (u64::from(hash) >> 32u32.saturating_sub(bits)) as usize
+        ((u128::from(hash) * self.entries.len() as u128) >> 32) as usize
+    }
+
+    /// The place after `p`, wrapping at the end.
+    fn next(&self, p: usize) -> usize {
+        if p + 1 == self.entries.len() {
+            0
+        } else {
+            p + 1
+        }
+    }
+
+    /// Places from `from` forward to `to`, wrapping at the end.
+    fn distance(&self, from: usize, to: usize) -> usize {
+        if to >= from {
+            to - from
+        } else {
+            to + self.entries.len() - from
+        }
     }
 
     /// Asks the core to start loading the home entry of `hash`, so a lookup issued a little
@@ -195,7 +217,6 @@ impl HashIndex {
         if self.entries.is_empty() {
             return None;
         }
-        let mask = self.entries.len() - 1;
         let mut p = self.home(hash);
         loop {
             let e = self.entries[p];
@@ -205,7 +226,7 @@ impl HashIndex {
             if hash_of(e.word) == hash && is_key(id_of(e.word), e.hints) {
                 return Some(p);
             }
-            p = (p + 1) & mask;
+            p = self.next(p);
         }
     }
 
@@ -231,7 +252,7 @@ impl HashIndex {
     pub fn insert_unique(&mut self, hash: u32, id: u32, hints: Hints) {
         debug_assert!(id < u32::MAX, "slot ids stay below u32::MAX");
         if self.len + 1 > max_len(self.entries.len()) {
-            self.resize(capacity_for(self.len + 1));
+            self.resize(grown(self.entries.len()).max(capacity_for(self.len + 1)));
         }
         self.place(Entry {
             word: pack(hash, id),
@@ -242,10 +263,9 @@ impl HashIndex {
 
     /// Puts an entry at the first empty place from its home (there always is one).
     fn place(&mut self, e: Entry) {
-        let mask = self.entries.len() - 1;
         let mut p = self.home(hash_of(e.word));
         while self.entries[p].word != EMPTY {
-            p = (p + 1) & mask;
+            p = self.next(p);
         }
         self.entries[p] = e;
     }
@@ -257,10 +277,9 @@ impl HashIndex {
         let Some(mut hole) = self.position(hash, |c, _| c == id) else {
             return false;
         };
-        let mask = self.entries.len() - 1;
         let mut p = hole;
         loop {
-            p = (p + 1) & mask;
+            p = self.next(p);
             let e = self.entries[p];
             if e.word == EMPTY {
                 break;
@@ -268,7 +287,7 @@ impl HashIndex {
             // The entry at `p` may fill the hole when its home is not strictly between the
             // hole and `p` (cyclically): it is then still reached from its home.
             let home = self.home(hash_of(e.word));
-            if (p.wrapping_sub(home) & mask) >= (p.wrapping_sub(hole) & mask) {
+            if self.distance(home, p) >= self.distance(hole, p) {
                 self.entries[hole] = e;
                 hole = p;
             }
@@ -278,11 +297,11 @@ impl HashIndex {
         true
     }
 
-    /// Moves to the smallest table that holds the entries (after a compaction removed keys).
+    /// Moves to a table two thirds full once less than 3/8 of this one is used (after a
+    /// compaction removed keys): never right back and forth around one size.
     pub fn shrink_to_fit(&mut self) {
-        let capacity = capacity_for(self.len);
-        if capacity < self.entries.len() {
-            self.resize(capacity);
+        if self.len < max_len(self.entries.len()) / 2 {
+            self.resize(capacity_for(self.len));
         }
     }
 
@@ -489,18 +508,44 @@ mod tests {
         assert_eq!(Hints::new(1 << 48, None), Hints(0));
     }
 
-    /// The table grows at 3/4 and an emptied one shrinks back to nothing.
+    /// The table grows by half at 3/4, a load sizes it two thirds full, it shrinks only below
+    /// 3/8 (to two thirds), and an emptied one shrinks back to nothing.
     #[test]
-    fn grows_at_three_quarters_and_shrinks() {
+    fn grows_by_half_at_three_quarters_and_shrinks_below_three_eighths() {
         let mut index = HashIndex::default();
         for id in 0..6 {
             index.insert_unique(id * 0x1000_0000, id, Hints::default());
         }
         assert_eq!(index.entries.len(), 8);
         index.insert_unique(7, 6, Hints::default());
-        assert_eq!(index.entries.len(), 16);
-        for id in 0..6 {
-            assert!(index.remove(id * 0x1000_0000, id));
+        assert_eq!(index.entries.len(), 12);
+        for id in 7..100u32 {
+            index.insert_unique(id.wrapping_mul(0x9e37_79b9), id, Hints::default());
+        }
+        // 8, 12, 18, 27, 40, 60, 90, 135: each growth at 3/4 full.
+        assert_eq!(index.entries.len(), 135);
+        assert!(index.len() <= max_len(135) && index.len() > max_len(90));
+        assert_eq!(HashIndex::with_capacity(1000).entries.len(), 1501);
+        let hash = |id: u32| {
+            if id < 6 {
+                id * 0x1000_0000
+            } else {
+                id.wrapping_mul(0x9e37_79b9)
+            }
+        };
+        // 100 keys in 135 places; max_len(135) = 101, so a shrink waits for fewer than 50.
+        for id in 7..57u32 {
+            assert!(index.remove(hash(id), id));
+            index.shrink_to_fit();
+            assert_eq!(index.entries.len(), 135, "{} keys left", index.len());
+        }
+        assert_eq!(index.len(), 50);
+        assert!(index.remove(hash(57), 57));
+        index.shrink_to_fit();
+        assert_eq!((index.len(), index.entries.len()), (49, capacity_for(49)));
+        assert_eq!(capacity_for(49), 74);
+        for id in (0..6u32).chain(58..100) {
+            assert!(index.remove(hash(id), id));
         }
         assert!(index.remove(7, 6));
         index.shrink_to_fit();

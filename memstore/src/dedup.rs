@@ -136,12 +136,7 @@ const FREE: Slot = Slot {
 
 /// A table of `capacity` free slots.
 fn free_table(capacity: usize) -> Vec<Slot> {
-    Slot::new_vec_zeroed(capacity).unwrap_or_else(|_| {
-        std::alloc::handle_alloc_error(
-            std::alloc::Layout::array::<Slot>(capacity)
-                .expect("invariant: a table's size fits the address space"),
-        )
-    })
+    crate::zeroed::zeroed_table(capacity)
 }
 
 /// The request ids applied within the window.

@@ -9,6 +9,7 @@ mod point;
 mod prefetch;
 mod restore;
 mod store;
+mod zeroed;
 
 pub mod checkpoint;
 pub mod validate;

@@ -30,6 +30,7 @@
 use zerocopy::FromZeros;
 
 use crate::prefetch::{prefetch, prefetch_line};
+use crate::zeroed::zeroed_table;
 
 /// Fewest entries of a table that holds anything.
 const MIN_CAPACITY: usize = 8;
@@ -142,21 +143,11 @@ fn grown(capacity: usize) -> usize {
     capacity.saturating_add(capacity / 2).max(MIN_CAPACITY)
 }
 
-/// A table of `capacity` free entries: one zeroed allocation.
-fn free_table(capacity: usize) -> Vec<Entry> {
-    Entry::new_vec_zeroed(capacity).unwrap_or_else(|_| {
-        std::alloc::handle_alloc_error(
-            std::alloc::Layout::array::<Entry>(capacity)
-                .expect("invariant: a table's size fits the address space"),
-        )
-    })
-}
-
 impl HashIndex {
     /// An index with room for `n` keys before it grows.
     pub fn with_capacity(n: usize) -> HashIndex {
         HashIndex {
-            entries: free_table(capacity_for(n)),
+            entries: zeroed_table(capacity_for(n)),
             len: 0,
         }
     }
@@ -308,7 +299,7 @@ impl HashIndex {
     /// Moves every entry into a table of `capacity` entries, in the order of the old table,
     /// which is (nearly) the order of their homes in the new one: it is written front to back.
     fn resize(&mut self, capacity: usize) {
-        let old = std::mem::replace(&mut self.entries, free_table(capacity));
+        let old = std::mem::replace(&mut self.entries, zeroed_table(capacity));
         if capacity == 0 {
             return;
         }

@@ -291,8 +291,10 @@ impl HashIndex {
     /// Moves to a table two thirds full once less than 3/8 of this one is used (after a
     /// compaction removed keys): never right back and forth around one size.
     pub fn shrink_to_fit(&mut self) {
-        if self.len < max_len(self.entries.len()) / 2 {
-            self.resize(capacity_for(self.len));
+        let capacity = capacity_for(self.len);
+        // (A small table may already be the smallest there is.)
+        if self.len < max_len(self.entries.len()) / 2 && capacity < self.entries.len() {
+            self.resize(capacity);
         }
     }
 
@@ -538,6 +540,12 @@ mod tests {
         for id in (0..6u32).chain(58..100) {
             assert!(index.remove(hash(id), id));
         }
+        index.shrink_to_fit();
+        assert_eq!((index.len(), index.entries.len()), (1, MIN_CAPACITY));
+        // One key in the smallest table: nothing to shrink to, so no reallocation.
+        let before = index.entries.as_ptr();
+        index.shrink_to_fit();
+        assert_eq!(index.entries.as_ptr(), before);
         assert!(index.remove(7, 6));
         index.shrink_to_fit();
         assert_eq!(index.entries.len(), 0);

@@ -15,7 +15,7 @@ mod index;
 mod order;
 
 pub(crate) use bulk::KeySpaceBuilder;
-use index::{HashIndex, Hints};
+use index::{Found, HashIndex, Hints};
 use order::OrderIndex;
 
 /// One stored version of a key: a put, or a tombstone (`version == 0`).
@@ -347,16 +347,16 @@ impl<'a> Iterator for RangeIter<'a> {
 
 impl KeySpace {
     fn find(&self, key: &[u8]) -> Option<u32> {
-        self.find_hashed(hash_key(key), key)
+        self.find_hashed(hash_key(key), key).map(|f| f.id)
     }
 
     /// The slot id of `key`, whose hash is `hash`. Once an entry's hash matches, the key bytes
     /// and the newest value its hints name are prefetched before the slot is read, so the
     /// slot, the key (for the comparison) and the value (for a read's answer, a put's
     /// previous key-value) come in together: one miss after the index entry's, not two.
-    fn find_hashed(&self, hash: u32, key: &[u8]) -> Option<u32> {
+    fn find_hashed(&self, hash: u32, key: &[u8]) -> Option<Found> {
         let slab = &self.slab;
-        self.index.find(hash, |id, hints| {
+        self.index.find_entry(hash, |id, hints| {
             hints.prefetch();
             &slab.get(id).key[..] == key
         })
@@ -474,7 +474,8 @@ impl KeySpace {
         let h = hash_key(k);
         let found = self.find_hashed(h, k);
         let (id, added, live, main, sub) = match found {
-            Some(id) => {
+            Some(found) => {
+                let id = found.id;
                 let slot = self.slab.get_mut(id);
                 let v = make(&slot.key, Some(&slot.versions));
                 if let Some(last) = slot.versions.last().filter(|l| !l.is_tombstone()) {
@@ -483,9 +484,9 @@ impl KeySpace {
                 }
                 let facts = (kl + v.value.len() as u64, !v.is_tombstone(), v.main, v.sub);
                 slot.versions.push(v);
-                // A new newest value: the index's hints follow it.
-                let indexed = self.index.set_hints(h, id, self.slab.hints(id));
-                debug_assert!(indexed, "a found key is indexed");
+                // A new newest value: the index's hints follow it (the entry found above;
+                // nothing was inserted or removed since).
+                self.index.set_hints(found, self.slab.hints(id));
                 (id, facts.0, facts.1, facts.2, facts.3)
             }
             None => {

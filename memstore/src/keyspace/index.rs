@@ -102,6 +102,13 @@ impl Hints {
     }
 }
 
+/// An entry a lookup found: its slot id and its place in the table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Found {
+    pub id: u32,
+    at: usize,
+}
+
 /// Slot ids by key hash. It stores no keys: every answer is a candidate the caller confirms
 /// against its slot (`find`'s `is_key`).
 #[derive(Debug, Clone, Default)]
@@ -224,19 +231,27 @@ impl HashIndex {
     /// The first slot id whose entry has `hash` and for which `is_key(id, hints)` holds (the
     /// hints are the entry's, for the caller to prefetch before it reads the slot).
     pub fn find(&self, hash: u32, is_key: impl FnMut(u32, Hints) -> bool) -> Option<u32> {
-        self.position(hash, is_key)
-            .map(|p| id_of(self.entries[p].word))
+        self.find_entry(hash, is_key).map(|f| f.id)
     }
 
-    /// Replaces the hints of slot `id` (indexed under `hash`); false if it is not indexed.
-    pub fn set_hints(&mut self, hash: u32, id: u32, hints: Hints) -> bool {
-        match self.position(hash, |c, _| c == id) {
-            Some(p) => {
-                self.entries[p].hints = hints;
-                true
-            }
-            None => false,
-        }
+    /// `find`, with where the entry lies (for `set_hints`).
+    pub fn find_entry(&self, hash: u32, is_key: impl FnMut(u32, Hints) -> bool) -> Option<Found> {
+        self.position(hash, is_key).map(|at| Found {
+            id: id_of(self.entries[at].word),
+            at,
+        })
+    }
+
+    /// Replaces the hints of the entry `found` names: no second probe. `found` must come from
+    /// this index with no insert or removal since (entries move only then).
+    pub fn set_hints(&mut self, found: Found, hints: Hints) {
+        let e = &mut self.entries[found.at];
+        debug_assert_eq!(
+            id_of(e.word),
+            found.id,
+            "the entry moved since it was found"
+        );
+        e.hints = hints;
     }
 
     /// Adds slot `id` under `hash`; the caller knows its key is not indexed yet.

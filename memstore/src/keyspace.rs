@@ -39,16 +39,22 @@ impl Version {
     }
 
     pub fn to_kv(&self, key: &[u8], keys_only: bool) -> KeyValue {
+        let value = if keys_only {
+            Vec::new()
+        } else {
+            self.value.to_vec()
+        };
+        self.kv_with(key.to_vec(), value)
+    }
+
+    /// This version as a `KeyValue` with key and value bytes the caller already holds.
+    pub fn kv_with(&self, key: Vec<u8>, value: Vec<u8>) -> KeyValue {
         KeyValue {
-            key: key.to_vec(),
+            key,
             create_revision: self.create,
             mod_revision: self.main,
             version: self.version,
-            value: if keys_only {
-                Vec::new()
-            } else {
-                self.value.to_vec()
-            },
+            value,
             lease: self.lease,
         }
     }

@@ -182,14 +182,7 @@ impl Writer<'_> {
         let kv = slot.versions.last().map(|v| match event_bytes {
             Some(EventBytes { key, value }) => {
                 debug_assert!(key == *slot.key && value == *v.value);
-                KeyValue {
-                    key,
-                    create_revision: v.create,
-                    mod_revision: v.main,
-                    version: v.version,
-                    value,
-                    lease: v.lease,
-                }
+                v.kv_with(key, value)
             }
             None => v.to_kv(&slot.key, false),
         });

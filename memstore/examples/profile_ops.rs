@@ -35,6 +35,21 @@ const READ_ROUNDS: usize = 5;
 const LOAD_ROUNDS: usize = 4;
 const DECODED_ROUNDS: usize = 3;
 
+/// A put of `key(i)` with a 256-byte value of `fill` bytes, at journal time 1,000 ms.
+fn put_entry(i: usize, fill: u8, request_id: Vec<u8>) -> Entry {
+    Entry {
+        format_version: 1,
+        tenant: "p".into(),
+        request_id,
+        time_ms: 1_000,
+        request: Some(Request::Put(PutRequest {
+            key: key(i),
+            value: vec![fill; 256],
+            ..Default::default()
+        })),
+    }
+}
+
 fn key(i: usize) -> Vec<u8> {
     let mut k = format!("/registry/pods/ns{:04}/pod-{:08}-", i / 1000, i).into_bytes();
     k.resize(KEY_LEN, b'x');
@@ -64,27 +79,24 @@ fn main() {
         chase();
         return;
     }
-    if mode == "load-file" {
-        load_file();
+    // `load-file`: a fresh process decodes the checkpoint at `PROFILE_CHECKPOINT` if there is
+    // one; else the store is built as for every mode and its checkpoint written there.
+    let checkpoint_file = (mode == "load-file")
+        .then(|| std::env::var("PROFILE_CHECKPOINT").expect("PROFILE_CHECKPOINT names a file"));
+    if let Some(bytes) = checkpoint_file.as_ref().and_then(|f| std::fs::read(f).ok()) {
+        timed_decode("load-file", &bytes);
         return;
     }
     let ids = std::env::var("PROFILE_IDS").is_ok_and(|v| v == "1");
     let entries: Vec<Entry> = (0..n)
         .map(order)
-        .map(|i| Entry {
-            format_version: 1,
-            tenant: "p".into(),
-            request_id: if ids {
+        .map(|i| {
+            let id = if ids {
                 (i as u128 + 1).to_le_bytes().to_vec()
             } else {
                 Vec::new()
-            },
-            time_ms: 1_000,
-            request: Some(Request::Put(PutRequest {
-                key: key(i),
-                value: vec![b'v'; 256],
-                ..Default::default()
-            })),
+            };
+            put_entry(i, b'v', id)
         })
         .collect();
     if mode.starts_with("decoded") || mode == "record" {
@@ -153,17 +165,7 @@ fn main() {
         // (the common Kubernetes write: an update of a live object).
         let base = store.applied_index();
         let updates: Vec<Entry> = (0..n)
-            .map(|i| Entry {
-                format_version: 1,
-                tenant: "p".into(),
-                request_id: Vec::new(),
-                time_ms: 1_000,
-                request: Some(Request::Put(PutRequest {
-                    key: key(i.wrapping_mul(2_654_435_761) % n),
-                    value: vec![b'w'; 256],
-                    ..Default::default()
-                })),
-            })
+            .map(|i| put_entry(i.wrapping_mul(2_654_435_761) % n, b'w', Vec::new()))
             .collect();
         // `PROFILE_COMPACT_EVERY=k`: a compaction at the head after every k updates (the
         // steady state of a cluster whose API server compacts on a timer: the history stays
@@ -189,6 +191,10 @@ fn main() {
             wall.elapsed().as_secs_f64(),
             compacting_ns as f64 / 1e6 / compactions.max(1) as f64
         );
+        return;
+    }
+    if let Some(file) = checkpoint_file {
+        std::fs::write(file, checkpoint_of(&store)).expect("write the checkpoint");
         return;
     }
     if mode == "load" {
@@ -312,34 +318,6 @@ fn compact_entry(revision: i64) -> Entry {
 }
 
 /// A number from the environment variable `var`, if set and valid.
-/// `load-file`: a checkpoint decoded by a fresh process, as a new frontend loads one. The
-/// first run (no file at `PROFILE_CHECKPOINT`) builds 1M keys and writes their checkpoint
-/// there; each later run reads it and times one decode.
-fn load_file() {
-    let path = std::env::var("PROFILE_CHECKPOINT").expect("PROFILE_CHECKPOINT names a file");
-    if let Ok(bytes) = std::fs::read(&path) {
-        timed_decode("load-file", &bytes);
-        return;
-    }
-    let mut store = MemStore::new(Config::default());
-    for i in 0..env_num("PROFILE_KEYS").unwrap_or(N) {
-        let put = PutRequest {
-            key: key(i),
-            value: vec![b'v'; 256],
-            ..Default::default()
-        };
-        let entry = Entry {
-            format_version: 1,
-            tenant: "p".into(),
-            request_id: Vec::new(),
-            time_ms: 1_000,
-            request: Some(Request::Put(put)),
-        };
-        store.apply(i as u64 + 1, &entry);
-    }
-    std::fs::write(&path, checkpoint_of(&store)).expect("write");
-}
-
 /// The store's checkpoint.
 fn checkpoint_of(store: &MemStore) -> Vec<u8> {
     let meta = memstore::checkpoint::CheckpointMeta {

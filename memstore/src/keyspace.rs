@@ -741,6 +741,30 @@ mod tests {
         ));
     }
 
+    /// A put (or, with `tombstone`, a delete) of `key` at revision `main` with a value of
+    /// `len` bytes, its create revision and version following the key's history as etcd's do.
+    fn write_sized(ks: &mut KeySpace, key: Vec<u8>, main: i64, tombstone: bool, len: usize) {
+        ks.upsert(key, |_, prev| {
+            let last = prev.and_then(|vs| vs.last()).filter(|v| !v.is_tombstone());
+            Version {
+                main,
+                sub: 0,
+                create: if tombstone {
+                    0
+                } else {
+                    last.map_or(main, |v| v.create)
+                },
+                version: if tombstone {
+                    0
+                } else {
+                    last.map_or(1, |v| v.version + 1)
+                },
+                lease: 0,
+                value: vec![b'v'; len].into(),
+            }
+        });
+    }
+
     mod compaction {
         use proptest::prelude::*;
 
@@ -769,27 +793,10 @@ mod tests {
             format!("/registry/pods/ns{}/p{:05}", i % 7, i).into_bytes()
         }
 
-        /// A put (or, with `tombstone`, a delete) of `key` at revision `main`.
+        /// A put (or, with `tombstone`, a delete) of `key` at revision `main`, with a value of
+        /// `main % 5` bytes.
         fn write(ks: &mut KeySpace, key: Vec<u8>, main: i64, tombstone: bool) {
-            ks.upsert(key, |_, prev| {
-                let last = prev.and_then(|vs| vs.last()).filter(|v| !v.is_tombstone());
-                Version {
-                    main,
-                    sub: 0,
-                    create: if tombstone {
-                        0
-                    } else {
-                        last.map_or(main, |v| v.create)
-                    },
-                    version: if tombstone {
-                        0
-                    } else {
-                        last.map_or(1, |v| v.version + 1)
-                    },
-                    lease: 0,
-                    value: vec![b'v'; (main % 5) as usize].into(),
-                }
-            });
+            super::write_sized(ks, key, main, tombstone, (main % 5) as usize);
         }
 
         /// What a compaction at `rev` must leave: keys in order in every index, and no key
@@ -950,14 +957,7 @@ mod tests {
                 let tombstone = round == 1 && i % 3 == 0;
                 let len = if tombstone { 0 } else { 10 + i as usize % 300 };
                 let key = format!("/k/{:05}", (i * 7919) % 2000).into_bytes();
-                ks.upsert(key, |_, _| Version {
-                    main,
-                    sub: 0,
-                    create: 1,
-                    version: u32::from(!tombstone).into(),
-                    lease: 0,
-                    value: vec![b'v'; len].into(),
-                });
+                write_sized(&mut ks, key, main, tombstone, len);
             }
             check(&ks);
         }

@@ -1,6 +1,6 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|overwrite|reads|hot|load|load-file|decoded|decoded-owned|record|chase` (`decoded`:
+//! --example profile_ops -- puts|random|overwrite|reads|hot|load|load-file|decoded|decoded-owned|record|chase|floor` (`decoded`:
 //! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
 //! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
 //! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
@@ -77,6 +77,10 @@ fn main() {
     };
     if mode == "chase" {
         chase();
+        return;
+    }
+    if mode == "floor" {
+        floor();
         return;
     }
     // `load-file`: a fresh process decodes the checkpoint at `PROFILE_CHECKPOINT` if there is
@@ -267,19 +271,7 @@ const CHASE_STEPS: usize = 20_000_000;
 /// flight): the misses per second the core sustains when work overlaps, the ceiling of batched
 /// reads.
 fn chase() {
-    let mut next: Vec<[u64; 8]> = vec![[0; 8]; CHASE_LINES];
-    let mut order: Vec<u64> = (0..CHASE_LINES as u64).collect();
-    let mut x = 0x9e37_79b9_7f4a_7c15u64;
-    for i in (1..CHASE_LINES).rev() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        order.swap(i, (x % i as u64) as usize);
-    }
-    for w in order.windows(2) {
-        next[w[0] as usize][0] = w[1];
-    }
-    next[order[CHASE_LINES - 1] as usize][0] = order[0];
+    let (next, order) = random_cycle();
     let chains = env_num("PROFILE_CHAINS").unwrap_or(1).clamp(1, 64);
     let starts: Vec<u64> = (0..chains)
         .map(|c| order[c * (CHASE_LINES / chains)])
@@ -301,6 +293,76 @@ fn chase() {
             ns / (CHASE_STEPS / chains) as f64,
             misses / (ns / 1e9)
         );
+    }
+}
+
+/// `CHASE_LINES` lines of 64 bytes, each line's first word naming the next line of one random
+/// cycle through all of them (Sattolo's shuffle), and the cycle's order.
+fn random_cycle() -> (Vec<[u64; 8]>, Vec<u64>) {
+    let mut next: Vec<[u64; 8]> = vec![[0; 8]; CHASE_LINES];
+    let mut order: Vec<u64> = (0..CHASE_LINES as u64).collect();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in (1..CHASE_LINES).rev() {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        order.swap(i, (x % i as u64) as usize);
+    }
+    for w in order.windows(2) {
+        next[w[0] as usize][0] = w[1];
+    }
+    next[order[CHASE_LINES - 1] as usize][0] = order[0];
+    (next, order)
+}
+
+/// Work rounds `floor` tries after each read's two misses.
+const FLOOR_WORK: [usize; 7] = [4, 8, 16, 24, 32, 48, 64];
+
+/// `floor`: the rate of reads that are nothing but two dependent misses (a random line, then
+/// the line it names: an index entry, then the key and value it leads to) followed by `w`
+/// rounds of work on what the second miss loaded (four independent xorshift chains, ~24
+/// instructions a round), against the same reads from one cached line (the work alone). The
+/// reads are independent of each other, as one-at-a-time point reads are: the gap shows how
+/// much of a read's work the core hides under the next read's misses, and so the best any
+/// lookup that needs two misses can do one request at a time on this machine. Compare a point
+/// read in wire format: ~70–90 ns cached (`hot-view`), ~380 ns over 1M keys (`reads-view`).
+fn floor() {
+    let (next, order) = random_cycle();
+    let reads: Vec<usize> = order
+        .iter()
+        .step_by(CHASE_LINES / 4_000_000)
+        .map(|&l| l as usize)
+        .collect();
+    let cached = vec![order[0] as usize; reads.len()];
+    drop(order);
+    let run = |reads: &[usize], w: usize| {
+        let cpu = cpu_ns();
+        let mut sum = 0u64;
+        for &r in reads {
+            let entry = next[r][0] as usize;
+            let x = next[entry][0] | 1;
+            let mut chains = [x, x ^ 2, x ^ 4, x ^ 8];
+            for _ in 0..w {
+                for c in chains.iter_mut() {
+                    *c ^= *c << 13;
+                    *c ^= *c >> 7;
+                    *c ^= *c << 17;
+                }
+            }
+            sum = sum.wrapping_add(chains.iter().fold(0, |a, c| a ^ c));
+        }
+        black_box(sum);
+        (cpu_ns() - cpu) as f64 / reads.len() as f64
+    };
+    for _ in 0..env_num("PROFILE_ROUNDS").unwrap_or(1) {
+        for w in FLOOR_WORK {
+            let alone = run(&cached, w);
+            let ns = run(&reads, w);
+            println!(
+                "floor, {w:3} rounds of work ({alone:.0} ns alone) after two dependent misses: {ns:.0} ns per read, {:.0} reads per cpu-second",
+                1e9 / ns
+            );
+        }
     }
 }
 

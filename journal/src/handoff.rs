@@ -206,7 +206,9 @@ pub fn look(shard: &Shard, now: Instant) -> Option<Observation> {
 /// 1. the shard holds appends, trims and read indexes back (after the hand-off they go on
 ///    here, or are answered with the new leader's address; no lease read is served from here
 ///    on), idle ticks and heartbeats stop;
-/// 2. it waits until `to` holds this node's whole log (so `to` can win and loses nothing), and
+/// 2. it waits until `to` holds this node's whole log (so `to` can win and loses nothing: the
+///    log is whole once every proposal that passed the gate before it closed reached the log
+///    store, `crate::gate`), and
 ///    until, without `to`, a majority of the voters minus one is free to vote: this node once it
 ///    led for the followers' vote refusal, a follower once that long passed since its last
 ///    acceptance of a message arrived here (with three voters, this node's own vote is enough,
@@ -299,7 +301,7 @@ async fn steps(
     let need = voters.len() / 2;
     loop {
         let now = Instant::now();
-        let (still, caught_up) = {
+        let (still, matched) = {
             let m = shard.raft.metrics();
             let m = m.borrow();
             let matched = m
@@ -307,14 +309,25 @@ async fn steps(
                 .as_ref()
                 .and_then(|r| r.get(&to).copied().flatten())
                 .map(|l| l.index);
-            (
-                m.vote == vote && m.state == ServerState::Leader,
-                matched.is_some() && matched == m.last_log_index,
-            )
+            (m.vote == vote && m.state == ServerState::Leader, matched)
         };
         if !still {
             return Err(HandoffError::NotLeader(shard.id));
         }
+        // Once the gate is quiet nothing more reaches this node's log. A round through the
+        // Raft core then follows every entry handed over before: openraft gives a message's
+        // entries to the log store before it takes the next message, so the store's last
+        // index is final (the metrics may not show it yet). The target must hold all of it,
+        // or this node refuses it its vote (a failed hand-off, never an unsafe one).
+        let caught_up = shard.gate.quiet() && {
+            shard
+                .raft
+                .with_raft_state(|_| ())
+                .await
+                .map_err(|_| HandoffError::NotLeader(shard.id))?;
+            let last = shard.log.next_index().checked_sub(1);
+            matched.is_some() && matched >= last
+        };
         let free = voters
             .iter()
             .filter(|v| **v != to)

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod failpoint;
+pub mod gate;
 pub mod handoff;
 pub mod lease;
 pub mod log_store;

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 
 use crate::clock;
 use crate::error::ShardError;
+use crate::gate::ProposalGate;
 use crate::lease::LeaseClock;
 use crate::log_store::{ErrorList, LogShared, LogStore, OpenError};
 use crate::network::{Network, Peers};
@@ -159,9 +160,9 @@ pub struct Shard {
     /// The node that led this shard when the cluster formed (`ids[shard % n]`): leadership is
     /// handed back to it after a failover (`crate::handoff`).
     pub preferred: NodeId,
-    /// While this node hands its leadership to another (that node's id; 0: not handing off),
-    /// the shard holds appends, trims and read indexes back, and sends no ticks or heartbeats.
-    handing_to: tokio::sync::watch::Sender<NodeId>,
+    /// Closed while this node hands its leadership to another: the shard then holds appends,
+    /// trims and read indexes back, and sends no ticks or heartbeats.
+    pub(crate) gate: ProposalGate,
     /// A term in which this node asked another to campaign (a hand-off): no lease answers in
     /// it any more, even if the hand-off failed (`crate::handoff`); read indexes take rounds.
     lease_revoked_term: AtomicU64,
@@ -290,22 +291,19 @@ impl Shard {
 
     /// The node this shard's leadership is being handed to, if a hand-off is in progress.
     pub fn handing_to(&self) -> Option<NodeId> {
-        Some(*self.handing_to.borrow()).filter(|n| *n != 0)
+        self.gate.handing_to()
     }
 
     /// Returns once no hand-off is in progress.
     async fn handoff_ended(&self) {
-        if self.handing_to().is_some() {
-            let mut rx = self.handing_to.subscribe();
-            let _ = rx.wait_for(|to| *to == 0).await;
-        }
+        self.gate.opened().await
     }
 
     /// Starts a hand-off to `to`: from now on the shard proposes nothing and answers no read
     /// index (they wait for the hand-off to end, then go on here or are sent to the new
     /// leader), and sends no heartbeats.
     pub(crate) fn begin_handoff(&self, to: NodeId) {
-        self.handing_to.send_replace(to);
+        self.gate.close(to);
         self.raft.runtime_config().heartbeat(false);
     }
 
@@ -313,7 +311,7 @@ impl Shard {
     /// no longer the leader answers them as a follower does).
     pub(crate) fn end_handoff(&self) {
         self.raft.runtime_config().heartbeat(true);
-        self.handing_to.send_replace(0);
+        self.gate.open();
     }
 
     /// No lease answers in `term` from now on: this node is about to ask another voter to
@@ -453,7 +451,8 @@ async fn proposer(
                 },
                 _ = tokio::time::sleep_until(last_activity + idle_tick) => {
                     last_activity = Instant::now();
-                    if shard.is_leader() && shard.handing_to().is_none() {
+                    let pass = shard.gate.pass();
+                    if shard.is_leader() && pass.is_some() {
                         let time_ms = stamp(&shard);
                         match shard.raft.client_write_ff(JournalRequest::Tick { time_ms }).await {
                             // Nobody waits for a tick; keep its responder alive until it is done.
@@ -477,14 +476,13 @@ async fn proposer(
                 let Ok(permit) = Arc::clone(&inflight).acquire_owned().await else {
                     return;
                 };
-                if shard.handing_to().is_some() {
-                    // A hand-off began meanwhile: after it, propose here or send the caller
-                    // to the new leader.
-                    shard.handoff_ended().await;
-                    if !shard.is_leader() {
-                        let _ = reply.send(Err(shard.not_leader()));
-                        continue;
-                    }
+                // Held until the entry is with Raft: a hand-off that began meanwhile waits for
+                // it (crate::gate). If one is in progress, after it: propose here or send the
+                // caller to the new leader.
+                let _pass = shard.gate.pass_when_open().await;
+                if !shard.is_leader() {
+                    let _ = reply.send(Err(shard.not_leader()));
+                    continue;
                 }
                 let mut batch = Batch::new(payloads, reply);
                 while carry.is_none() && !batch.full() {
@@ -544,7 +542,7 @@ async fn proposer(
                 }
             }
             Proposal::Trim { below, reply } => {
-                shard.handoff_ended().await;
+                let _pass = shard.gate.pass_when_open().await;
                 if !shard.is_leader() {
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
@@ -765,7 +763,7 @@ impl JournalNode {
                 id: s,
                 node_id: config.id,
                 preferred: ids[(s as usize) % ids.len()],
-                handing_to: tokio::sync::watch::Sender::new(0),
+                gate: ProposalGate::default(),
                 lease_revoked_term: AtomicU64::new(0),
                 raft,
                 log,

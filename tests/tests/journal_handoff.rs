@@ -62,6 +62,46 @@ async fn hand_off(client: &journal::JournalClient, to: u64) -> HandoffResponse {
     }
 }
 
+/// `n` tasks appending to shard 0 until `stop`; with `check_reads`, each append is followed by
+/// a read index that must cover it. Each task answers how many appends it made.
+fn writers(
+    client: &journal::JournalClient,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+    check_reads: bool,
+) -> Vec<tokio::task::JoinHandle<u64>> {
+    (0..n)
+        .map(|t| {
+            let (client, stop) = (client.clone(), Arc::clone(stop));
+            tokio::spawn(async move {
+                let mut done = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let idx = client
+                        .append(0, vec![format!("writer {t} append {done}").into_bytes()])
+                        .await
+                        .expect("append")[0];
+                    if check_reads {
+                        let ri = client.read_index(0).await.expect("read index");
+                        assert!(ri >= idx, "read index {ri} below acknowledged append {idx}");
+                    }
+                    done += 1;
+                }
+                done
+            })
+        })
+        .collect()
+}
+
+/// Waits for the writers: each must have made progress.
+async fn join_writers(tasks: Vec<tokio::task::JoinHandle<u64>>) {
+    for t in tasks {
+        assert!(
+            t.await.expect("writer panicked") > 0,
+            "a writer made no progress"
+        );
+    }
+}
+
 /// Waits until every appender has `more` acknowledged appends beyond where it stands now.
 async fn carry_on(appenders: &[Appenders], more: usize) {
     let mut at = Vec::new();
@@ -178,23 +218,7 @@ async fn admin_handoff_moves_a_shard_and_read_indexes_stay_linearizable() {
 
     // Writers append, then ask for a read index: it must cover their acknowledged append.
     let stop = Arc::new(AtomicBool::new(false));
-    let mut tasks = Vec::new();
-    for t in 0..4 {
-        let (client, stop) = (client.clone(), Arc::clone(&stop));
-        tasks.push(tokio::spawn(async move {
-            let mut checks = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let idx = client
-                    .append(0, vec![format!("writer {t} check {checks}").into_bytes()])
-                    .await
-                    .expect("append")[0];
-                let ri = client.read_index(0).await.expect("read index");
-                assert!(ri >= idx, "read index {ri} below acknowledged append {idx}");
-                checks += 1;
-            }
-            checks
-        }));
-    }
+    let tasks = writers(&client, 4, &stop, true);
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let r = client.handoff(0, false, 0).await.expect("report");
@@ -224,8 +248,36 @@ async fn admin_handoff_moves_a_shard_and_read_indexes_stay_linearizable() {
 
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
-    for t in tasks {
-        let checks = t.await.expect("writer panicked");
-        assert!(checks > 0, "a writer made no progress");
+    join_writers(tasks).await;
+}
+
+/// Hand-offs back and forth while 32 appenders keep one shard's proposer busy: each must
+/// succeed the first time. (A proposal that passed the proposer's hand-off check just before
+/// the pause used to reach the log after the readiness check, so the target's log was one
+/// entry short when it campaigned and the leader refused its vote.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn handoffs_under_load_succeed_the_first_time() {
+    let c = JournalCluster::start(3, 1, &["--handoff-settle".into(), "0s".into()]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks = writers(&client, 32, &stop, false);
+    let mut leader = leaders[0];
+    let mut failures = Vec::new();
+    for round in 0..8 {
+        let to = leader % 3 + 1;
+        match client.handoff(0, true, to).await {
+            Ok(r) => {
+                assert_eq!(r.leader_id, to, "{}", r.message);
+                leader = to;
+            }
+            Err(e) => {
+                failures.push(format!("round {round}, to {to}: {e}"));
+                leader = c.wait_leaders(&[0, 1, 2]).await[0];
+            }
+        }
     }
+    stop.store(true, Ordering::Relaxed);
+    join_writers(tasks).await;
+    assert!(failures.is_empty(), "hand-offs failed: {failures:#?}");
 }

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use api::strata::journal::CampaignRequest;
 use api::strata::journal::raft_client::RaftClient;
-use openraft::{ServerState, Vote};
+use openraft::{BasicNode, RaftMetrics, ServerState, Vote};
 
 use crate::log_store::lock;
 use crate::node::{ELECTION_TIMEOUT_MAX_MS, JournalNode, Shard};
@@ -53,8 +53,10 @@ pub enum HandoffError {
     NotVoter { shard: u32, to: NodeId },
     #[error("node {0} already leads the shard")]
     AlreadyLeads(NodeId),
-    #[error("shard {0}: another hand-off is in progress")]
+    #[error("shard {0}: another hand-off or a membership change is in progress on this node")]
     InProgress(u32),
+    #[error("shard {0}: its voters are changing (a joint configuration)")]
+    MembershipChanging(u32),
     #[error(
         "shard {shard}: node {to} did not catch up (or voters stayed bound) within {HANDOFF_TIMEOUT:?}"
     )]
@@ -155,11 +157,31 @@ impl Settle {
     }
 }
 
-/// The node's hand-off state: the looks, and the one hand-off running at a time.
+/// The node's hand-off state: the looks, and the one hand-off or membership change running at
+/// a time.
 #[derive(Default)]
 pub struct Handoffs {
     pub settle: std::sync::Mutex<Settle>,
     running: tokio::sync::Mutex<()>,
+}
+
+impl Handoffs {
+    /// Waits until no hand-off runs on this node, then keeps any from starting until the guard
+    /// is dropped. A membership change (`ReplaceNode`) holds it: a hand-off would move the
+    /// leadership away in the middle of the change (which then fails and is asked again of the
+    /// new leader), and its own count of free voters does not hold for a joint configuration.
+    pub async fn membership_change(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.running.lock().await
+    }
+}
+
+/// The last log index `node` has acknowledged to this leader (`None`: none yet, or this node
+/// does not lead).
+pub fn matched_index(m: &RaftMetrics<NodeId, BasicNode>, node: NodeId) -> Option<u64> {
+    m.replication
+        .as_ref()
+        .and_then(|r| r.get(&node).copied().flatten())
+        .map(|l| l.index)
 }
 
 /// What `observe` needs of a shard's metrics: `None` unless this node leads it.
@@ -190,11 +212,7 @@ pub fn look(shard: &Shard, now: Instant) -> Option<Observation> {
         .last_heard(to)
         .is_some_and(|t| now.saturating_duration_since(t) < ALIVE_WITHIN);
     let last = m.last_log_index.unwrap_or(0);
-    let matched = m
-        .replication
-        .as_ref()
-        .and_then(|r| r.get(&to).copied().flatten())
-        .map_or(0, |l| l.index);
+    let matched = matched_index(&m, to).unwrap_or(0);
     let caught_up = matched + CAUGHT_UP_ENTRIES >= last;
     Some(Observation {
         vote,
@@ -243,6 +261,21 @@ pub async fn hand_off(
             m.current_term,
         )
     };
+    let joint = shard
+        .raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .get_joint_config()
+        .len()
+        != 1;
+    if joint {
+        // A membership change left half done (its leader died between the two steps): the
+        // new leader finishes it when it is asked again; until then the count of free voters
+        // below would be wrong.
+        return Err(HandoffError::MembershipChanging(shard.id));
+    }
     if !voters.contains(&to) {
         return Err(HandoffError::NotVoter {
             shard: shard.id,
@@ -304,11 +337,7 @@ async fn steps(
         let (still, matched) = {
             let m = shard.raft.metrics();
             let m = m.borrow();
-            let matched = m
-                .replication
-                .as_ref()
-                .and_then(|r| r.get(&to).copied().flatten())
-                .map(|l| l.index);
+            let matched = matched_index(&m, to);
             (m.vote == vote && m.state == ServerState::Leader, matched)
         };
         if !still {

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use api::strata::journal::journal_admin_server::{JournalAdmin, JournalAdminServer};
 use api::strata::journal::journal_server::{Journal, JournalServer};
@@ -24,6 +25,7 @@ use tonic::transport::server::Router;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::error::{ERROR_KIND_METADATA, FIRST_INDEX_METADATA, LEADER_METADATA, ShardError};
+use crate::handoff::{CAUGHT_UP_ENTRIES, matched_index};
 use crate::log_store::ReadError;
 use crate::log_store::lock;
 use crate::network::{MAX_RAFT_MESSAGE_BYTES, decode_append};
@@ -425,14 +427,20 @@ impl JournalAdmin for JournalSvc {
                 other => Status::failed_precondition(other.to_string()),
             }
         };
+        // No hand-off on this node while the voters change (crate::handoff::Handoffs).
+        let _no_handoff = self.node.handoffs.membership_change().await;
         let mut voters: BTreeSet<u64> = self.node.voters(&shard);
         if req.add_id != 0 && !voters.contains(&req.add_id) {
             tracing::info!(shard = shard.id, add = req.add_id, addr = %req.add_addr, "adding a learner");
+            // Not openraft's blocking wait: it counts a learner as caught up while it is fewer
+            // than 5000 entries behind, so on a young log a node that is not even running
+            // would become a voter at once.
             shard
                 .raft
-                .add_learner(req.add_id, BasicNode::new(req.add_addr.clone()), true)
+                .add_learner(req.add_id, BasicNode::new(req.add_addr.clone()), false)
                 .await
                 .map_err(map_err)?;
+            learner_caught_up(&shard, req.add_id).await?;
             voters.insert(req.add_id);
         }
         if req.remove_id != 0 {
@@ -449,6 +457,48 @@ impl JournalAdmin for JournalSvc {
         Ok(Response::new(ReplaceNodeResponse {
             voters: self.node.voters(&shard).into_iter().collect(),
         }))
+    }
+}
+
+/// How long `ReplaceNode` waits for a new learner to catch up before it answers that it has
+/// not (the client gives one attempt 10 s).
+const LEARNER_CATCH_UP_WAIT: Duration = Duration::from_secs(8);
+
+/// Waits until learner `id` of `shard` is at most `CAUGHT_UP_ENTRIES` behind this leader's
+/// log, for up to `LEARNER_CATCH_UP_WAIT`. A learner still behind then stays a learner: the
+/// answer says so, and asking again once it runs and has caught up finishes the change.
+async fn learner_caught_up(shard: &Shard, id: u64) -> Result<(), Status> {
+    let deadline = tokio::time::Instant::now() + LEARNER_CATCH_UP_WAIT;
+    loop {
+        let (leads, matched, last) = {
+            let m = shard.raft.metrics();
+            let m = m.borrow();
+            let matched = matched_index(&m, id);
+            (
+                m.replication.is_some(),
+                matched,
+                m.last_log_index.unwrap_or(0),
+            )
+        };
+        if !leads {
+            return Err(ShardError::NotLeader {
+                shard: shard.id,
+                leader_addr: shard.leader().1,
+            }
+            .into());
+        }
+        if matched.is_some_and(|m| m + CAUGHT_UP_ENTRIES >= last) {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let behind = matched.map_or(last, |m| last.saturating_sub(m));
+            return Err(Status::failed_precondition(format!(
+                "shard {}: node {id} is a learner {behind} entries behind after {LEARNER_CATCH_UP_WAIT:?}; \
+                 once it runs (started with --join) and has caught up, ask again",
+                shard.id
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -180,6 +180,16 @@ impl JournalCluster {
             .unwrap_or_else(|| panic!("no node {id}"))
     }
 
+    /// The `--peers` of a node `new` at `addr` joining in place of node `old`: every node of
+    /// the cluster but `old`, and `new`.
+    pub fn peers_replacing(&self, old: u64, new: u64, addr: &str) -> String {
+        let mut addrs: BTreeMap<u64, String> =
+            self.nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
+        addrs.remove(&old);
+        addrs.insert(new, addr.to_string());
+        peers_arg(&addrs)
+    }
+
     pub fn endpoints(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.addr.clone()).collect()
     }
@@ -324,6 +334,22 @@ impl JournalCluster {
                 Some(r0) => assert_eq!(r0, &recs, "node {id} differs on shard {shard}"),
             }
         }
+    }
+}
+
+/// Appends `n` payloads `"{label} {i}"` to `shard` one at a time, recording each acknowledged
+/// index with its bytes in `acked`.
+pub async fn append_acked(
+    client: &JournalClient,
+    shard: u32,
+    label: &str,
+    n: u32,
+    acked: &mut BTreeMap<u64, Vec<u8>>,
+) {
+    for i in 0..n {
+        let p = format!("{label} {i}").into_bytes();
+        let idx = client.append(shard, vec![p.clone()]).await.expect("append")[0];
+        acked.insert(idx, p);
     }
 }
 

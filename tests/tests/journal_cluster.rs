@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use journal::ClientError;
-use strata_tests::journal::{Appenders, JournalCluster, peers_arg};
+use strata_tests::journal::{Appenders, JournalCluster, append_acked};
 use strata_tests::process::free_port;
 
 /// Concurrent appenders in the failover test.
@@ -118,17 +118,11 @@ async fn replace_a_dead_node_with_one_command() {
     c.wait_leaders(&[0, 1, 2]).await;
     let client = c.client().await;
     let mut acked = BTreeMap::new();
-    for i in 0..100u32 {
-        let p = format!("before {i}").into_bytes();
-        acked.insert(client.append(SHARD, vec![p.clone()]).await.unwrap()[0], p);
-    }
+    append_acked(&client, SHARD, "before", 100, &mut acked).await;
     // Node 3 dies for good; node 4 joins in its place.
     c.kill(2);
     let addr4 = format!("127.0.0.1:{}", free_port());
-    let mut addrs: BTreeMap<u64, String> = c.nodes.iter().map(|n| (n.id, n.addr.clone())).collect();
-    addrs.remove(&3);
-    addrs.insert(4, addr4.clone());
-    let n4 = c.add_node(4, addr4.clone(), peers_arg(&addrs), true);
+    let n4 = c.add_node(4, addr4.clone(), c.peers_replacing(3, 4, &addr4), true);
     let out = std::process::Command::new(strata_tests::process::strata_bin())
         .args([
             "journal",
@@ -155,9 +149,38 @@ async fn replace_a_dead_node_with_one_command() {
     // With node 2 down too, nodes 1 and 4 are a majority: node 4 is a voter.
     c.kill(1);
     let client = c.client().await;
-    for i in 0..20u32 {
-        let p = format!("after {i}").into_bytes();
-        acked.insert(client.append(SHARD, vec![p.clone()]).await.unwrap()[0], p);
-    }
+    append_acked(&client, SHARD, "after", 20, &mut acked).await;
     c.check_nodes_agree(&[0, n4], SHARD, 0, &acked).await;
+}
+
+/// Replacing a node by one that is not running yet: the new node is added as a learner but not
+/// made a voter (a voter that holds nothing would leave the shard one failure from losing its
+/// quorum); the answer says why. Once the node runs, asking again completes the change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_new_node_becomes_a_voter_only_once_it_has_caught_up() {
+    let mut c = JournalCluster::start(3, 1, &[]);
+    c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let mut acked = BTreeMap::new();
+    append_acked(&client, SHARD, "before", 50, &mut acked).await;
+    c.kill(2);
+    let addr4 = format!("127.0.0.1:{}", free_port());
+    let err = client
+        .replace_node(SHARD, 3, 4, &addr4)
+        .await
+        .expect_err("node 4 is not running");
+    assert!(
+        err.to_string().contains("node 4 is a learner"),
+        "unexpected answer: {err}"
+    );
+    // Still voters 1, 2 and 3: nodes 1 and 2 are a majority and keep committing.
+    append_acked(&client, SHARD, "meanwhile", 20, &mut acked).await;
+    let n4 = c.add_node(4, addr4.clone(), c.peers_replacing(3, 4, &addr4), true);
+    let voters = client
+        .replace_node(SHARD, 3, 4, &addr4)
+        .await
+        .expect("node 4 runs now");
+    assert_eq!(voters, vec![1, 2, 4]);
+    append_acked(&client, SHARD, "after", 20, &mut acked).await;
+    c.check_nodes_agree(&[0, 1, n4], SHARD, 0, &acked).await;
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use api::strata::journal::HandoffResponse;
 use strata_tests::journal::{Appenders, CONVERGE_TIMEOUT, JournalCluster};
+use strata_tests::process::free_port;
 
 /// Shards of the cluster: two per node.
 const SHARDS: u32 = 6;
@@ -280,4 +281,98 @@ async fn handoffs_under_load_succeed_the_first_time() {
     stop.store(true, Ordering::Relaxed);
     join_writers(tasks).await;
     assert!(failures.is_empty(), "hand-offs failed: {failures:#?}");
+}
+
+/// A node is replaced (node 3 dies, node 4 joins in its place) while hand-offs are asked for
+/// and appenders run. The change holds off hand-offs on the leader: node 4 starts only 3 s
+/// after the change began (adding it as a learner waits for it to catch up), and every
+/// hand-off asked meanwhile is refused with the reason instead of moving the leadership in the
+/// middle of the change. Then the change completes, hand-offs go through again (also to the
+/// new node), no append fails, and every node holds the same records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_node_is_replaced_while_hand_offs_are_asked_for() {
+    let mut c = JournalCluster::start(3, 1, &["--handoff-settle".into(), "0s".into()]);
+    c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    // Node 3 dies for good; the shard fails over to node 1 or 2 if node 3 led it.
+    c.kill(2);
+    c.wait_leaders(&[0, 1]).await;
+    let appenders = Appenders::start(&client, 0, APPENDERS);
+    appenders.wait_acked(200, ACK_WAIT).await;
+    let before = hand_offs_between_1_and_2(&client, Duration::from_secs(3)).await;
+    assert!(
+        before.iter().any(Result::is_ok),
+        "no hand-off before the change: {before:?}"
+    );
+
+    let addr4 = format!("127.0.0.1:{}", free_port());
+    let change = {
+        let (client, addr4) = (client.clone(), addr4.clone());
+        tokio::spawn(async move { client.replace_node(0, 3, 4, &addr4).await })
+    };
+    // The change may first wait for a hand-off that is running (or follow the leadership to
+    // another node); from the first hand-off it makes the leader refuse, no other goes through.
+    let during = hand_offs_between_1_and_2(&client, Duration::from_secs(3)).await;
+    let held = during
+        .iter()
+        .position(|r| {
+            r.as_ref()
+                .is_err_and(|e| e.contains("membership change is in progress"))
+        })
+        .unwrap_or_else(|| panic!("no hand-off was held off by the change: {during:?}"));
+    for r in &during[held..] {
+        let reason = r
+            .as_ref()
+            .expect_err("a hand-off went through during the change");
+        assert!(
+            reason.contains("membership change is in progress"),
+            "a hand-off failed for another reason: {reason}"
+        );
+    }
+    let peers = c.peers_replacing(3, 4, &addr4);
+    let n4 = c.add_node(4, addr4, peers, true);
+    let voters = change
+        .await
+        .expect("replace-node task")
+        .expect("replace node 3 by node 4");
+    assert_eq!(voters, vec![1, 2, 4]);
+
+    let after = hand_offs_between_1_and_2(&client, Duration::from_secs(3)).await;
+    assert!(
+        after.iter().any(Result::is_ok),
+        "no hand-off after the change: {after:?}"
+    );
+    // The new voter can lead the shard.
+    let r = client
+        .handoff(0, true, 4)
+        .await
+        .expect("hand-off to node 4");
+    assert_eq!(r.leader_id, 4, "{}", r.message);
+    appenders
+        .wait_acked(appenders.acked_count().await + 200, ACK_WAIT)
+        .await;
+    c.stop_and_check(vec![appenders], &[0, 1, n4]).await;
+}
+
+/// Asks for hand-offs of shard 0 between nodes 1 and 2, one after another, for `window`:
+/// answers each outcome in order (the reason when it was refused).
+async fn hand_offs_between_1_and_2(
+    client: &journal::JournalClient,
+    window: Duration,
+) -> Vec<Result<(), String>> {
+    let end = tokio::time::Instant::now() + window;
+    let mut outcomes = Vec::new();
+    while tokio::time::Instant::now() < end {
+        let leader = client.handoff(0, false, 0).await.expect("report").leader_id;
+        let to = if leader == 1 { 2 } else { 1 };
+        outcomes.push(match client.handoff(0, true, to).await {
+            Ok(r) => {
+                assert_eq!(r.leader_id, to, "{}", r.message);
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    outcomes
 }

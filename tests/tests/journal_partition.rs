@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use api::strata::journal::record::Kind;
-use strata_tests::journal::{JournalCluster, TcpProxy};
+use strata_tests::journal::{JournalCluster, TcpProxy, append_acked};
 use strata_tests::process::free_port;
 
 /// Node 3 campaigns first for shard 2 of 3, so it starts as that shard's leader.
@@ -38,10 +38,7 @@ async fn cut_off_node_cannot_commit_and_rejoins() {
     c.wait_leaders(&[0, 1, 2]).await;
     let all = c.client().await;
     let mut acked = BTreeMap::new();
-    for i in 0..50u32 {
-        let p = format!("before {i}").into_bytes();
-        acked.insert(all.append(SHARD, vec![p.clone()]).await.unwrap()[0], p);
-    }
+    append_acked(&all, SHARD, "before", 50, &mut acked).await;
     let before = *acked.keys().last().unwrap();
     c.wait_committed(2, SHARD, before).await;
 
@@ -63,10 +60,7 @@ async fn cut_off_node_cannot_commit_and_rejoins() {
     let two = journal::JournalClient::connect(&[c.nodes[0].addr.clone(), c.nodes[1].addr.clone()])
         .await
         .unwrap();
-    for i in 0..50u32 {
-        let p = format!("during {i}").into_bytes();
-        acked.insert(two.append(SHARD, vec![p.clone()]).await.unwrap()[0], p);
-    }
+    append_acked(&two, SHARD, "during", 50, &mut acked).await;
     let during = *acked.keys().last().unwrap();
     let st3 = only3.status_of(&c.nodes[2].addr, SHARD).await.unwrap();
     assert!(

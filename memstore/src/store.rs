@@ -197,8 +197,9 @@ impl Writer<'_> {
             kv,
             prev_kv: prev_event,
         });
+        // As etcd's applier: the revision the put wrote at (inside a txn too).
         PutResponse {
-            header: Some(ResponseHeader::default()),
+            header: header(self.rev),
             prev_kv: prev_resp,
         }
     }
@@ -252,8 +253,10 @@ impl Writer<'_> {
         for (k, lease) in &victims {
             self.delete_key(k, *lease);
         }
+        // As etcd's applier: the revision written at if this or an earlier operation of the
+        // txn changed something, else the revision read at.
         DeleteRangeResponse {
-            header: Some(ResponseHeader::default()),
+            header: header(self.read_rev()),
             deleted: victims.len() as i64,
             prev_kvs,
         }
@@ -657,10 +660,27 @@ impl MemStore {
         result.unwrap_or_else(Outcome::Failed)
     }
 
+    /// etcd's checks of a put on its own: the lease first, then the previous version that
+    /// `ignore_value` and `ignore_lease` need.
     fn check_put(&self, key: &[u8], flags: PutFlags) -> Result<(), Error> {
+        self.check_put_lease(flags)?;
+        self.check_put_previous(key, flags)
+    }
+
+    /// etcd's checks of a put inside a txn (`checkRequestPut`): the same, in the other order.
+    fn check_put_in_txn(&self, key: &[u8], flags: PutFlags) -> Result<(), Error> {
+        self.check_put_previous(key, flags)?;
+        self.check_put_lease(flags)
+    }
+
+    fn check_put_lease(&self, flags: PutFlags) -> Result<(), Error> {
         if flags.lease != 0 && !self.state.leases.contains(flags.lease) {
             return Err(Error::LeaseNotFound);
         }
+        Ok(())
+    }
+
+    fn check_put_previous(&self, key: &[u8], flags: PutFlags) -> Result<(), Error> {
         if (flags.ignore_value || flags.ignore_lease) && self.state.keys.latest_live(key).is_none()
         {
             return Err(Error::KeyNotFound);
@@ -876,8 +896,57 @@ impl MemStore {
         true
     }
 
-    /// etcd's checkRequests on the chosen branches, against the state before the txn.
-    fn check_txn_ops(&self, t: &TxnRequest, path: &Path) -> Result<(), Error> {
+    /// etcd's checkRequests on the chosen branches, against the state before the txn: every
+    /// put of the path first (its lease exists; with `ignore_value`/`ignore_lease`, its key),
+    /// then every range (its revision is neither compacted nor in the future), so a txn with
+    /// both kinds of fault reports etcd's.
+    fn check_txn_ops<'t>(&self, t: &'t TxnRequest, path: &Path) -> Result<(), Error> {
+        // The deletes met so far, in execution order: a put that needs its key's previous
+        // version (`ignore_value`, `ignore_lease`) after a delete that removed the key has none
+        // when it runs. etcd's check misses this (its overlap check treats a delete to the end
+        // of the keyspace as empty), finds no key when it executes the put, and panics; here
+        // the txn is refused as a put without a previous version is.
+        let deleted: std::cell::RefCell<Vec<(&'t [u8], &'t [u8])>> = Default::default();
+        self.check_txn_path(t, path, &|op| match op {
+            request_op::Request::RequestPut(p) => {
+                let flags = PutFlags::of(p);
+                if (flags.ignore_value || flags.ignore_lease)
+                    && deleted
+                        .borrow()
+                        .iter()
+                        .any(|(key, end)| delete_covers(key, end, &p.key))
+                {
+                    return Err(Error::KeyNotFound);
+                }
+                self.check_put_in_txn(&p.key, flags)
+            }
+            request_op::Request::RequestDeleteRange(d) => {
+                deleted.borrow_mut().push((&d.key, &d.range_end));
+                Ok(())
+            }
+            _ => Ok(()),
+        })?;
+        self.check_txn_path(t, path, &|op| match op {
+            request_op::Request::RequestRange(r) => {
+                if r.revision > self.state.revision {
+                    return Err(Error::FutureRevision);
+                }
+                if r.revision != 0 && r.revision < self.state.compact_revision {
+                    return Err(Error::Compacted);
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        })
+    }
+
+    /// `check` on every operation of the branches `path` takes, nested txns' in place.
+    fn check_txn_path<'t>(
+        &self,
+        t: &'t TxnRequest,
+        path: &Path,
+        check: &dyn Fn(&'t request_op::Request) -> Result<(), Error>,
+    ) -> Result<(), Error> {
         let ops = if path.succeeded {
             &t.success
         } else {
@@ -886,23 +955,13 @@ impl MemStore {
         let mut children = path.children.iter();
         for op in ops {
             match &op.request {
-                Some(request_op::Request::RequestRange(r)) => {
-                    if r.revision > self.state.revision {
-                        return Err(Error::FutureRevision);
-                    }
-                    if r.revision != 0 && r.revision < self.state.compact_revision {
-                        return Err(Error::Compacted);
-                    }
-                }
-                Some(request_op::Request::RequestPut(p)) => {
-                    self.check_put(&p.key, PutFlags::of(p))?
-                }
                 Some(request_op::Request::RequestTxn(inner)) => {
                     if let Some(child) = children.next() {
-                        self.check_txn_ops(inner, child)?;
+                        self.check_txn_path(inner, child, check)?;
                     }
                 }
-                Some(request_op::Request::RequestDeleteRange(_)) | None => {}
+                Some(other) => check(other)?,
+                None => {}
             }
         }
         Ok(())
@@ -1150,6 +1209,16 @@ fn txn_put_cost(t: &TxnRequest) -> u64 {
             _ => 0,
         })
         .sum()
+}
+
+/// Whether a DeleteRange of `key`..`end` (etcd's forms: no end, one key; `"\0"`, every key
+/// from `key` on) removes `k`.
+fn delete_covers(key: &[u8], end: &[u8], k: &[u8]) -> bool {
+    match end {
+        [] => k == key,
+        [0] => k >= key,
+        _ => k >= key && k < end,
+    }
 }
 
 /// etcd's compareKV; `None` is a missing key (all zero).

@@ -508,6 +508,125 @@ fn txn_sub_revisions_share_one_revision() {
     assert_eq!(a.revision, 3);
 }
 
+/// The headers of a txn's own responses, as etcd's applier fills them: a put's is the revision
+/// it wrote at; a delete's the revision written at if it or an earlier operation changed
+/// something, else the revision read at; a range's the revision it read; a nested txn's has
+/// no revision. (Found by `tests/tests/etcd_differential.rs` against etcd 3.4.)
+#[test]
+fn txn_operation_headers_carry_etcds_revisions() {
+    let mut h = Harness::new();
+    h.put("c", "x"); // 2
+    let a = h.txn(txn(
+        vec![],
+        vec![
+            op_get("a", ""),
+            op_del("nothing", ""),
+            op_put("a", "1"),
+            op_del("nothing", ""),
+            op_txn(txn(vec![], vec![op_get("a", "")], vec![])),
+        ],
+        vec![],
+    ));
+    let Outcome::Txn(resp) = &a.outcome else {
+        panic!("{a:?}")
+    };
+    let revisions: Vec<Option<i64>> = resp
+        .responses
+        .iter()
+        .map(|r| {
+            let h = match r.response.as_ref().expect("a response") {
+                Response::ResponseRange(r) => &r.header,
+                Response::ResponseDeleteRange(r) => &r.header,
+                Response::ResponsePut(r) => &r.header,
+                Response::ResponseTxn(r) => &r.header,
+            };
+            h.as_ref().map(|h| h.revision)
+        })
+        .collect();
+    assert_eq!(revisions, [Some(2), Some(2), Some(3), Some(3), Some(0)]);
+    // Alone, a delete that deletes nothing answers the current revision.
+    let a = h.del("nothing", "");
+    let Outcome::DeleteRange(d) = &a.outcome else {
+        panic!("{a:?}")
+    };
+    assert_eq!(d.header.as_ref().map(|h| h.revision), Some(3));
+}
+
+/// etcd checks every put of a write txn (its lease, its key for `ignore_value`) before any
+/// range (compacted or future revision), whatever their order in the txn.
+#[test]
+fn txn_reports_a_put_fault_before_a_range_fault() {
+    let mut h = Harness::new();
+    h.put("a", "1"); // 2
+    h.put("a", "2"); // 3
+    h.compact(3);
+    let mut stale = op_get("a", "");
+    if let Some(api::etcdserverpb::request_op::Request::RequestRange(r)) = &mut stale.request {
+        r.revision = 2;
+    }
+    let mut leased = op_put("b", "1");
+    if let Some(api::etcdserverpb::request_op::Request::RequestPut(p)) = &mut leased.request {
+        p.lease = 77;
+    }
+    let a = h.txn(txn(vec![], vec![stale.clone(), leased], vec![]));
+    assert_eq!(failed(&a), Some(Error::LeaseNotFound));
+    // With the put valid, the range's fault is the one reported.
+    let a = h.txn(txn(vec![], vec![stale, op_put("b", "1")], vec![]));
+    assert_eq!(failed(&a), Some(Error::Compacted));
+}
+
+/// A put that keeps the previous value or lease (`ignore_value`, `ignore_lease`) after a delete
+/// of the rest of the keyspace in the same txn: etcd's overlap check lets it through (a delete
+/// to the end counts as empty), and etcd 3.4 then panics applying it (found by
+/// `tests/tests/etcd_differential.rs`). The txn is refused as such a put of a missing key is,
+/// and changes nothing.
+#[test]
+fn txn_refuses_to_keep_the_value_of_a_key_it_deleted() {
+    let mut h = Harness::new();
+    h.put("a", "1"); // 2
+    h.put("k", "2"); // 3
+    let keep_value = |key: &str| {
+        let mut op = op_put(key, "");
+        if let Some(api::etcdserverpb::request_op::Request::RequestPut(p)) = &mut op.request {
+            p.ignore_value = true;
+        }
+        op
+    };
+    let delete_from_a = op_del("a", "\0");
+    let a = h.txn(txn(
+        vec![],
+        vec![delete_from_a.clone(), keep_value("k")],
+        vec![],
+    ));
+    assert_eq!(failed(&a), Some(Error::KeyNotFound));
+    assert_eq!(h.store.revision(), 3);
+    assert_eq!(h.get("k").map(|kv| kv.value), Some(b"2".to_vec()));
+    // Before the delete, or on a key the delete leaves, the put keeps the value.
+    let a = h.txn(txn(vec![], vec![keep_value("a"), op_del("k", "")], vec![]));
+    assert!(failed(&a).is_none(), "{a:?}");
+    assert_eq!(h.get("a").map(|kv| kv.value), Some(b"1".to_vec()));
+}
+
+/// A put's two faults, a missing previous version and an unknown lease: alone, etcd reports
+/// the lease; inside a txn, the key (`checkRequestPut` checks it first).
+#[test]
+fn put_fault_order_alone_and_in_a_txn() {
+    let mut h = Harness::new();
+    let both = || {
+        let mut p = put("missing", "");
+        p.ignore_value = true;
+        p.lease = 77;
+        p
+    };
+    let a = h.apply(Request::Put(both()));
+    assert_eq!(failed(&a), Some(Error::LeaseNotFound));
+    let op = api::etcdserverpb::RequestOp {
+        request: Some(api::etcdserverpb::request_op::Request::RequestPut(both())),
+    };
+    let a = h.txn(txn(vec![], vec![op], vec![]));
+    assert_eq!(failed(&a), Some(Error::KeyNotFound));
+}
+
 #[test]
 fn txn_compares_single_key_missing_key_and_range_end() {
     let mut h = Harness::new();

@@ -16,7 +16,7 @@ use api::etcdserverpb::watch_request::RequestUnion;
 use api::etcdserverpb::{
     CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseLeasesRequest,
     LeaseRevokeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp,
-    ResponseHeader, TxnRequest, WatchCreateRequest, WatchRequest,
+    ResponseHeader, TxnRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
 };
 use api::mvccpb::Event;
 use rand::rngs::StdRng;
@@ -333,6 +333,31 @@ impl Generator {
         }
     }
 
+    /// A watch: one key, a prefix, a range or everything from a key; from now, from a past
+    /// revision (compacted or not) or a future one; maybe filtered; maybe with previous values.
+    fn watch(&mut self) -> WatchCreateRequest {
+        let key = match self.key() {
+            k if k.is_empty() => b"a".to_vec(),
+            k => k,
+        };
+        let range_end = self.range_end(&key);
+        WatchCreateRequest {
+            key,
+            range_end,
+            start_revision: match self.rng.random_range(0..4) {
+                0 => 0,
+                _ => self.rng.random_range(1..=self.revision + 3),
+            },
+            filters: match self.rng.random_range(0..6) {
+                0 => vec![0],
+                1 => vec![1],
+                _ => Vec::new(),
+            },
+            prev_kv: self.rng.random_bool(0.5),
+            ..Default::default()
+        }
+    }
+
     /// Follows what an answer tells about the state (both servers gave it).
     fn learn(&mut self, op: &Op, answer: &Answer) {
         if let Ok((_, revision)) = answer {
@@ -394,6 +419,104 @@ fn tokio_stream_from(
     futures::stream::poll_fn(move |cx| rx.poll_recv(cx))
 }
 
+/// Random watches opened on both servers after the sequence, then more writes.
+const WATCHES: usize = 24;
+/// Writes made while those watches are open.
+const WATCHED_WRITES: usize = 40;
+
+/// What a watch stream told, with what may differ between servers taken out (watch ids,
+/// cluster ids) and events flattened (how they are batched into messages may differ).
+#[derive(Debug, PartialEq)]
+enum Told {
+    Created {
+        revision: i64,
+    },
+    Event(Event),
+    Canceled {
+        compact_revision: i64,
+        reason: String,
+    },
+    Progress {
+        revision: i64,
+    },
+}
+
+/// One watch on one server: its request stream and answers.
+struct Watching {
+    requests: tokio::sync::mpsc::Sender<WatchRequest>,
+    answers: tonic::Streaming<api::etcdserverpb::WatchResponse>,
+    told: Vec<Told>,
+}
+
+impl Watching {
+    async fn open(s: &mut Server, create: WatchCreateRequest) -> Watching {
+        let (requests, rx) = tokio::sync::mpsc::channel(4);
+        requests
+            .send(WatchRequest {
+                request_union: Some(RequestUnion::CreateRequest(create)),
+            })
+            .await
+            .expect("queue the watch");
+        let answers = s
+            .watch
+            .watch(tokio_stream_from(rx))
+            .await
+            .expect("watch")
+            .into_inner();
+        let mut w = Watching {
+            requests,
+            answers,
+            told: Vec::new(),
+        };
+        w.read_one().await;
+        w
+    }
+
+    /// Reads one message; false once the stream ended or the watch was canceled.
+    async fn read_one(&mut self) -> bool {
+        let msg = tokio::time::timeout(std::time::Duration::from_secs(30), self.answers.message())
+            .await
+            .expect("a watch answer within 30 s")
+            .expect("watch stream");
+        let Some(m) = msg else { return false };
+        let revision = m.header.as_ref().map_or(0, |h| h.revision);
+        if m.created {
+            self.told.push(Told::Created { revision });
+        }
+        let progress = !m.created && !m.canceled && m.events.is_empty();
+        self.told.extend(m.events.into_iter().map(Told::Event));
+        if m.canceled {
+            self.told.push(Told::Canceled {
+                compact_revision: m.compact_revision,
+                reason: m.cancel_reason,
+            });
+            return false;
+        }
+        if progress {
+            self.told.push(Told::Progress { revision });
+        }
+        true
+    }
+
+    /// Asks for a progress notification and reads up to it (or to the watch's cancel).
+    async fn read_to_progress(&mut self, revision: i64) {
+        if matches!(self.told.last(), Some(Told::Canceled { .. })) {
+            return;
+        }
+        let _ = self
+            .requests
+            .send(WatchRequest {
+                request_union: Some(RequestUnion::ProgressRequest(WatchProgressRequest {})),
+            })
+            .await;
+        while self.read_one().await {
+            if matches!(self.told.last(), Some(Told::Progress { revision: r }) if *r >= revision) {
+                return;
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strata_answers_every_request_as_etcd_does() {
     if target_kind() == TargetKind::Etcd {
@@ -452,5 +575,37 @@ async fn strata_answers_every_request_as_etcd_does() {
     assert_eq!(got.len(), want.len(), "events from revision {start}");
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         assert_eq!(a, b, "event {i} from revision {start}");
+    }
+
+    // Watches of every kind, open while more writes come: each must tell the same on both.
+    let mut watches = Vec::new();
+    for _ in 0..WATCHES {
+        let create = g.watch();
+        let on_etcd = Watching::open(&mut etcd, create.clone()).await;
+        let on_strata = Watching::open(&mut strata, create.clone()).await;
+        watches.push((create, on_etcd, on_strata));
+    }
+    for step in 0..WATCHED_WRITES {
+        let op = if g.rng.random_bool(0.7) {
+            Op::Put(g.put())
+        } else {
+            Op::Delete(g.delete(false))
+        };
+        let want = send(&mut etcd, &op).await;
+        let got = send(&mut strata, &op).await;
+        assert_eq!(got, want, "watched write {step}: {op:#?}");
+        g.learn(&op, &want);
+    }
+    // etcd 3.4 answers a progress request at once, even for a watcher still catching up from
+    // history (which it does every 100 ms): give every watcher time to catch up first, so that
+    // the progress notification follows all its events (and a compaction's cancel).
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    for (create, mut on_etcd, mut on_strata) in watches {
+        on_etcd.read_to_progress(g.revision).await;
+        on_strata.read_to_progress(g.revision).await;
+        assert_eq!(
+            on_strata.told, on_etcd.told,
+            "what a watch told on Strata (left) and etcd (right): {create:#?}"
+        );
     }
 }

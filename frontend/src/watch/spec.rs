@@ -57,6 +57,13 @@ impl WatchSpec {
         }
     }
 
+    /// True when the range holds no key: an end not above the key (etcd's watchStream refuses
+    /// such a watcher with "mvcc: watcher range is empty"; `"\0"`, every key from `key`, is
+    /// not an end).
+    pub fn is_empty(&self) -> bool {
+        !self.range_end.is_empty() && self.range_end.as_slice() != [0] && self.key >= self.range_end
+    }
+
     /// True when `k` lies in the watched range.
     pub fn contains(&self, k: &[u8]) -> bool {
         if self.range_end.is_empty() {

@@ -23,6 +23,8 @@ use super::{MIN_PROGRESS_NOTIFY_INTERVAL, WatchConfig, WatchError, WatchTarget, 
 
 /// etcd's `rpctypes.ErrCompacted` text, the cancel reason for a negative start revision.
 const ERR_COMPACTED_REASON: &str = "etcdserver: mvcc: required revision has been compacted";
+/// etcd's `mvcc.ErrEmptyWatcherRange`, the reason a watch of an empty range is canceled.
+const ERR_EMPTY_RANGE_REASON: &str = "mvcc: watcher range is empty";
 
 /// Per-watcher options the stream needs (the hub keeps the selection).
 struct WatcherOpts {
@@ -260,6 +262,19 @@ impl StreamTask {
                 .await;
         }
         let spec = WatchSpec::from_request(&c);
+        if spec.is_empty() {
+            // etcd's watchStream.Watch refuses it before anything else (the id, compaction).
+            return self
+                .send(WatchResponse {
+                    header: self.header(store_rev),
+                    watch_id: INVALID_WATCH_ID,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: ERR_EMPTY_RANGE_REASON.to_string(),
+                    ..Default::default()
+                })
+                .await;
+        }
         match self
             .hub
             .register(self.stream, c.watch_id, spec, c.start_revision, store_rev)

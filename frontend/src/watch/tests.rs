@@ -332,6 +332,34 @@ async fn negative_start_and_duplicate_ids_are_refused_as_etcd_does() {
     assert_eq!(h.hub.watcher_count(), 2);
 }
 
+/// A range whose end is not above its key watches nothing: etcd's watchStream refuses it before
+/// looking at the id or the start revision (found by `tests/tests/etcd_differential.rs`).
+#[tokio::test]
+async fn an_empty_range_is_refused_before_the_id_and_the_revision() {
+    let mut h = Harness::new(DEFAULT_STREAM_BUFFER);
+    let revision = h.put("a", "0");
+    let mut c = h.open(WatchConfig::default(), 16);
+    let mut taken = create_req("k", "", 0);
+    taken.watch_id = 3;
+    c.create(taken.clone()).await;
+    assert_eq!(c.next().await.watch_id, 3);
+    for (key, end) in [("k2", "k10"), ("k", "k")] {
+        let mut req = create_req(key, end, 0);
+        req.watch_id = 3;
+        c.create(req).await;
+        let refused = c.next().await;
+        assert!(refused.created && refused.canceled, "{key}..{end}");
+        assert_eq!(refused.watch_id, INVALID_WATCH_ID);
+        assert_eq!(refused.cancel_reason, "mvcc: watcher range is empty");
+        assert_eq!(refused.header.as_ref().unwrap().revision, revision);
+    }
+    // Every key from "k" on (`"\0"`) is not an empty range.
+    c.create(create_req("k", "\0", 0)).await;
+    let created = c.next().await;
+    assert!(created.created && !created.canceled);
+    assert_eq!(h.hub.watcher_count(), 2);
+}
+
 #[tokio::test]
 async fn cancel_answers_and_stops_events_unknown_ids_get_nothing() {
     let mut h = Harness::new(DEFAULT_STREAM_BUFFER);

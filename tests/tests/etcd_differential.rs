@@ -14,9 +14,9 @@ use api::etcdserverpb::request_op::Request;
 use api::etcdserverpb::watch_client::WatchClient;
 use api::etcdserverpb::watch_request::RequestUnion;
 use api::etcdserverpb::{
-    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseLeasesRequest,
-    LeaseRevokeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest, RequestOp,
-    ResponseHeader, TxnRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
+    CompactionRequest, Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest,
+    LeaseLeasesRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, PutRequest, RangeRequest,
+    RequestOp, ResponseHeader, TxnRequest, WatchCreateRequest, WatchProgressRequest, WatchRequest,
 };
 use api::mvccpb::Event;
 use rand::rngs::StdRng;
@@ -72,6 +72,7 @@ enum Op {
     Revoke(i64),
     TimeToLive(i64),
     Leases,
+    KeepAlive(i64),
 }
 
 /// An answer, comparable across servers: the response (its `Debug` form) with its headers
@@ -141,6 +142,23 @@ async fn send(s: &mut Server, op: &Op) -> Answer {
                 header(&mut r.header)
             },
         ),
+        Op::KeepAlive(id) => {
+            // One request on a keep-alive stream, and its one answer (the TTL it answers is the
+            // lease's whole TTL again, or 0 for a lease that does not exist).
+            let one = futures::stream::iter([LeaseKeepAliveRequest { id }]);
+            let first = match s.lease.lease_keep_alive(one).await {
+                Ok(stream) => stream.into_inner().message().await,
+                Err(status) => Err(status),
+            };
+            match first {
+                Ok(Some(mut r)) => {
+                    header(&mut r.header);
+                    Ok((format!("{r:?}"), 0))
+                }
+                Ok(None) => Ok(("the keep-alive stream ended with no answer".into(), 0)),
+                Err(status) => Err((status.code(), status.message().to_string())),
+            }
+        }
         Op::Leases => answer(s.lease.lease_leases(LeaseLeasesRequest {}).await, |r| {
             r.leases.sort_by_key(|l| l.id);
             header(&mut r.header)
@@ -329,6 +347,7 @@ impl Generator {
             }
             92..96 => Op::Revoke(self.lease()),
             96..98 => Op::TimeToLive(self.lease()),
+            98 => Op::KeepAlive(self.lease()),
             _ => Op::Leases,
         }
     }

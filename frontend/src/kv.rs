@@ -70,7 +70,8 @@ pub(crate) async fn range_message(t: &Tenant, req: RangeRequest) -> Result<Bytes
 
 /// What a Range checks and waits for before it reads the replica.
 async fn range_ready(t: &Tenant, req: &RangeRequest) -> Result<(), Error> {
-    t.check_size(req.encoded_len())?;
+    // No size check: etcd checks the size of what it proposes to Raft, and a Range is served
+    // from a read index (gRPC's own limit, `--max-request-bytes` + 512 KiB, still holds).
     memstore::validate::range(req)?;
     if !req.serializable {
         t.barrier().await?;
@@ -79,8 +80,9 @@ async fn range_ready(t: &Tenant, req: &RangeRequest) -> Result<(), Error> {
 }
 
 pub(crate) async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<PutResponse, Error> {
-    t.check_size(req.encoded_len())?;
+    // etcd's gRPC layer validates the request before the server sizes its Raft proposal.
     memstore::validate::put(&req)?;
+    t.check_size(req.encoded_len())?;
     let applied = t.propose(&id, Intent::Put(req)).await?;
     match applied.outcome {
         Outcome::Put(mut r) => {
@@ -101,8 +103,8 @@ pub(crate) async fn delete_range(
     id: RequestId,
     req: DeleteRangeRequest,
 ) -> Result<DeleteRangeResponse, Error> {
-    t.check_size(req.encoded_len())?;
     memstore::validate::delete_range(&req)?;
+    t.check_size(req.encoded_len())?;
     let applied = t.propose(&id, Intent::DeleteRange(req)).await?;
     match applied.outcome {
         Outcome::DeleteRange(mut r) => {
@@ -119,11 +121,12 @@ pub(crate) async fn delete_range(
 }
 
 pub(crate) async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<TxnResponse, Error> {
-    t.check_size(req.encoded_len())?;
     memstore::validate::txn(&req, t.limits.max_txn_ops)?;
     if crate::read_txn::is_read_only(&req) {
+        // Served from a read index, as etcd serves it: no proposal to size.
         return read_only_txn(t, &req).await;
     }
+    t.check_size(req.encoded_len())?;
     let applied = t.propose(&id, Intent::Txn(req)).await?;
     match applied.outcome {
         Outcome::Txn(mut r) => {

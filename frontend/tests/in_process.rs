@@ -195,11 +195,28 @@ async fn bad_requests_get_etcd_errors_and_change_nothing() {
     );
 
     let big = vec![b'x'; frontend::config::DEFAULT_MAX_REQUEST_BYTES + 1];
-    let (cd, m) = code(c.put("big", big, None).await.unwrap_err());
+    let (cd, m) = code(c.put("big", big.clone(), None).await.unwrap_err());
     assert_eq!(
         (cd, m.as_str()),
         (Code::InvalidArgument, "etcdserver: request is too large")
     );
+    // etcd validates a request before it sizes its Raft proposal: the request's own fault wins.
+    let (cd, m) = code(
+        c.put(
+            "big",
+            big.clone(),
+            Some(PutOptions::new().with_ignore_lease().with_lease(7)),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(
+        (cd, m.as_str()),
+        (Code::InvalidArgument, "etcdserver: lease is provided")
+    );
+    // A Range is served from a read index, not proposed: etcd does not size it.
+    let found = c.get(big, None).await.expect("a range with a large key");
+    assert_eq!(found.count(), 0);
 
     let ops: Vec<TxnOp> = (0..129)
         .map(|i| TxnOp::put(format!("k{i}"), "v", None))

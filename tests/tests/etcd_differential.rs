@@ -348,6 +348,14 @@ impl Generator {
             92..96 => Op::Revoke(self.lease()),
             96..98 => Op::TimeToLive(self.lease()),
             98 => Op::KeepAlive(self.lease()),
+            99 if self.rng.random_bool(0.2) => {
+                // Around etcd's 1.5 MiB request limit (`--max-request-bytes`): under it, or over
+                // it but within what gRPC accepts (etcd then refuses it itself).
+                let mut p = self.put();
+                p.ignore_value = false;
+                p.value = vec![b'x'; self.rng.random_range(1_400_000..1_700_000)];
+                Op::Put(p)
+            }
             _ => Op::Leases,
         }
     }

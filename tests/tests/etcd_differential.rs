@@ -68,7 +68,8 @@ enum Op {
     Delete(DeleteRangeRequest),
     Txn(TxnRequest),
     Compact(CompactionRequest),
-    Grant(i64),
+    /// A lease id and TTL.
+    Grant(i64, i64),
     Revoke(i64),
     TimeToLive(i64),
     Leases,
@@ -122,10 +123,8 @@ async fn send(s: &mut Server, op: &Op) -> Answer {
         Op::Delete(r) => answer(s.kv.delete_range(r).await, |r| header(&mut r.header)),
         Op::Txn(r) => answer(s.kv.txn(r).await, normalise_txn),
         Op::Compact(r) => answer(s.kv.compact(r).await, |r| header(&mut r.header)),
-        Op::Grant(id) => answer(
-            s.lease
-                .lease_grant(LeaseGrantRequest { ttl: LEASE_TTL, id })
-                .await,
+        Op::Grant(id, ttl) => answer(
+            s.lease.lease_grant(LeaseGrantRequest { ttl, id }).await,
             |r| header(&mut r.header),
         ),
         Op::Revoke(id) => answer(s.lease.lease_revoke(LeaseRevokeRequest { id }).await, |r| {
@@ -247,7 +246,7 @@ impl Generator {
             revision,
             sort_order: self.rng.random_range(0..3),
             sort_target: self.rng.random_range(0..5),
-            serializable: false,
+            serializable: self.rng.random_bool(0.2),
             keys_only: self.rng.random_bool(0.2),
             count_only: self.rng.random_bool(0.1),
             min_mod_revision: filter(self),
@@ -336,15 +335,35 @@ impl Generator {
             0..30 => Op::Put(self.put()),
             30..50 => Op::Range(self.range()),
             50..60 => Op::Delete(self.delete(false)),
-            60..82 => Op::Txn(self.txn(true)),
+            60..81 => Op::Txn(self.txn(true)),
+            81 => {
+                // One op more than etcd's default --max-txn-ops (128), or exactly that many.
+                let n = 128 + self.rng.random_range(0..2);
+                Op::Txn(TxnRequest {
+                    success: (0..n)
+                        .map(|_| RequestOp {
+                            request: Some(Request::RequestRange(self.range())),
+                        })
+                        .collect(),
+                    ..Default::default()
+                })
+            }
             82..86 => Op::Compact(CompactionRequest {
                 revision: self.rng.random_range(1..=self.revision + 1),
                 physical: self.rng.random_bool(0.5),
             }),
-            86..92 => {
-                self.next_lease += 1;
-                Op::Grant(self.next_lease)
-            }
+            86..92 => match self.rng.random_range(0..10) {
+                // An id already granted (refused), or a TTL over etcd's maximum (refused).
+                0 if !self.leases.is_empty() => Op::Grant(
+                    self.leases[self.rng.random_range(0..self.leases.len())],
+                    LEASE_TTL,
+                ),
+                1 => Op::Grant(self.next_lease + 1, 9_000_000_001),
+                _ => {
+                    self.next_lease += 1;
+                    Op::Grant(self.next_lease, LEASE_TTL)
+                }
+            },
             92..96 => Op::Revoke(self.lease()),
             96..98 => Op::TimeToLive(self.lease()),
             98 => Op::KeepAlive(self.lease()),
@@ -392,7 +411,7 @@ impl Generator {
         }
         match (op, answer) {
             (Op::Compact(c), Ok(_)) => self.compacted = c.revision,
-            (Op::Grant(id), Ok(_)) => self.leases.push(*id),
+            (Op::Grant(id, _), Ok(_)) => self.leases.push(*id),
             (Op::Revoke(id), Ok(_)) => self.leases.retain(|l| l != id),
             _ => {}
         }

@@ -21,7 +21,7 @@ use api::etcdserverpb::{
 use api::mvccpb::Event;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use strata_tests::deployment::DevDeployment;
+use strata_tests::deployment::{Deployment, DevDeployment};
 use strata_tests::etcd::EtcdServer;
 use strata_tests::target::{TargetKind, target_kind};
 use tonic::transport::Channel;
@@ -29,6 +29,8 @@ use tonic::transport::Channel;
 /// Sequences run, one after another on the same two servers (seeds 1..=SEEDS);
 /// `STRATA_DIFFERENTIAL_SEEDS` overrides, for a longer hunt.
 const SEEDS: u64 = 8;
+/// Sequences of the two-frontend run.
+const TWO_FRONTEND_SEEDS: u64 = 4;
 /// Requests per sequence; `STRATA_DIFFERENTIAL_STEPS` overrides.
 const STEPS: usize = 400;
 /// Keys the requests use: few, so that they meet; `k1` is a prefix of `k10`.
@@ -571,8 +573,43 @@ async fn strata_answers_every_request_as_etcd_does() {
     }
     let etcd_server = EtcdServer::start().await;
     let dev = DevDeployment::start().await;
+    let strata = vec![Server::connect(dev.endpoint()).await];
+    let (seeds, steps) = size(SEEDS);
+    compare(&etcd_server, strata, seeds, steps).await;
+}
+
+/// The same, with each request to Strata going to one of two frontends at random: a write
+/// through one and a linearizable read through the other must still answer as the one etcd.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_frontends_answer_as_one_etcd() {
+    if target_kind() == TargetKind::Etcd {
+        eprintln!("skipped: this compares Strata with etcd");
+        return;
+    }
+    let etcd_server = EtcdServer::start().await;
+    let deployment = Deployment::start(2).await;
+    let mut strata = Vec::new();
+    for endpoint in deployment.endpoints() {
+        strata.push(Server::connect(&endpoint).await);
+    }
+    let (seeds, steps) = size(TWO_FRONTEND_SEEDS);
+    compare(&etcd_server, strata, seeds, steps).await;
+}
+
+/// Sequences and requests per sequence: `seeds` and `STEPS` unless `STRATA_DIFFERENTIAL_SEEDS`
+/// or `STRATA_DIFFERENTIAL_STEPS` ask for a longer hunt.
+fn size(seeds: u64) -> (u64, usize) {
+    let env = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
+    (
+        env("STRATA_DIFFERENTIAL_SEEDS").unwrap_or(seeds),
+        env("STRATA_DIFFERENTIAL_STEPS").map_or(STEPS, |s| s as usize),
+    )
+}
+
+/// Sequences `1..=seeds` of `steps` requests, then the history and the watches, on etcd and on
+/// Strata (each request to one of `strata`'s frontends, chosen at random).
+async fn compare(etcd_server: &EtcdServer, mut strata: Vec<Server>, seeds: u64, steps: usize) {
     let mut etcd = Server::connect(etcd_server.endpoint()).await;
-    let mut strata = Server::connect(dev.endpoint()).await;
     let mut g = Generator {
         rng: StdRng::seed_from_u64(0),
         revision: 1,
@@ -580,9 +617,7 @@ async fn strata_answers_every_request_as_etcd_does() {
         leases: Vec::new(),
         next_lease: 1000,
     };
-    let env = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
-    let seeds = env("STRATA_DIFFERENTIAL_SEEDS").unwrap_or(SEEDS);
-    let steps = env("STRATA_DIFFERENTIAL_STEPS").map_or(STEPS, |s| s as usize);
+    let mut pick = StdRng::seed_from_u64(seeds);
     let mut errors = 0;
     for seed in 1..=seeds {
         g.rng = StdRng::seed_from_u64(seed);
@@ -595,10 +630,11 @@ async fn strata_answers_every_request_as_etcd_does() {
                     etcd_server.log_tail()
                 );
             }
-            let got = send(&mut strata, &op).await;
+            let frontend = pick.random_range(0..strata.len());
+            let got = send(&mut strata[frontend], &op).await;
             assert_eq!(
                 got, want,
-                "seed {seed} step {step}: Strata's answer (left) differs from etcd's (right) to {op:#?}"
+                "seed {seed} step {step}: Strata's answer (left, frontend {frontend}) differs from etcd's (right) to {op:#?}"
             );
             errors += usize::from(want.is_err());
             g.learn(&op, &want);
@@ -617,10 +653,16 @@ async fn strata_answers_every_request_as_etcd_does() {
         "no revision after the last compaction to watch"
     );
     let want = history(&mut etcd, start, g.revision).await;
-    let got = history(&mut strata, start, g.revision).await;
-    assert_eq!(got.len(), want.len(), "events from revision {start}");
-    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
-        assert_eq!(a, b, "event {i} from revision {start}");
+    for (f, s) in strata.iter_mut().enumerate() {
+        let got = history(s, start, g.revision).await;
+        assert_eq!(
+            got.len(),
+            want.len(),
+            "frontend {f}: events from revision {start}"
+        );
+        for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(a, b, "frontend {f}: event {i} from revision {start}");
+        }
     }
 
     // Watches of every kind, open while more writes come: each must tell the same on both.
@@ -628,7 +670,8 @@ async fn strata_answers_every_request_as_etcd_does() {
     for _ in 0..WATCHES {
         let create = g.watch();
         let on_etcd = Watching::open(&mut etcd, create.clone()).await;
-        let on_strata = Watching::open(&mut strata, create.clone()).await;
+        let frontend = pick.random_range(0..strata.len());
+        let on_strata = Watching::open(&mut strata[frontend], create.clone()).await;
         watches.push((create, on_etcd, on_strata));
     }
     for step in 0..WATCHED_WRITES {
@@ -638,7 +681,8 @@ async fn strata_answers_every_request_as_etcd_does() {
             Op::Delete(g.delete(false))
         };
         let want = send(&mut etcd, &op).await;
-        let got = send(&mut strata, &op).await;
+        let frontend = pick.random_range(0..strata.len());
+        let got = send(&mut strata[frontend], &op).await;
         assert_eq!(got, want, "watched write {step}: {op:#?}");
         g.learn(&op, &want);
     }

@@ -575,11 +575,14 @@ async fn strata_answers_every_request_as_etcd_does() {
     let dev = DevDeployment::start().await;
     let strata = vec![Server::connect(dev.endpoint()).await];
     let (seeds, steps) = size(SEEDS);
-    compare(&etcd_server, strata, seeds, steps).await;
+    compare(&etcd_server, strata, seeds, steps, None).await;
 }
 
 /// The same, with each request to Strata going to one of two frontends at random: a write
 /// through one and a linearizable read through the other must still answer as the one etcd.
+/// In every sequence the second frontend is killed (`kill -9`) a third of the way in and
+/// restarted two thirds of the way in: meanwhile the first serves everything, and the restarted
+/// one, rebuilt from the checkpoint and the journal, must answer as etcd again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_frontends_answer_as_one_etcd() {
     if target_kind() == TargetKind::Etcd {
@@ -587,13 +590,13 @@ async fn two_frontends_answer_as_one_etcd() {
         return;
     }
     let etcd_server = EtcdServer::start().await;
-    let deployment = Deployment::start(2).await;
+    let mut deployment = Deployment::start(2).await;
     let mut strata = Vec::new();
     for endpoint in deployment.endpoints() {
         strata.push(Server::connect(&endpoint).await);
     }
     let (seeds, steps) = size(TWO_FRONTEND_SEEDS);
-    compare(&etcd_server, strata, seeds, steps).await;
+    compare(&etcd_server, strata, seeds, steps, Some(&mut deployment)).await;
 }
 
 /// Sequences and requests per sequence: `seeds` and `STEPS` unless `STRATA_DIFFERENTIAL_SEEDS`
@@ -607,8 +610,15 @@ fn size(seeds: u64) -> (u64, usize) {
 }
 
 /// Sequences `1..=seeds` of `steps` requests, then the history and the watches, on etcd and on
-/// Strata (each request to one of `strata`'s frontends, chosen at random).
-async fn compare(etcd_server: &EtcdServer, mut strata: Vec<Server>, seeds: u64, steps: usize) {
+/// Strata (each request to one of `strata`'s frontends, chosen at random). With `deployment`,
+/// its last frontend is killed and restarted within each sequence.
+async fn compare(
+    etcd_server: &EtcdServer,
+    mut strata: Vec<Server>,
+    seeds: u64,
+    steps: usize,
+    mut deployment: Option<&mut Deployment>,
+) {
     let mut etcd = Server::connect(etcd_server.endpoint()).await;
     let mut g = Generator {
         rng: StdRng::seed_from_u64(0),
@@ -621,7 +631,27 @@ async fn compare(etcd_server: &EtcdServer, mut strata: Vec<Server>, seeds: u64, 
     let mut errors = 0;
     for seed in 1..=seeds {
         g.rng = StdRng::seed_from_u64(seed);
+        let mut up = strata.len();
         for step in 0..steps {
+            if let Some(d) = deployment.as_deref_mut() {
+                let last = strata.len() - 1;
+                if step == steps / 3 {
+                    d.kill_frontend(last);
+                    up = last;
+                    let probe = Op::Range(RangeRequest {
+                        key: b"a".to_vec(),
+                        ..Default::default()
+                    });
+                    assert!(
+                        send(&mut strata[last], &probe).await.is_err(),
+                        "the killed frontend still answers"
+                    );
+                } else if step == 2 * steps / 3 {
+                    d.restart_frontend(last).await;
+                    strata[last] = Server::connect(&d.endpoints()[last]).await;
+                    up = strata.len();
+                }
+            }
             let op = g.next();
             let want = send(&mut etcd, &op).await;
             if let Err((tonic::Code::Unknown, m)) = &want {
@@ -630,7 +660,7 @@ async fn compare(etcd_server: &EtcdServer, mut strata: Vec<Server>, seeds: u64, 
                     etcd_server.log_tail()
                 );
             }
-            let frontend = pick.random_range(0..strata.len());
+            let frontend = pick.random_range(0..up);
             let got = send(&mut strata[frontend], &op).await;
             assert_eq!(
                 got, want,

@@ -297,9 +297,9 @@ pub async fn hand_off(
         "handing the shard's leadership over"
     );
     let started = Instant::now();
-    shard.begin_handoff(to);
+    let pause = Paused::begin(shard, to);
     let res = steps(node, shard, to, obs.vote, &voters, leading_since, term).await;
-    shard.end_handoff();
+    drop(pause);
     let paused = started.elapsed();
     lock(&node.handoffs.settle).restart(shard.id);
     match &res {
@@ -318,6 +318,24 @@ pub async fn hand_off(
         }
     }
     res.map(|()| paused)
+}
+
+/// A shard's hand-off pause, ended when dropped: also when the task running the hand-off is
+/// dropped half-way (an admin call whose client gave up or went away cancels its handler),
+/// so that a shard never stays paused.
+struct Paused<'a>(&'a Shard);
+
+impl<'a> Paused<'a> {
+    fn begin(shard: &'a Shard, to: NodeId) -> Self {
+        shard.begin_handoff(to);
+        Paused(shard)
+    }
+}
+
+impl Drop for Paused<'_> {
+    fn drop(&mut self) {
+        self.0.end_handoff();
+    }
 }
 
 async fn steps(

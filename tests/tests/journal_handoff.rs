@@ -376,3 +376,49 @@ async fn hand_offs_between_1_and_2(
     }
     outcomes
 }
+
+/// An admin hand-off whose caller gives up while the shard is paused (here: a hand-off to a
+/// dead node, which would keep the shard paused until it fails after 5 s, asked with a 1 s
+/// deadline) must not leave the shard paused: the server drops the call's handler, and the
+/// pause ends with it. Appends go on at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hand_off_abandoned_by_its_caller_does_not_leave_the_shard_paused() {
+    use api::strata::journal::HandoffRequest;
+    use api::strata::journal::journal_admin_client::JournalAdminClient;
+
+    let mut c = JournalCluster::start(3, 1, &["--handoff-settle".into(), "0s".into()]);
+    let leader = c.wait_leaders(&[0, 1, 2]).await[0];
+    let client = c.client().await;
+    client
+        .append(0, vec![b"before".to_vec()])
+        .await
+        .expect("append before");
+    let dead = if leader == 3 { 2 } else { 3 };
+    c.kill(c.index_of(dead));
+    // Past the followers' vote refusal after the election, so the pause starts at once.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let addr = &c.nodes[c.index_of(leader)].addr;
+    let mut admin = JournalAdminClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to the leader");
+    let mut req = tonic::Request::new(HandoffRequest {
+        shard: 0,
+        start: true,
+        to: dead,
+    });
+    req.set_timeout(Duration::from_secs(1));
+    let abandoned = admin.handoff(req).await;
+    assert!(
+        abandoned.is_err(),
+        "a hand-off to a dead node answered: {abandoned:?}"
+    );
+    let after = tokio::time::timeout(
+        Duration::from_secs(3),
+        client.append(0, vec![b"after".to_vec()]),
+    )
+    .await;
+    assert!(
+        matches!(after, Ok(Ok(_))),
+        "appends still held back after the abandoned hand-off: {after:?}"
+    );
+}

@@ -379,10 +379,46 @@ fn journal_addresses(data_dir: &Path) -> anyhow::Result<Vec<SocketAddr>> {
     }
 }
 
-/// A loopback address whose port was free a moment ago.
+/// A loopback address whose port was free a moment ago, for a child to listen on.
+///
+/// Picked above the kernel's range of ports for outgoing connections
+/// (`net.ipv4.ip_local_port_range`, 32768–60999 by default), when it leaves room: between the
+/// pick and the child's bind, a port of that range can be given to any process's outgoing
+/// connection (a CI run saw a journal node fail to start that way, next to a busy etcd). Each
+/// pick moves on from the last one (the port is not held in between), from a place chosen by
+/// the process id, so that two `strata dev`s starting together rarely try the same port.
 fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let first = ephemeral_ports_end().saturating_add(1);
+    let span = u32::from(u16::MAX - first) + 1;
+    if first < u16::MAX && span >= 64 {
+        if CURSOR.load(Ordering::Relaxed) == u32::MAX {
+            let _ = CURSOR.compare_exchange(
+                u32::MAX,
+                std::process::id().wrapping_mul(7919) % span,
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            );
+        }
+        for _ in 0..span.min(1024) {
+            let offset = CURSOR.fetch_add(1, Ordering::Relaxed) % span;
+            let port = first + u16::try_from(offset).expect("offset is below the span");
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+                return l.local_addr().context("local address");
+            }
+        }
+    }
     let l = TcpListener::bind("127.0.0.1:0").context("bind 127.0.0.1:0")?;
     l.local_addr().context("local address")
+}
+
+/// The last port of the kernel's range for outgoing connections (60999 if it cannot be read).
+fn ephemeral_ports_end() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|t| t.split_whitespace().nth(1).and_then(|p| p.parse().ok()))
+        .unwrap_or(60_999)
 }
 
 /// A free loopback address that is none of `taken`: those may be free right now only because
@@ -494,5 +530,27 @@ fn describe(status: Option<ExitStatus>) -> String {
     match status {
         Some(s) => s.to_string(),
         None => "status unknown".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_picked_above_the_kernels_outgoing_range_and_never_twice_in_a_row() {
+        let end = ephemeral_ports_end();
+        let picks: Vec<u16> = (0..5)
+            .map(|_| free_loopback_addr().expect("a free port").port())
+            .collect();
+        if u32::from(end) + 64 <= u32::from(u16::MAX) {
+            assert!(picks.iter().all(|p| *p > end), "{picks:?} not above {end}");
+        }
+        for w in picks.windows(2) {
+            assert_ne!(w[0], w[1], "{picks:?}");
+        }
+        for p in &picks {
+            TcpListener::bind(("127.0.0.1", *p)).expect("the picked port is free");
+        }
     }
 }

@@ -317,7 +317,8 @@ impl WatchHub {
     }
 
     /// Registers a watcher on `stream`. `watch_id` 0 asks for a generated id (etcd's
-    /// `AutoWatchID`); a taken id fails with [`WatchError::DuplicateId`]. `start_rev` 0 means
+    /// `AutoWatchID`); a taken id fails with [`WatchError::DuplicateId`], a range holding no
+    /// key with [`WatchError::EmptyRange`] before anything else. `start_rev` 0 means
     /// "from now"; `store_rev` is the store's revision read just before this call (the store is
     /// never behind the hub), so "now" never includes a write already acknowledged.
     pub fn register(
@@ -328,6 +329,9 @@ impl WatchHub {
         start_rev: i64,
         store_rev: i64,
     ) -> Result<Registered, WatchError> {
+        if spec.is_empty() {
+            return Err(WatchError::EmptyRange);
+        }
         let mut st = self.lock();
         let now = st.revision.max(store_rev);
         let slot = st

@@ -67,6 +67,10 @@ impl Default for WatchConfig {
 /// Errors of the watch layer; their `Display` is etcd's text where a client sees it.
 #[derive(Debug, thiserror::Error)]
 pub enum WatchError {
+    /// A create request's range holds no key (its end is not above its key); etcd's
+    /// watchStream refuses it before it looks at the id or the start revision.
+    #[error("mvcc: watcher range is empty")]
+    EmptyRange,
     /// A create request named a watch id already in use on the stream.
     #[error("mvcc: duplicate watch ID provided on the WatchStream")]
     DuplicateId,

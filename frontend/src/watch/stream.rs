@@ -23,8 +23,6 @@ use super::{MIN_PROGRESS_NOTIFY_INTERVAL, WatchConfig, WatchError, WatchTarget, 
 
 /// etcd's `rpctypes.ErrCompacted` text, the cancel reason for a negative start revision.
 const ERR_COMPACTED_REASON: &str = "etcdserver: mvcc: required revision has been compacted";
-/// etcd's `mvcc.ErrEmptyWatcherRange`, the reason a watch of an empty range is canceled.
-const ERR_EMPTY_RANGE_REASON: &str = "mvcc: watcher range is empty";
 
 /// Per-watcher options the stream needs (the hub keeps the selection).
 struct WatcherOpts {
@@ -250,31 +248,9 @@ impl StreamTask {
     async fn create(&mut self, c: WatchCreateRequest) -> Result<(), Closed> {
         let store_rev = self.store_revision();
         if c.start_revision < 0 {
-            return self
-                .send(WatchResponse {
-                    header: self.header(store_rev),
-                    watch_id: INVALID_WATCH_ID,
-                    created: true,
-                    canceled: true,
-                    cancel_reason: ERR_COMPACTED_REASON.to_string(),
-                    ..Default::default()
-                })
-                .await;
+            return self.refuse(store_rev, ERR_COMPACTED_REASON).await;
         }
         let spec = WatchSpec::from_request(&c);
-        if spec.is_empty() {
-            // etcd's watchStream.Watch refuses it before anything else (the id, compaction).
-            return self
-                .send(WatchResponse {
-                    header: self.header(store_rev),
-                    watch_id: INVALID_WATCH_ID,
-                    created: true,
-                    canceled: true,
-                    cancel_reason: ERR_EMPTY_RANGE_REASON.to_string(),
-                    ..Default::default()
-                })
-                .await;
-        }
         match self
             .hub
             .register(self.stream, c.watch_id, spec, c.start_revision, store_rev)
@@ -302,19 +278,25 @@ impl StreamTask {
                 })
                 .await
             }
-            Err(e @ WatchError::DuplicateId) => {
-                self.send(WatchResponse {
-                    header: self.header(store_rev),
-                    watch_id: INVALID_WATCH_ID,
-                    created: true,
-                    canceled: true,
-                    cancel_reason: e.to_string(),
-                    ..Default::default()
-                })
-                .await
-            }
             Err(WatchError::StreamClosed) => Err(Closed),
+            Err(e @ (WatchError::EmptyRange | WatchError::DuplicateId)) => {
+                self.refuse(store_rev, &e.to_string()).await
+            }
         }
+    }
+
+    /// etcd's answer to a create request it refuses: created and canceled at once, with no
+    /// watch id and the reason.
+    async fn refuse(&mut self, revision: i64, reason: &str) -> Result<(), Closed> {
+        self.send(WatchResponse {
+            header: self.header(revision),
+            watch_id: INVALID_WATCH_ID,
+            created: true,
+            canceled: true,
+            cancel_reason: reason.to_string(),
+            ..Default::default()
+        })
+        .await
     }
 
     /// Catches every unsynced watcher of the stream up from the store's history.

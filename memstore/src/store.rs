@@ -660,19 +660,8 @@ impl MemStore {
         result.unwrap_or_else(Outcome::Failed)
     }
 
-    /// etcd's checks of a put on its own: the lease first, then the previous version that
-    /// `ignore_value` and `ignore_lease` need.
-    fn check_put(&self, key: &[u8], flags: PutFlags) -> Result<(), Error> {
-        self.check_put_lease(flags)?;
-        self.check_put_previous(key, flags)
-    }
-
-    /// etcd's checks of a put inside a txn (`checkRequestPut`): the same, in the other order.
-    fn check_put_in_txn(&self, key: &[u8], flags: PutFlags) -> Result<(), Error> {
-        self.check_put_previous(key, flags)?;
-        self.check_put_lease(flags)
-    }
-
+    /// A put's lease exists. A put on its own checks it before its previous version, a put in
+    /// a txn after (etcd's `Put` and `checkRequestPut`).
     fn check_put_lease(&self, flags: PutFlags) -> Result<(), Error> {
         if flags.lease != 0 && !self.state.leases.contains(flags.lease) {
             return Err(Error::LeaseNotFound);
@@ -680,6 +669,7 @@ impl MemStore {
         Ok(())
     }
 
+    /// The previous version `ignore_value` and `ignore_lease` need exists.
     fn check_put_previous(&self, key: &[u8], flags: PutFlags) -> Result<(), Error> {
         if (flags.ignore_value || flags.ignore_lease) && self.state.keys.latest_live(key).is_none()
         {
@@ -715,7 +705,8 @@ impl MemStore {
         let (k, v) = (key.as_ref(), value.as_ref());
         validate::put_parts(k, v, flags.lease, flags.ignore_value, flags.ignore_lease)?;
         self.check_space((k.len() + v.len()) as u64)?;
-        self.check_put(k, flags)?;
+        self.check_put_lease(flags)?;
+        self.check_put_previous(k, flags)?;
         let mut w = Writer::new(&mut self.state, events);
         let mut resp = w.put_bytes(key, value, flags, event_bytes);
         resp.header = header(w.finish());
@@ -911,14 +902,15 @@ impl MemStore {
             request_op::Request::RequestPut(p) => {
                 let flags = PutFlags::of(p);
                 if (flags.ignore_value || flags.ignore_lease)
-                    && deleted
-                        .borrow()
-                        .iter()
-                        .any(|(key, end)| delete_covers(key, end, &p.key))
+                    && deleted.borrow().iter().any(|(key, end)| {
+                        bounds(key, end)
+                            .is_some_and(|(_, hi)| p.key.as_slice() >= *key && below(&p.key, hi))
+                    })
                 {
                     return Err(Error::KeyNotFound);
                 }
-                self.check_put_in_txn(&p.key, flags)
+                self.check_put_previous(&p.key, flags)?;
+                self.check_put_lease(flags)
             }
             request_op::Request::RequestDeleteRange(d) => {
                 deleted.borrow_mut().push((&d.key, &d.range_end));
@@ -1209,16 +1201,6 @@ fn txn_put_cost(t: &TxnRequest) -> u64 {
             _ => 0,
         })
         .sum()
-}
-
-/// Whether a DeleteRange of `key`..`end` (etcd's forms: no end, one key; `"\0"`, every key
-/// from `key` on) removes `k`.
-fn delete_covers(key: &[u8], end: &[u8], k: &[u8]) -> bool {
-    match end {
-        [] => k == key,
-        [0] => k >= key,
-        _ => k >= key && k < end,
-    }
 }
 
 /// etcd's compareKV; `None` is a missing key (all zero).

@@ -250,26 +250,16 @@ pub async fn hand_off(
     if to == shard.node_id {
         return Err(HandoffError::AlreadyLeads(to));
     }
-    let (voters, term) = {
+    let (voters, term, joint) = {
         let m = shard.raft.metrics();
         let m = m.borrow();
+        let membership = m.membership_config.membership();
         (
-            m.membership_config
-                .membership()
-                .voter_ids()
-                .collect::<BTreeSet<_>>(),
+            membership.voter_ids().collect::<BTreeSet<_>>(),
             m.current_term,
+            membership.get_joint_config().len() != 1,
         )
     };
-    let joint = shard
-        .raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .get_joint_config()
-        .len()
-        != 1;
     if joint {
         // A membership change left half done (its leader died between the two steps): the
         // new leader finishes it when it is asked again; until then the count of free voters

@@ -392,7 +392,7 @@ fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
     static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
     let first = ephemeral_ports_end().saturating_add(1);
     let span = u32::from(u16::MAX - first) + 1;
-    if first < u16::MAX && span >= 64 {
+    if span >= 64 {
         if CURSOR.load(Ordering::Relaxed) == u32::MAX {
             let _ = CURSOR.compare_exchange(
                 u32::MAX,

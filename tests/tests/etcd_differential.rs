@@ -422,42 +422,34 @@ impl Generator {
 
 /// Every event from `start_revision` up to `last`, as one watch of all keys sees them.
 async fn history(s: &mut Server, start_revision: i64, last: i64) -> Vec<Event> {
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    tx.send(WatchRequest {
-        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-            key: vec![0],
-            range_end: vec![0],
-            start_revision,
-            prev_kv: true,
-            ..Default::default()
-        })),
-    })
-    .await
-    .expect("queue the watch");
-    let mut stream = s
-        .watch
-        .watch(tokio_stream_from(rx))
-        .await
-        .expect("watch")
-        .into_inner();
-    let mut events = Vec::new();
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
-    while events
-        .last()
-        .and_then(|e: &Event| e.kv.as_ref())
-        .map_or(0, |kv| kv.mod_revision)
-        < last
-    {
-        let msg = tokio::time::timeout_at(deadline, stream.message())
-            .await
-            .expect("events up to the last revision within 30 s")
-            .expect("watch stream")
-            .expect("watch stream open");
-        assert!(!msg.canceled, "watch canceled: {}", msg.cancel_reason);
-        events.extend(msg.events);
+    let all = WatchCreateRequest {
+        key: vec![0],
+        range_end: vec![0],
+        start_revision,
+        prev_kv: true,
+        ..Default::default()
+    };
+    let mut w = Watching::open(s, all).await;
+    let newest = |told: &[Told]| {
+        told.iter().rev().find_map(|t| match t {
+            Told::Event(e) => e.kv.as_ref().map(|kv| kv.mod_revision),
+            _ => None,
+        })
+    };
+    while newest(&w.told).unwrap_or(0) < last {
+        assert!(
+            w.read_one().await,
+            "the watch from {start_revision} ended: {:?}",
+            w.told.last()
+        );
     }
-    drop(tx);
-    events
+    w.told
+        .into_iter()
+        .filter_map(|t| match t {
+            Told::Event(e) => Some(e),
+            _ => None,
+        })
+        .collect()
 }
 
 /// A stream of the requests sent on `rx`.

@@ -44,7 +44,8 @@ pub const DEFAULT_REQUEST_ID_WINDOW_MS: i64 = 2 * 60 * 1_000;
 /// etcd's default backend quota (`--quota-backend-bytes` = 2 GiB).
 pub const DEFAULT_QUOTA_BYTES: i64 = 2 * 1024 * 1024 * 1024;
 
-/// Limits and timings of a store. Every replica of a tenant must use the same values.
+/// Limits and timings of a store. Every replica of a tenant must use the same values, across
+/// releases too: the defaults are frozen (test `apply_rules_are_part_of_the_journal_format`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Config {
     pub max_txn_ops: usize,
@@ -137,4 +138,31 @@ pub struct Stats {
     pub revision: i64,
     pub compact_revision: i64,
     pub applied_index: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Config;
+
+    /// The values every replica applies entries with. Two builds that differ in one of them
+    /// compute different outcomes from the same journal (a retried request id remembered by one
+    /// and not by the other, a lease that expires on one only, a txn one refuses), and during a
+    /// rolling upgrade old and new frontends apply the same journal side by side. So they are
+    /// part of what a journal means, like the entry format: a release that needs another value
+    /// carries it in the journal (docs/OPERATIONS.md, "Upgrading"); it never changes them here.
+    #[test]
+    fn apply_rules_are_part_of_the_journal_format() {
+        assert_eq!(
+            Config::default(),
+            Config {
+                max_txn_ops: 128,
+                min_lease_ttl_secs: 2,
+                max_lease_ttl_secs: 9_000_000_000,
+                leader_change_extend_ms: 1_000,
+                request_id_window_ms: 120_000,
+                quota_bytes: 2 << 30,
+            },
+            "a default that every replica applies with changed: see this test's doc"
+        );
+    }
 }

@@ -98,11 +98,14 @@ impl Catalog {
     }
 
     /// The tenant's newest manifest that parses (an unparsable one is reported and skipped), or
-    /// `None` if it has none.
+    /// `None` if it has none. Manifests that exist but of which none parses (written by a newer
+    /// build, damaged) are an error, never "no manifest": a tenant started empty from a trimmed
+    /// journal would be published without its history.
     pub async fn latest_manifest(&self, tenant: &str) -> Result<Option<Manifest>> {
         for _ in 0..MAX_RELISTS {
             let seqs = self.manifest_seqs(tenant).await?;
             let mut vanished = false;
+            let mut unusable = None;
             for &seq in seqs.iter().rev() {
                 match self.read_manifest(tenant, seq).await {
                     Ok(Some(m)) => return Ok(Some(m)),
@@ -112,12 +115,20 @@ impl Catalog {
                     }
                     Err(Error::Manifest(e)) => {
                         warn!(tenant, seq, error = %e, "skipping unusable manifest");
+                        unusable.get_or_insert((seq, e));
                     }
                     Err(e) => return Err(e),
                 }
             }
             if !vanished {
-                return Ok(None);
+                return match unusable {
+                    None => Ok(None),
+                    Some((seq, e)) => Err(Error::NoUsableManifest {
+                        tenant: tenant.to_string(),
+                        seq,
+                        reason: e.to_string(),
+                    }),
+                };
             }
             debug!(tenant, "a manifest vanished while reading: listing again");
         }

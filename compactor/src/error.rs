@@ -18,6 +18,13 @@ pub enum Error {
     /// A checkpoint object failed verification (checksum, format, wrong tenant or index).
     #[error("checkpoint {path}: {reason}")]
     Corrupt { path: String, reason: String },
+    /// A tenant has manifests, and none of them can be read (newest first: `seq`).
+    #[error("tenant {tenant}: no manifest can be read (the newest, {seq}: {reason})")]
+    NoUsableManifest {
+        tenant: String,
+        seq: u64,
+        reason: String,
+    },
     /// Someone else published manifest after manifest under the same numbers.
     #[error("tenant {tenant}: lost the race for manifest numbers {attempts} times in a row")]
     ManifestRace { tenant: String, attempts: u32 },
@@ -64,6 +71,7 @@ impl Error {
             Error::BadUrl { .. }
             | Error::Manifest(_)
             | Error::Corrupt { .. }
+            | Error::NoUsableManifest { .. }
             | Error::Trimmed { .. }
             | Error::Decode(_)
             | Error::Unrecoverable { .. } => false,

@@ -2,7 +2,7 @@
 //! first, each verified (size, CRC32C, `memstore::checkpoint::decode`, tenant and index) before
 //! use; a bad one is reported and the next older one is tried.
 
-use api::manifest::{CheckpointRef, Manifest};
+use api::manifest::{self, CheckpointRef, Manifest};
 use memstore::MemStore;
 use memstore::checkpoint::{self, CheckpointMeta};
 use tracing::warn;
@@ -52,22 +52,42 @@ pub async fn load(
 }
 
 /// The newest usable checkpoint of `tenant` in `catalog`, or `None` if the tenant has no
-/// manifest. Fails with the newest checkpoint's error when none of the manifest's is usable.
+/// manifest. Fails with the newest checkpoint's error when none of the manifest's is usable,
+/// and when manifests exist but none can be read.
 pub async fn latest_in(catalog: &Catalog, tenant: &str) -> Result<Option<Loaded>> {
     let Some(manifest) = catalog.latest_manifest(tenant).await? else {
         return Ok(None);
     };
+    newest_usable(catalog, tenant, manifest).await.map(Some)
+}
+
+/// The newest usable checkpoint `manifest` names (each also checked to be of the manifest's
+/// shard); fails with the newest checkpoint's error when none is usable.
+pub async fn newest_usable(catalog: &Catalog, tenant: &str, manifest: Manifest) -> Result<Loaded> {
     let mut skipped = Vec::new();
     for r in &manifest.checkpoints {
-        match load(catalog, tenant, r).await {
+        let loaded = load(catalog, tenant, r).await.and_then(|(meta, store)| {
+            if meta.shard == manifest.shard {
+                Ok((meta, store))
+            } else {
+                Err(Error::Corrupt {
+                    path: r.path.clone(),
+                    reason: format!(
+                        "object holds shard {}, the manifest says shard {}",
+                        meta.shard, manifest.shard
+                    ),
+                })
+            }
+        });
+        match loaded {
             Ok((meta, store)) => {
-                return Ok(Some(Loaded {
+                return Ok(Loaded {
                     reference: r.clone(),
                     manifest: manifest.clone(),
                     meta,
                     store,
                     skipped,
-                }));
+                });
             }
             Err(e) if e.is_retryable() && !is_missing(&e) => return Err(e),
             Err(e) => {
@@ -75,6 +95,12 @@ pub async fn latest_in(catalog: &Catalog, tenant: &str) -> Result<Option<Loaded>
                 skipped.push((r.clone(), e));
             }
         }
+    }
+    if skipped.is_empty() {
+        return Err(Error::Corrupt {
+            path: manifest::manifests_dir(tenant)?,
+            reason: "the newest manifest names no checkpoint".into(),
+        });
     }
     let (_, first) = skipped.swap_remove(0);
     Err(first)

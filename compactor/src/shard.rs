@@ -74,6 +74,14 @@ struct Tenant {
     published: Vec<CheckpointRef>,
 }
 
+/// Where a loop starts: this shard's tenants as loaded, the tenants whose newest manifest names
+/// another shard (with that shard), and the journal's first index.
+struct Start {
+    tenants: BTreeMap<String, Tenant>,
+    elsewhere: BTreeMap<String, u32>,
+    first_index: u64,
+}
+
 /// What a background round produced for one tenant.
 type RoundResult = Vec<(String, Result<Manifest>)>;
 
@@ -127,7 +135,7 @@ impl<J: Journal> ShardWorker<J> {
     }
 
     /// Loads every tenant of this shard from its newest usable checkpoint.
-    async fn load(&self) -> Result<(BTreeMap<String, Tenant>, u64)> {
+    async fn load(&self) -> Result<Start> {
         let first_index = self.journal.first_index(self.shard).await?.max(1);
         let mut names: BTreeSet<String> = self.catalog.tenants().await?.into_iter().collect();
         names.extend(
@@ -138,17 +146,35 @@ impl<J: Journal> ShardWorker<J> {
                 .map(|(t, _)| t.clone()),
         );
         let mut tenants = BTreeMap::new();
+        let mut elsewhere = BTreeMap::new();
         for name in names {
             let configured_here = self
                 .config
                 .tenants
                 .iter()
                 .any(|(t, s)| *t == name && *s == self.shard);
-            match reader::latest_in(&self.catalog, &name).await {
-                Ok(Some(loaded)) => {
-                    if loaded.manifest.shard != self.shard {
-                        continue;
-                    }
+            // The manifest says which shard the tenant lives on: another shard's tenant is left
+            // alone before any of its checkpoints is read.
+            let manifest = match self.catalog.latest_manifest(&name).await? {
+                Some(m) if m.shard != self.shard => {
+                    elsewhere.insert(name, m.shard);
+                    continue;
+                }
+                Some(m) => m,
+                None if configured_here => {
+                    tenants.insert(
+                        name,
+                        Tenant {
+                            store: MemStore::new(memstore::Config::default()),
+                            published: Vec::new(),
+                        },
+                    );
+                    continue;
+                }
+                None => continue,
+            };
+            match reader::newest_usable(&self.catalog, &name, manifest).await {
+                Ok(loaded) => {
                     if loaded.meta.index + 1 < first_index {
                         return Err(Error::Unrecoverable {
                             tenant: name,
@@ -178,21 +204,10 @@ impl<J: Journal> ShardWorker<J> {
                         },
                     );
                 }
-                Ok(None) if configured_here => {
-                    tenants.insert(
-                        name,
-                        Tenant {
-                            store: MemStore::new(memstore::Config::default()),
-                            published: Vec::new(),
-                        },
-                    );
-                }
-                Ok(None) => {}
                 Err(e) if e.is_retryable() => return Err(e),
                 Err(e) => {
-                    // Every checkpoint of the manifest is unusable. Only a journal that still
-                    // holds the whole history can rebuild the tenant; its shard is unknown, so
-                    // this blocks every shard this compactor owns rather than guess.
+                    // Every checkpoint of this shard's tenant is unusable. Only a journal that
+                    // still holds the whole history can rebuild it.
                     if first_index > 1 {
                         return Err(e);
                     }
@@ -207,14 +222,22 @@ impl<J: Journal> ShardWorker<J> {
                 }
             }
         }
-        Ok((tenants, first_index))
+        Ok(Start {
+            tenants,
+            elsewhere,
+            first_index,
+        })
     }
 
     async fn run_once(&self, shutdown: &mut watch::Receiver<bool>) -> Result<()> {
-        let (mut tenants, first_index) = self.load().await?;
+        let Start {
+            mut tenants,
+            elsewhere,
+            first_index,
+        } = self.load().await?;
         let mut stream = self.journal.read(self.shard, first_index).await?;
         let mut applied = first_index - 1;
-        let mut unnamed: BTreeSet<String> = BTreeSet::new();
+        let mut refused: BTreeSet<String> = BTreeSet::new();
         let mut since_round: u64 = 0;
         let mut last_round = Instant::now();
         let mut last_success = Instant::now();
@@ -265,7 +288,7 @@ impl<J: Journal> ShardWorker<J> {
                             reason: format!("record {} after {applied}: gap or repeat", record.index),
                         });
                     }
-                    if let Err(e) = apply(&mut tenants, &mut unnamed, &record) {
+                    if let Err(e) = apply(&mut tenants, &elsewhere, &mut refused, &record) {
                         break Err(e);
                     }
                     applied = record.index;
@@ -307,7 +330,7 @@ impl<J: Journal> ShardWorker<J> {
                         metrics::counter!("strata_compactor_rounds_total", "shard" => self.shard.to_string(), "result" => "failed").increment(1);
                     }
                     self.status.send_modify(|s| s.checkpoints = newest_indexes(&tenants));
-                    self.trim(&tenants, &unnamed).await;
+                    self.trim(&tenants, &refused).await;
                 }
                 _ = ticker.tick() => {
                     let behind = behind_entries(&tenants, applied);
@@ -454,8 +477,8 @@ impl<J: Journal> ShardWorker<J> {
 
     /// Trims the journal below the lowest index every tenant's checkpoints cover (the
     /// checkpoint `trim_lag` places behind each tenant's newest).
-    async fn trim(&self, tenants: &BTreeMap<String, Tenant>, unnamed: &BTreeSet<String>) {
-        if !unnamed.is_empty() {
+    async fn trim(&self, tenants: &BTreeMap<String, Tenant>, refused: &BTreeSet<String>) {
+        if !refused.is_empty() {
             debug!(
                 shard = self.shard,
                 "not trimming: the shard holds tenants that cannot be checkpointed"
@@ -532,18 +555,24 @@ fn owner(record: &Record) -> Result<Option<String>> {
 /// Applies one record to every tenant replica: its owner gets the entry, every other tenant the
 /// tick it stands for (`api::record::entry_for_tenant`'s rule). A tenant seen for the first time
 /// starts from an empty store (trimming never passes a tenant without a checkpoint, so its whole
-/// history is still in the journal).
+/// history is still in the journal), unless its checkpoints are published for another shard
+/// (`elsewhere`) or its name cannot name objects: such a tenant is `refused` (not checkpointed,
+/// and the journal is not trimmed while it has entries here).
 fn apply(
     tenants: &mut BTreeMap<String, Tenant>,
-    unnamed: &mut BTreeSet<String>,
+    elsewhere: &BTreeMap<String, u32>,
+    refused: &mut BTreeSet<String>,
     record: &Record,
 ) -> Result<()> {
     let owner = owner(record)?;
     if let Some(o) = &owner
         && !tenants.contains_key(o)
-        && !unnamed.contains(o)
+        && !refused.contains(o)
     {
-        if manifest::validate_tenant(o).is_ok() {
+        if let Some(shard) = elsewhere.get(o) {
+            error!(tenant = %o, index = record.index, checkpoints_for_shard = shard, "tenant has entries on this shard but its checkpoints are another shard's: its entries here are not checkpointed and the journal will not be trimmed");
+            refused.insert(o.clone());
+        } else if manifest::validate_tenant(o).is_ok() {
             info!(tenant = %o, index = record.index, "new tenant on shard");
             tenants.insert(
                 o.clone(),
@@ -554,7 +583,7 @@ fn apply(
             );
         } else {
             error!(tenant = ?o, index = record.index, "tenant name cannot name objects: its entries are not checkpointed and the journal will not be trimmed");
-            unnamed.insert(o.clone());
+            refused.insert(o.clone());
         }
     }
     // The entry every non-owner applies: the same position as a tick.

@@ -144,7 +144,11 @@ pub fn open_with(url: &str, options: &[(String, String)]) -> Result<Store> {
 
 fn open_dir(dir: &std::path::Path, url: &str) -> Result<Store> {
     std::fs::create_dir_all(dir).map_err(|e| bad(url, format!("create {}: {e}", dir.display())))?;
-    let fs = LocalFileSystem::new_with_prefix(dir)?.with_automatic_cleanup(true);
+    // fsync: the journal is trimmed once a checkpoint and its manifest are written, so they must
+    // be on disk by then, as an S3 PUT is when it returns (object_store's default is no fsync).
+    let fs = LocalFileSystem::new_with_prefix(dir)?
+        .with_automatic_cleanup(true)
+        .with_fsync(true);
     Ok(Arc::new(fs))
 }
 
@@ -152,6 +156,16 @@ fn open_dir(dir: &std::path::Path, url: &str) -> Result<Store> {
 mod tests {
     use super::*;
     use object_store::ObjectStoreExt;
+
+    /// The trim that follows a publication relies on it being durable; the setting is only
+    /// visible through the store's `Debug` form.
+    #[test]
+    fn local_dirs_fsync_what_they_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = open(&format!("file://{}", dir.path().display())).unwrap();
+        let shown = format!("{store:?}");
+        assert!(shown.contains("fsync: true"), "{shown}");
+    }
 
     #[tokio::test]
     async fn opens_local_dirs_by_url_and_path() {

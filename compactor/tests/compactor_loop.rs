@@ -206,3 +206,150 @@ async fn object_store_outage_delays_checkpoints_and_the_compactor_catches_up() {
     assert_fresh_replicas_match(&store, &journal, &h, SHARD).await;
     assert_store_invariants(&catalog, &journal, SHARD).await;
 }
+
+/// Runs a compactor over `h` on a local directory until both tenants have checkpoints and the
+/// journal was trimmed; returns the directory and its catalog.
+async fn published_and_trimmed(
+    h: &mut History,
+    journal: &MemJournal,
+) -> (tempfile::TempDir, Catalog) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = compactor::store::open(dir.path().to_str().unwrap()).unwrap();
+    let catalog = Catalog::new(store);
+    let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
+    let mut st = c.status(SHARD).unwrap();
+    for _ in 0..4 {
+        h.write(250);
+        let last = h.last_index();
+        wait_status(&mut st, "checkpoints at the last index", |s| {
+            covers_all(s, &TENANTS, last)
+        })
+        .await;
+    }
+    wait_status(&mut st, "a trim", |s| s.trimmed_below > 1).await;
+    c.shutdown().await;
+    (dir, catalog)
+}
+
+/// Every manifest of every tenant: (tenant, seq, shard).
+async fn manifests(catalog: &Catalog) -> Vec<(String, u64, u32)> {
+    let mut out = Vec::new();
+    for t in catalog.tenants().await.unwrap() {
+        for seq in catalog.manifest_seqs(&t).await.unwrap() {
+            if let Ok(Some(m)) = catalog.read_manifest(&t, seq).await {
+                out.push((t.clone(), seq, m.shard));
+            } else {
+                out.push((t.clone(), seq, u32::MAX));
+            }
+        }
+    }
+    out
+}
+
+/// A tenant whose checkpoints are all unusable blocks its own shard's loop; the compactor's other
+/// shard (whose journal was never trimmed) must not take the tenant over and publish it empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_with_no_usable_checkpoint_is_not_adopted_by_another_shard() {
+    let journal = MemJournal::new();
+    let mut h = History::new(journal.clone(), SHARD, &TENANTS, 53);
+    let (dir, catalog) = published_and_trimmed(&mut h, &journal).await;
+    for t in TENANTS {
+        let m = catalog.latest_manifest(t).await.unwrap().unwrap();
+        for r in &m.checkpoints {
+            let file = dir.path().join(&r.path);
+            let mut bytes = std::fs::read(&file).unwrap();
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0x40;
+            std::fs::write(&file, &bytes).unwrap();
+        }
+    }
+    let before = manifests(&catalog).await;
+
+    const OTHER_SHARD: u32 = 1;
+    let mut other = History::new(journal.clone(), OTHER_SHARD, &["other"], 59);
+    let c = Compactor::spawn(
+        Config {
+            shards: vec![SHARD, OTHER_SHARD],
+            ..config()
+        },
+        journal.clone(),
+        catalog.clone(),
+    );
+    let mut st0 = c.status(SHARD).unwrap();
+    let mut st1 = c.status(OTHER_SHARD).unwrap();
+    for _ in 0..3 {
+        other.write(150);
+        let last = other.last_index();
+        wait_status(&mut st1, "the other shard's checkpoints", |s| {
+            covers_all(s, &["other"], last)
+        })
+        .await;
+    }
+    let s0 = wait_status(&mut st0, "the blocked shard's restarts", |s| {
+        s.restarts >= 2
+    })
+    .await;
+    assert!(
+        s0.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("checkpoint")),
+        "{s0:?}"
+    );
+    let s1 = st1.borrow().clone();
+    c.shutdown().await;
+    assert_eq!(s1.restarts, 0, "{s1:?}");
+    assert!(
+        TENANTS.iter().all(|t| !s1.checkpoints.contains_key(*t)),
+        "the other shard published a tenant that is not its own: {s1:?}"
+    );
+    let after: Vec<_> = manifests(&catalog)
+        .await
+        .into_iter()
+        .filter(|(t, _, _)| t != "other")
+        .collect();
+    assert_eq!(after, before, "the tenants' manifests changed");
+    assert!(before.iter().all(|(_, _, shard)| *shard == SHARD));
+}
+
+/// Manifests that exist but that this build cannot read (a newer build's, say, after a rollback)
+/// are not "no manifest": on a trimmed journal the tenant would be published without its history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_manifests_stop_the_loop_instead_of_starting_the_tenant_empty() {
+    let journal = MemJournal::new();
+    let mut h = History::new(journal.clone(), SHARD, &TENANTS, 61);
+    let (dir, catalog) = published_and_trimmed(&mut h, &journal).await;
+    for seq in catalog.manifest_seqs("default").await.unwrap() {
+        let mut m = catalog
+            .read_manifest("default", seq)
+            .await
+            .unwrap()
+            .unwrap();
+        m.format_version = manifest::MANIFEST_FORMAT_VERSION + 1;
+        let path = dir
+            .path()
+            .join(manifest::manifest_path("default", seq).unwrap());
+        std::fs::write(path, m.to_json()).unwrap();
+    }
+    let Err(e) = catalog.latest_manifest("default").await else {
+        panic!("unreadable manifests were taken for none");
+    };
+    assert!(e.to_string().contains("no manifest can be read"), "{e}");
+    let before = manifests(&catalog).await;
+
+    let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
+    let mut st = c.status(SHARD).unwrap();
+    h.write(250);
+    let s = wait_status(&mut st, "restarts", |s| s.restarts >= 2).await;
+    c.shutdown().await;
+    assert!(
+        s.last_error
+            .as_deref()
+            .is_some_and(|e| e.contains("no manifest can be read")),
+        "{s:?}"
+    );
+    assert_eq!(
+        manifests(&catalog).await,
+        before,
+        "a manifest was published or deleted"
+    );
+}

@@ -79,6 +79,16 @@ pub enum CheckpointError {
     Corrupt { path: String, reason: String },
     #[error("no checkpoint of the manifest is usable; newest failed with: {0}")]
     NoneUsable(String),
+    /// The tenant's checkpoints are another shard's: this frontend is configured for the wrong
+    /// shard (its journal positions would mean nothing against them).
+    #[error(
+        "tenant {tenant}: its checkpoints are shard {found}'s, this frontend serves shard {shard}"
+    )]
+    WrongShard {
+        tenant: String,
+        shard: u32,
+        found: u32,
+    },
     #[error("decoding task failed: {0}")]
     Task(String),
 }
@@ -371,6 +381,7 @@ async fn fetch_ranges(
 async fn load_one(
     store: &Store,
     tenant: &str,
+    shard: u32,
     r: &CheckpointRef,
 ) -> Result<(MemStore, LoadTimings), CheckpointError> {
     let started = Instant::now();
@@ -392,12 +403,16 @@ async fn load_one(
         fetch: fetched - started,
         decode: fetched.elapsed(),
     };
-    if meta.tenant != tenant || meta.index != r.index || meta.revision != r.revision {
+    if meta.tenant != tenant
+        || meta.shard != shard
+        || meta.index != r.index
+        || meta.revision != r.revision
+    {
         return Err(CheckpointError::Corrupt {
             path,
             reason: format!(
-                "object holds tenant {:?} index {} revision {}; the manifest says tenant {tenant:?} index {} revision {}",
-                meta.tenant, meta.index, meta.revision, r.index, r.revision
+                "object holds tenant {:?} shard {} index {} revision {}; the manifest says tenant {tenant:?} shard {shard} index {} revision {}",
+                meta.tenant, meta.shard, meta.index, meta.revision, r.index, r.revision
             ),
         });
     }
@@ -405,14 +420,26 @@ async fn load_one(
     Ok((mem, timings))
 }
 
-/// The newest usable checkpoint of `tenant`, or `None` if the tenant has no manifest yet.
-pub async fn latest(store: &Store, tenant: &str) -> Result<Option<Loaded>, CheckpointError> {
+/// The newest usable checkpoint of `tenant` on journal shard `shard`, or `None` if the tenant
+/// has no manifest yet. A manifest of another shard is an error.
+pub async fn latest(
+    store: &Store,
+    tenant: &str,
+    shard: u32,
+) -> Result<Option<Loaded>, CheckpointError> {
     let Some(manifest) = latest_manifest(store, tenant).await? else {
         return Ok(None);
     };
+    if manifest.shard != shard {
+        return Err(CheckpointError::WrongShard {
+            tenant: tenant.to_string(),
+            shard,
+            found: manifest.shard,
+        });
+    }
     let mut first_error = None;
     for r in &manifest.checkpoints {
-        match load_one(store, tenant, r).await {
+        match load_one(store, tenant, shard, r).await {
             Ok((mem, timings)) => {
                 return Ok(Some(Loaded {
                     reference: r.clone(),
@@ -510,7 +537,7 @@ mod tests {
     #[tokio::test]
     async fn no_manifest_means_no_checkpoint() {
         let store = Store::from(Arc::new(InMemory::new()));
-        assert!(latest(&store, "default").await.unwrap().is_none());
+        assert!(latest(&store, "default", 0).await.unwrap().is_none());
     }
 
     #[tokio::test]
@@ -520,9 +547,30 @@ mod tests {
         let bad = publish(&store, 9, true).await;
         manifest(&store, 1, vec![old.clone()]).await;
         manifest(&store, 2, vec![bad, old.clone()]).await;
-        let loaded = latest(&store, "default").await.unwrap().unwrap();
+        let loaded = latest(&store, "default", 0).await.unwrap().unwrap();
         assert_eq!(loaded.reference, old);
         assert_eq!(loaded.store.applied_index(), 5);
+    }
+
+    #[tokio::test]
+    async fn another_shards_checkpoints_are_refused() {
+        let store = Store::from(Arc::new(InMemory::new()));
+        let r = publish(&store, 5, false).await;
+        manifest(&store, 1, vec![r]).await;
+        let Err(e) = latest(&store, "default", 1).await else {
+            panic!("shard 0's checkpoint was loaded for shard 1");
+        };
+        assert!(
+            matches!(
+                e,
+                CheckpointError::WrongShard {
+                    shard: 1,
+                    found: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 
     #[tokio::test]
@@ -686,7 +734,7 @@ mod tests {
                 drop(fetched);
                 let (cpu3, faults3) = cpu_and_faults("self");
                 let t = Instant::now();
-                let loaded = latest(s, "default").await.unwrap().unwrap();
+                let loaded = latest(s, "default", 0).await.unwrap().unwrap();
                 let total = t.elapsed();
                 let (cpu4, faults4) = cpu_and_faults("self");
                 assert_eq!(loaded.store.revision(), meta.revision);

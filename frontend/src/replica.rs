@@ -241,7 +241,7 @@ impl Replica {
         let Some(objects) = &self.checkpoints else {
             return Err("no --object-store to load a checkpoint from".into());
         };
-        let loaded = crate::checkpoint::latest(objects, &self.tenant)
+        let loaded = crate::checkpoint::latest(objects, &self.tenant, self.shard)
             .await
             .map_err(|e| e.to_string())?
             .ok_or("the object store holds no checkpoint of the tenant")?;

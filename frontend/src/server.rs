@@ -307,7 +307,7 @@ async fn initial_store(
     let Some(objects) = objects else {
         return Ok(fresh());
     };
-    match crate::checkpoint::latest(objects, &config.tenant).await? {
+    match crate::checkpoint::latest(objects, &config.tenant, config.shard).await? {
         Some(loaded) => {
             tracing::info!(
                 tenant = %config.tenant,

@@ -361,7 +361,9 @@ impl StreamTask {
             next = match last {
                 // Possibly cut at the batch bound: read on from the next revision.
                 Some(l) if l < store_rev => l + 1,
-                _ => store_rev + 1,
+                // Everything up to the store's revision was read; a watcher waiting for a later
+                // start revision keeps it.
+                _ => next.max(store_rev + 1),
             };
             if next > store_rev {
                 match self.hub.try_sync(self.stream, u.watch_id, next) {

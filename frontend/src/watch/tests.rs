@@ -281,6 +281,27 @@ async fn future_start_waits_for_its_revision() {
     assert_eq!(event_revision(&rs[0].events[0]), 4);
 }
 
+/// A watcher waiting for a future revision that is sent to catch up (a checkpoint reload
+/// desyncs every watcher) keeps its start: the catch-up finds nothing yet and must not move the
+/// watcher back to the store's revision, or it would get events from before its start.
+#[tokio::test]
+async fn future_start_survives_a_catch_up() {
+    let mut h = Harness::new(DEFAULT_STREAM_BUFFER);
+    h.put("a", "0"); // rev 2
+    let mut c = h.open(WatchConfig::default(), 16);
+    c.create(create_req("a", "", 6)).await;
+    assert!(c.next().await.created);
+    assert_eq!(h.hub.desync_all(3), 1);
+    // Let the stream's catch-up run while the store is still below the start.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 1..=5 {
+        h.put("a", &i.to_string()); // revs 3..=7
+    }
+    let rs = c.events(0, 2).await;
+    let revs: Vec<i64> = flatten(&rs).iter().map(event_revision).collect();
+    assert_eq!(revs, [6, 7]);
+}
+
 #[tokio::test]
 async fn compacted_start_is_created_then_cancelled_like_etcd() {
     let mut h = Harness::new(DEFAULT_STREAM_BUFFER);

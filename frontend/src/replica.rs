@@ -66,11 +66,12 @@ impl Replica {
         checkpoints: Option<crate::checkpoint::Store>,
     ) -> Arc<Self> {
         let applied_index = store.applied_index();
+        let hub = WatchHub::for_store_at(tenant, store.revision());
         Arc::new(Self {
             tenant: tenant.to_string(),
             shard,
             store: Arc::new(RwLock::new(store)),
-            hub: Arc::new(WatchHub::for_tenant(tenant)),
+            hub: Arc::new(hub),
             applied: watch::channel(applied_index).0,
             state: watch::channel(ReplicaState::CatchingUp).0,
             term: AtomicU64::new(0),
@@ -484,6 +485,24 @@ mod tests {
         let expected: Vec<i64> = (old_rev + 1..=new_rev).collect();
         assert_eq!(revisions(&mut h.deliveries), expected);
         assert_eq!(r.hub().revision(), new_rev);
+    }
+
+    /// Progress answers of a replica started from a checkpoint carry the checkpoint's revision
+    /// before any entry is applied.
+    #[test]
+    fn progress_from_a_checkpoint_reports_its_revision() {
+        let r = Replica::new("t", 0, store_after(5));
+        let rev = r.read().revision();
+        assert!(rev > 1);
+        let mut h = r.hub().open_stream();
+        r.hub()
+            .register(h.id, 0, WatchSpec::range(b"k", b"l"), 0, rev)
+            .unwrap();
+        r.hub().request_progress(h.id);
+        match h.deliveries.try_recv() {
+            Ok(Delivery::Progress { revision, .. }) => assert_eq!(revision, rev),
+            other => panic!("expected a progress answer, got {other:?}"),
+        }
     }
 
     #[test]

@@ -147,6 +147,15 @@ impl WatchHub {
         Self::with_buffer(tenant, DEFAULT_STREAM_BUFFER)
     }
 
+    /// A hub over a store already at `revision` (a replica started from a checkpoint): progress
+    /// answers carry that revision until the first entry is applied, never 0 (etcd clients do
+    /// not take a progress response with revision 0 for one).
+    pub fn for_store_at(tenant: &str, revision: i64) -> Self {
+        let hub = Self::for_tenant(tenant);
+        hub.lock().revision = revision;
+        hub
+    }
+
     /// A hub whose streams buffer at most `stream_buffer` responses (at least 1) before their
     /// watchers fall back to catching up from history.
     pub fn with_buffer(tenant: &str, stream_buffer: usize) -> Self {

@@ -77,6 +77,12 @@ fn own_entry(
 ) -> Result<Entry, DecodeError> {
     let mut entry =
         Entry::decode(buf).map_err(|source| DecodeError::Malformed { index, source })?;
+    // Another tenant's entry is a tick whatever its format (the envelope's tenant field keeps its
+    // meaning across formats), so one tenant's newer entries never stop another tenant's
+    // replicas; a shard-wide one (no tenant) may mean something to every tenant.
+    if !entry.tenant.is_empty() && entry.tenant != tenant {
+        return Ok(shard_wide(time_ms, Request::Tick(Tick {})));
+    }
     if entry.format_version > ENTRY_FORMAT_VERSION {
         return Err(DecodeError::TooNew {
             index,
@@ -350,6 +356,21 @@ mod tests {
     fn newer_format_is_refused() {
         let mut entry = put_entry("a");
         entry.format_version = ENTRY_FORMAT_VERSION + 1;
+        let r = record(Kind::Data(entry.encode_to_vec()));
+        assert!(matches!(both(&r, "a"), Err(DecodeError::TooNew { .. })));
+    }
+
+    #[test]
+    fn another_tenants_newer_entry_is_a_tick_a_shard_wide_one_is_refused() {
+        let mut entry = put_entry("b");
+        entry.format_version = ENTRY_FORMAT_VERSION + 1;
+        let r = record(Kind::Data(entry.encode_to_vec()));
+        assert!(matches!(
+            both(&r, "a").unwrap().request,
+            Some(Request::Tick(_))
+        ));
+        assert!(matches!(both(&r, "b"), Err(DecodeError::TooNew { .. })));
+        entry.tenant = String::new();
         let r = record(Kind::Data(entry.encode_to_vec()));
         assert!(matches!(both(&r, "a"), Err(DecodeError::TooNew { .. })));
     }

@@ -139,16 +139,22 @@ impl Replica {
     }
 
     /// Registers interest in the outcome of the entry carrying `request_id`; must happen before
-    /// the entry is appended.
-    pub fn expect(&self, request_id: &[u8]) -> oneshot::Receiver<Applied> {
+    /// the entry is appended. The interest ends when the answer is dropped, however the writer
+    /// ends (answered, failed, timed out, or its client gone and its future dropped).
+    pub fn expect<'a>(&'a self, request_id: &'a [u8]) -> Pending<'a> {
         let (tx, rx) = oneshot::channel();
         self.lock_waiters().insert(request_id.to_vec(), tx);
-        rx
+        Pending {
+            replica: self,
+            request_id,
+            rx,
+        }
     }
 
-    /// Drops interest (the append failed or the caller gave up).
-    pub fn forget(&self, request_id: &[u8]) {
-        self.lock_waiters().remove(request_id);
+    /// Writers waiting for an outcome.
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.lock_waiters().len()
     }
 
     fn lock_waiters(
@@ -262,8 +268,9 @@ impl Replica {
     /// caught up from history as usual). When `new`'s history no longer reaches back that far,
     /// every watcher is caught up from `new` instead, which cancels it as compacted: a watcher
     /// never silently misses an event.
-    /// Writers still waiting for an outcome are dropped (they answer "stopped"; their entry may
-    /// or may not have been applied, as after a timeout).
+    /// Writers still waiting keep waiting: an entry after the checkpoint's index is applied next
+    /// and answered as usual; one the checkpoint already covers is never answered, and its writer
+    /// times out (its entry may or may not have been applied, as after any timeout).
     fn swap(&self, new: MemStore) -> Result<(), String> {
         let mut store = self
             .store
@@ -310,7 +317,6 @@ impl Replica {
         }
         self.hub.notify(to, &[]);
         drop(store);
-        self.lock_waiters().clear();
         self.applied.send_replace(index);
         Ok(())
     }
@@ -424,6 +430,32 @@ enum ApplyStop {
     Fatal(String),
 }
 
+/// A writer's interest in the outcome of its entry (`Replica::expect`).
+pub struct Pending<'a> {
+    replica: &'a Replica,
+    request_id: &'a [u8],
+    rx: oneshot::Receiver<Applied>,
+}
+
+impl Pending<'_> {
+    /// The outcome, once the replica applied the entry; an error if the replica dropped every
+    /// waiter (it stopped).
+    pub async fn outcome(&mut self) -> Result<Applied, oneshot::error::RecvError> {
+        (&mut self.rx).await
+    }
+
+    /// The outcome if it has already arrived.
+    pub fn arrived(&mut self) -> Option<Applied> {
+        self.rx.try_recv().ok()
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.replica.lock_waiters().remove(self.request_id);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,6 +496,64 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The journal record at `index` carrying a put with `request_id` (tenant "t").
+    fn put_record(index: u64, request_id: &[u8]) -> api::strata::journal::Record {
+        let entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            request_id: request_id.to_vec(),
+            time_ms: 0,
+            request: Some(Request::Put(PutRequest {
+                key: b"w".to_vec(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })),
+        };
+        api::strata::journal::Record {
+            index,
+            term: 1,
+            time_ms: 1_000 + index as i64,
+            kind: Some(api::strata::journal::record::Kind::Data(
+                api::record::encode_entry(&entry),
+            )),
+        }
+    }
+
+    /// A checkpoint reload does not fail the writers waiting meanwhile: an entry after the
+    /// checkpoint is answered when applied; one it covers stays unanswered (its writer times out).
+    #[test]
+    fn a_reload_keeps_writers_waiting() {
+        let r = Replica::new("t", 0, store_after(3));
+        let (after, covered) = (b"after".as_slice(), b"covered".as_slice());
+        let mut waits_after = r.expect(after);
+        let mut waits_covered = r.expect(covered);
+        r.swap(store_after(10)).unwrap();
+        assert!(r.apply_chunk(vec![Ok(put_record(11, after))]).is_ok());
+        let applied = waits_after
+            .arrived()
+            .expect("the entry after the checkpoint is answered");
+        assert_eq!(applied.index, 11);
+        assert!(waits_covered.arrived().is_none());
+        assert_eq!(r.waiting(), 1);
+        drop(waits_after);
+        drop(waits_covered);
+        assert_eq!(r.waiting(), 0);
+    }
+
+    /// A writer whose future is dropped (its client went away, its deadline passed) leaves no
+    /// waiter behind, even when its entry never commits.
+    #[tokio::test]
+    async fn a_writer_that_goes_away_is_forgotten() {
+        let r = Replica::new("t", 0, store_after(3));
+        let gave_up = tokio::time::timeout(std::time::Duration::from_millis(10), async {
+            let mut pending = r.expect(b"never");
+            pending.outcome().await
+        })
+        .await;
+        assert!(gave_up.is_err());
+        assert_eq!(r.waiting(), 0);
     }
 
     #[test]

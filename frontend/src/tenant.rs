@@ -139,28 +139,29 @@ impl Tenant {
         };
         let payload = api::record::encode_entry(&entry);
         // Registered before the append, so the outcome cannot slip past us.
-        let outcome = self.replica.expect(id.bytes());
+        let mut pending = self.replica.expect(id.bytes());
         // One deadline from append to applied (one timer per write, not one per step).
         let mut index = 0;
         let answered = tokio::time::timeout(REQUEST_TIMEOUT, async {
             index = self.writer.append(payload).await?;
             let appended = std::time::Instant::now();
-            let applied = outcome.await.map_err(|_| Error::Stopped)?;
+            let applied = pending.outcome().await.map_err(|_| Error::Stopped)?;
             self.apply_wait.record(appended.elapsed().as_secs_f64());
             Ok(applied)
         })
         .await;
         match answered {
             Ok(Ok(applied)) => Ok(applied),
-            Ok(Err(e)) => {
-                self.replica.forget(id.bytes());
-                Err(e)
-            }
-            Err(_) => {
-                self.replica.forget(id.bytes());
-                self.check_replica()?;
-                Err(Error::Timeout { index })
-            }
+            // The entry may have been applied all the same (an append whose commit the journal
+            // client could not confirm, an outcome at the deadline): then that is the answer.
+            Ok(Err(e)) => pending.arrived().ok_or(e),
+            Err(_) => match pending.arrived() {
+                Some(applied) => Ok(applied),
+                None => {
+                    self.check_replica()?;
+                    Err(Error::Timeout { index })
+                }
+            },
         }
     }
 }

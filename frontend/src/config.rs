@@ -9,8 +9,13 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1_572_864;
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// The etcd version reported by `Maintenance.Status` unless configured.
 pub const DEFAULT_ETCD_VERSION: &str = "3.5.17";
-/// Largest `--max-request-bytes` accepted (etcd warns above 10 MiB; gRPC frames stay sane).
-pub const MAX_MAX_REQUEST_BYTES: usize = 64 * 1024 * 1024;
+/// Room left in a journal entry for the envelope around a request (format version, tenant name
+/// of at most 63 bytes, request id, tags and lengths): far more than it takes.
+const ENVELOPE_BYTES: usize = 4096;
+/// Largest `--max-request-bytes` accepted: a request of that size must still fit in one journal
+/// entry with its envelope (the journal refuses larger entries), about 2 MiB. etcd accepts more;
+/// a larger limit here would accept writes the journal always refuses.
+pub const MAX_MAX_REQUEST_BYTES: usize = journal::node::MAX_ENTRY_BYTES - ENVELOPE_BYTES;
 
 /// Serve the etcd v3 API for one tenant from a replica rebuilt from the journal.
 #[derive(clap::Args, Debug, Clone)]
@@ -206,6 +211,11 @@ mod tests {
         let mut c = ok;
         c.max_request_bytes = 0;
         assert!(matches!(c.validate(), Err(ConfigError::MaxRequestBytes(0))));
+        // Above what one journal entry holds with its envelope.
+        c.max_request_bytes = journal::node::MAX_ENTRY_BYTES;
+        assert!(matches!(c.validate(), Err(ConfigError::MaxRequestBytes(_))));
+        c.max_request_bytes = MAX_MAX_REQUEST_BYTES;
+        assert!(c.validate().is_ok());
     }
 
     #[test]

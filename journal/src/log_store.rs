@@ -87,6 +87,31 @@ pub struct LogShared {
     failed: AtomicBool,
     errors: ErrorList,
     flush_tx: Mutex<Option<mpsc::Sender<FlushJob>>>,
+    /// Truncations of the log so far (a pending fsync raises `flushed` only if none happened
+    /// since it looked at the log).
+    truncations: std::sync::atomic::AtomicU64,
+    /// What the state machine's snapshot file covers, once it is durable (`None`: no snapshot).
+    snapshot: tokio::sync::watch::Sender<Option<SnapshotFloor>>,
+}
+
+/// How far the log was written when an fsync started.
+#[derive(Clone, Copy, Debug)]
+struct Written {
+    next_index: u64,
+    truncations: u64,
+}
+
+/// How long a purge past the whole local log waits for the snapshot that covers it to be
+/// durable (openraft installs it on the state-machine task while it purges on its core).
+const PURGE_WAITS_FOR_SNAPSHOT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Where a durable snapshot leaves the log: its last entry, that entry's time stamp and the
+/// record index the log continues at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SnapshotFloor {
+    pub index: u64,
+    pub time_ms: i64,
+    pub next_record: u64,
 }
 
 fn sio<E: std::error::Error + 'static>(e: &E) -> StorageError<NodeId> {
@@ -131,6 +156,8 @@ impl LogShared {
             failed: AtomicBool::new(false),
             errors,
             flush_tx: Mutex::new(Some(tx)),
+            truncations: std::sync::atomic::AtomicU64::new(0),
+            snapshot: tokio::sync::watch::Sender::new(None),
         });
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
@@ -188,6 +215,35 @@ impl LogShared {
     /// Header of the entry holding record `record`, if present.
     pub fn entry_of_record(&self, record: u64) -> Option<FrameHeader> {
         lock(&self.log).entry_of_record(record)
+    }
+
+    /// The state machine's snapshot covering `floor.index` is durable (loaded at start,
+    /// built, or installed from the leader).
+    pub fn snapshot_persisted(&self, floor: SnapshotFloor) {
+        self.snapshot.send_if_modified(|s| {
+            let newer = s.is_none_or(|f| f.index < floor.index);
+            if newer {
+                *s = Some(floor);
+            }
+            newer
+        });
+    }
+
+    /// Waits until a durable snapshot covers entry `index`; an error after
+    /// `PURGE_WAITS_FOR_SNAPSHOT`.
+    async fn snapshot_covering(&self, index: u64) -> Result<SnapshotFloor, StorageError<NodeId>> {
+        let mut rx = self.snapshot.subscribe();
+        let waited = tokio::time::timeout(
+            PURGE_WAITS_FOR_SNAPSHOT,
+            rx.wait_for(|s| s.is_some_and(|f| f.index >= index)),
+        )
+        .await;
+        match waited {
+            Ok(Ok(floor)) => Ok(floor.expect("waited for a snapshot")),
+            _ => Err(sio(&std::io::Error::other(format!(
+                "purge up to entry {index}, past the whole log, but no durable snapshot covers it"
+            )))),
+        }
     }
 
     /// Raises the record floor (where an emptied log continues; from an installed snapshot).
@@ -292,20 +348,33 @@ impl LogShared {
     fn sync_written(&self, synced: impl FnOnce(std::time::Duration)) -> std::io::Result<()> {
         let (file, written) = {
             let log = lock(&self.log);
-            (log.active_file(), log.next_index())
+            let written = Written {
+                next_index: log.next_index(),
+                truncations: self.truncations.load(Ordering::Acquire),
+            };
+            (log.active_file(), written)
         };
         let started = Instant::now();
         crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
             .and_then(|()| file.sync_data())?;
         synced(started.elapsed());
+        self.raise_flushed(written);
+        Ok(())
+    }
+
+    /// Raises `flushed` to what an fsync that started at `written` made durable, unless the
+    /// log was truncated since: the entries it covered may have been replaced by others it did
+    /// not sync (the appends that follow a truncation queue their own fsync). The check and a
+    /// truncation's lowering both run under the watch's lock, so neither slips past the other.
+    fn raise_flushed(&self, written: Written) {
         self.flushed.send_if_modified(|f| {
-            let raise = written > *f;
+            let raise = self.truncations.load(Ordering::Acquire) == written.truncations
+                && written.next_index > *f;
             if raise {
-                *f = written;
+                *f = written.next_index;
             }
             raise
         });
-        Ok(())
     }
 
     /// True once a write or fsync failed.
@@ -582,6 +651,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         tracing::info!(index = log_id.index, "truncating the journal log");
         let mut log = lock(&self.shared.log);
         self.shared.flushed.send_if_modified(|f| {
+            self.shared.truncations.fetch_add(1, Ordering::AcqRel);
             let lower = *f > log_id.index;
             if lower {
                 *f = log_id.index;
@@ -596,19 +666,24 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: JLogId) -> Result<(), StorageError<NodeId>> {
         tracing::info!(upto = log_id.index, "purging the journal log");
+        // An entry not in this log is purged because a snapshot from the leader covers it.
+        // openraft installs that snapshot on the state machine's task while it purges here: the
+        // purge point is written only once the snapshot is durable (else a crash in between
+        // leaves a purge point past both the log and the snapshot on disk, and a node that
+        // cannot start), and the floors are the snapshot's (not this log's last entry, which
+        // may be a deposed leader's uncommitted one).
+        let (time_ms, end_record) = match self.shared.header(log_id.index) {
+            Some(h) => (h.time_ms, h.end_record()),
+            None => {
+                let floor = self.shared.snapshot_covering(log_id.index).await?;
+                (floor.time_ms, floor.next_record)
+            }
+        };
         let mut meta = lock(&self.shared.meta);
         let mut next = meta.clone();
         next.purged = Some(log_id);
-        let h = self.shared.header(log_id.index);
-        next.floor_time_ms = h
-            .map(|h| h.time_ms)
-            .unwrap_or(self.shared.last_time_ms())
-            .max(meta.floor_time_ms);
-        // An entry not in this log was purged by an installed snapshot, which set the floor.
-        next.floor_record = h
-            .map(|h| h.end_record())
-            .unwrap_or_else(|| lock(&self.shared.log).floor_record())
-            .max(meta.floor_record);
+        next.floor_time_ms = time_ms.max(meta.floor_time_ms);
+        next.floor_record = end_record.max(meta.floor_record);
         write_durable(&self.shared.dir.join(META_FILE), &next).map_err(|e| {
             StorageError::from(StorageIOError::write_logs(openraft::AnyError::new(&e)))
         })?;
@@ -697,6 +772,71 @@ mod tests {
             r.is_err(),
             "a failed shard never makes entry 5 durable: {r:?}"
         );
+        shared.close();
+    }
+
+    /// A purge past the whole local log (a snapshot from the leader covers it) writes its purge
+    /// point only once that snapshot is durable, with the snapshot's floors; with no snapshot it
+    /// fails and leaves the purge point where it was.
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_past_the_log_waits_for_the_snapshot_that_covers_it() {
+        use openraft::storage::RaftLogStorage;
+        let dir = tempfile::tempdir().unwrap();
+        write_entries(dir.path(), 10);
+        let (shared, _) =
+            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
+        let mut store = LogStore {
+            shared: Arc::clone(&shared),
+        };
+        assert!(store.purge(log_id(3, 2, 50)).await.is_err());
+        assert_eq!(lock(&shared.meta).purged, None);
+        let meta_file: Option<Meta> = read_durable(&dir.path().join(META_FILE)).unwrap();
+        assert!(meta_file.is_none_or(|m| m.purged.is_none()));
+
+        let purging = tokio::spawn(async move {
+            let r = store.purge(log_id(3, 2, 50)).await;
+            (store, r)
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !purging.is_finished(),
+            "purged before the snapshot was durable"
+        );
+        assert_eq!(lock(&shared.meta).purged, None);
+        shared.snapshot_persisted(SnapshotFloor {
+            index: 50,
+            time_ms: 777,
+            next_record: 51,
+        });
+        let (_store, r) = purging.await.unwrap();
+        r.unwrap();
+        let meta = lock(&shared.meta).clone();
+        assert_eq!(meta.purged, Some(log_id(3, 2, 50)));
+        assert_eq!((meta.floor_time_ms, meta.floor_record), (777, 51));
+        shared.close();
+    }
+
+    /// An fsync that started before a truncation does not count the entries it covered as
+    /// flushed afterwards: they may have been replaced by entries it never synced.
+    #[tokio::test]
+    async fn an_fsync_from_before_a_truncation_does_not_raise_the_flush() {
+        use openraft::storage::RaftLogStorage;
+        let dir = tempfile::tempdir().unwrap();
+        write_entries(dir.path(), 3);
+        let (shared, _) =
+            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
+        let mut store = LogStore {
+            shared: Arc::clone(&shared),
+        };
+        // What `sync_written` records before its fsync.
+        let started = Written {
+            next_index: shared.next_index(),
+            truncations: shared.truncations.load(Ordering::Acquire),
+        };
+        store.truncate(log_id(2, 1, 1)).await.unwrap();
+        assert_eq!((shared.flushed(), shared.next_index()), (1, 1));
+        shared.raise_flushed(started);
+        assert_eq!(shared.flushed(), 1, "raised past the truncated log");
         shared.close();
     }
 }

@@ -15,7 +15,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::log_store::{LogShared, lock};
+use crate::log_store::{LogShared, SnapshotFloor, lock};
 use crate::meta::{MetaError, read_durable, write_durable};
 use crate::types::{JEntry, JLogId, JournalRequest, NodeId, TypeConfig};
 
@@ -35,6 +35,17 @@ pub struct SnapshotBlob {
     /// their entry, holding later records too, is still stored).
     #[serde(default)]
     pub trimmed_below: u64,
+}
+
+impl SnapshotBlob {
+    /// Where this snapshot leaves the log (`None` for one that covers no entry).
+    fn floor(&self) -> Option<SnapshotFloor> {
+        self.meta.last_log_id.map(|l| SnapshotFloor {
+            index: l.index,
+            time_ms: self.time_ms,
+            next_record: self.next_record,
+        })
+    }
 }
 
 #[derive(Default)]
@@ -82,6 +93,9 @@ impl StateMachine {
             trim = b.next_record.max(b.trimmed_below);
             log.set_floor_time_ms(b.time_ms);
             log.set_floor_record(b.next_record);
+            if let Some(floor) = b.floor() {
+                log.snapshot_persisted(floor);
+            }
         }
         st.snapshot = blob;
         Ok(StateMachine {
@@ -139,6 +153,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     trimmed_below: target,
                 };
                 write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
+                if let Some(floor) = blob.floor() {
+                    self.shared.log.snapshot_persisted(floor);
+                }
                 // Older membership entries than the snapshot's are no longer needed.
                 let keep_from = st
                     .memberships
@@ -173,6 +190,9 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                         trimmed_below: 0,
                     };
                     write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
+                    if let Some(floor) = blob.floor() {
+                        self.shared.log.snapshot_persisted(floor);
+                    }
                     st.snapshot = Some(blob.clone());
                     blob
                 }
@@ -285,10 +305,15 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             ))
         })?;
         blob.meta = meta.clone();
+        // Under the state lock, as `build_snapshot` writes: the two write the same temporary
+        // file, and openraft may run a build (after a trim entry) while it installs.
+        let mut st = lock(&self.shared.state);
         write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
         self.shared.log.set_floor_time_ms(blob.time_ms);
         self.shared.log.set_floor_record(blob.next_record);
-        let mut st = lock(&self.shared.state);
+        if let Some(floor) = blob.floor() {
+            self.shared.log.snapshot_persisted(floor);
+        }
         st.last_applied = meta.last_log_id;
         st.memberships = vec![meta.last_membership.clone()];
         let end = blob.next_record;

@@ -342,6 +342,30 @@ impl MemStore {
         }
     }
 
+    /// The store of a tenant that has no entry at or below journal index `applied_index`:
+    /// what applying that many other tenants' entries (ticks) to a new store leaves, but for
+    /// the journal time, which the next entry sets. A replica starts here when the journal was
+    /// trimmed before the tenant's first entry.
+    pub fn new_at(config: Config, applied_index: u64) -> Self {
+        let mut store = Self::new(config);
+        store.state.applied_index = applied_index;
+        store
+    }
+
+    /// True while the store holds nothing a tenant's entry could have left: no key, version,
+    /// lease, compaction, alarm or remembered request id (it may have applied ticks).
+    pub fn is_pristine(&self) -> bool {
+        let st = &self.state;
+        st.revision == 1
+            && st.compact_revision == 0
+            && st.keys.versions == 0
+            && st.leases.leases.is_empty()
+            && st.alarms.is_empty()
+            && st.dedup.len() == 0
+            && st.restore.is_none()
+            && st.auth == AuthState::default()
+    }
+
     pub(crate) fn from_state(config: Config, state: State) -> Self {
         MemStore { config, state }
     }

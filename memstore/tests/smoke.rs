@@ -17,3 +17,30 @@ fn put_get_delete_moves_revisions_like_etcd() {
     // Deleting nothing does not move the revision.
     assert_eq!(h.del("a", "").revision, 4);
 }
+
+/// A store started at an index (a tenant with no entry up to it, the journal trimmed before its
+/// first one) ends, once it applies the tenant's entries, in the state of a store that applied
+/// the ticks before them: byte for byte the same checkpoint.
+#[test]
+fn a_store_started_at_an_index_equals_one_that_applied_the_ticks_before_it() {
+    let mut ticked = Harness::new();
+    for _ in 0..10 {
+        ticked.tick(50);
+        assert!(ticked.store.is_pristine());
+    }
+    let mut started = Harness {
+        store: memstore::MemStore::new_at(memstore::Config::default(), 10),
+        index: 10,
+        now_ms: ticked.now_ms,
+    };
+    assert!(started.store.is_pristine());
+    for h in [&mut ticked, &mut started] {
+        h.now_ms += 50;
+        h.put("a", "1");
+        h.grant(7, 60);
+        h.put("b", "2");
+        assert!(!h.store.is_pristine());
+    }
+    let encode = |s: &memstore::MemStore| memstore::checkpoint::encode(&common::meta_of(s), s);
+    assert_eq!(encode(&started.store), encode(&ticked.store));
+}

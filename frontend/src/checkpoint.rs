@@ -447,6 +447,12 @@ pub async fn latest(
                     timings,
                 }));
             }
+            // The store failing is no verdict on the checkpoint: the caller may try again.
+            Err(CheckpointError::Store(e))
+                if !matches!(e, object_store::Error::NotFound { .. }) =>
+            {
+                return Err(CheckpointError::Store(e));
+            }
             Err(e) => {
                 tracing::warn!(tenant, path = %r.path, index = r.index, error = %e, "checkpoint unusable; trying the previous one");
                 first_error.get_or_insert(e.to_string());

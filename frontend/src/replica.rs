@@ -217,7 +217,9 @@ impl Replica {
     }
 
     /// The journal no longer holds the replica's next record: reload the newest checkpoint
-    /// (which covers the trimmed records), or stop. True when the replica can tail on.
+    /// (which covers the trimmed records), or stop. True when the replica can tail on (also
+    /// after an object-store error it waits out: the caller reads again, meets the trim again
+    /// and comes back here).
     async fn reload_or_fail(&self, first_index: u64) -> bool {
         let applied = self.applied_index();
         match self.reload(first_index).await {
@@ -234,7 +236,12 @@ impl Replica {
                     .increment(1);
                 true
             }
-            Err(why) => {
+            Err(Reload::Retry(why)) => {
+                tracing::warn!(tenant = %self.tenant, shard = self.shard, first_index, error = %why, "journal trimmed past the replica; the checkpoint could not be read yet, retrying");
+                tokio::time::sleep(READ_RETRY_MAX).await;
+                true
+            }
+            Err(Reload::Fatal(why)) => {
                 self.fail(format!(
                     "journal trimmed below {first_index} but the replica has applied only {applied}, and it cannot reload: {why}"
                 ));
@@ -243,22 +250,41 @@ impl Replica {
         }
     }
 
-    /// Loads the newest checkpoint and swaps it in; answers its index.
-    async fn reload(&self, first_index: u64) -> Result<u64, String> {
+    /// Loads the newest checkpoint and swaps it in; answers its index. A tenant with no
+    /// checkpoint at all had no entry below `first_index` (the compactor trims past a tenant
+    /// only once it has published one), so a replica that holds nothing yet continues from
+    /// there with an empty store.
+    async fn reload(&self, first_index: u64) -> Result<u64, Reload> {
         let Some(objects) = &self.checkpoints else {
-            return Err("no --object-store to load a checkpoint from".into());
+            return Err(Reload::Fatal(
+                "no --object-store to load a checkpoint from".into(),
+            ));
         };
-        let loaded = crate::checkpoint::latest(objects, &self.tenant, self.shard)
-            .await
-            .map_err(|e| e.to_string())?
-            .ok_or("the object store holds no checkpoint of the tenant")?;
+        let loaded = match crate::checkpoint::latest(objects, &self.tenant, self.shard).await {
+            Ok(Some(loaded)) => loaded,
+            Ok(None) => {
+                if !self.read().is_pristine() {
+                    return Err(Reload::Fatal(
+                        "the object store holds no checkpoint of the tenant".into(),
+                    ));
+                }
+                let index = first_index - 1;
+                self.swap(MemStore::new_at(memstore::Config::default(), index))
+                    .map_err(Reload::Fatal)?;
+                return Ok(index);
+            }
+            Err(e @ crate::checkpoint::CheckpointError::Store(_)) => {
+                return Err(Reload::Retry(e.to_string()));
+            }
+            Err(e) => return Err(Reload::Fatal(e.to_string())),
+        };
         let index = loaded.reference.index;
         if index + 1 < first_index {
-            return Err(format!(
+            return Err(Reload::Fatal(format!(
                 "the newest checkpoint is at index {index}, below the journal's first index {first_index}"
-            ));
+            )));
         }
-        self.swap(loaded.store)?;
+        self.swap(loaded.store).map_err(Reload::Fatal)?;
         Ok(index)
     }
 
@@ -430,6 +456,14 @@ enum ApplyStop {
     Fatal(String),
 }
 
+/// Why a reload did not happen.
+enum Reload {
+    /// The object store could not be read; it may answer later.
+    Retry(String),
+    /// It never will: the replica stops.
+    Fatal(String),
+}
+
 /// A writer's interest in the outcome of its entry (`Replica::expect`).
 pub struct Pending<'a> {
     replica: &'a Replica,
@@ -554,6 +588,51 @@ mod tests {
         .await;
         assert!(gave_up.is_err());
         assert_eq!(r.waiting(), 0);
+    }
+
+    /// A tenant with no checkpoint, on a journal trimmed before its first entry, continues from
+    /// the journal's first index with an empty store; a replica that holds something cannot.
+    #[tokio::test]
+    async fn no_checkpoint_and_nothing_applied_continues_from_the_first_index() {
+        let objects =
+            crate::checkpoint::Store::from(Arc::new(object_store::memory::InMemory::new()));
+        let r = Replica::with_checkpoints(
+            "t",
+            0,
+            MemStore::new(Default::default()),
+            Some(objects.clone()),
+        );
+        assert!(matches!(r.reload(50).await, Ok(49)));
+        assert_eq!(r.applied_index(), 49);
+        assert!(r.apply_chunk(vec![Ok(put_record(50, b"first"))]).is_ok());
+        assert_eq!(r.read().revision(), 2);
+
+        let r = Replica::with_checkpoints("t", 0, store_after(3), Some(objects));
+        assert!(matches!(r.reload(50).await, Err(Reload::Fatal(_))));
+        assert_eq!(r.applied_index(), 3);
+    }
+
+    /// An object store that cannot be reached is waited out, not a reason to stop the replica.
+    #[tokio::test]
+    async fn an_unreachable_object_store_is_retried() {
+        let s3 = object_store::aws::AmazonS3Builder::new()
+            .with_bucket_name("checkpoints")
+            .with_region("us-east-1")
+            .with_endpoint("http://127.0.0.1:1")
+            .with_allow_http(true)
+            .with_access_key_id("k")
+            .with_secret_access_key("s")
+            .with_retry(object_store::RetryConfig {
+                max_retries: 0,
+                retry_timeout: std::time::Duration::from_secs(1),
+                ..Default::default()
+            })
+            .build()
+            .unwrap();
+        let objects = crate::checkpoint::Store::from(Arc::new(s3));
+        let r = Replica::with_checkpoints("t", 0, MemStore::new(Default::default()), Some(objects));
+        assert!(matches!(r.reload(50).await, Err(Reload::Retry(_))));
+        assert_eq!(r.applied_index(), 0);
     }
 
     #[test]

@@ -50,6 +50,9 @@ pub enum Error {
     /// An answer too large for a gRPC message's 4-byte length prefix.
     #[error("response of {0} bytes is too large")]
     ResponseTooLarge(usize),
+    /// Work moved off the async workers panicked or was cancelled.
+    #[error("background task failed: {0}")]
+    Task(String),
 }
 
 /// etcd's messages, verbatim.
@@ -130,7 +133,7 @@ impl From<Error> for Status {
                 Code::Unimplemented,
                 "auth (users, roles, permissions, tokens) comes with a later release; nothing was changed",
             ),
-            Error::UnexpectedOutcome(_) | Error::ResponseTooLarge(_) => {
+            Error::UnexpectedOutcome(_) | Error::ResponseTooLarge(_) | Error::Task(_) => {
                 own(Code::Internal, &e.to_string())
             }
         }

@@ -123,10 +123,7 @@ async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusRespon
 
 async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error> {
     t.barrier().await?;
-    let (h, revision) = {
-        let s = t.replica.read();
-        (s.hash_kv(req.revision)?, s.revision())
-    };
+    let (h, revision) = hash_of(t, req.revision).await?;
     Ok(HashKvResponse {
         header: Some(t.header(revision)),
         hash: h.hash,
@@ -135,12 +132,21 @@ async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error
     })
 }
 
+/// The hash of every key-value version up to `revision` (0: the current one), with the store's
+/// revision: a read of the whole store, off the async workers and as a long read.
+async fn hash_of(t: &Tenant, revision: i64) -> Result<(memstore::HashKv, i64), Error> {
+    let replica = t.replica.clone();
+    let hashed = tokio::task::spawn_blocking(move || {
+        replica.read_long(|s| s.hash_kv(revision).map(|h| (h, s.revision())))
+    })
+    .await
+    .map_err(|e| Error::Task(format!("hashing the store: {e}")))?;
+    Ok(hashed?)
+}
+
 async fn hash(t: &Tenant) -> Result<HashResponse, Error> {
     t.barrier().await?;
-    let (h, revision) = {
-        let s = t.replica.read();
-        (s.hash_kv(0)?, s.revision())
-    };
+    let (h, revision) = hash_of(t, 0).await?;
     Ok(HashResponse {
         header: Some(t.header(revision)),
         hash: h.hash,

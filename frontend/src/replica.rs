@@ -50,6 +50,9 @@ pub struct Replica {
     waiters: Mutex<HashMap<Vec<u8>, oneshot::Sender<Applied>>>,
     /// Where the compactor's checkpoints are, for a reload after a trim (`--object-store`).
     checkpoints: Option<crate::checkpoint::Store>,
+    /// Reads of the whole store under way (`read_long`), and their end's signal.
+    long_reads: std::sync::atomic::AtomicUsize,
+    long_reads_done: tokio::sync::Notify,
 }
 
 impl Replica {
@@ -77,6 +80,8 @@ impl Replica {
             term: AtomicU64::new(0),
             waiters: Mutex::new(HashMap::new()),
             checkpoints,
+            long_reads: std::sync::atomic::AtomicUsize::new(0),
+            long_reads_done: tokio::sync::Notify::new(),
         })
     }
 
@@ -114,6 +119,37 @@ impl Replica {
         self.store
             .read()
             .unwrap_or_else(|p| panic!("memstore lock poisoned by a panicking apply: {p}"))
+    }
+
+    /// Reads the whole store (a snapshot's encoding, a hash of every key): seconds on a large
+    /// tenant, so call it off the async workers. Meanwhile the apply loop waits without asking
+    /// for the write lock: a writer waiting on the lock would hold back every other reader
+    /// behind it (std's lock lets a waiting writer go first), stalling the whole frontend.
+    pub fn read_long<R>(&self, f: impl FnOnce(&MemStore) -> R) -> R {
+        struct Counted<'a>(&'a Replica);
+        impl Drop for Counted<'_> {
+            fn drop(&mut self) {
+                if self.0.long_reads.fetch_sub(1, Ordering::AcqRel) == 1 {
+                    self.0.long_reads_done.notify_waiters();
+                }
+            }
+        }
+        self.long_reads.fetch_add(1, Ordering::AcqRel);
+        let _counted = Counted(self);
+        f(&self.read())
+    }
+
+    /// Returns once no `read_long` is under way.
+    async fn long_reads_over(&self) {
+        loop {
+            let done = self.long_reads_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.long_reads.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            done.await;
+        }
     }
 
     /// Waits until the replica has applied `index`; `false` if it failed or `timeout` passed.
@@ -188,6 +224,10 @@ impl Replica {
             };
             let mut chunks = stream.ready_chunks(APPLY_CHUNK);
             while let Some(chunk) = chunks.next().await {
+                // Not while a long read holds the store (see `read_long`). One that starts
+                // between this and the write lock below makes this apply wait for it, as
+                // before; it cannot make a read wrong.
+                self.long_reads_over().await;
                 match self.apply_chunk(chunk) {
                     Ok(()) => backoff = READ_RETRY_MIN,
                     Err(ApplyStop::Retry(e)) => {
@@ -553,6 +593,49 @@ mod tests {
                 api::record::encode_entry(&entry),
             )),
         }
+    }
+
+    /// While a long read holds the store, the apply loop waits for it without queueing for the
+    /// write lock: a queued writer would hold back every other reader (std's lock lets a waiting
+    /// writer go first), which `try_read` shows at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_read_does_not_hold_other_readers_back_behind_the_apply_loop() {
+        use crate::log::Log;
+        let log = crate::log::MemLog::new();
+        let r = Replica::new("t", 0, MemStore::new(Default::default()));
+        tokio::spawn(r.clone().run(Arc::new(log.clone())));
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let long = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                r.read_long(|_| {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                })
+            })
+        };
+        started_rx.recv().unwrap();
+        let Some(api::strata::journal::record::Kind::Data(payload)) = put_record(1, b"w").kind
+        else {
+            unreachable!()
+        };
+        log.append(0, vec![payload]).await.unwrap();
+        let watch_until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < watch_until {
+            assert!(
+                r.store.try_read().is_ok(),
+                "a reader is held back behind the apply loop"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(r.applied_index(), 0, "applied during the long read");
+        release_tx.send(()).unwrap();
+        long.join().unwrap();
+        assert!(
+            r.wait_applied(1, std::time::Duration::from_secs(30)).await,
+            "the apply loop goes on once the long read ends"
+        );
     }
 
     /// A checkpoint reload does not fail the writers waiting meanwhile: an entry after the

@@ -42,21 +42,23 @@ pub async fn snapshot(t: Arc<Tenant>) -> Result<SnapshotStream, Status> {
     let replica = t.replica.clone();
     let (name, shard) = (t.name.clone(), t.shard);
     // Encoding is CPU work proportional to the tenant: off the async workers. It holds the
-    // replica's read lock (reads go on; apply waits) so the object is one consistent revision.
+    // replica's read lock as a long read (reads go on; apply waits) so the object is one
+    // consistent revision.
     let (bytes, revision, index) = tokio::task::spawn_blocking(move || {
-        let s = replica.read();
-        let meta = CheckpointMeta {
-            tenant: name,
-            shard,
-            index: s.applied_index(),
-            revision: s.revision(),
-            created_ms: s.time_ms(),
-        };
-        (
-            memstore::checkpoint::encode(&meta, &s),
-            meta.revision,
-            meta.index,
-        )
+        replica.read_long(|s| {
+            let meta = CheckpointMeta {
+                tenant: name,
+                shard,
+                index: s.applied_index(),
+                revision: s.revision(),
+                created_ms: s.time_ms(),
+            };
+            (
+                memstore::checkpoint::encode(&meta, s),
+                meta.revision,
+                meta.index,
+            )
+        })
     })
     .await
     .map_err(|e| Status::internal(format!("encoding the snapshot failed: {e}")))?;

@@ -470,9 +470,12 @@ impl<J: Journal> ShardWorker<J> {
             return Ok(None);
         }
         let catalog = self.catalog.clone();
+        let journal = self.journal.clone();
         let shard = self.shard;
         let keep = self.config.keep;
-        Ok(Some(tokio::spawn(upload_round(catalog, shard, keep, jobs))))
+        Ok(Some(tokio::spawn(upload_round(
+            catalog, journal, shard, keep, jobs,
+        ))))
     }
 
     /// Trims the journal below the lowest index every tenant's checkpoints cover (the
@@ -489,6 +492,27 @@ impl<J: Journal> ShardWorker<J> {
             return;
         };
         let trimmed_below = self.status.borrow().trimmed_below;
+        if below <= trimmed_below {
+            return;
+        }
+        // Another compactor of the shard (a rolling restart's overlap, a process that stalled)
+        // may have published newer manifests naming older checkpoints than this one's: trim
+        // only below what the newest manifest in the store covers too.
+        let mut below = below;
+        for name in tenants.keys() {
+            let covered = match self.catalog.latest_manifest(name).await {
+                Ok(m) => m.and_then(|m| m.checkpoints.get(self.config.trim_lag).map(|c| c.index)),
+                Err(e) => {
+                    warn!(shard = self.shard, tenant = %name, error = %e, "not trimming: the newest manifest could not be read");
+                    return;
+                }
+            };
+            let Some(covered) = covered else {
+                debug!(shard = self.shard, tenant = %name, "not trimming: the newest manifest in the store covers too little");
+                return;
+            };
+            below = below.min(covered + 1);
+        }
         if below <= trimmed_below {
             return;
         }
@@ -611,17 +635,29 @@ fn apply(
 
 /// Uploads each job's checkpoint, publishes its tenant's manifest and collects garbage; runs in
 /// the background while the shard loop keeps applying.
-async fn upload_round(catalog: Catalog, shard: u32, keep: usize, jobs: Vec<Job>) -> RoundResult {
+async fn upload_round<J: Journal>(
+    catalog: Catalog,
+    journal: J,
+    shard: u32,
+    keep: usize,
+    jobs: Vec<Job>,
+) -> RoundResult {
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
         let tenant = job.tenant.clone();
-        let r = upload_one(&catalog, shard, keep, job).await;
+        let r = upload_one(&catalog, &journal, shard, keep, job).await;
         out.push((tenant, r));
     }
     out
 }
 
-async fn upload_one(catalog: &Catalog, shard: u32, keep: usize, job: Job) -> Result<Manifest> {
+async fn upload_one<J: Journal>(
+    catalog: &Catalog,
+    journal: &J,
+    shard: u32,
+    keep: usize,
+    job: Job,
+) -> Result<Manifest> {
     let started = Instant::now();
     let size = job.bytes.len();
     let new = catalog
@@ -637,6 +673,17 @@ async fn upload_one(catalog: &Catalog, shard: u32, keep: usize, job: Job) -> Res
     let mut list = vec![new];
     list.extend(job.previous.into_iter().filter(|c| c.index < job.index));
     list.truncate(keep);
+    // A checkpoint the journal no longer continues from (another compactor of the shard, in a
+    // rolling restart's overlap or after this one stalled, trimmed past it) would make every
+    // new frontend fail to start from the newest manifest: not published.
+    let first_index = journal.first_index(shard).await?;
+    if job.index + 1 < first_index {
+        return Err(Error::Trimmed {
+            shard,
+            wanted: job.index + 1,
+            first_index,
+        });
+    }
     let m = catalog.publish(&job.tenant, shard, list, wall_ms()).await?;
     let secs = started.elapsed().as_secs_f64();
     metrics::histogram!("strata_compactor_checkpoint_upload_seconds").record(secs);
@@ -647,4 +694,117 @@ async fn upload_one(catalog: &Catalog, shard: u32, keep: usize, job: Job) -> Res
         warn!(tenant = %job.tenant, shard, error = %e, "garbage collection failed; retrying after the next checkpoint");
     }
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::MemJournal;
+    use api::strata::journal::Tick;
+
+    /// A checkpoint the journal was trimmed past (by another compactor of the shard) is not
+    /// published: the newest manifest would name a state no frontend can continue from.
+    #[tokio::test]
+    async fn a_checkpoint_below_the_journal_is_not_published() {
+        let journal = MemJournal::new();
+        journal.append(0, 1_000, vec![Kind::Tick(Tick {}); 20]);
+        journal.trim(0, 11).await.unwrap();
+        let catalog = Catalog::new(Arc::new(object_store::memory::InMemory::new()));
+        let meta = memstore::checkpoint::CheckpointMeta {
+            tenant: "acme".into(),
+            shard: 0,
+            index: 0,
+            revision: 1,
+            created_ms: 0,
+        };
+        let job = |index: u64| Job {
+            tenant: "acme".into(),
+            index,
+            revision: 1,
+            time_ms: 1_000,
+            bytes: Bytes::from(memstore::checkpoint::encode(
+                &memstore::checkpoint::CheckpointMeta {
+                    index,
+                    ..meta.clone()
+                },
+                &MemStore::new_at(memstore::Config::default(), index),
+            )),
+            previous: Vec::new(),
+        };
+        let refused = upload_one(&catalog, &journal, 0, 3, job(5)).await;
+        assert!(
+            matches!(
+                refused,
+                Err(Error::Trimmed {
+                    first_index: 11,
+                    ..
+                })
+            ),
+            "{refused:?}"
+        );
+        assert!(catalog.latest_manifest("acme").await.unwrap().is_none());
+        // Right at the trim point it continues: published.
+        let m = upload_one(&catalog, &journal, 0, 3, job(10)).await.unwrap();
+        assert_eq!(m.newest().unwrap().index, 10);
+    }
+
+    fn reference(index: u64) -> CheckpointRef {
+        CheckpointRef {
+            path: format!("tenants/acme/checkpoints/{index:020}-0.ckpt"),
+            index,
+            revision: 1,
+            size: 0,
+            crc32c: 0,
+            time_ms: 0,
+            created_ms: 0,
+        }
+    }
+
+    /// The trim stays below what the newest manifest in the store covers, even when this
+    /// compactor published newer checkpoints (another compactor of the shard published after it).
+    #[tokio::test]
+    async fn the_trim_stays_below_the_newest_manifest_in_the_store() {
+        let journal = MemJournal::new();
+        journal.append(0, 1_000, vec![Kind::Tick(Tick {}); 30]);
+        let catalog = Catalog::new(Arc::new(object_store::memory::InMemory::new()));
+        let worker = ShardWorker {
+            shard: 0,
+            journal: journal.clone(),
+            catalog: catalog.clone(),
+            config: Arc::new(Config {
+                shards: vec![0],
+                tenants: Vec::new(),
+                every_entries: 100,
+                every: Duration::from_secs(1),
+                keep: 3,
+                trim_lag: 1,
+                retry_min: Duration::from_millis(50),
+                retry_max: Duration::from_millis(400),
+                auto_compaction: None,
+            }),
+            status: watch::Sender::new(ShardStatus::default()),
+        };
+        let mut tenants = BTreeMap::new();
+        tenants.insert(
+            "acme".to_string(),
+            Tenant {
+                store: MemStore::new(memstore::Config::default()),
+                published: vec![reference(20), reference(10)],
+            },
+        );
+        // The other compactor's manifest, newer than this one's, covers less.
+        catalog
+            .publish("acme", 0, vec![reference(8), reference(4)], 0)
+            .await
+            .unwrap();
+        worker.trim(&tenants, &BTreeSet::new()).await;
+        assert_eq!(journal.first_index(0).await.unwrap(), 5);
+        // Once the newest manifest covers what this one published, the trim follows it.
+        catalog
+            .publish("acme", 0, vec![reference(20), reference(10)], 0)
+            .await
+            .unwrap();
+        worker.trim(&tenants, &BTreeSet::new()).await;
+        assert_eq!(journal.first_index(0).await.unwrap(), 11);
+    }
 }

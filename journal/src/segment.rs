@@ -344,7 +344,7 @@ impl SegmentLog {
                         at = next;
                     }
                     Err(reason) => {
-                        if !is_last || valid_frame_after(&buf, at + 1, next_index) {
+                        if !is_last || valid_frame_after(&buf, at, next_index) {
                             return Err(SegmentError::Corrupt {
                                 path,
                                 offset: at as u64,
@@ -658,10 +658,15 @@ impl SegmentLog {
     }
 }
 
-/// True if some offset at or after `from` starts a whole, valid frame that carries an index at
-/// or after `next_index`: then the damage at hand is not a torn tail.
-fn valid_frame_after(buf: &[u8], from: usize, next_index: u64) -> bool {
-    (from..buf.len()).any(|at| {
-        matches!(parse_frame(buf, at), Ok(Some((h, _, _))) if h.index >= next_index && h.index < next_index + (1 << 40))
+/// True if some offset after `damaged` (where the frame of index `next_index` should start but
+/// does not parse) starts a whole, valid frame that could follow it: then the damage at hand is
+/// not a torn tail. A frame `d` bytes further on can carry at most `next_index + d / 56` (every
+/// frame takes at least its two headers): a frame found inside the torn frame's own payload
+/// (a value that holds bytes shaped like a frame) does not count unless its index fits.
+fn valid_frame_after(buf: &[u8], damaged: usize, next_index: u64) -> bool {
+    const MIN_FRAME_BYTES: usize = FRAME_HEADER_BYTES + BODY_HEADER_BYTES;
+    (damaged + 1..buf.len()).any(|at| {
+        let most = next_index + ((at - damaged) / MIN_FRAME_BYTES) as u64;
+        matches!(parse_frame(buf, at), Ok(Some((h, _, _))) if h.index >= next_index && h.index <= most)
     })
 }

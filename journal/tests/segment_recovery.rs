@@ -229,6 +229,37 @@ fn corruption_before_valid_records_of_the_last_segment_refuses_to_open() {
     assert!(err.to_string().contains("not a torn tail"), "{err}");
 }
 
+/// A torn last frame whose payload holds bytes shaped like a valid frame (a tenant's value can
+/// hold anything) is still a torn tail: the frame inside it carries an index no frame at that
+/// distance could have.
+#[test]
+fn a_frame_shaped_value_inside_a_torn_tail_is_not_taken_for_a_later_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
+    let mut model = Vec::new();
+    for i in 0..20u8 {
+        append(&mut log, &mut model, 0, vec![vec![i; 40]]);
+    }
+    log.sync().unwrap();
+    let mut inner = Vec::new();
+    encode_frame(&mut inner, &header(1 << 35), b"crafted");
+    let mut value = vec![0u8; 100];
+    value.extend_from_slice(&inner);
+    value.extend_from_slice(&[0u8; 400]);
+    append(&mut log, &mut model, 0, vec![value]);
+    log.sync().unwrap();
+    drop(log);
+    // A crash cut the last frame short after the frame-shaped bytes.
+    let seg = last_segment(dir.path());
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    file.set_len(len - 200).unwrap();
+    drop(file);
+    let (log, report) = SegmentLog::open(dir.path(), 0, 0, 0).expect("a torn tail is cut");
+    assert_eq!(log.next_index(), 20);
+    assert!(report.torn_tail_cut_bytes > 0);
+}
+
 #[test]
 fn truncate_then_append_replaces_the_suffix() {
     let dir = tempfile::tempdir().unwrap();

@@ -197,6 +197,19 @@ impl MemStore {
             }
         }
 
+        // A revoke deletes the keys attached to the lease at commit. Every key attached when the
+        // restore was planned is staged (its lease differs from the target's), so a key that is
+        // not was attached since: a racing write the revoke would delete.
+        for &id in &revokes {
+            if let Some(lease) = self.state.leases.get(id)
+                && lease.keys.iter().any(|k| !keys.contains_key(&k[..]))
+            {
+                return aborted(format!(
+                    "a key was attached to lease {id:x}, which the restore revokes, since the restore was planned"
+                ));
+            }
+        }
+
         let now = self.state.time_ms;
         for (&id, &ttl) in &grants {
             let cfg = self.config();

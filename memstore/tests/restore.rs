@@ -450,3 +450,48 @@ fn a_commit_equals_its_diff_applied_as_one_txn() {
         assert_eq!(committed.events, txn.events);
     }
 }
+
+/// A key attached, after the restore was planned, to a lease the restore revokes would be
+/// deleted by the revoke: a racing write lost. The commit aborts instead.
+#[test]
+fn a_key_attached_meanwhile_to_a_revoked_lease_aborts() {
+    let (mut h, target, chunks, revoked) = (1..50)
+        .find_map(|seed| {
+            let (h, target) = diverged(seed);
+            let chunks = diff(&h.store, &target, &[4u8; 16], 40);
+            let revoked = chunks
+                .iter()
+                .flat_map(|c| c.revokes.iter())
+                .next()
+                .copied()?;
+            Some((h, target, chunks, revoked))
+        })
+        .expect("a diverged pair whose restore revokes a lease");
+    let id = vec![4u8; 16];
+    begin(&mut h, &id);
+    stage(&mut h, &chunks);
+    h.apply(Request::Put(PutRequest {
+        key: b"racing/new".to_vec(),
+        value: b"v".to_vec(),
+        lease: revoked,
+        ..Default::default()
+    }));
+    let before = visible(&h.store);
+    let applied = commit(&mut h, &id, chunks.len());
+    let Outcome::Restore(RestoreStep::Aborted { reason }) = &applied.outcome else {
+        panic!("committed: {:?}", applied.outcome);
+    };
+    assert!(reason.contains("revokes"), "{reason}");
+    assert_eq!(visible(&h.store), before);
+    assert!(visible(&h.store).contains_key(&b"racing/new"[..]));
+
+    // Planned again from the state as it is now, it commits and reaches the target.
+    let chunks = diff(&h.store, &target, &id, 40);
+    begin(&mut h, &id);
+    stage(&mut h, &chunks);
+    assert!(matches!(
+        commit(&mut h, &id, chunks.len()).outcome,
+        Outcome::Restore(RestoreStep::Committed { .. })
+    ));
+    assert_eq!(visible(&h.store), visible(&target));
+}

@@ -650,6 +650,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn truncate(&mut self, log_id: JLogId) -> Result<(), StorageError<NodeId>> {
         tracing::info!(index = log_id.index, "truncating the journal log");
         let mut log = lock(&self.shared.log);
+        if log_id.index >= log.next_index() {
+            return Ok(());
+        }
         self.shared.flushed.send_if_modified(|f| {
             self.shared.truncations.fetch_add(1, Ordering::AcqRel);
             let lower = *f > log_id.index;
@@ -661,7 +664,19 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         log.truncate(log_id.index).map_err(|e| {
             self.shared.fail(format!("log truncate failed: {e}"));
             sio(&e)
-        })
+        })?;
+        // The cut synced the segment holding it (earlier ones were synced when closed): what is
+        // left is durable. Said here because an fsync in flight may no longer raise `flushed`
+        // (above), and no append may follow to queue another (a snapshot install after this
+        // truncation waits for the applies of what is left, which wait for `flushed`).
+        self.shared.flushed.send_if_modified(|f| {
+            let raise = log_id.index > *f;
+            if raise {
+                *f = log_id.index;
+            }
+            raise
+        });
+        Ok(())
     }
 
     async fn purge(&mut self, log_id: JLogId) -> Result<(), StorageError<NodeId>> {
@@ -837,6 +852,30 @@ mod tests {
         assert_eq!((shared.flushed(), shared.next_index()), (1, 1));
         shared.raise_flushed(started);
         assert_eq!(shared.flushed(), 1, "raised past the truncated log");
+        shared.close();
+    }
+
+    /// What a truncation leaves is durable (it syncs the cut), and counts as flushed at once:
+    /// an fsync in flight that it made stale no longer raises the flushed index, and no append
+    /// may follow to queue another.
+    #[tokio::test]
+    async fn what_a_truncation_leaves_counts_as_flushed() {
+        use openraft::storage::RaftLogStorage;
+        let dir = tempfile::tempdir().unwrap();
+        write_entries(dir.path(), 5);
+        let (shared, _) =
+            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
+        let mut store = LogStore {
+            shared: Arc::clone(&shared),
+        };
+        // As if entries 1.. had been written but not yet synced.
+        shared.flushed.send_replace(1);
+        store.truncate(log_id(2, 1, 3)).await.unwrap();
+        assert_eq!((shared.flushed(), shared.next_index()), (3, 3));
+        // A truncation past the end cuts nothing and changes nothing.
+        shared.flushed.send_replace(1);
+        store.truncate(log_id(2, 1, 7)).await.unwrap();
+        assert_eq!((shared.flushed(), shared.next_index()), (1, 3));
         shared.close();
     }
 }

@@ -183,6 +183,39 @@ async fn latest_manifest(store: &Store, tenant: &str) -> Result<Option<Manifest>
     Ok(Some(Manifest::from_json(tenant, &bytes)?))
 }
 
+/// Whether some tenant's newest manifest names `shard` and covers the journal up to
+/// `first_index`: the compactor's word that it trimmed this shard there. The compactor trims a
+/// shard only below what every tenant it knows on it has checkpointed, so a tenant without a
+/// manifest in the same store had no entry below `first_index`; without that word (a wrong
+/// `--object-store`, deleted checkpoints) nothing can be said of it.
+pub async fn shard_trimmed_to(
+    store: &Store,
+    shard: u32,
+    first_index: u64,
+) -> Result<bool, CheckpointError> {
+    let listed = store
+        .list_with_delimiter(Some(&Path::from(api::manifest::TENANTS_DIR)))
+        .await?;
+    for dir in &listed.common_prefixes {
+        let Some(tenant) = dir.filename() else {
+            continue;
+        };
+        if api::manifest::validate_tenant(tenant).is_err() {
+            continue;
+        }
+        match latest_manifest(store, tenant).await {
+            Ok(Some(m)) => {
+                if m.shard == shard && m.newest().is_some_and(|c| c.index + 1 >= first_index) {
+                    return Ok(true);
+                }
+            }
+            Ok(None) | Err(CheckpointError::Manifest(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(false)
+}
+
 /// A checkpoint object read into memory, checked against its manifest entry.
 #[derive(Debug)]
 struct Fetched {
@@ -438,6 +471,7 @@ pub async fn latest(
         });
     }
     let mut first_error = None;
+    let mut all_missing = true;
     for r in &manifest.checkpoints {
         match load_one(store, tenant, shard, r).await {
             Ok((mem, timings)) => {
@@ -455,11 +489,21 @@ pub async fn latest(
             }
             Err(e) => {
                 tracing::warn!(tenant, path = %r.path, index = r.index, error = %e, "checkpoint unusable; trying the previous one");
-                first_error.get_or_insert(e.to_string());
+                if !matches!(e, CheckpointError::Store(_)) {
+                    all_missing = false;
+                }
+                first_error.get_or_insert(e);
             }
         }
     }
-    Err(CheckpointError::NoneUsable(first_error.unwrap_or_default()))
+    match first_error {
+        // Every object the manifest names is gone: collected while this load read an older
+        // manifest. A newer manifest names newer ones: the caller may try again.
+        Some(e) if all_missing => Err(e),
+        e => Err(CheckpointError::NoneUsable(
+            e.map(|e| e.to_string()).unwrap_or_default(),
+        )),
+    }
 }
 
 /// The measurement tests' /proc reader, shared with the other crates' (std only).
@@ -556,6 +600,26 @@ mod tests {
         let loaded = latest(&store, "default", 0).await.unwrap().unwrap();
         assert_eq!(loaded.reference, old);
         assert_eq!(loaded.store.applied_index(), 5);
+    }
+
+    /// A manifest whose objects are all gone (collected while a load read it) is no verdict on
+    /// the tenant: the store's NotFound comes back, which a reload retries.
+    #[tokio::test]
+    async fn a_manifest_whose_objects_are_gone_is_retried_not_refused() {
+        let store = Store::from(Arc::new(InMemory::new()));
+        let r = publish(&store, 5, false).await;
+        manifest(&store, 1, vec![r.clone()]).await;
+        store.delete(&Path::from(r.path.as_str())).await.unwrap();
+        let Err(e) = latest(&store, "default", 0).await else {
+            panic!("a checkpoint that is gone was loaded");
+        };
+        assert!(
+            matches!(
+                e,
+                CheckpointError::Store(object_store::Error::NotFound { .. })
+            ),
+            "{e}"
+        );
     }
 
     #[tokio::test]

@@ -53,6 +53,22 @@ pub struct Replica {
     /// Reads of the whole store under way (`read_long`), and their end's signal.
     long_reads: std::sync::atomic::AtomicUsize,
     long_reads_done: tokio::sync::Notify,
+    /// Set while a write (an apply, a reload's swap) waits for long reads to end: no new one
+    /// starts meanwhile (`apply_turn_over` wakes them), so back-to-back long reads cannot hold
+    /// the apply loop off for good.
+    apply_waiting: Mutex<bool>,
+    apply_turn_over: std::sync::Condvar,
+}
+
+/// A write's turn at the store (`Replica::write_turn`): ends, letting long reads start again,
+/// when dropped.
+struct WriteTurn<'a>(&'a Replica);
+
+impl Drop for WriteTurn<'_> {
+    fn drop(&mut self) {
+        *self.0.lock_apply_waiting() = false;
+        self.0.apply_turn_over.notify_all();
+    }
 }
 
 impl Replica {
@@ -82,6 +98,8 @@ impl Replica {
             checkpoints,
             long_reads: std::sync::atomic::AtomicUsize::new(0),
             long_reads_done: tokio::sync::Notify::new(),
+            apply_waiting: Mutex::new(false),
+            apply_turn_over: std::sync::Condvar::new(),
         })
     }
 
@@ -134,9 +152,33 @@ impl Replica {
                 }
             }
         }
-        self.long_reads.fetch_add(1, Ordering::AcqRel);
+        {
+            let mut waiting = self.lock_apply_waiting();
+            while *waiting {
+                waiting = self
+                    .apply_turn_over
+                    .wait(waiting)
+                    .unwrap_or_else(|p| p.into_inner());
+            }
+            self.long_reads.fetch_add(1, Ordering::AcqRel);
+        }
         let _counted = Counted(self);
         f(&self.read())
+    }
+
+    fn lock_apply_waiting(&self) -> std::sync::MutexGuard<'_, bool> {
+        // A plain flag: nothing a panic could leave half-done.
+        self.apply_waiting.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for the long reads under way to end, holding new ones back, before a write asks for
+    /// the store's lock (see `read_long`). A long read that got in just before still makes the
+    /// write wait for it, as before; it cannot make a read wrong.
+    async fn write_turn(&self) -> WriteTurn<'_> {
+        *self.lock_apply_waiting() = true;
+        let turn = WriteTurn(self);
+        self.long_reads_over().await;
+        turn
     }
 
     /// Returns once no `read_long` is under way.
@@ -224,11 +266,11 @@ impl Replica {
             };
             let mut chunks = stream.ready_chunks(APPLY_CHUNK);
             while let Some(chunk) = chunks.next().await {
-                // Not while a long read holds the store (see `read_long`). One that starts
-                // between this and the write lock below makes this apply wait for it, as
-                // before; it cannot make a read wrong.
-                self.long_reads_over().await;
-                match self.apply_chunk(chunk) {
+                let applied = {
+                    let _turn = self.write_turn().await;
+                    self.apply_chunk(chunk)
+                };
+                match applied {
                     Ok(()) => backoff = READ_RETRY_MIN,
                     Err(ApplyStop::Retry(e)) => {
                         tracing::warn!(tenant = %self.tenant, shard = self.shard, error = %e, "journal read broke; re-opening");
@@ -308,7 +350,18 @@ impl Replica {
                         "the object store holds no checkpoint of the tenant".into(),
                     ));
                 }
+                match crate::checkpoint::shard_trimmed_to(objects, self.shard, first_index).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Err(Reload::Fatal(format!(
+                            "the object store holds no checkpoint of the tenant, and none of any tenant on shard {} covers the journal's first index {first_index}: is --object-store the compactor's?",
+                            self.shard
+                        )));
+                    }
+                    Err(e) => return Err(Reload::Retry(e.to_string())),
+                }
                 let index = first_index - 1;
+                let _turn = self.write_turn().await;
                 self.swap(MemStore::new_at(memstore::Config::default(), index))
                     .map_err(Reload::Fatal)?;
                 return Ok(index);
@@ -324,6 +377,7 @@ impl Replica {
                 "the newest checkpoint is at index {index}, below the journal's first index {first_index}"
             )));
         }
+        let _turn = self.write_turn().await;
         self.swap(loaded.store).map_err(Reload::Fatal)?;
         Ok(index)
     }
@@ -638,6 +692,46 @@ mod tests {
         );
     }
 
+    /// Long reads one after another, overlapping, cannot hold the apply loop off for good: once
+    /// it waits, a new long read waits for its turn to end.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn overlapping_long_reads_do_not_hold_the_apply_loop_off() {
+        use crate::log::Log;
+        let log = crate::log::MemLog::new();
+        let r = Replica::new("t", 0, MemStore::new(Default::default()));
+        tokio::spawn(r.clone().run(Arc::new(log.clone())));
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+        let first = {
+            let r = r.clone();
+            std::thread::spawn(move || {
+                r.read_long(|_| {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                })
+            })
+        };
+        started_rx.recv().unwrap();
+        let Some(api::strata::journal::record::Kind::Data(payload)) = put_record(1, b"w").kind
+        else {
+            unreachable!()
+        };
+        log.append(0, vec![payload]).await.unwrap();
+        while !*r.lock_apply_waiting() {
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        // A second long read asked while the apply waits runs after it.
+        let second = {
+            let r = r.clone();
+            std::thread::spawn(move || r.read_long(|s| s.applied_index()))
+        };
+        // Give it time to get in ahead, as it would without the turn.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        release_tx.send(()).unwrap();
+        first.join().unwrap();
+        assert_eq!(second.join().unwrap(), 1, "the second long read went first");
+    }
+
     /// A checkpoint reload does not fail the writers waiting meanwhile: an entry after the
     /// checkpoint is answered when applied; one it covers stays unanswered (its writer times out).
     #[test]
@@ -677,14 +771,42 @@ mod tests {
     /// the journal's first index with an empty store; a replica that holds something cannot.
     #[tokio::test]
     async fn no_checkpoint_and_nothing_applied_continues_from_the_first_index() {
-        let objects =
-            crate::checkpoint::Store::from(Arc::new(object_store::memory::InMemory::new()));
+        use object_store::ObjectStoreExt;
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let objects = crate::checkpoint::Store::from(memory.clone());
         let r = Replica::with_checkpoints(
             "t",
             0,
             MemStore::new(Default::default()),
             Some(objects.clone()),
         );
+        // Without the compactor's word for the trim (no tenant's manifest covers it), nothing
+        // can be said of the tenant: a wrong store, deleted checkpoints.
+        assert!(matches!(r.reload(50).await, Err(Reload::Fatal(_))));
+        let other = api::manifest::Manifest {
+            format_version: api::manifest::MANIFEST_FORMAT_VERSION,
+            tenant: "other".into(),
+            shard: 0,
+            seq: 1,
+            published_ms: 0,
+            checkpoints: vec![api::manifest::CheckpointRef {
+                path: "tenants/other/checkpoints/x.ckpt".into(),
+                index: 49,
+                revision: 1,
+                size: 0,
+                crc32c: 0,
+                time_ms: 0,
+                created_ms: 0,
+            }],
+        };
+        let path = api::manifest::manifest_path("other", 1).unwrap();
+        objects
+            .put(
+                &object_store::path::Path::from(path),
+                other.to_json().into(),
+            )
+            .await
+            .unwrap();
         assert!(matches!(r.reload(50).await, Ok(49)));
         assert_eq!(r.applied_index(), 49);
         assert!(r.apply_chunk(vec![Ok(put_record(50, b"first"))]).is_ok());

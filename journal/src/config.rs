@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use crate::node::{DEFAULT_IDLE_TICK, NodeConfig};
+use crate::node::{DEFAULT_IDLE_TICK, MAX_IDLE_TICK, NodeConfig};
 use crate::segment::SEGMENT_TARGET_BYTES;
 use crate::types::NodeId;
 
@@ -42,7 +42,7 @@ pub enum ConfigError {
     ZeroId,
     #[error("shards must be between 1 and {MAX_SHARDS}, not {0}")]
     Shards(u32),
-    #[error("idle-tick must be longer than zero")]
+    #[error("idle-tick must be longer than zero and at most {MAX_IDLE_TICK:?}")]
     IdleTick,
     #[error("segment-bytes must be at least {MIN_SEGMENT_BYTES}, not {0}")]
     SegmentBytes(u64),
@@ -163,7 +163,7 @@ pub fn validate(c: &NodeConfig) -> Result<(), ConfigError> {
     if c.shards == 0 || c.shards > MAX_SHARDS {
         return Err(ConfigError::Shards(c.shards));
     }
-    if c.idle_tick.is_zero() {
+    if c.idle_tick.is_zero() || c.idle_tick > MAX_IDLE_TICK {
         return Err(ConfigError::IdleTick);
     }
     if c.segment_bytes < MIN_SEGMENT_BYTES {
@@ -255,6 +255,8 @@ metrics-listen = "127.0.0.1:9102"
         assert!(matches!(f.node_config(), Err(ConfigError::NotInPeers(4))));
         let f = FileConfig::parse("id = 1\n[peers]\nx = \"a:1\"\n", false).unwrap();
         assert!(matches!(f.node_config(), Err(ConfigError::PeerId(_))));
+        let f = FileConfig::parse("id = 1\nidle-tick = \"2s\"\n", false).unwrap();
+        assert!(matches!(f.node_config(), Err(ConfigError::IdleTick)));
         let f = FileConfig::parse("id = 1\nsegment-bytes = 10\n", false).unwrap();
         assert!(matches!(
             f.node_config(),

@@ -63,6 +63,11 @@ pub const DEFAULT_READ_LEASE: Duration = Duration::from_millis(ELECTION_TIMEOUT_
 pub const MAX_READ_LEASE: Duration = Duration::from_millis(ELECTION_TIMEOUT_MAX_MS * 3 / 4);
 /// Default interval after which an idle shard gets a tick.
 pub const DEFAULT_IDLE_TICK: Duration = Duration::from_millis(500);
+/// Longest accepted idle tick. Replicas count at most 1 s of journal time between two
+/// consecutive stamps towards lease expiry (a longer gap is an outage: memstore's
+/// `DEFAULT_LEASE_CLOCK_MAX_STEP_MS`), so an idle shard must be stamped at least that often or
+/// its leases would age slower than time.
+pub const MAX_IDLE_TICK: Duration = Duration::from_secs(1);
 
 /// Why a node could not start or serve.
 #[derive(Debug, thiserror::Error)]

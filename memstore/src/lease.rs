@@ -83,6 +83,15 @@ impl LeaseTable {
         }
     }
 
+    /// Every lease's deadline moves `by_ms` later (journal time that did not count).
+    pub fn postpone_all(&mut self, by_ms: i64) {
+        self.by_deadline.clear();
+        for l in self.leases.values_mut() {
+            l.deadline_ms = l.deadline_ms.saturating_add(by_ms);
+            self.by_deadline.insert((l.deadline_ms, l.id));
+        }
+    }
+
     /// Every lease's deadline becomes `now_ms + ttl + extend_ms` (etcd's lessor Promote).
     pub fn extend_all(&mut self, now_ms: i64, extend_ms: i64) {
         self.by_deadline.clear();

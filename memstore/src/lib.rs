@@ -36,6 +36,12 @@ pub const DEFAULT_MIN_LEASE_TTL_SECS: i64 = 2;
 pub const MAX_LEASE_TTL_SECS: i64 = 9_000_000_000;
 /// etcd extends leases by the election timeout (1 s by default) when a new leader promotes.
 pub const DEFAULT_LEADER_CHANGE_EXTEND_MS: i64 = 1_000;
+/// The most journal time two consecutive entries' stamps may count towards lease expiry. The
+/// journal stamps an idle shard every 500 ms at most (its idle tick, which it keeps at or below
+/// this); a longer gap is time the journal could not stamp (no leader, no quorum, a leader's
+/// clock stepping forward) and, as in etcd, where no leader means no lease expires, it does not
+/// age leases beyond this.
+pub const DEFAULT_LEASE_CLOCK_MAX_STEP_MS: i64 = 1_000;
 /// How long an applied request id is remembered for de-duplication (journal time). Duplicates
 /// come only from the journal client re-appending a payload it could not confirm, which it does
 /// for at most 30 s (`journal::client::RETRY_DEADLINE`, plus one 10 s attempt): 2 minutes leaves
@@ -52,6 +58,8 @@ pub struct Config {
     pub min_lease_ttl_secs: i64,
     pub max_lease_ttl_secs: i64,
     pub leader_change_extend_ms: i64,
+    /// See `DEFAULT_LEASE_CLOCK_MAX_STEP_MS`.
+    pub lease_clock_max_step_ms: i64,
     pub request_id_window_ms: i64,
     /// Stored bytes (keys and values of every version kept) above which writes raise the
     /// NOSPACE alarm and fail; <= 0 disables the quota.
@@ -65,6 +73,7 @@ impl Default for Config {
             min_lease_ttl_secs: DEFAULT_MIN_LEASE_TTL_SECS,
             max_lease_ttl_secs: MAX_LEASE_TTL_SECS,
             leader_change_extend_ms: DEFAULT_LEADER_CHANGE_EXTEND_MS,
+            lease_clock_max_step_ms: DEFAULT_LEASE_CLOCK_MAX_STEP_MS,
             request_id_window_ms: DEFAULT_REQUEST_ID_WINDOW_MS,
             quota_bytes: DEFAULT_QUOTA_BYTES,
         }
@@ -159,6 +168,7 @@ mod tests {
                 min_lease_ttl_secs: 2,
                 max_lease_ttl_secs: 9_000_000_000,
                 leader_change_extend_ms: 1_000,
+                lease_clock_max_step_ms: 1_000,
                 request_id_window_ms: 120_000,
                 quota_bytes: 2 << 30,
             },

@@ -577,8 +577,17 @@ impl MemStore {
         }
         self.state.applied_index = index;
         // Journal time is monotonic per shard; guard anyway so time never runs backwards here.
-        let now = time_ms.max(self.state.time_ms);
+        let before = self.state.time_ms;
+        let now = time_ms.max(before);
         self.state.time_ms = now;
+        // A gap the journal could not stamp (no leader, no quorum, a stepped clock) does not age
+        // leases beyond one step: etcd's leases do not expire while there is no leader, and its
+        // new leader counts from its own promotion (the LeaderChange entry carries the old
+        // leader's last stamp; the new leader's first entry, the real time of promotion).
+        let uncounted = now - before - self.config.lease_clock_max_step_ms;
+        if before > 0 && uncounted > 0 {
+            self.state.leases.postpone_all(uncounted);
+        }
         let mut events = Vec::new();
         if carried == Carried::LeaderChange {
             // A new journal leader: extend instead of expiring, so a failover never expires a

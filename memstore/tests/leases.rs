@@ -111,7 +111,7 @@ fn expiry_by_journal_time_each_lease_its_own_revision() {
     put_with_lease(&mut h, "k2", 2);
     put_with_lease(&mut h, "k3", 3);
     assert_eq!(h.store.revision(), 4);
-    assert!(h.tick(9_999).events.is_empty());
+    assert!(h.pass(9_999).is_empty());
     let a = h.tick(1);
     assert_eq!(a.outcome, Outcome::Nothing);
     assert_eq!(a.events.len(), 2);
@@ -129,7 +129,8 @@ fn expiry_by_journal_time_each_lease_its_own_revision() {
 fn expiry_happens_before_the_request_in_the_same_entry() {
     let mut h = Harness::new();
     h.grant(1, 10);
-    h.now_ms += 10_000;
+    h.pass(9_500);
+    h.now_ms += 500;
     let a = h.keep_alive(1);
     assert_eq!(
         failed(&a),
@@ -143,7 +144,7 @@ fn keep_alive_extends_and_time_to_live_reports() {
     let mut h = Harness::new();
     h.grant(1, 10);
     put_with_lease(&mut h, "k", 1);
-    h.tick(6_500);
+    h.pass(6_500);
     let ttl = h.store.lease_time_to_live(1, true).unwrap();
     assert_eq!(
         (ttl.ttl, ttl.granted_ttl, ttl.keys),
@@ -161,7 +162,7 @@ fn keep_alive_extends_and_time_to_live_reports() {
     };
     assert_eq!((k.id, k.ttl), (1, 10));
     assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 10);
-    h.tick(9_999);
+    h.pass(9_999);
     assert!(h.get("k").is_some());
     h.tick(1);
     assert!(h.get("k").is_none());
@@ -177,14 +178,49 @@ fn leader_change_extends_every_lease() {
     let mut h = Harness::with_config(config);
     h.grant(1, 10);
     put_with_lease(&mut h, "k", 1);
-    // The journal leader died; the new one's first entry comes 15 s later, past the deadline.
-    let a = h.leader_change(15_000);
+    h.pass(500);
+    // The journal leader died. The new leader's LeaderChange entry carries the old leader's last
+    // stamp (a Raft blank entry has no time of its own); its first own entry comes 15 s later,
+    // past the lease's deadline. As etcd's new leader counts from its promotion, the lease then
+    // has its whole TTL again.
+    let a = h.leader_change(0);
     assert!(a.events.is_empty(), "a failover never expires a lease");
-    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 11);
-    h.tick(10_999);
+    let a = h.tick(15_000);
+    assert!(a.events.is_empty(), "a failover never expires a lease");
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 10);
+    assert!(h.pass(9_999).is_empty());
     assert!(h.get("k").is_some());
     let a = h.tick(1);
     assert_eq!(a.events.len(), 1);
+
+    // A LeaderChange stamped late itself: the whole TTL and the extension from then on.
+    let mut h = Harness::with_config(Config {
+        leader_change_extend_ms: 1_000,
+        ..Config::default()
+    });
+    h.grant(1, 10);
+    h.pass(500);
+    assert!(h.leader_change(15_000).events.is_empty());
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 11);
+}
+
+/// A journal that could not stamp entries for a while (no quorum, the same leader throughout: no
+/// LeaderChange) does not age leases by the whole gap: only by one step of the lease clock.
+#[test]
+fn a_stamping_gap_ages_leases_by_one_step_only() {
+    let mut h = Harness::new();
+    h.grant(1, 5);
+    put_with_lease(&mut h, "k", 1);
+    h.pass(2_000);
+    assert!(
+        h.tick(20_000).events.is_empty(),
+        "a stall expired the lease"
+    );
+    // 2 s before, 1 s of the gap: 2 s are left.
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 2);
+    assert!(h.pass(1_999).is_empty());
+    assert_eq!(h.tick(1).events.len(), 1);
+    assert!(h.get("k").is_none());
 }
 
 #[test]

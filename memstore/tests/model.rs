@@ -28,6 +28,7 @@ const DEFAULT_SEED: u64 = 0x5747_a7a0_2026_1130;
 const DEFAULT_CASES: u32 = 192;
 const EXTEND_MS: i64 = 1_000;
 const MIN_TTL: i64 = 2;
+const LEASE_STEP_MS: i64 = 2_000;
 
 type Snapshot = BTreeMap<Vec<u8>, KeyValue>;
 
@@ -44,6 +45,8 @@ fn in_range(k: &[u8], key: &[u8], end: &[u8]) -> bool {
 /// The naive model: one full copy of the key space per revision.
 struct Model {
     now: i64,
+    /// The last entry's stamp (0: none yet).
+    stamp: i64,
     compact: i64,
     snaps: Vec<Snapshot>, // snaps[r - 1] is the state at revision r
     events: Vec<Event>,
@@ -130,6 +133,7 @@ impl Model {
     fn new() -> Self {
         Model {
             now: 1_000_000,
+            stamp: 0,
             compact: 0,
             snaps: vec![Snapshot::new()],
             events: Vec::new(),
@@ -200,6 +204,14 @@ impl Model {
 
     fn apply(&mut self, now: i64, req: &Request, out: &mut Vec<Event>) -> Predicted {
         self.now = now;
+        // Stamps further apart than the lease clock's step age leases by the step only.
+        let before = self.stamp;
+        self.stamp = now;
+        if before > 0 && now - before > LEASE_STEP_MS {
+            for (_, deadline) in self.leases.values_mut() {
+                *deadline += now - before - LEASE_STEP_MS;
+            }
+        }
         if matches!(req, Request::LeaderChange(_)) {
             for (ttl, deadline) in self.leases.values_mut() {
                 *deadline = now + *ttl * 1000 + EXTEND_MS;
@@ -621,6 +633,7 @@ fn check_reads(store: &MemStore, model: &Model) -> Result<(), TestCaseError> {
 fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
     let config = Config {
         leader_change_extend_ms: EXTEND_MS,
+        lease_clock_max_step_ms: LEASE_STEP_MS,
         min_lease_ttl_secs: MIN_TTL,
         ..Config::default()
     };

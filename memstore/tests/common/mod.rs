@@ -51,6 +51,19 @@ impl Harness {
         self.apply(Request::Tick(Tick {}))
     }
 
+    /// Lets `ms` of journal time pass as a live journal does: ticks at most 500 ms apart (its
+    /// idle tick). Answers every event the ticks produced.
+    pub fn pass(&mut self, ms: i64) -> Vec<api::mvccpb::Event> {
+        let mut events = Vec::new();
+        let mut left = ms;
+        while left > 0 {
+            let step = left.min(500);
+            left -= step;
+            events.extend(self.tick(step).events);
+        }
+        events
+    }
+
     pub fn leader_change(&mut self, advance_ms: i64) -> Applied {
         self.now_ms += advance_ms;
         self.apply(Request::LeaderChange(LeaderChange { term: 2 }))

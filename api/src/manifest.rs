@@ -154,6 +154,18 @@ impl Manifest {
     }
 }
 
+/// The shard a manifest names, read leniently (any format version, nothing else checked): enough
+/// to tell whose tenant an unreadable manifest is.
+pub fn shard_named(bytes: &[u8]) -> Option<u32> {
+    #[derive(Deserialize)]
+    struct ShardOnly {
+        shard: u32,
+    }
+    serde_json::from_slice::<ShardOnly>(bytes)
+        .ok()
+        .map(|m| m.shard)
+}
+
 /// Checks that `tenant` can be used as one object path segment, unchanged on every store.
 pub fn validate_tenant(tenant: &str) -> Result<(), ManifestError> {
     let ok_first = tenant

@@ -74,6 +74,9 @@ struct Tenant {
     published: Vec<CheckpointRef>,
 }
 
+/// Manifests read at once when a trim checks what the store's newest manifests cover.
+const TRIM_MANIFEST_READS: usize = 16;
+
 /// Where a loop starts: this shard's tenants as loaded, the tenants whose newest manifest names
 /// another shard (with that shard), and the journal's first index.
 struct Start {
@@ -155,7 +158,21 @@ impl<J: Journal> ShardWorker<J> {
                 .any(|(t, s)| *t == name && *s == self.shard);
             // The manifest says which shard the tenant lives on: another shard's tenant is left
             // alone before any of its checkpoints is read.
-            let manifest = match self.catalog.latest_manifest(&name).await? {
+            let newest = match self.catalog.latest_manifest(&name).await {
+                // None can be read: if they name another shard, that shard's loop stops on
+                // them, not this one.
+                Err(e @ Error::NoUsableManifest { .. }) => {
+                    match self.catalog.newest_manifest_shard(&name).await? {
+                        Some(shard) if shard != self.shard => {
+                            elsewhere.insert(name, shard);
+                            continue;
+                        }
+                        _ => return Err(e),
+                    }
+                }
+                other => other?,
+            };
+            let manifest = match newest {
                 Some(m) if m.shard != self.shard => {
                     elsewhere.insert(name, m.shard);
                     continue;
@@ -499,8 +516,20 @@ impl<J: Journal> ShardWorker<J> {
         // may have published newer manifests naming older checkpoints than this one's: trim
         // only below what the newest manifest in the store covers too.
         let mut below = below;
-        for name in tenants.keys() {
-            let covered = match self.catalog.latest_manifest(name).await {
+        let newest: Vec<(String, Result<Option<Manifest>>)> =
+            futures::stream::iter(tenants.keys().cloned())
+                .map(|name| {
+                    let catalog = self.catalog.clone();
+                    async move {
+                        let newest = catalog.latest_manifest(&name).await;
+                        (name, newest)
+                    }
+                })
+                .buffer_unordered(TRIM_MANIFEST_READS)
+                .collect()
+                .await;
+        for (name, newest) in newest {
+            let covered = match newest {
                 Ok(m) => m.and_then(|m| m.checkpoints.get(self.config.trim_lag).map(|c| c.index)),
                 Err(e) => {
                     warn!(shard = self.shard, tenant = %name, error = %e, "not trimming: the newest manifest could not be read");

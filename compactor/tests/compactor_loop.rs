@@ -352,4 +352,31 @@ async fn unreadable_manifests_stop_the_loop_instead_of_starting_the_tenant_empty
         before,
         "a manifest was published or deleted"
     );
+
+    // They name shard 0: another shard of the same compactor goes on as usual.
+    const OTHER_SHARD: u32 = 1;
+    let mut other = History::new(journal.clone(), OTHER_SHARD, &["other"], 67);
+    let c = Compactor::spawn(
+        Config {
+            shards: vec![SHARD, OTHER_SHARD],
+            ..config()
+        },
+        journal.clone(),
+        catalog.clone(),
+    );
+    let mut st0 = c.status(SHARD).unwrap();
+    let mut st1 = c.status(OTHER_SHARD).unwrap();
+    other.write(150);
+    let last = other.last_index();
+    wait_status(&mut st1, "the other shard's checkpoints", |s| {
+        covers_all(s, &["other"], last)
+    })
+    .await;
+    wait_status(&mut st0, "the blocked shard's restarts", |s| {
+        s.restarts >= 2
+    })
+    .await;
+    let s1 = st1.borrow().clone();
+    c.shutdown().await;
+    assert_eq!(s1.restarts, 0, "{s1:?}");
 }

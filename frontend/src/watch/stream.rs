@@ -326,6 +326,12 @@ impl StreamTask {
             if !self.active.contains_key(&u.watch_id) {
                 return Ok(());
             }
+            // Nothing past what the hub has announced: the store may be a few entries ahead of
+            // it (applied, not yet published), and a progress answer carries the hub's
+            // revision, which must not fall below an event already sent. The rest comes by
+            // `notify` once the watcher is synced. (The hub is read first: it never runs ahead
+            // of the store.)
+            let hub_rev = self.hub.revision();
             let (read, store_rev, compact_rev) = {
                 let store = read_store(&self.store);
                 (
@@ -335,12 +341,15 @@ impl StreamTask {
                         &u.spec.range_end,
                         self.config.catch_up_batch,
                     ),
-                    store.revision(),
+                    store.revision().min(hub_rev),
                     store.compact_revision(),
                 )
             };
             let events = match read {
-                Ok(events) => events,
+                Ok(mut events) => {
+                    events.retain(|e| event_revision(e) <= store_rev);
+                    events
+                }
                 Err(memstore::Error::Compacted) => {
                     return self.cancel_compacted(u.watch_id, compact_rev).await;
                 }

@@ -516,6 +516,43 @@ async fn request_progress_reports_the_revision_once_synced() {
     assert_eq!(p.header.as_ref().unwrap().revision, rev);
 }
 
+/// A watcher caught up from history while the store is ahead of the hub (applied, not yet
+/// published) gets nothing past the hub's revision that way, so a progress answer (the hub's
+/// revision) never falls below an event already sent; the rest comes when it is published.
+#[tokio::test]
+async fn catch_up_stops_at_the_hubs_revision() {
+    let mut h = Harness::new(DEFAULT_STREAM_BUFFER);
+    let first = h.put("a", "1");
+    // Applied to the store only, as between an apply and its publication.
+    h.index += 1;
+    let entry = Entry {
+        format_version: api::ENTRY_FORMAT_VERSION,
+        tenant: "test".into(),
+        request_id: Vec::new(),
+        time_ms: 1_000 + h.index as i64,
+        request: Some(Request::Put(PutRequest {
+            key: b"a".to_vec(),
+            value: b"2".to_vec(),
+            ..Default::default()
+        })),
+    };
+    let unpublished = h.store.write().unwrap().apply(h.index, &entry);
+    let mut c = h.open(WatchConfig::default(), 16);
+    c.create(create_req("a", "", first)).await;
+    assert!(c.next().await.created);
+    let caught_up = c.events(0, 1).await;
+    assert_eq!(event_revision(&caught_up[0].events[0]), first);
+    c.send(RequestUnion::ProgressRequest(WatchProgressRequest {}))
+        .await;
+    let p = c.next().await;
+    assert_eq!(p.watch_id, INVALID_WATCH_ID, "{p:?}");
+    assert!(p.header.as_ref().unwrap().revision >= first);
+    // Published now: it arrives.
+    h.hub.notify(unpublished.revision, &unpublished.events);
+    let live = c.events(0, 1).await;
+    assert_eq!(event_revision(&live[0].events[0]), unpublished.revision);
+}
+
 #[tokio::test(start_paused = true)]
 async fn periodic_progress_only_for_idle_progress_watchers() {
     let mut h = Harness::new(DEFAULT_STREAM_BUFFER);

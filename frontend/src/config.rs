@@ -7,6 +7,8 @@ use std::time::Duration;
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1_572_864;
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// Default `--no-leader-after`.
+pub const DEFAULT_NO_LEADER_AFTER: Duration = Duration::from_secs(5);
 /// The etcd version reported by `Maintenance.Status` unless configured.
 pub const DEFAULT_ETCD_VERSION: &str = "3.5.17";
 /// Room left in a journal entry for the envelope around a request (format version, tenant name
@@ -83,6 +85,12 @@ pub struct Config {
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub watch_progress_notify_interval: Duration,
 
+    /// Journal silence (not even an idle tick, which comes every 500 ms) after which streams
+    /// opened with etcd's `hasleader` metadata end with "etcdserver: no leader" and new ones are
+    /// refused (etcd: three election timeouts), so clients move to another frontend.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub no_leader_after: Duration,
+
     /// Tuning: tail the journal from the shard's leader (true), which applies an entry as it
     /// commits it, or from whichever node the client picks (false), where a follower learns of
     /// the commit only with the leader's next message. Either way the tail fails over to the
@@ -126,6 +134,7 @@ impl Config {
             peer_frontends: Vec::new(),
             object_store: None,
             watch_progress_notify_interval: crate::watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL,
+            no_leader_after: DEFAULT_NO_LEADER_AFTER,
             tail_from_leader: true,
         }
     }

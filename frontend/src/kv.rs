@@ -241,6 +241,7 @@ mod tests {
             Limits {
                 max_request_bytes: 1 << 20,
                 max_txn_ops: 128,
+                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
             },
             Identity {
                 cluster_id: u64::MAX - 7,

@@ -181,8 +181,16 @@ impl Lease for LeaseService {
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         let t = self.tenant(&req)?;
+        let require_leader = crate::watch::requires_leader(req.metadata());
+        if require_leader && !t.has_leader() {
+            return Err(crate::watch::no_leader());
+        }
         let mut incoming = req.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
+        if require_leader {
+            let t = t.clone();
+            crate::watch::end_without_leader(tx.clone(), move || t.has_leader());
+        }
         let stream_id = RequestId::random();
         let span =
             tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);

@@ -46,6 +46,10 @@ pub struct Replica {
     applied: watch::Sender<u64>,
     state: watch::Sender<ReplicaState>,
     term: AtomicU64,
+    /// When the replica last applied a journal record (ms since `started`): the journal stamps
+    /// an idle shard every 500 ms, so silence means it has no leader or cannot be reached.
+    heard_at_ms: AtomicU64,
+    started: std::time::Instant,
     /// Writers waiting for the outcome of their entry, by request id.
     waiters: Mutex<HashMap<Vec<u8>, oneshot::Sender<Applied>>>,
     /// Where the compactor's checkpoints are, for a reload after a trim (`--object-store`).
@@ -94,6 +98,8 @@ impl Replica {
             applied: watch::channel(applied_index).0,
             state: watch::channel(ReplicaState::CatchingUp).0,
             term: AtomicU64::new(0),
+            heard_at_ms: AtomicU64::new(0),
+            started: std::time::Instant::now(),
             waiters: Mutex::new(HashMap::new()),
             checkpoints,
             long_reads: std::sync::atomic::AtomicUsize::new(0),
@@ -183,6 +189,10 @@ impl Replica {
 
     /// Returns once no `read_long` is under way.
     async fn long_reads_over(&self) {
+        // The common case, without registering for a wake-up.
+        if self.long_reads.load(Ordering::Acquire) == 0 {
+            return;
+        }
         loop {
             let done = self.long_reads_done.notified();
             tokio::pin!(done);
@@ -508,8 +518,18 @@ impl Replica {
             }
         }
         self.applied.send_replace(last);
+        self.heard_at_ms
+            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
         metrics::gauge!("strata_frontend_applied_index", "tenant" => self.tenant.clone())
             .set(last as f64);
+    }
+
+    /// Whether the replica applied a journal record (an idle tick at least) within `within`
+    /// (counted from its start before the first): false means the journal has no leader or
+    /// cannot be reached from here.
+    pub fn journal_heard_within(&self, within: Duration) -> bool {
+        let heard = Duration::from_millis(self.heard_at_ms.load(Ordering::Relaxed));
+        self.started.elapsed().saturating_sub(heard) <= within
     }
 
     /// Marks the replica ready once it applied the committed index the journal reported at

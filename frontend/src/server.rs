@@ -113,6 +113,7 @@ impl Frontend {
         let limits = Limits {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
+            no_leader_after: config.no_leader_after,
         };
         let checkpoints = config
             .object_store

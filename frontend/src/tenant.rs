@@ -31,6 +31,8 @@ pub const APPLY_WAIT_SECONDS: &str = "strata_frontend_apply_wait_seconds";
 pub struct Limits {
     pub max_request_bytes: usize,
     pub max_txn_ops: usize,
+    /// Journal silence after which the tenant has "no leader" (see `Tenant::has_leader`).
+    pub no_leader_after: Duration,
 }
 
 /// Identity reported in response headers.
@@ -109,6 +111,16 @@ impl Tenant {
     /// Waits until the replica reflects every write committed before this call (shared
     /// read-index round, then wait for apply), under one deadline: a timer is armed only if
     /// the read has to wait at all, and then one, not one per step.
+    /// etcd's "has a leader", for streams opened with its `hasleader` metadata (clientv3's lease
+    /// keep-alives, kube-apiserver's and etcdctl's watches): false once the replica has heard
+    /// nothing from the journal (not even an idle tick) for `no_leader_after`. etcd then ends
+    /// such streams with "etcdserver: no leader" and refuses new ones, so clients move to a
+    /// member that can serve them.
+    pub fn has_leader(&self) -> bool {
+        self.replica
+            .journal_heard_within(self.limits.no_leader_after)
+    }
+
     pub async fn barrier(&self) -> Result<(), Error> {
         self.check_replica()?;
         let mut index = 0;

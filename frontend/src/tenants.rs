@@ -53,4 +53,8 @@ impl WatchSource for Tenants {
             header: tenant.header(0),
         })
     }
+
+    fn has_leader(&self, metadata: &MetadataMap) -> bool {
+        Tenants::resolve(self, metadata).is_ok_and(|t| t.has_leader())
+    }
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    AlarmAction, AlarmType, Client, Compare, CompareOp, DeleteOptions, GetOptions,
+    AlarmAction, AlarmType, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions,
     LeaseTimeToLiveOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp, WatchOptions,
 };
 use frontend::log::MemLog;
@@ -474,6 +474,93 @@ async fn watch_is_served_on_the_client_port() {
         }
     }
     drop(stream);
+    h.fe.stop().await.unwrap();
+}
+
+/// etcd's require-leader streams (`hasleader` metadata, as clientv3's keep-alives and
+/// kube-apiserver's watches send it): once the frontend has heard nothing from the journal (not
+/// even an idle tick) for `--no-leader-after`, such watch and keep-alive streams end with
+/// Unavailable "etcdserver: no leader" and new ones are refused, so clients move to another
+/// frontend; other streams go on; once the journal is heard again they are served.
+#[tokio::test]
+async fn require_leader_streams_end_when_the_journal_falls_silent() {
+    let config = Config {
+        no_leader_after: Duration::from_millis(1_000),
+        ..Config::for_test(vec!["unused".into()])
+    };
+    let mut h = start_with(config, MemLog::new()).await;
+    let mut strict = Client::connect(
+        [format!("http://{}", h.fe.client_addr)],
+        Some(ConnectOptions::new().with_require_leader(true)),
+    )
+    .await
+    .unwrap();
+    let lease = strict.lease_grant(60, None).await.unwrap().id();
+    let mut strict_watch = strict
+        .watch("w", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let (_keeper, mut keep_alive) = strict.lease_keep_alive(lease).await.unwrap();
+    let mut plain_watch = h
+        .client
+        .watch("w", Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    // The in-memory journal does not tick by itself: from here on it is silent.
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match strict_watch.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the watch ended without a status"),
+                Err(e) => return e,
+            }
+        }
+    })
+    .await
+    .expect("the require-leader watch ended");
+    assert_eq!(
+        code(ended),
+        (Code::Unavailable, "etcdserver: no leader".to_string())
+    );
+    let ended = tokio::time::timeout(WAIT, async {
+        loop {
+            match keep_alive.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the keep-alive stream ended without a status"),
+                Err(e) => return e,
+            }
+        }
+    })
+    .await
+    .expect("the require-leader keep-alive stream ended");
+    assert_eq!(
+        code(ended),
+        (Code::Unavailable, "etcdserver: no leader".to_string())
+    );
+    let Err(refused) = strict.watch("w", None).await else {
+        panic!("a require-leader watch was accepted without a leader");
+    };
+    assert_eq!(
+        code(refused),
+        (Code::Unavailable, "etcdserver: no leader".to_string())
+    );
+
+    // The journal is heard again: the stream that did not ask goes on, new ones are served.
+    h.log.tick();
+    h.client.put("w1", "v", None).await.unwrap();
+    let event = tokio::time::timeout(WAIT, async {
+        loop {
+            let r = plain_watch.message().await.unwrap().unwrap();
+            if let Some(ev) = r.events().first() {
+                return ev.kv().unwrap().key().to_vec();
+            }
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(event, b"w1");
+    let mut again = strict.watch("w", None).await.unwrap();
+    drop((again.message(), plain_watch));
     h.fe.stop().await.unwrap();
 }
 

@@ -87,6 +87,50 @@ pub trait WatchSource: Send + Sync + 'static {
         &self,
         metadata: &tonic::metadata::MetadataMap,
     ) -> Result<WatchTarget, tonic::Status>;
+
+    /// Whether the stream's tenant has a journal leader as etcd's `hasleader` check means it
+    /// (`Tenant::has_leader`).
+    fn has_leader(&self, _metadata: &tonic::metadata::MetadataMap) -> bool {
+        true
+    }
+}
+
+/// etcd's metadata key and value by which a stream asks to end when its member has no leader
+/// (clientv3's `WithRequireLeader`).
+pub const REQUIRE_LEADER_KEY: &str = "hasleader";
+/// How often a stream that requires a leader checks for one.
+pub const LEADER_CHECK_EVERY: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Whether a stream's metadata asks for etcd's require-leader behaviour.
+pub fn requires_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
+    metadata
+        .get(REQUIRE_LEADER_KEY)
+        .is_some_and(|v| v.as_bytes() == b"true")
+}
+
+/// For a stream that requires a leader: ends it (the item `no_leader` sent to `tx`) once
+/// `has_leader` turns false, checking every `LEADER_CHECK_EVERY`; stops when the stream closes.
+pub fn end_without_leader<T: Send + 'static>(
+    tx: tokio::sync::mpsc::Sender<Result<T, tonic::Status>>,
+    has_leader: impl Fn() -> bool + Send + 'static,
+) {
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = tokio::time::sleep(LEADER_CHECK_EVERY) => {}
+            }
+            if !has_leader() {
+                let _ = tx.send(Err(no_leader())).await;
+                return;
+            }
+        }
+    });
+}
+
+/// etcd's `ErrGRPCNoLeader`.
+pub fn no_leader() -> tonic::Status {
+    tonic::Status::unavailable(crate::errors::msg::NO_LEADER)
 }
 
 /// A tenant's store and hub, and the header fields this frontend answers with.

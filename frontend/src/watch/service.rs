@@ -11,7 +11,10 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{OUTPUT_BUFFER, WatchConfig, WatchSource, run_stream};
+use super::{
+    OUTPUT_BUFFER, WatchConfig, WatchSource, end_without_leader, no_leader, requires_leader,
+    run_stream,
+};
 
 /// etcd's `Watch` service over the frontend's tenants.
 pub struct WatchService<S: WatchSource> {
@@ -42,8 +45,17 @@ impl<S: WatchSource> Watch for WatchService<S> {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let target = self.source.resolve(request.metadata())?;
+        let require_leader = requires_leader(request.metadata());
+        if require_leader && !self.source.has_leader(request.metadata()) {
+            return Err(no_leader());
+        }
+        let metadata = request.metadata().clone();
         let input = request.into_inner();
         let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
+        if require_leader {
+            let source = self.source.clone();
+            end_without_leader(tx.clone(), move || source.has_leader(&metadata));
+        }
         tokio::spawn(run_stream(target, self.config.clone(), input, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }

@@ -46,7 +46,7 @@ pub struct Replica {
     applied: watch::Sender<u64>,
     state: watch::Sender<ReplicaState>,
     term: AtomicU64,
-    /// When the replica last applied a journal record (ms since `started`): the journal stamps
+    /// When the replica last received journal records (ms since `started`): the journal stamps
     /// an idle shard every 500 ms, so silence means it has no leader or cannot be reached.
     heard_at_ms: AtomicU64,
     started: std::time::Instant,
@@ -276,6 +276,10 @@ impl Replica {
             };
             let mut chunks = stream.ready_chunks(APPLY_CHUNK);
             while let Some(chunk) = chunks.next().await {
+                if chunk.iter().any(Result::is_ok) {
+                    self.heard_at_ms
+                        .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
+                }
                 let applied = {
                     let _turn = self.write_turn().await;
                     self.apply_chunk(chunk)
@@ -518,16 +522,18 @@ impl Replica {
             }
         }
         self.applied.send_replace(last);
-        self.heard_at_ms
-            .store(self.started.elapsed().as_millis() as u64, Ordering::Relaxed);
         metrics::gauge!("strata_frontend_applied_index", "tenant" => self.tenant.clone())
             .set(last as f64);
     }
 
-    /// Whether the replica applied a journal record (an idle tick at least) within `within`
+    /// Whether the replica received a journal record (an idle tick at least) within `within`
     /// (counted from its start before the first): false means the journal has no leader or
     /// cannot be reached from here.
     pub fn journal_heard_within(&self, within: Duration) -> bool {
+        // Records waiting for a long read to end (a snapshot of a large tenant) are no silence.
+        if *self.lock_apply_waiting() {
+            return true;
+        }
         let heard = Duration::from_millis(self.heard_at_ms.load(Ordering::Relaxed));
         self.started.elapsed().saturating_sub(heard) <= within
     }
@@ -750,6 +756,17 @@ mod tests {
         release_tx.send(()).unwrap();
         first.join().unwrap();
         assert_eq!(second.join().unwrap(), 1, "the second long read went first");
+    }
+
+    /// Journal silence is records not received; records held back behind a long read (a large
+    /// tenant's snapshot) are no silence.
+    #[tokio::test]
+    async fn a_wait_behind_a_long_read_is_no_journal_silence() {
+        let r = Replica::new("t", 0, store_after(1));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        assert!(!r.journal_heard_within(std::time::Duration::from_millis(10)));
+        *r.lock_apply_waiting() = true;
+        assert!(r.journal_heard_within(std::time::Duration::from_millis(10)));
     }
 
     /// A checkpoint reload does not fail the writers waiting meanwhile: an entry after the

@@ -138,18 +138,22 @@ impl Catalog {
         })
     }
 
-    /// The shard the tenant's newest manifest names, read leniently (see
-    /// `api::manifest::shard_named`); `None` if it has none or names none.
+    /// The shard the tenant's newest manifest that names one names, read leniently (see
+    /// `api::manifest::shard_named`); `None` if none does.
     pub async fn newest_manifest_shard(&self, tenant: &str) -> Result<Option<u32>> {
-        let Some(&seq) = self.manifest_seqs(tenant).await?.last() else {
-            return Ok(None);
-        };
-        let path = Path::from(manifest::manifest_path(tenant, seq)?);
-        match self.store.get(&path).await {
-            Ok(r) => Ok(manifest::shard_named(&r.bytes().await?)),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(e.into()),
+        for seq in self.manifest_seqs(tenant).await?.into_iter().rev() {
+            let path = Path::from(manifest::manifest_path(tenant, seq)?);
+            match self.store.get(&path).await {
+                Ok(r) => {
+                    if let Some(shard) = manifest::shard_named(&r.bytes().await?) {
+                        return Ok(Some(shard));
+                    }
+                }
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
+        Ok(None)
     }
 
     /// Writes a checkpoint object under a name never used before and returns the reference a

@@ -7,8 +7,12 @@ use std::time::Duration;
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 1_572_864;
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
-/// Default `--no-leader-after`.
-pub const DEFAULT_NO_LEADER_AFTER: Duration = Duration::from_secs(5);
+/// Default `--no-leader-after`: the journal's election (up to 2 s) plus this frontend noticing
+/// a leader that vanished without a word and re-opening its tail (up to ~6 s) must fit, or a
+/// journal failover would end every such stream just as it recovers.
+pub const DEFAULT_NO_LEADER_AFTER: Duration = Duration::from_secs(10);
+/// Shortest `--no-leader-after`: two of the journal's idle ticks (500 ms each).
+pub const MIN_NO_LEADER_AFTER: Duration = Duration::from_secs(1);
 /// The etcd version reported by `Maintenance.Status` unless configured.
 pub const DEFAULT_ETCD_VERSION: &str = "3.5.17";
 /// Room left in a journal entry for the envelope around a request (format version, tenant name
@@ -87,8 +91,8 @@ pub struct Config {
 
     /// Journal silence (not even an idle tick, which comes every 500 ms) after which streams
     /// opened with etcd's `hasleader` metadata end with "etcdserver: no leader" and new ones are
-    /// refused (etcd: three election timeouts), so clients move to another frontend.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    /// refused (etcd: three election timeouts), so clients move to another frontend; at least 1s.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub no_leader_after: Duration,
 
     /// Tuning: tail the journal from the shard's leader (true), which applies an entry as it
@@ -108,6 +112,8 @@ pub enum ConfigError {
     EmptyTenant,
     #[error("--max-request-bytes must be between 1 and {MAX_MAX_REQUEST_BYTES}, got {0}")]
     MaxRequestBytes(usize),
+    #[error("--no-leader-after must be at least {MIN_NO_LEADER_AFTER:?}, got {0:?}")]
+    NoLeaderAfter(Duration),
     #[error("--max-txn-ops must be between 1 and the apply-time limit {limit}, got {got}")]
     MaxTxnOps { got: usize, limit: usize },
     #[error("--etcd-version must look like 3.5.17, got {0:?}")]
@@ -148,6 +154,9 @@ impl Config {
         }
         if self.max_request_bytes == 0 || self.max_request_bytes > MAX_MAX_REQUEST_BYTES {
             return Err(ConfigError::MaxRequestBytes(self.max_request_bytes));
+        }
+        if self.no_leader_after < MIN_NO_LEADER_AFTER {
+            return Err(ConfigError::NoLeaderAfter(self.no_leader_after));
         }
         let limit = memstore::Config::default().max_txn_ops;
         if self.max_txn_ops == 0 || self.max_txn_ops > limit {
@@ -225,6 +234,8 @@ mod tests {
         assert!(matches!(c.validate(), Err(ConfigError::MaxRequestBytes(_))));
         c.max_request_bytes = MAX_MAX_REQUEST_BYTES;
         assert!(c.validate().is_ok());
+        c.no_leader_after = Duration::from_millis(500);
+        assert!(matches!(c.validate(), Err(ConfigError::NoLeaderAfter(_))));
     }
 
     #[test]

@@ -189,7 +189,7 @@ impl Lease for LeaseService {
         let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
         if require_leader {
             let t = t.clone();
-            crate::watch::end_without_leader(tx.clone(), move || t.has_leader());
+            crate::watch::end_without_leader(&tx, move || t.has_leader());
         }
         let stream_id = RequestId::random();
         let span =

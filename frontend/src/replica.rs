@@ -57,11 +57,23 @@ pub struct Replica {
     /// Reads of the whole store under way (`read_long`), and their end's signal.
     long_reads: std::sync::atomic::AtomicUsize,
     long_reads_done: tokio::sync::Notify,
-    /// Set while a write (an apply, a reload's swap) waits for long reads to end: no new one
-    /// starts meanwhile (`apply_turn_over` wakes them), so back-to-back long reads cannot hold
-    /// the apply loop off for good.
-    apply_waiting: Mutex<bool>,
-    apply_turn_over: std::sync::Condvar,
+    /// Long reads and writes taking turns (see `read_long`); `turn_over` wakes long reads
+    /// that waited for a write's turn.
+    turns: Mutex<Turns>,
+    turn_over: std::sync::Condvar,
+}
+
+/// Long reads and writes taking turns at the store.
+#[derive(Default)]
+struct Turns {
+    /// A write (an apply, a reload's swap) waits for long reads to end: no new one starts, so
+    /// back-to-back long reads cannot hold the apply loop off for good.
+    write_waiting: bool,
+    /// Write turns ended so far: a long read waits for at most one, so back-to-back applies
+    /// cannot hold it off either.
+    ended: u64,
+    /// Long reads waiting for a write's turn to end (none: no wake-up to send).
+    readers_waiting: usize,
 }
 
 /// A write's turn at the store (`Replica::write_turn`): ends, letting long reads start again,
@@ -70,8 +82,12 @@ struct WriteTurn<'a>(&'a Replica);
 
 impl Drop for WriteTurn<'_> {
     fn drop(&mut self) {
-        *self.0.lock_apply_waiting() = false;
-        self.0.apply_turn_over.notify_all();
+        let mut turns = self.0.lock_turns();
+        turns.write_waiting = false;
+        turns.ended += 1;
+        if turns.readers_waiting > 0 {
+            self.0.turn_over.notify_all();
+        }
     }
 }
 
@@ -104,8 +120,8 @@ impl Replica {
             checkpoints,
             long_reads: std::sync::atomic::AtomicUsize::new(0),
             long_reads_done: tokio::sync::Notify::new(),
-            apply_waiting: Mutex::new(false),
-            apply_turn_over: std::sync::Condvar::new(),
+            turns: Mutex::new(Turns::default()),
+            turn_over: std::sync::Condvar::new(),
         })
     }
 
@@ -159,12 +175,15 @@ impl Replica {
             }
         }
         {
-            let mut waiting = self.lock_apply_waiting();
-            while *waiting {
-                waiting = self
-                    .apply_turn_over
-                    .wait(waiting)
+            let mut turns = self.lock_turns();
+            let seen = turns.ended;
+            while turns.write_waiting && turns.ended == seen {
+                turns.readers_waiting += 1;
+                turns = self
+                    .turn_over
+                    .wait(turns)
                     .unwrap_or_else(|p| p.into_inner());
+                turns.readers_waiting -= 1;
             }
             self.long_reads.fetch_add(1, Ordering::AcqRel);
         }
@@ -172,16 +191,16 @@ impl Replica {
         f(&self.read())
     }
 
-    fn lock_apply_waiting(&self) -> std::sync::MutexGuard<'_, bool> {
-        // A plain flag: nothing a panic could leave half-done.
-        self.apply_waiting.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_turns(&self) -> std::sync::MutexGuard<'_, Turns> {
+        // Plain counters: nothing a panic could leave half-done.
+        self.turns.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Waits for the long reads under way to end, holding new ones back, before a write asks for
     /// the store's lock (see `read_long`). A long read that got in just before still makes the
     /// write wait for it, as before; it cannot make a read wrong.
     async fn write_turn(&self) -> WriteTurn<'_> {
-        *self.lock_apply_waiting() = true;
+        self.lock_turns().write_waiting = true;
         let turn = WriteTurn(self);
         self.long_reads_over().await;
         turn
@@ -531,7 +550,7 @@ impl Replica {
     /// cannot be reached from here.
     pub fn journal_heard_within(&self, within: Duration) -> bool {
         // Records waiting for a long read to end (a snapshot of a large tenant) are no silence.
-        if *self.lock_apply_waiting() {
+        if self.lock_turns().write_waiting {
             return true;
         }
         let heard = Duration::from_millis(self.heard_at_ms.load(Ordering::Relaxed));
@@ -743,7 +762,7 @@ mod tests {
             unreachable!()
         };
         log.append(0, vec![payload]).await.unwrap();
-        while !*r.lock_apply_waiting() {
+        while !r.lock_turns().write_waiting {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         // A second long read asked while the apply waits runs after it.
@@ -765,7 +784,7 @@ mod tests {
         let r = Replica::new("t", 0, store_after(1));
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         assert!(!r.journal_heard_within(std::time::Duration::from_millis(10)));
-        *r.lock_apply_waiting() = true;
+        r.lock_turns().write_waiting = true;
         assert!(r.journal_heard_within(std::time::Duration::from_millis(10)));
     }
 

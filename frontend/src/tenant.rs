@@ -108,9 +108,6 @@ impl Tenant {
         Ok(())
     }
 
-    /// Waits until the replica reflects every write committed before this call (shared
-    /// read-index round, then wait for apply), under one deadline: a timer is armed only if
-    /// the read has to wait at all, and then one, not one per step.
     /// etcd's "has a leader", for streams opened with its `hasleader` metadata (clientv3's lease
     /// keep-alives, kube-apiserver's and etcdctl's watches): false once the replica has heard
     /// nothing from the journal (not even an idle tick) for `no_leader_after`. etcd then ends
@@ -121,6 +118,9 @@ impl Tenant {
             .journal_heard_within(self.limits.no_leader_after)
     }
 
+    /// Waits until the replica reflects every write committed before this call (shared
+    /// read-index round, then wait for apply), under one deadline: a timer is armed only if
+    /// the read has to wait at all, and then one, not one per step.
     pub async fn barrier(&self) -> Result<(), Error> {
         self.check_replica()?;
         let mut index = 0;

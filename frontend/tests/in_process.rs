@@ -485,10 +485,24 @@ async fn watch_is_served_on_the_client_port() {
 #[tokio::test]
 async fn require_leader_streams_end_when_the_journal_falls_silent() {
     let config = Config {
-        no_leader_after: Duration::from_millis(1_000),
+        no_leader_after: Duration::from_millis(2_000),
         ..Config::for_test(vec!["unused".into()])
     };
     let mut h = start_with(config, MemLog::new()).await;
+    // The in-memory journal does not tick by itself: tick as the journal's idle tick does while
+    // it is "up".
+    let up = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let ticker = {
+        let (log, up) = (h.log.clone(), up.clone());
+        tokio::spawn(async move {
+            loop {
+                if up.load(std::sync::atomic::Ordering::Relaxed) {
+                    log.tick();
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
     let mut strict = Client::connect(
         [format!("http://{}", h.fe.client_addr)],
         Some(ConnectOptions::new().with_require_leader(true)),
@@ -506,7 +520,8 @@ async fn require_leader_streams_end_when_the_journal_falls_silent() {
         .watch("w", Some(WatchOptions::new().with_prefix()))
         .await
         .unwrap();
-    // The in-memory journal does not tick by itself: from here on it is silent.
+    // From here on the journal is silent.
+    up.store(false, std::sync::atomic::Ordering::Relaxed);
     let ended = tokio::time::timeout(WAIT, async {
         loop {
             match strict_watch.message().await {
@@ -546,7 +561,7 @@ async fn require_leader_streams_end_when_the_journal_falls_silent() {
     );
 
     // The journal is heard again: the stream that did not ask goes on, new ones are served.
-    h.log.tick();
+    up.store(true, std::sync::atomic::Ordering::Relaxed);
     h.client.put("w1", "v", None).await.unwrap();
     let event = tokio::time::timeout(WAIT, async {
         loop {
@@ -561,6 +576,7 @@ async fn require_leader_streams_end_when_the_journal_falls_silent() {
     assert_eq!(event, b"w1");
     let mut again = strict.watch("w", None).await.unwrap();
     drop((again.message(), plain_watch));
+    ticker.abort();
     h.fe.stop().await.unwrap();
 }
 

@@ -209,9 +209,10 @@ metrics-listen = "127.0.0.1:9102"
 
     #[test]
     fn json_works_too_and_defaults_fill_the_rest() {
-        let f = FileConfig::parse(r#"{"id": 1, "idle-tick": "1s", "join": true}"#, true).unwrap();
+        let f =
+            FileConfig::parse(r#"{"id": 1, "idle-tick": "400ms", "join": true}"#, true).unwrap();
         let c = f.node_config().unwrap();
-        assert_eq!(c.idle_tick, Duration::from_secs(1));
+        assert_eq!(c.idle_tick, Duration::from_millis(400));
         assert!(c.join);
         assert_eq!(c.shards, DEFAULT_SHARDS);
         assert_eq!(c.data_dir, PathBuf::from(DEFAULT_DATA_DIR));
@@ -255,7 +256,7 @@ metrics-listen = "127.0.0.1:9102"
         assert!(matches!(f.node_config(), Err(ConfigError::NotInPeers(4))));
         let f = FileConfig::parse("id = 1\n[peers]\nx = \"a:1\"\n", false).unwrap();
         assert!(matches!(f.node_config(), Err(ConfigError::PeerId(_))));
-        let f = FileConfig::parse("id = 1\nidle-tick = \"2s\"\n", false).unwrap();
+        let f = FileConfig::parse("id = 1\nidle-tick = \"1s\"\n", false).unwrap();
         assert!(matches!(f.node_config(), Err(ConfigError::IdleTick)));
         let f = FileConfig::parse("id = 1\nsegment-bytes = 10\n", false).unwrap();
         assert!(matches!(

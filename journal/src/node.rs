@@ -65,9 +65,9 @@ pub const MAX_READ_LEASE: Duration = Duration::from_millis(ELECTION_TIMEOUT_MAX_
 pub const DEFAULT_IDLE_TICK: Duration = Duration::from_millis(500);
 /// Longest accepted idle tick. Replicas count at most 1 s of journal time between two
 /// consecutive stamps towards lease expiry (a longer gap is an outage: memstore's
-/// `DEFAULT_LEASE_CLOCK_MAX_STEP_MS`), so an idle shard must be stamped at least that often or
-/// its leases would age slower than time.
-pub const MAX_IDLE_TICK: Duration = Duration::from_secs(1);
+/// `DEFAULT_LEASE_CLOCK_MAX_STEP_MS`), so an idle shard must be stamped well within that (timer
+/// lateness and stamping add to the tick) or its leases would age slower than time.
+pub const MAX_IDLE_TICK: Duration = Duration::from_millis(500);
 
 /// Why a node could not start or serve.
 #[derive(Debug, thiserror::Error)]

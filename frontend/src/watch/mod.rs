@@ -109,17 +109,19 @@ pub fn requires_leader(metadata: &tonic::metadata::MetadataMap) -> bool {
 }
 
 /// For a stream that requires a leader: ends it (the item `no_leader` sent to `tx`) once
-/// `has_leader` turns false, checking every `LEADER_CHECK_EVERY`; stops when the stream closes.
+/// `has_leader` turns false, checking every `LEADER_CHECK_EVERY`. It holds `tx` weakly, so the
+/// stream still ends when its producer does, and it stops then.
 pub fn end_without_leader<T: Send + 'static>(
-    tx: tokio::sync::mpsc::Sender<Result<T, tonic::Status>>,
+    tx: &tokio::sync::mpsc::Sender<Result<T, tonic::Status>>,
     has_leader: impl Fn() -> bool + Send + 'static,
 ) {
+    let tx = tx.downgrade();
     tokio::spawn(async move {
         loop {
-            tokio::select! {
-                _ = tx.closed() => return,
-                _ = tokio::time::sleep(LEADER_CHECK_EVERY) => {}
-            }
+            tokio::time::sleep(LEADER_CHECK_EVERY).await;
+            let Some(tx) = tx.upgrade() else {
+                return;
+            };
             if !has_leader() {
                 let _ = tx.send(Err(no_leader())).await;
                 return;

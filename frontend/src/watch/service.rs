@@ -54,7 +54,7 @@ impl<S: WatchSource> Watch for WatchService<S> {
         let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
         if require_leader {
             let source = self.source.clone();
-            end_without_leader(tx.clone(), move || source.has_leader(&metadata));
+            end_without_leader(&tx, move || source.has_leader(&metadata));
         }
         tokio::spawn(run_stream(target, self.config.clone(), input, tx));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))

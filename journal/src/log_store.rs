@@ -238,9 +238,9 @@ impl LogShared {
             rx.wait_for(|s| s.is_some_and(|f| f.index >= index)),
         )
         .await;
-        match waited {
-            Ok(Ok(floor)) => Ok(floor.expect("waited for a snapshot")),
-            _ => Err(sio(&std::io::Error::other(format!(
+        match waited.ok().and_then(Result::ok).and_then(|floor| *floor) {
+            Some(floor) => Ok(floor),
+            None => Err(sio(&std::io::Error::other(format!(
                 "purge up to entry {index}, past the whole log, but no durable snapshot covers it"
             )))),
         }

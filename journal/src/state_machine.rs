@@ -109,6 +109,17 @@ impl StateMachine {
         })
     }
 
+    /// Writes the snapshot file durably (the caller holds the state lock: a build and an
+    /// install write the same temporary file) and tells the log what it now covers: a purge past
+    /// the log waits for that (`LogShared::snapshot_covering`).
+    fn write_snapshot(&self, blob: &SnapshotBlob) -> Result<(), StorageError<NodeId>> {
+        write_durable(&self.shared.path, blob).map_err(|e| serr(&e))?;
+        if let Some(floor) = blob.floor() {
+            self.shared.log.snapshot_persisted(floor);
+        }
+        Ok(())
+    }
+
     fn effective_membership(
         st: &SmState,
         index: Option<u64>,
@@ -152,10 +163,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     next_record: h.end_record(),
                     trimmed_below: target,
                 };
-                write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
-                if let Some(floor) = blob.floor() {
-                    self.shared.log.snapshot_persisted(floor);
-                }
+                self.write_snapshot(&blob)?;
                 // Older membership entries than the snapshot's are no longer needed.
                 let keep_from = st
                     .memberships
@@ -171,7 +179,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     // The trim moved within the entry the last snapshot kept: remember it.
                     let mut next = b.clone();
                     next.trimmed_below = target;
-                    write_durable(&self.shared.path, &next).map_err(|e| serr(&e))?;
+                    self.write_snapshot(&next)?;
                     *b = next.clone();
                     next
                 }
@@ -189,10 +197,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                         next_record: *self.shared.applied_end.borrow(),
                         trimmed_below: 0,
                     };
-                    write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
-                    if let Some(floor) = blob.floor() {
-                        self.shared.log.snapshot_persisted(floor);
-                    }
+                    self.write_snapshot(&blob)?;
                     st.snapshot = Some(blob.clone());
                     blob
                 }
@@ -308,12 +313,9 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Under the state lock, as `build_snapshot` writes: the two write the same temporary
         // file, and openraft may run a build (after a trim entry) while it installs.
         let mut st = lock(&self.shared.state);
-        write_durable(&self.shared.path, &blob).map_err(|e| serr(&e))?;
+        self.write_snapshot(&blob)?;
         self.shared.log.set_floor_time_ms(blob.time_ms);
         self.shared.log.set_floor_record(blob.next_record);
-        if let Some(floor) = blob.floor() {
-            self.shared.log.snapshot_persisted(floor);
-        }
         st.last_applied = meta.last_log_id;
         st.memberships = vec![meta.last_membership.clone()];
         let end = blob.next_record;

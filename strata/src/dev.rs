@@ -403,8 +403,10 @@ fn free_loopback_addr() -> anyhow::Result<SocketAddr> {
         }
         for _ in 0..span.min(1024) {
             let offset = CURSOR.fetch_add(1, Ordering::Relaxed) % span;
-            let port = first + u16::try_from(offset).expect("offset is below the span");
-            if let Ok(l) = TcpListener::bind(("127.0.0.1", port)) {
+            let Ok(offset) = u16::try_from(offset) else {
+                continue;
+            };
+            if let Ok(l) = TcpListener::bind(("127.0.0.1", first + offset)) {
                 return l.local_addr().context("local address");
             }
         }

@@ -255,6 +255,7 @@ impl Replica {
             replica: self,
             request_id,
             rx,
+            answered: false,
         }
     }
 
@@ -608,24 +609,32 @@ pub struct Pending<'a> {
     replica: &'a Replica,
     request_id: &'a [u8],
     rx: oneshot::Receiver<Applied>,
+    /// The outcome came: the replica already took the waiter out (no lock to take at drop).
+    answered: bool,
 }
 
 impl Pending<'_> {
     /// The outcome, once the replica applied the entry; an error if the replica dropped every
     /// waiter (it stopped).
     pub async fn outcome(&mut self) -> Result<Applied, oneshot::error::RecvError> {
-        (&mut self.rx).await
+        let outcome = (&mut self.rx).await;
+        self.answered = outcome.is_ok();
+        outcome
     }
 
     /// The outcome if it has already arrived.
     pub fn arrived(&mut self) -> Option<Applied> {
-        self.rx.try_recv().ok()
+        let outcome = self.rx.try_recv().ok();
+        self.answered |= outcome.is_some();
+        outcome
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
-        self.replica.lock_waiters().remove(self.request_id);
+        if !self.answered {
+            self.replica.lock_waiters().remove(self.request_id);
+        }
     }
 }
 
@@ -694,18 +703,20 @@ mod tests {
         }
     }
 
-    /// While a long read holds the store, the apply loop waits for it without queueing for the
-    /// write lock: a queued writer would hold back every other reader (std's lock lets a waiting
-    /// writer go first), which `try_read` shows at once.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_long_read_does_not_hold_other_readers_back_behind_the_apply_loop() {
+    /// A replica tailing an in-memory journal, a long read holding its store (until `release`
+    /// is sent), and a put appended to the journal meanwhile.
+    async fn long_read_held_while_a_put_arrives() -> (
+        Arc<Replica>,
+        std::thread::JoinHandle<()>,
+        std::sync::mpsc::Sender<()>,
+    ) {
         use crate::log::Log;
         let log = crate::log::MemLog::new();
         let r = Replica::new("t", 0, MemStore::new(Default::default()));
         tokio::spawn(r.clone().run(Arc::new(log.clone())));
         let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let long = {
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let held = {
             let r = r.clone();
             std::thread::spawn(move || {
                 r.read_long(|_| {
@@ -720,6 +731,15 @@ mod tests {
             unreachable!()
         };
         log.append(0, vec![payload]).await.unwrap();
+        (r, held, release)
+    }
+
+    /// While a long read holds the store, the apply loop waits for it without queueing for the
+    /// write lock: a queued writer would hold back every other reader (std's lock lets a waiting
+    /// writer go first), which `try_read` shows at once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_read_does_not_hold_other_readers_back_behind_the_apply_loop() {
+        let (r, long, release_tx) = long_read_held_while_a_put_arrives().await;
         let watch_until = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while std::time::Instant::now() < watch_until {
             assert!(
@@ -741,27 +761,7 @@ mod tests {
     /// it waits, a new long read waits for its turn to end.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn overlapping_long_reads_do_not_hold_the_apply_loop_off() {
-        use crate::log::Log;
-        let log = crate::log::MemLog::new();
-        let r = Replica::new("t", 0, MemStore::new(Default::default()));
-        tokio::spawn(r.clone().run(Arc::new(log.clone())));
-        let (started_tx, started_rx) = std::sync::mpsc::channel();
-        let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-        let first = {
-            let r = r.clone();
-            std::thread::spawn(move || {
-                r.read_long(|_| {
-                    started_tx.send(()).unwrap();
-                    release_rx.recv().unwrap();
-                })
-            })
-        };
-        started_rx.recv().unwrap();
-        let Some(api::strata::journal::record::Kind::Data(payload)) = put_record(1, b"w").kind
-        else {
-            unreachable!()
-        };
-        log.append(0, vec![payload]).await.unwrap();
+        let (r, first, release_tx) = long_read_held_while_a_put_arrives().await;
         while !r.lock_turns().write_waiting {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }

@@ -112,8 +112,8 @@ impl StateMachine {
     /// Writes the snapshot file durably (the caller holds the state lock: a build and an
     /// install write the same temporary file) and tells the log what it now covers: a purge past
     /// the log waits for that (`LogShared::snapshot_covering`).
-    fn write_snapshot(&self, blob: &SnapshotBlob) -> Result<(), StorageError<NodeId>> {
-        write_durable(&self.shared.path, blob).map_err(|e| serr(&e))?;
+    fn write_snapshot(&self, blob: &SnapshotBlob) -> Result<(), MetaError> {
+        write_durable(&self.shared.path, blob)?;
         if let Some(floor) = blob.floor() {
             self.shared.log.snapshot_persisted(floor);
         }
@@ -163,7 +163,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     next_record: h.end_record(),
                     trimmed_below: target,
                 };
-                self.write_snapshot(&blob)?;
+                self.write_snapshot(&blob).map_err(|e| serr(&e))?;
                 // Older membership entries than the snapshot's are no longer needed.
                 let keep_from = st
                     .memberships
@@ -179,7 +179,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                     // The trim moved within the entry the last snapshot kept: remember it.
                     let mut next = b.clone();
                     next.trimmed_below = target;
-                    self.write_snapshot(&next)?;
+                    self.write_snapshot(&next).map_err(|e| serr(&e))?;
                     *b = next.clone();
                     next
                 }
@@ -197,7 +197,7 @@ impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
                         next_record: *self.shared.applied_end.borrow(),
                         trimmed_below: 0,
                     };
-                    self.write_snapshot(&blob)?;
+                    self.write_snapshot(&blob).map_err(|e| serr(&e))?;
                     st.snapshot = Some(blob.clone());
                     blob
                 }
@@ -313,7 +313,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         // Under the state lock, as `build_snapshot` writes: the two write the same temporary
         // file, and openraft may run a build (after a trim entry) while it installs.
         let mut st = lock(&self.shared.state);
-        self.write_snapshot(&blob)?;
+        self.write_snapshot(&blob).map_err(|e| serr(&e))?;
         self.shared.log.set_floor_time_ms(blob.time_ms);
         self.shared.log.set_floor_record(blob.next_record);
         st.last_applied = meta.last_log_id;

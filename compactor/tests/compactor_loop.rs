@@ -246,6 +246,45 @@ async fn manifests(catalog: &Catalog) -> Vec<(String, u64, u32)> {
     out
 }
 
+/// A compactor of shard `SHARD` (whose loop is expected to stop on an error) and shard 1, where
+/// tenant "other" writes `rounds` times 150 entries, each checkpointed; answers both shards'
+/// status once shard `SHARD` restarted twice, and requires shard 1 never to have restarted.
+async fn blocked_shard_beside_another(
+    journal: &MemJournal,
+    catalog: &Catalog,
+    seed: u64,
+    rounds: usize,
+) -> (compactor::ShardStatus, compactor::ShardStatus) {
+    const OTHER_SHARD: u32 = 1;
+    let mut other = History::new(journal.clone(), OTHER_SHARD, &["other"], seed);
+    let c = Compactor::spawn(
+        Config {
+            shards: vec![SHARD, OTHER_SHARD],
+            ..config()
+        },
+        journal.clone(),
+        catalog.clone(),
+    );
+    let mut st0 = c.status(SHARD).unwrap();
+    let mut st1 = c.status(OTHER_SHARD).unwrap();
+    for _ in 0..rounds {
+        other.write(150);
+        let last = other.last_index();
+        wait_status(&mut st1, "the other shard's checkpoints", |s| {
+            covers_all(s, &["other"], last)
+        })
+        .await;
+    }
+    let s0 = wait_status(&mut st0, "the blocked shard's restarts", |s| {
+        s.restarts >= 2
+    })
+    .await;
+    let s1 = st1.borrow().clone();
+    c.shutdown().await;
+    assert_eq!(s1.restarts, 0, "{s1:?}");
+    (s0, s1)
+}
+
 /// A tenant whose checkpoints are all unusable blocks its own shard's loop; the compactor's other
 /// shard (whose journal was never trimmed) must not take the tenant over and publish it empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,39 +304,13 @@ async fn a_tenant_with_no_usable_checkpoint_is_not_adopted_by_another_shard() {
     }
     let before = manifests(&catalog).await;
 
-    const OTHER_SHARD: u32 = 1;
-    let mut other = History::new(journal.clone(), OTHER_SHARD, &["other"], 59);
-    let c = Compactor::spawn(
-        Config {
-            shards: vec![SHARD, OTHER_SHARD],
-            ..config()
-        },
-        journal.clone(),
-        catalog.clone(),
-    );
-    let mut st0 = c.status(SHARD).unwrap();
-    let mut st1 = c.status(OTHER_SHARD).unwrap();
-    for _ in 0..3 {
-        other.write(150);
-        let last = other.last_index();
-        wait_status(&mut st1, "the other shard's checkpoints", |s| {
-            covers_all(s, &["other"], last)
-        })
-        .await;
-    }
-    let s0 = wait_status(&mut st0, "the blocked shard's restarts", |s| {
-        s.restarts >= 2
-    })
-    .await;
+    let (s0, s1) = blocked_shard_beside_another(&journal, &catalog, 59, 3).await;
     assert!(
         s0.last_error
             .as_deref()
             .is_some_and(|e| e.contains("checkpoint")),
         "{s0:?}"
     );
-    let s1 = st1.borrow().clone();
-    c.shutdown().await;
-    assert_eq!(s1.restarts, 0, "{s1:?}");
     assert!(
         TENANTS.iter().all(|t| !s1.checkpoints.contains_key(*t)),
         "the other shard published a tenant that is not its own: {s1:?}"
@@ -354,29 +367,6 @@ async fn unreadable_manifests_stop_the_loop_instead_of_starting_the_tenant_empty
     );
 
     // They name shard 0: another shard of the same compactor goes on as usual.
-    const OTHER_SHARD: u32 = 1;
-    let mut other = History::new(journal.clone(), OTHER_SHARD, &["other"], 67);
-    let c = Compactor::spawn(
-        Config {
-            shards: vec![SHARD, OTHER_SHARD],
-            ..config()
-        },
-        journal.clone(),
-        catalog.clone(),
-    );
-    let mut st0 = c.status(SHARD).unwrap();
-    let mut st1 = c.status(OTHER_SHARD).unwrap();
-    other.write(150);
-    let last = other.last_index();
-    wait_status(&mut st1, "the other shard's checkpoints", |s| {
-        covers_all(s, &["other"], last)
-    })
-    .await;
-    wait_status(&mut st0, "the blocked shard's restarts", |s| {
-        s.restarts >= 2
-    })
-    .await;
-    let s1 = st1.borrow().clone();
-    c.shutdown().await;
+    let (_, s1) = blocked_shard_beside_another(&journal, &catalog, 67, 1).await;
     assert_eq!(s1.restarts, 0, "{s1:?}");
 }

@@ -477,6 +477,23 @@ async fn watch_is_served_on_the_client_port() {
     h.fe.stop().await.unwrap();
 }
 
+/// The status a response stream ends with (its messages skipped), within `WAIT`.
+macro_rules! status_at_end {
+    ($stream:expr, $what:literal) => {
+        tokio::time::timeout(WAIT, async {
+            loop {
+                match $stream.message().await {
+                    Ok(Some(_)) => continue,
+                    Ok(None) => panic!(concat!($what, " ended without a status")),
+                    Err(e) => return e,
+                }
+            }
+        })
+        .await
+        .expect(concat!($what, " ended"))
+    };
+}
+
 /// etcd's require-leader streams (`hasleader` metadata, as clientv3's keep-alives and
 /// kube-apiserver's watches send it): once the frontend has heard nothing from the journal (not
 /// even an idle tick) for `--no-leader-after`, such watch and keep-alive streams end with
@@ -522,43 +539,16 @@ async fn require_leader_streams_end_when_the_journal_falls_silent() {
         .unwrap();
     // From here on the journal is silent.
     up.store(false, std::sync::atomic::Ordering::Relaxed);
-    let ended = tokio::time::timeout(WAIT, async {
-        loop {
-            match strict_watch.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => panic!("the watch ended without a status"),
-                Err(e) => return e,
-            }
-        }
-    })
-    .await
-    .expect("the require-leader watch ended");
+    let no_leader = (Code::Unavailable, "etcdserver: no leader".to_string());
+    assert_eq!(code(status_at_end!(strict_watch, "the watch")), no_leader);
     assert_eq!(
-        code(ended),
-        (Code::Unavailable, "etcdserver: no leader".to_string())
-    );
-    let ended = tokio::time::timeout(WAIT, async {
-        loop {
-            match keep_alive.message().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => panic!("the keep-alive stream ended without a status"),
-                Err(e) => return e,
-            }
-        }
-    })
-    .await
-    .expect("the require-leader keep-alive stream ended");
-    assert_eq!(
-        code(ended),
-        (Code::Unavailable, "etcdserver: no leader".to_string())
+        code(status_at_end!(keep_alive, "the keep-alive stream")),
+        no_leader
     );
     let Err(refused) = strict.watch("w", None).await else {
         panic!("a require-leader watch was accepted without a leader");
     };
-    assert_eq!(
-        code(refused),
-        (Code::Unavailable, "etcdserver: no leader".to_string())
-    );
+    assert_eq!(code(refused), no_leader);
 
     // The journal is heard again: the stream that did not ask goes on, new ones are served.
     up.store(true, std::sync::atomic::Ordering::Relaxed);

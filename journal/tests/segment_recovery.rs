@@ -209,16 +209,21 @@ fn corruption_in_an_older_segment_refuses_to_open() {
     }
 }
 
-#[test]
-fn corruption_before_valid_records_of_the_last_segment_refuses_to_open() {
-    let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
+/// A log in `dir` holding 20 synced records of 40 bytes, and its model.
+fn twenty_synced_records(dir: &Path) -> (SegmentLog, Vec<Vec<u8>>) {
+    let (mut log, _) = SegmentLog::open(dir, 0, 0, 0).unwrap();
     let mut model = Vec::new();
     for i in 0..20u8 {
         append(&mut log, &mut model, 0, vec![vec![i; 40]]);
     }
     log.sync().unwrap();
-    drop(log);
+    (log, model)
+}
+
+#[test]
+fn corruption_before_valid_records_of_the_last_segment_refuses_to_open() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(twenty_synced_records(dir.path()));
     let seg = last_segment(dir.path());
     let mut b = std::fs::read(&seg).unwrap();
     b[8 + 8 + 48 + 3] ^= 0xff; // inside the first record's payload
@@ -235,12 +240,7 @@ fn corruption_before_valid_records_of_the_last_segment_refuses_to_open() {
 #[test]
 fn a_frame_shaped_value_inside_a_torn_tail_is_not_taken_for_a_later_frame() {
     let dir = tempfile::tempdir().unwrap();
-    let (mut log, _) = SegmentLog::open(dir.path(), 0, 0, 0).unwrap();
-    let mut model = Vec::new();
-    for i in 0..20u8 {
-        append(&mut log, &mut model, 0, vec![vec![i; 40]]);
-    }
-    log.sync().unwrap();
+    let (mut log, mut model) = twenty_synced_records(dir.path());
     let mut inner = Vec::new();
     encode_frame(&mut inner, &header(1 << 35), b"crafted");
     let mut value = vec![0u8; 100];

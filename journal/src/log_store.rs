@@ -719,6 +719,19 @@ mod tests {
         openraft::LogId::new(openraft::CommittedLeaderId::new(term, node), index)
     }
 
+    /// A shard's storage in a new directory holding `n` entries (`write_entries`), and a log
+    /// store over it.
+    fn opened_with(n: u64) -> (tempfile::TempDir, Arc<LogShared>, LogStore) {
+        let dir = tempfile::tempdir().unwrap();
+        write_entries(dir.path(), n);
+        let (shared, _) =
+            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
+        let store = LogStore {
+            shared: Arc::clone(&shared),
+        };
+        (dir, shared, store)
+    }
+
     /// Writes `n` blank entries of term 2 by node 1 straight into the shard's segments.
     fn write_entries(dir: &Path, n: u64) {
         let (mut log, _) = SegmentLog::open(dir, 0, 0, 0).unwrap();
@@ -796,13 +809,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_purge_past_the_log_waits_for_the_snapshot_that_covers_it() {
         use openraft::storage::RaftLogStorage;
-        let dir = tempfile::tempdir().unwrap();
-        write_entries(dir.path(), 10);
-        let (shared, _) =
-            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
-        let mut store = LogStore {
-            shared: Arc::clone(&shared),
-        };
+        let (dir, shared, mut store) = opened_with(10);
         assert!(store.purge(log_id(3, 2, 50)).await.is_err());
         assert_eq!(lock(&shared.meta).purged, None);
         let meta_file: Option<Meta> = read_durable(&dir.path().join(META_FILE)).unwrap();
@@ -836,13 +843,7 @@ mod tests {
     #[tokio::test]
     async fn an_fsync_from_before_a_truncation_does_not_raise_the_flush() {
         use openraft::storage::RaftLogStorage;
-        let dir = tempfile::tempdir().unwrap();
-        write_entries(dir.path(), 3);
-        let (shared, _) =
-            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
-        let mut store = LogStore {
-            shared: Arc::clone(&shared),
-        };
+        let (_dir, shared, mut store) = opened_with(3);
         // What `sync_written` records before its fsync.
         let started = Written {
             next_index: shared.next_index(),
@@ -861,13 +862,7 @@ mod tests {
     #[tokio::test]
     async fn what_a_truncation_leaves_counts_as_flushed() {
         use openraft::storage::RaftLogStorage;
-        let dir = tempfile::tempdir().unwrap();
-        write_entries(dir.path(), 5);
-        let (shared, _) =
-            LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
-        let mut store = LogStore {
-            shared: Arc::clone(&shared),
-        };
+        let (_dir, shared, mut store) = opened_with(5);
         // As if entries 1.. had been written but not yet synced.
         shared.flushed.send_replace(1);
         store.truncate(log_id(2, 1, 3)).await.unwrap();

@@ -23,6 +23,11 @@ pub enum Error {
     /// apply it in time; the outcome is unknown to the client, as with etcd's timeout.
     #[error("replica did not apply index {index} in time")]
     Timeout { index: u64 },
+    /// The request's entry was applied at `revision`, but its answer is gone (a checkpoint
+    /// reload covered the entry before this replica applied it): the client learns what a
+    /// timeout tells it, and re-reads, as after any unknown outcome.
+    #[error("entry applied at revision {revision}; its outcome was not seen by this replica")]
+    OutcomeUnknown { revision: i64 },
     /// The replica stopped (see `ReplicaState::Failed`).
     #[error("replica stopped: {0}")]
     ReplicaFailed(String),
@@ -111,7 +116,9 @@ impl From<Error> for Status {
                 Status::unavailable(msg::UNHEALTHY)
             }
             Error::RequestTooLarge { .. } => Status::invalid_argument(msg::REQUEST_TOO_LARGE),
-            Error::Timeout { .. } => Status::unavailable(msg::TIMEOUT),
+            Error::Timeout { .. } | Error::OutcomeUnknown { .. } => {
+                Status::unavailable(msg::TIMEOUT)
+            }
             Error::Stopped => Status::unavailable(msg::STOPPED),
             Error::UnknownTenant(t) => own(
                 Code::NotFound,
@@ -232,11 +239,16 @@ mod tests {
             (s.code(), s.message()),
             (Code::InvalidArgument, "etcdserver: request is too large")
         );
-        let s = status(Error::Timeout { index: 3 });
-        assert_eq!(
-            (s.code(), s.message()),
-            (Code::Unavailable, "etcdserver: request timed out")
-        );
+        for e in [
+            Error::Timeout { index: 3 },
+            Error::OutcomeUnknown { revision: 4 },
+        ] {
+            let s = status(e);
+            assert_eq!(
+                (s.code(), s.message()),
+                (Code::Unavailable, "etcdserver: request timed out")
+            );
+        }
         let s = status(LogError::Unavailable("down".into()));
         assert_eq!(s.code(), Code::Unavailable);
         let s = status(Error::Stopped);

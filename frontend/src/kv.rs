@@ -83,16 +83,20 @@ pub(crate) async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<Pu
     // etcd's gRPC layer validates the request before the server sizes its Raft proposal.
     memstore::validate::put(&req)?;
     t.check_size(req.encoded_len())?;
+    let wants_prev_kv = req.prev_kv;
     let applied = t.propose(&id, Intent::Put(req)).await?;
     match applied.outcome {
         Outcome::Put(mut r) => {
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Ok(PutResponse {
+        // Applied once before (see `Error::OutcomeUnknown`): a put's answer is its revision,
+        // unless the client asked for the previous key-value, which is gone.
+        Outcome::Duplicate { revision } if !wants_prev_kv => Ok(PutResponse {
             header: Some(t.header(revision)),
             ..Default::default()
         }),
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Put")),
     }
@@ -111,10 +115,8 @@ pub(crate) async fn delete_range(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Ok(DeleteRangeResponse {
-            header: Some(t.header(revision)),
-            ..Default::default()
-        }),
+        // How many keys it deleted is gone with the outcome.
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("DeleteRange")),
     }
@@ -133,10 +135,8 @@ pub(crate) async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<Tx
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Ok(TxnResponse {
-            header: Some(t.header(revision)),
-            ..Default::default()
-        }),
+        // Which branch ran (and what it answered) is gone with the outcome.
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Txn")),
     }

@@ -67,6 +67,7 @@ async fn grant(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("LeaseGrant")),
     }
@@ -110,6 +111,7 @@ async fn keep_alive(
             id: lease,
             ttl: 0,
         }),
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("LeaseKeepAlive")),
     }

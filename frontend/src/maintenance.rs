@@ -68,10 +68,8 @@ async fn alarm(t: &Tenant, id: RequestId, req: AlarmRequest) -> Result<AlarmResp
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Ok(AlarmResponse {
-            header: Some(t.header(revision)),
-            alarms: Vec::new(),
-        }),
+        // The alarms it activated or deactivated are gone with the outcome.
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Alarm")),
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use futures::StreamExt;
-use memstore::{Applied, MemStore};
+use memstore::{Applied, MemStore, Outcome};
 use tokio::sync::{oneshot, watch};
 
 use crate::log::{Log, LogError};
@@ -422,9 +422,11 @@ impl Replica {
     /// caught up from history as usual). When `new`'s history no longer reaches back that far,
     /// every watcher is caught up from `new` instead, which cancels it as compacted: a watcher
     /// never silently misses an event.
-    /// Writers still waiting keep waiting: an entry after the checkpoint's index is applied next
-    /// and answered as usual; one the checkpoint already covers is never answered, and its writer
-    /// times out (its entry may or may not have been applied, as after any timeout).
+    /// Writers still waiting keep waiting when their entry comes after the checkpoint's index
+    /// (it is applied next and answered as usual). A writer whose entry the checkpoint covers is
+    /// answered at once, `Outcome::Duplicate` with the revision it was applied at, when the
+    /// checkpoint's de-duplication window remembers its request id; the frontend's edge answers
+    /// what that revision alone can say. One the window no longer remembers times out as before.
     fn swap(&self, new: MemStore) -> Result<(), String> {
         let mut store = self
             .store
@@ -470,8 +472,35 @@ impl Replica {
             next = last + 1;
         }
         self.hub.notify(to, &[]);
+        let covered: Vec<_> = {
+            let mut waiters = self.lock_waiters();
+            let ids: Vec<(Vec<u8>, i64)> = waiters
+                .keys()
+                .filter_map(|id| store.applied_request(id).map(|rev| (id.clone(), rev)))
+                .collect();
+            ids.into_iter()
+                .filter_map(|(id, rev)| waiters.remove(&id).map(|w| (w, rev)))
+                .collect()
+        };
         drop(store);
         self.applied.send_replace(index);
+        if !covered.is_empty() {
+            tracing::info!(
+                tenant = %self.tenant,
+                shard = self.shard,
+                writers = covered.len(),
+                index,
+                "writers whose entries the checkpoint covers are answered from its request ids"
+            );
+        }
+        for (w, revision) in covered {
+            let _ = w.send(Applied {
+                index,
+                revision,
+                outcome: Outcome::Duplicate { revision },
+                events: Vec::new(),
+            });
+        }
         Ok(())
     }
 
@@ -789,23 +818,36 @@ mod tests {
     }
 
     /// A checkpoint reload does not fail the writers waiting meanwhile: an entry after the
-    /// checkpoint is answered when applied; one it covers stays unanswered (its writer times out).
+    /// checkpoint is answered when applied; one it covers is answered at once with the revision
+    /// it was applied at (the checkpoint's request ids say so); one whose id the checkpoint does
+    /// not know stays unanswered (its writer times out).
     #[test]
     fn a_reload_keeps_writers_waiting() {
         let r = Replica::new("t", 0, store_after(3));
-        let (after, covered) = (b"after".as_slice(), b"covered".as_slice());
+        // `store_after` gives entry i the request id i (little-endian) and revision i + 1.
+        let covered = 7u64.to_le_bytes();
+        let (after, unknown) = (b"after".as_slice(), b"unknown".as_slice());
         let mut waits_after = r.expect(after);
-        let mut waits_covered = r.expect(covered);
+        let mut waits_covered = r.expect(&covered);
+        let mut waits_unknown = r.expect(unknown);
         r.swap(store_after(10)).unwrap();
+        let answered = waits_covered
+            .arrived()
+            .expect("a covered entry is answered by the reload");
+        assert_eq!(answered.outcome, Outcome::Duplicate { revision: 8 });
+        assert_eq!(answered.revision, 8);
+        assert!(waits_after.arrived().is_none());
         assert!(r.apply_chunk(vec![Ok(put_record(11, after))]).is_ok());
         let applied = waits_after
             .arrived()
             .expect("the entry after the checkpoint is answered");
         assert_eq!(applied.index, 11);
-        assert!(waits_covered.arrived().is_none());
+        assert!(matches!(applied.outcome, Outcome::Put(_)));
+        assert!(waits_unknown.arrived().is_none());
         assert_eq!(r.waiting(), 1);
         drop(waits_after);
         drop(waits_covered);
+        drop(waits_unknown);
         assert_eq!(r.waiting(), 0);
     }
 

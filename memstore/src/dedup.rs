@@ -238,7 +238,6 @@ fn place(slots: &mut [Slot], horizon: i64, mut cur: Slot) {
 
 impl Dedup {
     /// The revision of the first apply of `id`, if it is remembered.
-    #[cfg(test)]
     pub fn get(&self, id: &[u8]) -> Option<i64> {
         self.look_up(id).err()
     }

@@ -395,6 +395,14 @@ impl MemStore {
         self.state.time_ms
     }
 
+    /// The revision at which the entry carrying `request_id` was applied, while the
+    /// de-duplication window still remembers it (`Config::request_id_window_ms`): how a
+    /// frontend learns that a write whose outcome it never saw (a checkpoint covered it) was
+    /// applied all the same.
+    pub fn applied_request(&self, request_id: &[u8]) -> Option<i64> {
+        self.state.dedup.get(request_id)
+    }
+
     pub fn stats(&self) -> Stats {
         let k = &self.state.keys;
         Stats {

@@ -969,7 +969,15 @@ fn request_ids_are_applied_once_within_the_window() {
     let again = h.apply_with_id(Request::Put(put("a", "1")), id.clone());
     assert_eq!(again.outcome, Outcome::Duplicate { revision: 2 });
     assert_eq!(h.get("a").unwrap().value, b"2");
+    assert_eq!(h.store.applied_request(&id), Some(2));
+    assert_eq!(h.store.applied_request(&[2u8; 16]), None);
+    assert_eq!(h.store.applied_request(b"short id"), None);
     h.tick(memstore::DEFAULT_REQUEST_ID_WINDOW_MS + 1);
+    assert_eq!(
+        h.store.applied_request(&id),
+        None,
+        "outside the window the id is forgotten"
+    );
     let later = h.apply_with_id(Request::Put(put("a", "1")), id);
     assert!(
         matches!(later.outcome, Outcome::Put(_)),

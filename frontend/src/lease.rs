@@ -153,6 +153,62 @@ async fn leases(t: &Tenant) -> Result<LeaseLeasesResponse, Error> {
     Ok(r)
 }
 
+/// Keep-alives of one stream journalled at once (answered in the order they came): a client
+/// holding thousands of leases on one stream (clientv3 sends each lease's keep-alive on its
+/// client's one stream) is not held to one journal round trip per lease.
+pub const KEEPALIVE_PIPELINE: usize = 64;
+
+/// Serves one keep-alive stream: up to `KEEPALIVE_PIPELINE` requests in flight, answers sent in
+/// request order. Ends after the first error answer, when the client ends its side (once the
+/// keep-alives in flight are answered) or goes away.
+async fn serve_keep_alives<S>(
+    t: Arc<Tenant>,
+    mut incoming: S,
+    tx: mpsc::Sender<Result<LeaseKeepAliveResponse, Status>>,
+) where
+    S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin,
+{
+    let one = |req: LeaseKeepAliveRequest| {
+        let t = &t;
+        async move {
+            let id = RequestId::random();
+            let start = Instant::now();
+            let out = keep_alive(t, id, req)
+                .instrument(tracing::debug_span!("keep_alive", request_id = %id))
+                .await
+                .map_err(handled);
+            observe(
+                "LeaseKeepAlive",
+                &t.name,
+                start,
+                out.as_ref().err().map(Status::code),
+            );
+            out
+        }
+    };
+    let mut in_flight = futures::stream::FuturesOrdered::new();
+    let mut reading = true;
+    loop {
+        tokio::select! {
+            msg = incoming.next(), if reading && in_flight.len() < KEEPALIVE_PIPELINE => match msg {
+                Some(Ok(req)) => in_flight.push_back(one(req)),
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "keep-alive stream ended by client");
+                    return;
+                }
+                None => reading = false,
+            },
+            Some(out) = in_flight.next() => {
+                let failed = out.is_err();
+                if tx.send(out).await.is_err() || failed {
+                    return;
+                }
+            }
+            else => return,
+        }
+    }
+}
+
 type KeepAliveStream =
     Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send + 'static>>;
 
@@ -187,7 +243,7 @@ impl Lease for LeaseService {
         if require_leader && !t.has_leader() {
             return Err(crate::watch::no_leader());
         }
-        let mut incoming = req.into_inner();
+        let incoming = req.into_inner();
         let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
         if require_leader {
             let t = t.clone();
@@ -196,36 +252,7 @@ impl Lease for LeaseService {
         let stream_id = RequestId::random();
         let span =
             tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);
-        tokio::spawn(
-            async move {
-                while let Some(msg) = incoming.next().await {
-                    let req = match msg {
-                        Ok(r) => r,
-                        Err(e) => {
-                            tracing::debug!(error = %e, "keep-alive stream ended by client");
-                            return;
-                        }
-                    };
-                    let id = RequestId::random();
-                    let start = Instant::now();
-                    let out = keep_alive(&t, id, req)
-                        .instrument(tracing::debug_span!("keep_alive", request_id = %id))
-                        .await
-                        .map_err(handled);
-                    observe(
-                        "LeaseKeepAlive",
-                        &t.name,
-                        start,
-                        out.as_ref().err().map(Status::code),
-                    );
-                    let failed = out.is_err();
-                    if tx.send(out).await.is_err() || failed {
-                        return;
-                    }
-                }
-            }
-            .instrument(span),
-        );
+        tokio::spawn(serve_keep_alives(t, incoming, tx).instrument(span));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
     }
 
@@ -251,5 +278,101 @@ impl Lease for LeaseService {
         let t = self.tenant(&req)?;
         let id = RequestId::random();
         unary("LeaseLeases", &t.name, id, leases(&t)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::MemLog;
+    use crate::tenant::{Identity, Limits};
+
+    fn tenant(log: &MemLog) -> Arc<Tenant> {
+        Tenant::start(
+            "t",
+            0,
+            memstore::MemStore::new(memstore::Config::default()),
+            None,
+            Arc::new(log.clone()),
+            Limits {
+                max_request_bytes: 1 << 20,
+                max_txn_ops: 128,
+                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
+            },
+            Identity {
+                cluster_id: 7,
+                member_id: 9,
+            },
+        )
+    }
+
+    /// Keep-alives on one stream are journalled without waiting for each other's outcome: while
+    /// the replica cannot apply (a long read holds its store), every keep-alive sent is appended
+    /// and none answered; once it applies, each is answered, in the order sent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keep_alives_on_one_stream_are_pipelined_and_answered_in_order() {
+        let log = MemLog::new();
+        let t = tenant(&log);
+        let mut leases = Vec::new();
+        for ttl in [30, 40, 50, 60, 70] {
+            let req = LeaseGrantRequest { ttl, id: 0 };
+            let granted = grant(&t, RequestId::random(), req).await.unwrap();
+            leases.push((granted.id, ttl));
+        }
+        let before = log.last_index();
+
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let (release, release_rx) = std::sync::mpsc::channel::<()>();
+        let held = {
+            let t = t.clone();
+            std::thread::spawn(move || {
+                t.replica.read_long(|_| {
+                    started_tx.send(()).unwrap();
+                    release_rx.recv().unwrap();
+                })
+            })
+        };
+        started_rx.recv().unwrap();
+
+        let (req_tx, req_rx) = mpsc::unbounded_channel();
+        let (tx, mut answers) = mpsc::channel(KEEPALIVE_QUEUE);
+        tokio::spawn(serve_keep_alives(
+            t.clone(),
+            tokio_stream::wrappers::UnboundedReceiverStream::new(req_rx),
+            tx,
+        ));
+        for &(id, _) in &leases {
+            req_tx.send(Ok(LeaseKeepAliveRequest { id })).unwrap();
+        }
+        let all_appended = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+            while log.last_index() < before + leases.len() as u64 {
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+        })
+        .await;
+        assert!(
+            all_appended.is_ok(),
+            "only {} of {} keep-alives were journalled before the first was answered",
+            log.last_index() - before,
+            leases.len()
+        );
+        assert!(
+            answers.try_recv().is_err(),
+            "answered before it was applied"
+        );
+
+        release.send(()).unwrap();
+        held.join().unwrap();
+        for &(id, ttl) in &leases {
+            let answer = answers
+                .recv()
+                .await
+                .expect("an answer")
+                .expect("a keep-alive");
+            assert_eq!((answer.id, answer.ttl), (id, ttl));
+        }
+        // The client ends its side: the stream ends once nothing is in flight.
+        drop(req_tx);
+        assert!(answers.recv().await.is_none());
     }
 }

@@ -26,6 +26,9 @@ pub struct DevDeployment {
     /// The full `strata dev` command line, for [`DevDeployment::restart`].
     args: Vec<String>,
     dir: tempfile::TempDir,
+    /// Whether the last `stop` found processes of dev's group still alive once dev itself had
+    /// exited (before it killed them).
+    left_behind: Option<bool>,
 }
 
 impl DevDeployment {
@@ -61,6 +64,7 @@ impl DevDeployment {
             log,
             args,
             dir,
+            left_behind: None,
         };
         dev.spawn_and_wait().await;
         dev
@@ -130,13 +134,20 @@ impl DevDeployment {
                 _ => break None,
             }
         };
-        // Whatever is left of the group (nothing, if dev did its job) goes now.
+        // Whatever is left of the group (nothing, if dev did its job) goes now, after noting it.
+        self.left_behind = Some(!Self::group_is_gone(pid));
         signal("KILL", &format!("-{pid}"));
         if status.is_none() {
             let _ = child.kill();
             let _ = child.wait();
         }
         status
+    }
+
+    /// Whether the last `stop` found processes of dev's group alive after dev exited (it
+    /// killed them then); `None` before any stop.
+    pub fn left_processes_behind(&self) -> Option<bool> {
+        self.left_behind
     }
 
     /// True if no process of `strata dev`'s group is left.

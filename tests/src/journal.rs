@@ -349,7 +349,20 @@ pub async fn append_acked(
     for i in 0..n {
         let p = format!("{label} {i}").into_bytes();
         let idx = client.append(shard, vec![p.clone()]).await.expect("append")[0];
-        acked.insert(idx, p);
+        acked_once(acked, idx, p);
+    }
+}
+
+/// Records that `index` was acknowledged for `payload`; an index acknowledged twice (a new
+/// leader handing an acknowledged position to another append) fails the test here, since the
+/// later payload would otherwise replace the lost one and match the disk.
+pub fn acked_once(acked: &mut BTreeMap<u64, Vec<u8>>, index: u64, payload: Vec<u8>) {
+    if let Some(first) = acked.insert(index, payload) {
+        panic!(
+            "index {index} acknowledged twice: first for {:?}, then for {:?}",
+            String::from_utf8_lossy(&first),
+            String::from_utf8_lossy(&acked[&index])
+        );
     }
 }
 
@@ -448,9 +461,7 @@ impl Appenders {
                         let p = format!("appender {t} seq {seq}").into_bytes();
                         seq += 1;
                         match client.append(shard, vec![p.clone()]).await {
-                            Ok(idx) => {
-                                acked.lock().await.insert(idx[0], p);
-                            }
+                            Ok(idx) => acked_once(&mut *acked.lock().await, idx[0], p),
                             Err(e) => failures.push(e.to_string()),
                         }
                     }

@@ -131,8 +131,18 @@ async fn dev_prints_serves_supervises_stops_and_restarts() {
     assert!(status.success(), "strata dev exited with {status}");
     let log = dev.log();
     assert!(log.contains("strata dev: SIGTERM, stopping..."), "{log}");
-    assert!(log.contains("  frontend stopped"), "{log}");
+    for child in ["frontend", "compactor", "journal-1", "journal-2"] {
+        assert!(
+            log.contains(&format!("  {child} stopped")),
+            "{child}: {log}"
+        );
+    }
     assert!(log.contains("strata dev: stopped"), "{log}");
+    assert_eq!(
+        dev.left_processes_behind(),
+        Some(false),
+        "processes of dev's group outlived it"
+    );
     assert!(
         DevDeployment::group_is_gone(pgid),
         "processes of the old group are left"

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use journal::ClientError;
-use strata_tests::journal::{Appenders, JournalCluster, append_acked};
+use strata_tests::journal::{Appenders, JournalCluster, acked_once, append_acked};
 use strata_tests::process::free_port;
 
 /// Concurrent appenders in the failover test.
@@ -47,8 +47,8 @@ async fn whole_cluster_restart_keeps_every_committed_entry() {
             .append(SHARD, vec![p.clone(), p.clone()])
             .await
             .unwrap();
-        acked.insert(idx[0], p.clone());
-        acked.insert(idx[1], p);
+        acked_once(&mut acked, idx[0], p.clone());
+        acked_once(&mut acked, idx[1], p);
     }
     for i in 0..3 {
         c.kill(i);

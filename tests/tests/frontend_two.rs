@@ -78,16 +78,19 @@ async fn kill_9_of_a_frontend_loses_no_acknowledged_write() {
     let mut i = 0;
     while i < WRITES_BEFORE_KILL {
         let (k, v) = (format!("load/{i:05}"), format!("v{i}"));
-        if put_with_retries(&mut c, &k, &v).await {
-            acked.insert(k, v);
-        }
+        assert!(
+            put_with_retries(&mut c, &k, &v).await,
+            "write {i} failed with both frontends up"
+        );
+        acked.insert(k, v);
         i += 1;
     }
     // Kill frontend 0 while writes are in flight on a second connection to it.
     let mut direct = connect(&[d.frontend(0).endpoint()]).await;
+    // It writes until the kill stops it, so the kill always lands among its writes.
     let inflight = tokio::spawn(async move {
         let mut ok = Vec::new();
-        for j in 0..200 {
+        for j in 0.. {
             let k = format!("direct/{j:05}");
             match tokio::time::timeout(CALL_TIMEOUT, direct.put(k.clone(), "d", None)).await {
                 Ok(Ok(_)) => ok.push(k),
@@ -97,8 +100,13 @@ async fn kill_9_of_a_frontend_loses_no_acknowledged_write() {
         ok
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !inflight.is_finished(),
+        "the direct writer stopped before the kill"
+    );
     d.kill_frontend(0);
     let direct_acked = inflight.await.unwrap();
+    assert!(!direct_acked.is_empty(), "no direct write before the kill");
 
     while i < WRITES_BEFORE_KILL + WRITES_AFTER_KILL {
         let (k, v) = (format!("load/{i:05}"), format!("v{i}"));

@@ -247,6 +247,10 @@ async fn a_watcher_resumes_on_another_frontend_after_kill_9() {
             .expect("stream open");
         got.extend(changes(&resp));
     }
+    assert!(
+        !writers.iter().all(|w| w.is_finished()),
+        "the load was over before the kill"
+    );
     d.kill_frontend(1);
     // Whatever was already on the wire may still arrive; then the stream fails.
     loop {

@@ -347,8 +347,72 @@ async fn large_history_arrives_whole_with_and_without_fragmentation() {
     assert_eq!(all.count(), 3);
 }
 
+/// A lease nobody keeps alive expires by itself: its keys are deleted in one revision, and a
+/// watcher sees the deletes with their previous values; the lease and the keys are gone.
 #[tokio::test]
-async fn lease_expiry_and_revoke_produce_delete_events() {
+async fn lease_expiry_produces_delete_events() {
+    let (_t, mut c) = start().await;
+    let lease = c.lease_grant(2, None).await.unwrap().id();
+    let r = rev(c
+        .put("lx/a", "1", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap()
+        .header());
+    c.put("lx/b", "2", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .unwrap();
+    c.put("lx/c", "kept", None).await.unwrap();
+    let mut w = c
+        .watch(
+            "lx/",
+            Some(
+                WatchOptions::new()
+                    .with_prefix()
+                    .with_start_revision(r + 3)
+                    .with_prev_key(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(next(&mut w).await.created());
+    let got = events(&mut w, 2).await;
+    let expired_at = got[0].4;
+    let mut seen: Vec<_> = got
+        .iter()
+        .map(|e| (e.1, e.2.clone(), e.4, e.5.clone()))
+        .collect();
+    seen.sort();
+    assert_eq!(
+        seen,
+        [
+            (
+                "DELETE",
+                "lx/a".to_string(),
+                expired_at,
+                Some("1".to_string())
+            ),
+            (
+                "DELETE",
+                "lx/b".to_string(),
+                expired_at,
+                Some("2".to_string())
+            ),
+        ],
+        "an expiry deletes every key of the lease in one revision, with prev_kv"
+    );
+    assert!(expired_at > r + 2, "the expiry is a revision of its own");
+    let left = c
+        .get("lx/", Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let keys: Vec<_> = left.kvs().iter().map(|kv| kv.key_str().unwrap()).collect();
+    assert_eq!(keys, ["lx/c"]);
+    let ttl = c.lease_time_to_live(lease, None).await.unwrap();
+    assert_eq!(ttl.ttl(), -1, "an expired lease is gone");
+}
+
+#[tokio::test]
+async fn lease_revoke_produces_delete_events() {
     let (_t, mut c) = start().await;
     let lease = c.lease_grant(300, None).await.unwrap().id();
     let r = rev(c

@@ -435,7 +435,10 @@ async fn cluster_maintenance_and_auth() {
     assert_eq!(h1.hash(), c.hash_kv(0).await.unwrap().hash());
     c.put("k", "v2", None).await.unwrap();
     assert_ne!(h1.hash(), c.hash_kv(0).await.unwrap().hash());
-    c.hash().await.unwrap();
+    let h = c.hash().await.unwrap().hash();
+    assert_eq!(c.hash().await.unwrap().hash(), h, "Hash is stable");
+    c.put("k", "v3", None).await.unwrap();
+    assert_ne!(c.hash().await.unwrap().hash(), h, "a write changes Hash");
 
     let (cd, _) = code(c.move_leader(own_id).await.unwrap_err());
     assert_eq!(cd, Code::FailedPrecondition);

@@ -97,7 +97,11 @@ async fn hash_and_hash_kv_are_stable_at_a_revision() {
     c.compact(at, None).await.unwrap();
     let compacted = c.hash_kv(0).await.unwrap();
     assert_eq!(compacted.compact_version(), at);
-    c.hash().await.unwrap();
+    // Maintenance.Hash: the same with no write in between, another after one.
+    let h = c.hash().await.unwrap().hash();
+    assert_eq!(c.hash().await.unwrap().hash(), h, "Hash is stable");
+    c.put("hash/after", "x", None).await.unwrap();
+    assert_ne!(c.hash().await.unwrap().hash(), h, "a write changes Hash");
 }
 
 /// Membership, leadership and auth are the service's business: Strata refuses them clearly.

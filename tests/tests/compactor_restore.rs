@@ -6,6 +6,7 @@
 //! a watcher gets every change of the restore at that one revision.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use api::etcdserverpb::{
@@ -267,6 +268,7 @@ async fn poll_for_a_mix(
     old: BTreeMap<Vec<u8>, Vec<u8>>,
     new: BTreeMap<Vec<u8>, Vec<u8>>,
     stop: tokio::sync::watch::Receiver<bool>,
+    old_reads: Arc<std::sync::atomic::AtomicUsize>,
 ) -> (usize, usize) {
     let (mut saw_old, mut saw_new) = (0, 0);
     let mut i = 0usize;
@@ -287,6 +289,7 @@ async fn poll_for_a_mix(
             .collect();
         if kvs == old {
             saw_old += 1;
+            old_reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         } else if kvs == new {
             saw_new += 1;
         } else {
@@ -375,12 +378,22 @@ async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revisi
                 .unwrap(),
         );
     }
+    let old_reads = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let poller = tokio::spawn(poll_for_a_mix(
         readers,
         before.clone(),
         want.clone(),
         stopped,
+        Arc::clone(&old_reads),
     ));
+    // The restore starts once both frontends were read before it, so the reader spans it.
+    while old_reads.load(std::sync::atomic::Ordering::Relaxed) < 2 {
+        assert!(
+            !poller.is_finished(),
+            "the reader stopped before the restore"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 
     let out = admin(
         &[
@@ -407,7 +420,7 @@ async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revisi
     stop.send(true).unwrap();
     let (saw_old, saw_new) = poller.await.expect("no read saw a half-restored tenant");
     println!("reader: {saw_old} reads of the old state, {saw_new} of the restored one");
-    assert!(saw_new > 0, "the reader saw the restored state");
+    assert!(saw_old >= 2 && saw_new > 0, "the reader spans the restore");
     assert_eq!(kv0, want, "frontend 0 serves the restored keys");
     assert_eq!(kv1, want, "frontend 1 serves the restored keys");
     assert_eq!(rev0, rev1, "both at the revision after the restore");

@@ -192,10 +192,11 @@ async fn each_streamed_append_answers_as_the_unary_call_would() {
     assert!(data.contains(&b"one".to_vec()) && data.contains(&b"three".to_vec()));
 
     // A follower answers a streamed append as its unary Append: not the leader, with the
-    // leader's address (or forwards it, and then both succeed).
+    // leader's address (the journal redirects; it never forwards).
     let mut f = RawStream::open(&follower_addr).await;
     let answer = f.ask(vec![(1, Some(good(b"via follower")))]).await;
-    if answer[&1].error.is_some() {
+    assert!(answer[&1].error.is_some(), "a follower took an append");
+    {
         assert_same_as_unary(&follower_addr, good(b"via follower"), &answer[&1]).await;
         assert_eq!(
             answer[&1]
@@ -318,11 +319,14 @@ async fn a_streamed_read_index_answers_as_the_unary_call_would() {
         Some(tonic::Code::InvalidArgument as i32)
     );
 
-    // A follower answers as its unary ReadIndex does: a redirect naming the leader (or, if it
-    // forwards, an index).
+    // A follower answers as its unary ReadIndex does: a redirect naming the leader.
     let mut f = RawStream::open(&follower_addr).await;
     let answer = f.ask_raw(vec![read_index(1, SHARD)]).await;
-    if answer[&1].error.is_some() {
+    assert!(
+        answer[&1].error.is_some(),
+        "a follower answered a read index"
+    );
+    {
         let unary = grpc(&follower_addr)
             .await
             .read_index(ReadIndexRequest { shard: SHARD })

@@ -408,8 +408,9 @@ async fn a_hand_off_abandoned_by_its_caller_does_not_leave_the_shard_paused() {
     });
     req.set_timeout(Duration::from_secs(1));
     let abandoned = admin.handoff(req).await;
+    // Still pending at the caller's deadline (a refusal at once would mean it never paused).
     assert!(
-        abandoned.is_err(),
+        matches!(&abandoned, Err(s) if matches!(s.code(), tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)),
         "a hand-off to a dead node answered: {abandoned:?}"
     );
     let after = tokio::time::timeout(

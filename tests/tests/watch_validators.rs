@@ -63,6 +63,8 @@ enum Obs {
 struct Acked {
     rev: i64,
     changes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    /// For a lease revoke (`rev` negated): the revision of the put that bound the key to it.
+    leased_at: i64,
 }
 
 fn key(i: usize) -> String {
@@ -164,7 +166,11 @@ async fn write_load(mut client: Client, seed: u64, acked: Arc<Mutex<Vec<Acked>>>
     for step in 0..OPS_PER_WRITER {
         let k = key(rng.random_range(0..KEYS));
         let record = |rev: i64, changes: Vec<(Vec<u8>, Option<Vec<u8>>)>| {
-            acked.lock().unwrap().push(Acked { rev, changes });
+            acked.lock().unwrap().push(Acked {
+                rev,
+                changes,
+                leased_at: 0,
+            });
         };
         match rng.random_range(0..20) {
             0..=11 => {
@@ -226,11 +232,16 @@ async fn write_load(mut client: Client, seed: u64, acked: Arc<Mutex<Vec<Acked>>>
                     r.header().unwrap().revision(),
                     vec![(k.clone().into_bytes(), Some(v))],
                 );
+                let leased_at = r.header().unwrap().revision();
                 let r = client.lease_revoke(lease).await.expect("lease revoke");
                 let rev = r.header().unwrap().revision();
                 // Another writer may have overwritten or deleted the key meanwhile (then the
-                // revoke deletes nothing); the reference check accepts either.
-                record(-rev, vec![(k.into_bytes(), None)]);
+                // revoke deletes nothing); the reference check tells which from the history.
+                acked.lock().unwrap().push(Acked {
+                    rev: -rev,
+                    changes: vec![(k.into_bytes(), None)],
+                    leased_at,
+                });
             }
         }
     }
@@ -526,15 +537,26 @@ async fn watch_validators_over_a_random_history() {
     let mut acked_revs = HashSet::new();
     for a in &acked {
         if a.rev < 0 {
-            // A lease revoke. If it deleted its key, the history holds exactly that delete at
-            // its revision; if not (another writer changed the key first), its header
-            // revision belongs to some other write, checked on its own.
-            if let Some(evs) = by_rev.get(&-a.rev)
-                && evs.len() == 1
-                && !evs[0].put
-                && a.changes.iter().any(|(k, _)| *k == evs[0].key)
-            {
-                acked_revs.insert(-a.rev);
+            // A lease revoke. When no other write touched its key after the leased put, it
+            // deleted the key: the history holds exactly that delete at its revision. Otherwise
+            // (another writer overwrote or deleted the key first) it may have deleted nothing,
+            // and its header revision is the revision it read at: that of some other write
+            // (perhaps the very one that touched the key), checked on its own.
+            let revoked = -a.rev;
+            let k = &a.changes[0].0;
+            let touched = history
+                .iter()
+                .any(|e| &e.key == k && e.rev > a.leased_at && e.rev <= revoked);
+            let deleted = by_rev
+                .get(&revoked)
+                .is_some_and(|evs| evs.len() == 1 && !evs[0].put && &evs[0].key == k);
+            assert!(
+                deleted || touched,
+                "seed {seed}: the revoke at {revoked} of the lease bound at {} deleted nothing",
+                a.leased_at
+            );
+            if deleted {
+                acked_revs.insert(revoked);
             }
             continue;
         }

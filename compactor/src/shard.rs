@@ -380,7 +380,9 @@ impl<J: Journal> ShardWorker<J> {
             if due && round.is_none() && Instant::now() >= next_attempt {
                 match self.start_round(&mut tenants).await {
                     Ok(Some(handle)) => round = Some(handle),
-                    Ok(None) => {}
+                    // Nothing to checkpoint (a shard with no tenant yet): the compactor is not
+                    // behind, and `strata_compactor_behind_seconds` must not grow for it.
+                    Ok(None) => last_success = Instant::now(),
                     Err(e) => break Err(e),
                 }
                 since_round = 0;

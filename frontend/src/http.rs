@@ -1,6 +1,7 @@
 //! The HTTP side port: `/health` (etcd's JSON shape: the replica is ready and a linearizable
-//! barrier through the journal succeeds), `/readyz` (the replica has caught up) and Prometheus
-//! `/metrics`.
+//! barrier through the journal succeeds), `/readyz` (the replica has caught up), `/livez` (the
+//! process is serving and its replica has not stopped: a liveness probe, which must not fail
+//! because the journal is away) and Prometheus `/metrics`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +31,7 @@ pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/readyz", get(readyz))
+        .route("/livez", get(livez))
         .route("/metrics", get(metrics_text))
         .with_state(state)
 }
@@ -69,6 +71,19 @@ async fn health(State(s): State<HttpState>) -> impl IntoResponse {
             StatusCode::SERVICE_UNAVAILABLE,
             json,
             health_body(false, "journal round trip timed out"),
+        ),
+    }
+}
+
+/// 200 while the replica catches up or serves, 503 once it stopped for good (a restart is the
+/// cure). Never waits for the journal: an outage of the journal must not restart frontends
+/// that still serve what they hold.
+async fn livez(State(s): State<HttpState>) -> impl IntoResponse {
+    match s.tenants.default_tenant().replica.state() {
+        ReplicaState::Ready | ReplicaState::CatchingUp => (StatusCode::OK, "ok\n".to_string()),
+        ReplicaState::Failed(r) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("replica stopped: {r}\n"),
         ),
     }
 }

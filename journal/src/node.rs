@@ -681,7 +681,39 @@ pub struct JournalNode {
     pub refuse_streams: bool,
 }
 
+/// How recently a quorum must have acknowledged a leader for its node to be ready.
+pub const READY_QUORUM_ACK_MS: u64 = 3_000;
+
 impl JournalNode {
+    /// Whether the node takes part in every shard's quorum: storage working and a leader known
+    /// on each shard (itself or a peer it hears from). A Kubernetes readiness probe asks this
+    /// (`/readyz` on the metrics port), so a rolling update or a drain does not count a node
+    /// that is still recovering, or cut off from its peers, as one of the quorum.
+    pub fn ready(&self) -> Result<(), String> {
+        for shard in &self.shards {
+            if shard.log.failed() {
+                return Err(format!("shard {}: storage failed", shard.id));
+            }
+            if shard.leader().0.is_none() {
+                return Err(format!("shard {}: no leader known", shard.id));
+            }
+            // A leader cut off from its peers keeps calling itself leader (openraft does not
+            // step down without a higher vote): it is ready only while a quorum acknowledges it.
+            let m = shard.raft.metrics();
+            let m = m.borrow();
+            if m.state == ServerState::Leader
+                && m.millis_since_quorum_ack
+                    .is_none_or(|ms| ms > READY_QUORUM_ACK_MS)
+            {
+                return Err(format!(
+                    "shard {}: leader not acknowledged by a quorum for over {READY_QUORUM_ACK_MS} ms",
+                    shard.id
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Opens (recovering) every shard and starts its Raft group. A fresh node that is not
     /// joining initialises each shard with `peers` as its voters (every node does the same,
     /// which openraft allows); the node `peers[shard % n]` then campaigns first, so leaders

@@ -124,10 +124,20 @@ async fn shutdown_signal() {
     }
 }
 
+/// Buckets of the compactor's histograms (seconds): a checkpoint upload takes from
+/// milliseconds (a small tenant, a local folder) to minutes (a large tenant over S3).
+const UPLOAD_SECONDS_BUCKETS: &[f64] = &[
+    0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+];
+
 /// Installs the Prometheus recorder and serves its text exposition on `GET /metrics`.
 async fn serve_metrics(addr: SocketAddr) -> anyhow::Result<()> {
+    // Histograms get buckets, so dashboards can aggregate them across compactors
+    // (`histogram_quantile` over `_bucket`); the exporter's default is a summary.
     let handle = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .set_buckets(UPLOAD_SECONDS_BUCKETS)
+        .context("histogram buckets")?
         .install_recorder()
         .context("install the metrics recorder")?;
-    crate::metrics_http::serve(&addr.to_string(), handle, || {}).await
+    crate::metrics_http::serve(&addr.to_string(), handle, || {}, || Ok(())).await
 }

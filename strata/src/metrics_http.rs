@@ -1,6 +1,6 @@
-//! The `GET /metrics` endpoint shared by `strata journal` and `strata compactor`: a minimal
-//! HTTP/1.1 responder over a Prometheus handle (the frontend serves its own with axum, beside
-//! `/health` and `/readyz`).
+//! The `GET /metrics` and `GET /readyz` endpoints shared by `strata journal` and `strata
+//! compactor`: a minimal HTTP/1.1 responder over a Prometheus handle (the frontend serves its
+//! own with axum, beside `/health`, `/livez` and `/readyz`).
 
 use std::sync::Arc;
 
@@ -16,12 +16,14 @@ const MAX_HTTP_REQUEST: usize = 8 * 1024;
 pub const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Binds `addr` and serves `handle`'s text exposition on `GET /metrics` in the background;
-/// `refresh` runs before each scrape (to update gauges read from live state). Also runs the
-/// recorder's upkeep every `UPKEEP_INTERVAL`, scraped or not.
+/// `refresh` runs before each scrape (to update gauges read from live state). `GET /readyz`
+/// answers 200 when `ready` says so, else 503 with its reason (a Kubernetes readiness probe).
+/// Also runs the recorder's upkeep every `UPKEEP_INTERVAL`, scraped or not.
 pub async fn serve(
     addr: &str,
     handle: PrometheusHandle,
     refresh: impl Fn() + Send + Sync + 'static,
+    ready: impl Fn() -> Result<(), String> + Send + Sync + 'static,
 ) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(addr)
         .await
@@ -36,6 +38,7 @@ pub async fn serve(
     });
     tracing::info!(addr = %listener.local_addr()?, "serving /metrics");
     let refresh = Arc::new(refresh);
+    let ready = Arc::new(ready);
     tokio::spawn(async move {
         loop {
             let Ok((mut sock, _)) = listener.accept().await else {
@@ -43,6 +46,7 @@ pub async fn serve(
             };
             let handle = handle.clone();
             let refresh = Arc::clone(&refresh);
+            let ready = Arc::clone(&ready);
             tokio::spawn(async move {
                 let mut buf = Vec::with_capacity(1024);
                 let mut chunk = [0u8; 1024];
@@ -55,6 +59,11 @@ pub async fn serve(
                 let (status, body) = if buf.starts_with(b"GET /metrics ") {
                     refresh();
                     ("200 OK", handle.render())
+                } else if buf.starts_with(b"GET /readyz ") {
+                    match ready() {
+                        Ok(()) => ("200 OK", "ok\n".to_string()),
+                        Err(why) => ("503 Service Unavailable", format!("{why}\n")),
+                    }
                 } else {
                     ("404 Not Found", "not found\n".to_string())
                 };

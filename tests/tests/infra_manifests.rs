@@ -336,17 +336,40 @@ fn services_and_probes_reach_ports_that_exist() {
                 ports.get("metrics"),
                 "Prometheus scrapes the metrics port"
             );
+            // Every probe asks a path the binary serves on the port it names (the metrics port:
+            // frontends serve /health, /livez, /readyz and /metrics there; journal nodes and
+            // compactors /readyz and /metrics, strata/src/metrics_http.rs).
+            let served: &[&str] = if strata_argv(c).first().map(String::as_str) == Some("frontend")
+            {
+                &["/health", "/livez", "/readyz", "/metrics"]
+            } else {
+                &["/readyz", "/metrics"]
+            };
             for probe in ["readinessProbe", "livenessProbe"] {
                 let p = &c[probe];
-                if let Some(named) = p["httpGet"]["port"]
-                    .as_str()
-                    .or(p["tcpSocket"]["port"].as_str())
-                {
-                    assert!(
-                        ports.contains_key(named),
-                        "{probe} uses port {named:?}, which the container does not declare"
-                    );
+                if p.is_null() {
+                    continue; // a compactor has no readiness to speak of
                 }
+                let port = p["httpGet"]["port"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{probe}: an HTTP probe on a named port, got {p}"));
+                assert_eq!(port, "metrics", "{probe} asks the metrics port");
+                assert!(ports.contains_key(port), "{probe}: no {port} port declared");
+                let path = p["httpGet"]["path"].as_str().expect("a probe path");
+                assert!(served.contains(&path), "{probe} asks {path}, not served");
+            }
+            assert!(
+                !c["livenessProbe"].is_null(),
+                "{} has a liveness probe",
+                w["metadata"]["name"]
+            );
+            // The binary reads STRATA_LOG (strata/src/main.rs), not RUST_LOG.
+            for env in c["env"].as_array().into_iter().flatten() {
+                let name = env["name"].as_str().expect("env name");
+                assert!(
+                    name.starts_with("STRATA_") || name.starts_with("AWS_"),
+                    "{name} is not a variable strata reads"
+                );
             }
         }
     }

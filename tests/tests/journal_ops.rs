@@ -12,10 +12,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 const WAIT: Duration = Duration::from_secs(60);
 
 async fn scrape(addr: &str) -> String {
+    get(addr, "/metrics").await
+}
+
+/// The whole HTTP answer to `GET path` (retried until the listener is up).
+async fn get(addr: &str, path: &str) -> String {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
         if let Ok(mut s) = tokio::net::TcpStream::connect(addr).await {
-            s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n")
+            s.write_all(format!("GET {path} HTTP/1.1\r\nhost: x\r\n\r\n").as_bytes())
                 .await
                 .unwrap();
             let mut out = String::new();
@@ -96,4 +101,56 @@ async fn config_file_and_metrics() {
         "{text}"
     );
     assert!(text.contains("strata_journal_fsync_batch_appends_count{shard=\"0\"}"));
+}
+
+/// `GET /readyz` on the metrics port: 200 while the node is part of every shard's quorum, 503
+/// with the reason once its peers are gone (a leader left alone included), 200 again when they
+/// are back. A Kubernetes readiness probe (infra/kubernetes/journal.yaml) asks it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_follows_the_quorum() {
+    let metrics: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut c = JournalCluster::start_with_own_args(3, 2, |id| {
+        vec!["--metrics-listen".into(), metrics[id as usize - 1].clone()]
+    });
+    c.wait_leaders(&[0, 1, 2]).await;
+    let readyz = |addr: String| async move {
+        let text = get(&addr, "/readyz").await;
+        (text.starts_with("HTTP/1.1 200"), text)
+    };
+    let until = |addr: String, want: bool| async move {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let (ready, text) = readyz(addr.clone()).await;
+            if ready == want {
+                return text;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{addr} /readyz never became {want}: {text}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    for m in &metrics {
+        until(m.clone(), true).await;
+    }
+    // Node 1 alone: whether it led a shard or followed, it is no part of a quorum.
+    c.kill(1);
+    c.kill(2);
+    let text = until(metrics[0].clone(), false).await;
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert!(
+        text.contains("no leader known") || text.contains("not acknowledged by a quorum"),
+        "{text}"
+    );
+    c.restart(1);
+    c.restart(2);
+    until(metrics[0].clone(), true).await;
+    assert!(
+        get(&metrics[0], "/nothing")
+            .await
+            .starts_with("HTTP/1.1 404")
+    );
 }

@@ -20,5 +20,12 @@ pub async fn serve(addr: &str, node: Arc<JournalNode>) -> anyhow::Result<()> {
         .set_buckets_for_metric(Matcher::Full(m::ENTRY_RECORDS.into()), m::BATCH_BUCKETS)?
         .install_recorder()
         .context("install the metrics recorder")?;
-    crate::metrics_http::serve(addr, handle, move || m::refresh(&node)).await
+    let ready = Arc::clone(&node);
+    crate::metrics_http::serve(
+        addr,
+        handle,
+        move || m::refresh(&node),
+        move || ready.ready(),
+    )
+    .await
 }

@@ -223,6 +223,7 @@ impl Log for MemLog {
                 last_index: last,
                 shard_count: 1,
                 errors: Vec::new(),
+                acknowledged_by: Vec::new(),
             })
         })
     }

@@ -85,6 +85,17 @@ pub enum NodeError {
     Raft { shard: u32, reason: String },
     #[error("the node's own id {0} is not in --peers")]
     NotInPeers(NodeId),
+    #[error(
+        "shard {shard}: this node (id {id}) starts with no data, but the shard's leader (node \
+         {leader}) has seen it acknowledge entries: its data was lost. Rejoining with an empty log \
+         could lose committed entries; start it as a new node (a new --id with --join) and \
+         replace node {id} with `strata journal replace-node` (docs/OPERATIONS.md)"
+    )]
+    LostData {
+        shard: u32,
+        id: NodeId,
+        leader: NodeId,
+    },
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -681,6 +692,49 @@ pub struct JournalNode {
     pub refuse_streams: bool,
 }
 
+/// How long a fresh node waits for each peer's answer before it initialises a shard.
+const LOST_DATA_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A node about to initialise shard `shard` from an empty log asks its peers whether the
+/// shard's leader has seen this node acknowledge entries: then its data was lost (a Kubernetes
+/// volume gone, a wiped directory), and rejoining under the same id with an empty log would let
+/// it vote as if it held nothing, which can lose committed entries (and trips openraft's
+/// leaders, which never expect a follower's log to go back). Peers that do not answer in time
+/// (a cluster forming, every node starting at once) are no objection. Best effort: a leader
+/// elected after the loss has not seen this node, and then nothing tells.
+async fn refuse_if_data_was_lost(config: &NodeConfig, shard: u32) -> Result<(), NodeError> {
+    use api::strata::journal::StatusRequest;
+    use api::strata::journal::journal_client::JournalClient as GrpcClient;
+    let asks =
+        config
+            .peers
+            .iter()
+            .filter(|(id, _)| **id != config.id)
+            .map(|(_, addr)| async move {
+                let call = async {
+                    let mut c = GrpcClient::connect(format!("http://{addr}")).await.ok()?;
+                    c.status(StatusRequest { shard })
+                        .await
+                        .ok()
+                        .map(|r| r.into_inner())
+                };
+                tokio::time::timeout(LOST_DATA_CHECK_TIMEOUT, call)
+                    .await
+                    .ok()
+                    .flatten()
+            });
+    for status in futures::future::join_all(asks).await.into_iter().flatten() {
+        if status.leader_id == status.node_id && status.acknowledged_by.contains(&config.id) {
+            return Err(NodeError::LostData {
+                shard,
+                id: config.id,
+                leader: status.node_id,
+            });
+        }
+    }
+    Ok(())
+}
+
 /// How recently a quorum must have acknowledged a leader for its node to be ready.
 pub const READY_QUORUM_ACK_MS: u64 = 3_000;
 
@@ -822,6 +876,18 @@ impl JournalNode {
             tokio::spawn(trim_loop(Arc::clone(&shard)));
             tokio::spawn(commit_push_loop(Arc::clone(&shard)));
             if !config.join {
+                let initialized =
+                    shard
+                        .raft
+                        .is_initialized()
+                        .await
+                        .map_err(|f| NodeError::Raft {
+                            shard: s,
+                            reason: f.to_string(),
+                        })?;
+                if !initialized {
+                    refuse_if_data_was_lost(&config, s).await?;
+                }
                 match shard.raft.initialize(members.clone()).await {
                     Ok(()) => {
                         let designated = ids[(s as usize) % ids.len()];

@@ -157,7 +157,17 @@ impl Journal for JournalSvc {
     ) -> Result<Response<StatusResponse>, Status> {
         let shard = self.shard(request.into_inner().shard)?;
         let (leader_id, leader_addr) = shard.leader();
-        let term = shard.raft.metrics().borrow().current_term;
+        let (term, acknowledged_by) = {
+            let m = shard.raft.metrics();
+            let m = m.borrow();
+            let acked = m.replication.as_ref().map_or_else(Vec::new, |r| {
+                r.iter()
+                    .filter(|(id, matched)| **id != self.node.id && matched.is_some())
+                    .map(|(id, _)| *id)
+                    .collect()
+            });
+            (m.current_term, acked)
+        };
         let last_index = shard.log.next_record().saturating_sub(1);
         let applied_end = *shard.sm.applied_end.borrow();
         Ok(Response::new(StatusResponse {
@@ -170,6 +180,7 @@ impl Journal for JournalSvc {
             last_index,
             shard_count: self.node.shards.len() as u32,
             errors: lock(&self.node.errors).clone(),
+            acknowledged_by,
         }))
     }
 }

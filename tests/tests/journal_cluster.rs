@@ -184,3 +184,60 @@ async fn a_new_node_becomes_a_voter_only_once_it_has_caught_up() {
     append_acked(&client, SHARD, "after", 20, &mut acked).await;
     c.check_nodes_agree(&[0, 1, n4], SHARD, 0, &acked).await;
 }
+
+/// A node whose data directory is lost (a Kubernetes volume gone) and that comes back under its
+/// old id refuses to start, saying why, instead of rejoining with an empty log; the cluster goes
+/// on with the other two. A node that never had data (a staggered first start) joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_lost_its_data_refuses_to_rejoin_under_its_old_id() {
+    let mut c = JournalCluster::start(3, 2, &[]);
+    c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    let mut acked = BTreeMap::new();
+    append_acked(&client, SHARD, "before", 20, &mut acked).await;
+    // Every leader has now seen node 3 acknowledge entries.
+    c.wait_committed(2, SHARD, *acked.keys().last().unwrap())
+        .await;
+
+    c.kill(2);
+    std::fs::remove_dir_all(&c.nodes[2].data_dir).unwrap();
+    c.restart(2);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.nodes[2].is_running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a node that lost its data is still running"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(c.nodes[2].log_path()).unwrap();
+    assert!(log.contains("its data was lost"), "{log}");
+
+    append_acked(&client, SHARD, "after", 20, &mut acked).await;
+    c.check_nodes_agree(&[0, 1], SHARD, 0, &acked).await;
+}
+
+/// Nodes started one after another on empty directories (a StatefulSet creating its pods in
+/// order) form the cluster: the last one, started after the first two have a quorum, had no
+/// data to lose and is not refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_node_started_after_its_peers_joins_them() {
+    let addrs: BTreeMap<u64, String> = (1..=3)
+        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+        .collect();
+    let peers = strata_tests::journal::peers_arg(&addrs);
+    let mut c = JournalCluster::start_with_peers(
+        &addrs.iter().take(2).map(|(i, a)| (*i, a.clone())).collect(),
+        &(1..=2).map(|i| (i, peers.clone())).collect(),
+        1,
+        &[],
+    );
+    c.wait_leaders(&[0, 1]).await;
+    let client = c.client().await;
+    let mut acked = BTreeMap::new();
+    append_acked(&client, SHARD, "two", 10, &mut acked).await;
+    let third = c.add_node(3, addrs[&3].clone(), peers, false);
+    c.wait_leaders(&[0, 1, third]).await;
+    append_acked(&client, SHARD, "three", 10, &mut acked).await;
+    c.check_nodes_agree(&[0, 1, third], SHARD, 0, &acked).await;
+}

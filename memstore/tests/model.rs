@@ -3,6 +3,12 @@
 //! every outcome, every event and every replay of history must agree. A checkpoint taken in the
 //! middle of each sequence must load into a store that behaves identically for the rest.
 //!
+//! The model is written from etcd's documented behaviour, not from the store's code: puts with
+//! `ignore_value`/`ignore_lease` (and the order of their checks alone and inside a txn), every
+//! compare target, request ids applied once within a (shortened) window, lease grants and
+//! keep-alives with their answers. Only txn validation (overlapping keys, op counts) is the
+//! shared `validate` module, unit-tested on its own.
+//!
 //! Deterministic: the seed is fixed (or `MEMSTORE_MODEL_SEED=<u64>`), printed, and proptest
 //! shrinks a failure to a minimal sequence. Cases: `MEMSTORE_MODEL_CASES` (default 192).
 
@@ -29,6 +35,8 @@ const DEFAULT_CASES: u32 = 192;
 const EXTEND_MS: i64 = 1_000;
 const MIN_TTL: i64 = 2;
 const LEASE_STEP_MS: i64 = 2_000;
+/// The de-duplication window, shortened so that sequences see ids both remembered and forgotten.
+const ID_WINDOW_MS: i64 = 20_000;
 
 type Snapshot = BTreeMap<Vec<u8>, KeyValue>;
 
@@ -52,6 +60,8 @@ struct Model {
     events: Vec<Event>,
     /// id -> (ttl, deadline)
     leases: BTreeMap<i64, (i64, i64)>,
+    /// request id -> (journal time, store revision right after its first apply)
+    ids: BTreeMap<Vec<u8>, (i64, i64)>,
 }
 
 /// What the model predicts for one entry.
@@ -61,6 +71,9 @@ enum Predicted {
     Put(Option<KeyValue>),
     Delete(i64, Vec<KeyValue>),
     Txn(TxnShape),
+    Granted { id: i64, ttl: i64 },
+    KeptAlive { id: i64, ttl: i64 },
+    Duplicate(i64),
     Ok,
 }
 
@@ -84,18 +97,30 @@ struct Write<'a> {
     cur: Snapshot,
     rev: i64,
     events: Vec<Event>,
+    /// A put kept the value or lease of a key this write had deleted (a txn that deletes a key
+    /// and then puts it with `ignore_value`): the whole request is refused.
+    kept_a_deleted_key: bool,
 }
 
 impl Write<'_> {
     fn put(&mut self, p: &PutRequest) -> Option<KeyValue> {
         let prev = self.cur.get(&p.key).cloned();
+        if (p.ignore_value || p.ignore_lease) && prev.is_none() {
+            self.kept_a_deleted_key = true;
+        }
         let kv = KeyValue {
             key: p.key.clone(),
             create_revision: prev.as_ref().map_or(self.rev, |x| x.create_revision),
             mod_revision: self.rev,
             version: prev.as_ref().map_or(1, |x| x.version + 1),
-            value: p.value.clone(),
-            lease: p.lease,
+            value: match &prev {
+                Some(x) if p.ignore_value => x.value.clone(),
+                _ => p.value.clone(),
+            },
+            lease: match &prev {
+                Some(x) if p.ignore_lease => x.lease,
+                _ => p.lease,
+            },
         };
         self.cur.insert(p.key.clone(), kv.clone());
         self.events.push(Event {
@@ -138,6 +163,7 @@ impl Model {
             snaps: vec![Snapshot::new()],
             events: Vec::new(),
             leases: BTreeMap::new(),
+            ids: BTreeMap::new(),
         }
     }
 
@@ -175,6 +201,7 @@ impl Model {
             cur: self.head().clone(),
             rev: self.rev() + 1,
             events: Vec::new(),
+            kept_a_deleted_key: false,
         }
     }
 
@@ -202,7 +229,13 @@ impl Model {
         self.commit(cur, events, out);
     }
 
-    fn apply(&mut self, now: i64, req: &Request, out: &mut Vec<Event>) -> Predicted {
+    fn apply(
+        &mut self,
+        now: i64,
+        req: &Request,
+        id: Option<&[u8]>,
+        out: &mut Vec<Event>,
+    ) -> Predicted {
         self.now = now;
         // Stamps further apart than the lease clock's step age leases by the step only.
         let before = self.stamp;
@@ -226,17 +259,33 @@ impl Model {
                 self.revoke(id, out);
             }
         }
-        match self.request(req, out) {
+        // A request id is applied once while the window remembers it; a failed request's id
+        // too. Expiries above happen either way.
+        self.ids.retain(|_, (t, _)| *t >= now - ID_WINDOW_MS);
+        if let Some(id) = id {
+            if let Some((_, revision)) = self.ids.get(id) {
+                return Predicted::Duplicate(*revision);
+            }
+        }
+        let predicted = match self.request(req, out) {
             Ok(p) => p,
             Err(e) => Predicted::Failed(e),
+        };
+        if let Some(id) = id {
+            self.ids.insert(id.to_vec(), (now, self.rev()));
         }
+        predicted
     }
 
     fn request(&mut self, req: &Request, out: &mut Vec<Event>) -> Result<Predicted, Error> {
         match req {
             Request::Put(p) => {
+                // A lone put checks its lease first, then the key that ignore_* needs.
                 if p.lease != 0 && !self.leases.contains_key(&p.lease) {
                     return Err(Error::LeaseNotFound);
+                }
+                if (p.ignore_value || p.ignore_lease) && !self.head().contains_key(&p.key) {
+                    return Err(Error::KeyNotFound);
                 }
                 let mut w = self.begin();
                 let prev = w.put(p);
@@ -260,6 +309,9 @@ impl Model {
                 self.check_branch(t)?;
                 let mut w = self.begin();
                 let shape = run_txn(&mut w, t, self.head());
+                if w.kept_a_deleted_key {
+                    return Err(Error::KeyNotFound);
+                }
                 let (cur, events) = (w.cur, w.events);
                 self.commit(cur, events, out);
                 Ok(Predicted::Txn(shape))
@@ -280,7 +332,7 @@ impl Model {
                 }
                 let ttl = g.ttl.max(MIN_TTL);
                 self.leases.insert(g.id, (ttl, self.now + ttl * 1000));
-                Ok(Predicted::Ok)
+                Ok(Predicted::Granted { id: g.id, ttl })
             }
             Request::LeaseRevoke(r) => {
                 if !self.leases.contains_key(&r.id) {
@@ -294,13 +346,18 @@ impl Model {
                     return Err(Error::LeaseNotFound);
                 };
                 *deadline = self.now + *ttl * 1000;
-                Ok(Predicted::Ok)
+                Ok(Predicted::KeptAlive {
+                    id: k.id,
+                    ttl: *ttl,
+                })
             }
             _ => Ok(Predicted::Ok),
         }
     }
 
-    /// Apply-time checks of the branches a txn takes, against the state before it.
+    /// Apply-time checks of the branches a txn takes, against the state before it: each put
+    /// in order, first the key its ignore_* flags need, then its lease (the reverse of a lone
+    /// put's order, as in etcd).
     fn check_branch(&self, t: &TxnRequest) -> Result<(), Error> {
         let ops = if compares_hold(self.head(), &t.compare) {
             &t.success
@@ -309,10 +366,13 @@ impl Model {
         };
         for op in ops {
             match &op.request {
-                Some(request_op::Request::RequestPut(p))
-                    if p.lease != 0 && !self.leases.contains_key(&p.lease) =>
-                {
-                    return Err(Error::LeaseNotFound);
+                Some(request_op::Request::RequestPut(p)) => {
+                    if (p.ignore_value || p.ignore_lease) && !self.head().contains_key(&p.key) {
+                        return Err(Error::KeyNotFound);
+                    }
+                    if p.lease != 0 && !self.leases.contains_key(&p.lease) {
+                        return Err(Error::LeaseNotFound);
+                    }
                 }
                 Some(request_op::Request::RequestTxn(inner)) => self.check_branch(inner)?,
                 _ => {}
@@ -419,6 +479,15 @@ fn observed(outcome: &Outcome) -> Predicted {
         Outcome::Put(p) => Predicted::Put(p.prev_kv.clone()),
         Outcome::DeleteRange(d) => Predicted::Delete(d.deleted, d.prev_kvs.clone()),
         Outcome::Txn(t) => Predicted::Txn(shape_of(t)),
+        Outcome::LeaseGrant(g) => Predicted::Granted {
+            id: g.id,
+            ttl: g.ttl,
+        },
+        Outcome::LeaseKeepAlive(k) => Predicted::KeptAlive {
+            id: k.id,
+            ttl: k.ttl,
+        },
+        Outcome::Duplicate { revision } => Predicted::Duplicate(*revision),
         _ => Predicted::Ok,
     }
 }
@@ -433,20 +502,30 @@ fn end() -> impl Strategy<Value = Vec<u8>> {
     prop::sample::select(ENDS.to_vec()).prop_map(|k| k.as_bytes().to_vec())
 }
 
+/// Puts, a fifth of them keeping the previous value or lease (`ignore_value` goes with an empty
+/// value and `ignore_lease` with lease 0, as validation requires).
 fn put_req() -> impl Strategy<Value = PutRequest> {
     (
         key(),
         0u8..4,
         prop_oneof![3 => Just(0i64), 1 => 1i64..4],
         any::<bool>(),
+        prop_oneof![8 => Just((false, false)), 1 => Just((true, false)), 1 => Just((false, true))],
     )
-        .prop_map(|(key, v, lease, prev_kv)| PutRequest {
-            key,
-            value: vec![b'0' + v],
-            lease,
-            prev_kv,
-            ..Default::default()
-        })
+        .prop_map(
+            |(key, v, lease, prev_kv, (ignore_value, ignore_lease))| PutRequest {
+                key,
+                value: if ignore_value {
+                    Vec::new()
+                } else {
+                    vec![b'0' + v]
+                },
+                lease: if ignore_lease { 0 } else { lease },
+                prev_kv,
+                ignore_value,
+                ignore_lease,
+            },
+        )
 }
 
 fn compare_req() -> impl Strategy<Value = Compare> {
@@ -454,7 +533,7 @@ fn compare_req() -> impl Strategy<Value = Compare> {
         key(),
         prop_oneof![3 => Just(Vec::new()), 1 => end()],
         0i32..4,
-        0u8..4,
+        0u8..5,
         0i64..6,
     )
         .prop_map(|(key, range_end, result, target, n)| {
@@ -470,6 +549,10 @@ fn compare_req() -> impl Strategy<Value = Compare> {
                 2 => (
                     compare::CompareTarget::Mod,
                     compare::TargetUnion::ModRevision(n),
+                ),
+                3 => (
+                    compare::CompareTarget::Create,
+                    compare::TargetUnion::CreateRevision(n),
                 ),
                 _ => (
                     compare::CompareTarget::Lease,
@@ -514,8 +597,9 @@ fn txn_req(depth: u32) -> BoxedStrategy<TxnRequest> {
         .boxed()
 }
 
-/// One journal entry: how far time moves, and the request.
-fn step() -> impl Strategy<Value = (i64, Request)> {
+/// One journal entry: how far time moves, the request, and its request id (from a pool of four,
+/// a third of requests; none for ticks and leader changes, which carry none).
+fn step() -> impl Strategy<Value = Step> {
     let req = prop_oneof![
         6 => put_req().prop_map(Request::Put),
         2 => (key(), end(), any::<bool>()).prop_map(|(key, range_end, prev_kv)| Request::DeleteRange(DeleteRangeRequest { key, range_end, prev_kv })),
@@ -530,16 +614,25 @@ fn step() -> impl Strategy<Value = (i64, Request)> {
     (
         prop_oneof![3 => Just(0i64), 2 => 0i64..4_000, 1 => 0i64..15_000],
         req,
+        prop_oneof![2 => Just(None), 1 => (0u8..4).prop_map(Some)],
     )
+        .prop_map(|(advance, req, id)| {
+            let id = id
+                .filter(|_| !matches!(req, Request::Tick(_) | Request::LeaderChange(_)))
+                .map(|n| vec![b'r', n]);
+            (advance, req, id)
+        })
 }
+
+type Step = (i64, Request, Option<Vec<u8>>);
 
 // ---- the check ----
 
-fn entry(now: i64, req: &Request) -> Entry {
+fn entry(now: i64, req: &Request, id: &Option<Vec<u8>>) -> Entry {
     Entry {
         format_version: 1,
         tenant: "t".into(),
-        request_id: Vec::new(),
+        request_id: id.clone().unwrap_or_default(),
         time_ms: now,
         request: Some(req.clone()),
     }
@@ -630,11 +723,12 @@ fn check_reads(store: &MemStore, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
-fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
+fn run_case(steps: &[Step]) -> Result<(), TestCaseError> {
     let config = Config {
         leader_change_extend_ms: EXTEND_MS,
         lease_clock_max_step_ms: LEASE_STEP_MS,
         min_lease_ttl_secs: MIN_TTL,
+        request_id_window_ms: ID_WINDOW_MS,
         ..Config::default()
     };
     let mut store = MemStore::new(config.clone());
@@ -647,7 +741,7 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
     let mut model = Model::new();
     let mut restored: Option<MemStore> = None;
     let mut now = model.now;
-    for (i, (advance, req)) in steps.iter().enumerate() {
+    for (i, (advance, req, id)) in steps.iter().enumerate() {
         if i == steps.len() / 2 {
             let meta = CheckpointMeta {
                 tenant: "t".into(),
@@ -670,9 +764,9 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
         now += advance;
         let req = resolve(req, &model);
         let index = i as u64 + 1;
-        let applied = store.apply(index, &entry(now, &req));
+        let applied = store.apply(index, &entry(now, &req, id));
         let mut events = Vec::new();
-        let predicted = model.apply(now, &req, &mut events);
+        let predicted = model.apply(now, &req, id.as_deref(), &mut events);
         prop_assert_eq!(
             observed(&applied.outcome),
             predicted,
@@ -683,7 +777,7 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
         prop_assert_eq!(&applied.events, &events, "events of step {}", i);
         prop_assert_eq!(applied.revision, model.rev());
         prop_assert_eq!(
-            &owned.apply_owned(index, entry(now, &req)),
+            &owned.apply_owned(index, entry(now, &req, id)),
             &applied,
             "apply_owned diverged at step {}",
             i
@@ -692,7 +786,7 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
             index,
             term: 1,
             time_ms: now,
-            kind: Some(Kind::Data(api::record::encode_entry(&entry(now, &req)))),
+            kind: Some(Kind::Data(api::record::encode_entry(&entry(now, &req, id)))),
         };
         let by_record = recorded
             .apply_record(record, "t")
@@ -705,7 +799,7 @@ fn run_case(steps: &[(i64, Request)]) -> Result<(), TestCaseError> {
         );
         if let Some(r) = restored.as_mut() {
             prop_assert_eq!(
-                &r.apply(index, &entry(now, &req)),
+                &r.apply(index, &entry(now, &req, id)),
                 &applied,
                 "restored store diverged at step {}",
                 i

@@ -262,10 +262,8 @@ impl Model {
         // A request id is applied once while the window remembers it; a failed request's id
         // too. Expiries above happen either way.
         self.ids.retain(|_, (t, _)| *t >= now - ID_WINDOW_MS);
-        if let Some(id) = id {
-            if let Some((_, revision)) = self.ids.get(id) {
-                return Predicted::Duplicate(*revision);
-            }
+        if let Some((_, revision)) = id.and_then(|id| self.ids.get(id)) {
+            return Predicted::Duplicate(*revision);
         }
         let predicted = match self.request(req, out) {
             Ok(p) => p,

@@ -146,7 +146,7 @@ impl Harness {
                 kv.mod_revision >= start
                     && in_range
                     && !(is_put && spec.no_put)
-                    && !(!is_put && spec.no_delete)
+                    && (is_put || !spec.no_delete)
             })
             .map(|e| {
                 let mut e = e.clone();

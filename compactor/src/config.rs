@@ -38,6 +38,9 @@ pub struct Config {
     /// Auto-compaction of every tenant's MVCC history (etcd's `--auto-compaction-*`); `None`
     /// is etcd's default: off.
     pub auto_compaction: Option<Policy>,
+    /// Testing only: a pause after each checkpoint upload and after each manifest publish, so
+    /// a fault test's `kill -9` reliably lands between the steps of a round. Zero otherwise.
+    pub step_pause: Duration,
 }
 
 impl Default for Config {
@@ -52,6 +55,7 @@ impl Default for Config {
             retry_min: DEFAULT_RETRY_MIN,
             retry_max: DEFAULT_RETRY_MAX,
             auto_compaction: None,
+            step_pause: Duration::ZERO,
         }
     }
 }

@@ -492,8 +492,9 @@ impl<J: Journal> ShardWorker<J> {
         let journal = self.journal.clone();
         let shard = self.shard;
         let keep = self.config.keep;
+        let pause = self.config.step_pause;
         Ok(Some(tokio::spawn(upload_round(
-            catalog, journal, shard, keep, jobs,
+            catalog, journal, shard, keep, pause, jobs,
         ))))
     }
 
@@ -671,12 +672,13 @@ async fn upload_round<J: Journal>(
     journal: J,
     shard: u32,
     keep: usize,
+    pause: Duration,
     jobs: Vec<Job>,
 ) -> RoundResult {
     let mut out = Vec::with_capacity(jobs.len());
     for job in jobs {
         let tenant = job.tenant.clone();
-        let r = upload_one(&catalog, &journal, shard, keep, job).await;
+        let r = upload_one(&catalog, &journal, shard, keep, pause, job).await;
         out.push((tenant, r));
     }
     out
@@ -687,6 +689,7 @@ async fn upload_one<J: Journal>(
     journal: &J,
     shard: u32,
     keep: usize,
+    pause: Duration,
     job: Job,
 ) -> Result<Manifest> {
     let started = Instant::now();
@@ -701,6 +704,9 @@ async fn upload_one<J: Journal>(
             job.bytes,
         )
         .await?;
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await; // testing only: a kill lands between upload and publish
+    }
     let mut list = vec![new];
     list.extend(job.previous.into_iter().filter(|c| c.index < job.index));
     list.truncate(keep);
@@ -716,6 +722,9 @@ async fn upload_one<J: Journal>(
         });
     }
     let m = catalog.publish(&job.tenant, shard, list, wall_ms()).await?;
+    if !pause.is_zero() {
+        tokio::time::sleep(pause).await; // testing only: a kill lands between publish and trim
+    }
     let secs = started.elapsed().as_secs_f64();
     metrics::histogram!("strata_compactor_checkpoint_upload_seconds").record(secs);
     metrics::counter!("strata_compactor_checkpoint_bytes_total", "shard" => shard.to_string())
@@ -812,6 +821,7 @@ mod tests {
                 retry_min: Duration::from_millis(50),
                 retry_max: Duration::from_millis(400),
                 auto_compaction: None,
+                step_pause: Duration::ZERO,
             }),
             status: watch::Sender::new(ShardStatus::default()),
         };

@@ -61,6 +61,10 @@ pub struct Args {
     /// Serve Prometheus metrics at http://<addr>/metrics.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// Testing only: pause this long after each checkpoint upload and each manifest publish
+    /// (fault tests kill the compactor between the steps of a round).
+    #[arg(long, hide = true, default_value = "0s", value_parser = humantime::parse_duration)]
+    test_step_pause: Duration,
 }
 
 fn parse_tenant(s: &str) -> anyhow::Result<(String, u32)> {
@@ -94,6 +98,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &args.auto_compaction_retention,
             args.auto_compaction_check_interval,
         )?,
+        step_pause: args.test_step_pause,
     };
     config.validate()?;
     if let Some(addr) = args.metrics_listen {

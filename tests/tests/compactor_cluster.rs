@@ -56,6 +56,9 @@ fn compactor_args(journals: &[String], objects: &Path) -> Vec<String> {
         "100ms",
         "--retry-max",
         "1s",
+        // Rounds pause after each upload and each publish, so the kills land inside them.
+        "--test-step-pause",
+        "250ms",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -84,6 +87,36 @@ async fn tail_reference(client: JournalClient, reference: Arc<Reference>) {
 
 /// No manifest names a partial or missing object; the journal is not trimmed past any tenant's
 /// newest published checkpoint (and not at all while a tenant has none).
+/// Checkpoint objects on disk that no manifest names: what a compactor killed between an
+/// upload and its publish leaves behind (the next one's garbage collection removes them).
+async fn unpublished_checkpoints(
+    catalog: &Catalog,
+    objects: &Path,
+) -> std::collections::HashSet<String> {
+    let mut named = std::collections::HashSet::new();
+    for t in TENANTS {
+        for seq in catalog.manifest_seqs(t).await.unwrap_or_default() {
+            if let Ok(Some(m)) = catalog.read_manifest(t, seq).await {
+                named.extend(m.checkpoints.into_iter().map(|r| r.path));
+            }
+        }
+    }
+    let mut unnamed = std::collections::HashSet::new();
+    for t in TENANTS {
+        let dir = objects.join("tenants").join(t).join("checkpoints");
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let rel = format!(
+                "tenants/{t}/checkpoints/{}",
+                e.file_name().to_string_lossy()
+            );
+            if !named.contains(&rel) {
+                unnamed.insert(rel);
+            }
+        }
+    }
+    unnamed
+}
+
 async fn check_invariants(catalog: &Catalog, client: &JournalClient, when: &str) {
     let first = client.status(SHARD).await.unwrap().first_index;
     let tenants = catalog.tenants().await.unwrap();
@@ -111,7 +144,16 @@ async fn check_invariants(catalog: &Catalog, client: &JournalClient, when: &str)
             }
             newest = Some(m);
         }
-        let covered = newest.expect("a manifest").newest().unwrap().index;
+        // A compactor killed between its first upload and first publish leaves a checkpoint
+        // object and no manifest: the tenant has no published checkpoint yet.
+        let Some(newest) = newest else {
+            assert!(
+                first <= 1,
+                "{when}: journal trimmed to {first} while {t} has no manifest"
+            );
+            continue;
+        };
+        let covered = newest.newest().unwrap().index;
         assert!(
             first <= covered + 1,
             "{when}: journal starts at {first} but {t}'s newest checkpoint covers only {covered}"
@@ -149,6 +191,8 @@ async fn kill_9_while_checkpointing_never_breaks_manifests_or_trims_and_the_next
         Some(&log),
     );
     let mut last = 0;
+    let mut kills_between_upload_and_publish = 0;
+    let mut orphans = std::collections::HashSet::new();
     for cycle in 0..KILLS {
         for _ in 0..ENTRIES_PER_CYCLE / BATCH {
             let mut payloads = Vec::with_capacity(BATCH);
@@ -162,9 +206,29 @@ async fn kill_9_while_checkpointing_never_breaks_manifests_or_trims_and_the_next
             last = *idx.last().unwrap();
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..60))).await;
         }
-        // Let it run into a checkpoint round, then kill it somewhere in the middle.
-        tokio::time::sleep(Duration::from_millis(rng.random_range(200..1600))).await;
+        if cycle % 2 == 0 {
+            // Kill it right after an upload, before that checkpoint is published.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+            while tokio::time::Instant::now() < deadline
+                && unpublished_checkpoints(&catalog, &objects)
+                    .await
+                    .difference(&orphans)
+                    .next()
+                    .is_none()
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        } else {
+            // Let it run into a checkpoint round, then kill it somewhere in the middle.
+            tokio::time::sleep(Duration::from_millis(rng.random_range(200..1600))).await;
+        }
         compactor.kill();
+        // A kill between an upload and its publish leaves a new object no manifest names.
+        let now = unpublished_checkpoints(&catalog, &objects).await;
+        if now.difference(&orphans).next().is_some() {
+            kills_between_upload_and_publish += 1;
+        }
+        orphans = now;
         check_invariants(&catalog, &client, &format!("after kill {cycle}")).await;
         compactor = ChildGuard::strata(
             "compactor",
@@ -194,6 +258,13 @@ async fn kill_9_while_checkpointing_never_breaks_manifests_or_trims_and_the_next
     }
     compactor.kill();
     check_invariants(&catalog, &client, "at the end").await;
+    println!(
+        "{kills_between_upload_and_publish} of {KILLS} kills between an upload and its publish"
+    );
+    assert!(
+        kills_between_upload_and_publish > 0,
+        "no kill landed inside a round: the test checked idle compactors only"
+    );
 
     // A fresh replica per tenant, from its newest checkpoint plus the journal tail, equals the
     // reference that applied every record.

@@ -771,7 +771,7 @@ mod tests {
             )),
             previous: Vec::new(),
         };
-        let refused = upload_one(&catalog, &journal, 0, 3, job(5)).await;
+        let refused = upload_one(&catalog, &journal, 0, 3, Duration::ZERO, job(5)).await;
         assert!(
             matches!(
                 refused,

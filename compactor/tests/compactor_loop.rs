@@ -32,6 +32,7 @@ fn config() -> Config {
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(400),
         auto_compaction: None,
+        step_pause: Duration::ZERO,
     }
 }
 

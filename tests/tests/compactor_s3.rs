@@ -30,7 +30,7 @@ fn config() -> Config {
         trim_lag: 1,
         retry_min: Duration::from_millis(100),
         retry_max: Duration::from_secs(1),
-        auto_compaction: None,
+        ..Config::default()
     }
 }
 

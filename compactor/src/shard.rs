@@ -784,7 +784,9 @@ mod tests {
         );
         assert!(catalog.latest_manifest("acme").await.unwrap().is_none());
         // Right at the trim point it continues: published.
-        let m = upload_one(&catalog, &journal, 0, 3, Duration::ZERO, job(10)).await.unwrap();
+        let m = upload_one(&catalog, &journal, 0, 3, Duration::ZERO, job(10))
+            .await
+            .unwrap();
         assert_eq!(m.newest().unwrap().index, 10);
     }
 

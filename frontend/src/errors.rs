@@ -224,6 +224,11 @@ mod tests {
                 Code::DataLoss,
                 "etcdserver: corrupt cluster",
             ),
+            (
+                E::CorruptAlarm,
+                Code::DataLoss,
+                "etcdserver: corrupt cluster",
+            ),
         ];
         for (e, code, m) in table {
             let s = status(e);

@@ -34,6 +34,8 @@ pub struct MaintenanceService {
     tenants: Arc<Tenants>,
     log: Arc<dyn Log>,
     version: String,
+    /// Member ids MemberList reports (this frontend's and its peers'), for MoveLeader.
+    members: Vec<u64>,
 }
 
 impl MaintenanceService {
@@ -42,7 +44,14 @@ impl MaintenanceService {
             tenants,
             log,
             version,
+            members: Vec::new(),
         }
+    }
+
+    /// The member ids MemberList reports, so MoveLeader can tell a peer from a stranger.
+    pub fn with_members(mut self, members: &crate::cluster::Members) -> Self {
+        self.members = members.members.iter().map(|m| m.id).collect();
+        self
     }
 
     fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
@@ -76,7 +85,19 @@ async fn alarm(t: &Tenant, id: RequestId, req: AlarmRequest) -> Result<AlarmResp
 }
 
 async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusResponse, Error> {
+    // etcd's order: "no leader" first, then every raised alarm in protobuf's compact text form
+    // (`memberID:<id> alarm:<NAME> `, trailing space included, as etcd 3.4 sends it; `etcdctl
+    // endpoint status` shows it under ERRORS).
     let mut errors = Vec::new();
+    let has_leader = t.has_leader();
+    if !has_leader {
+        errors.push(crate::errors::msg::NO_LEADER.to_string());
+    }
+    for a in t.replica.read().alarms() {
+        let name = api::etcdserverpb::AlarmType::try_from(a.alarm)
+            .map_or_else(|_| a.alarm.to_string(), |n| n.as_str_name().to_string());
+        errors.push(format!("memberID:{} alarm:{name} ", a.member_id));
+    }
     let journal = tokio::time::timeout(JOURNAL_STATUS_TIMEOUT, log.status(t.shard)).await;
     let applied_index = t.replica.applied_index();
     let (raft_index, raft_term) = match journal {
@@ -106,7 +127,9 @@ async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusRespon
         header: Some(t.header(revision)),
         version: version.to_string(),
         db_size: stats.total_bytes as i64,
-        leader: t.identity.member_id,
+        // Each frontend answers for itself (docs/frontend.md); 0, etcd's "none", while it has
+        // not heard from the journal.
+        leader: if has_leader { t.identity.member_id } else { 0 },
         raft_index,
         raft_term,
         raft_applied_index: applied_index,
@@ -119,13 +142,23 @@ async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusRespon
     })
 }
 
+/// HashKV of the local replica, as etcd hashes its own store (no read index: it answers while
+/// the journal has no quorum). A revision above the replica's waits for it to catch up first,
+/// so a lagging frontend does not call an existing revision a future one.
 async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error> {
-    t.barrier().await?;
+    if req.revision > t.replica.read().revision() {
+        t.barrier().await?;
+    }
     let (h, revision) = hash_of(t, req.revision).await?;
     Ok(HashKvResponse {
         header: Some(t.header(revision)),
         hash: h.hash,
-        compact_revision: h.compact_revision,
+        // etcd's store starts with compact revision -1 (never compacted).
+        compact_revision: if h.compact_revision == 0 {
+            -1
+        } else {
+            h.compact_revision
+        },
         hash_revision: h.hash_revision,
     })
 }
@@ -142,8 +175,8 @@ async fn hash_of(t: &Tenant, revision: i64) -> Result<(memstore::HashKv, i64), E
     Ok(hashed?)
 }
 
+/// Maintenance.Hash of the local replica, as etcd hashes its own backend.
 async fn hash(t: &Tenant) -> Result<HashResponse, Error> {
-    t.barrier().await?;
     let (h, revision) = hash_of(t, 0).await?;
     Ok(HashResponse {
         header: Some(t.header(revision)),
@@ -220,10 +253,27 @@ impl Maintenance for MaintenanceService {
         crate::snapshot::snapshot(t).await.map(Response::new)
     }
 
+    /// Every frontend answers as the leader (docs/frontend.md), so a move to itself is done at
+    /// once, as etcd answers a move to the current leader; a move to a stranger gets etcd's
+    /// "bad leader transferee"; a move to a peer frontend is refused (leadership lives in the
+    /// journal, not among frontends).
     async fn move_leader(
         &self,
-        _req: Request<MoveLeaderRequest>,
+        req: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
+        let t = self.tenant(&req)?;
+        let target = req.into_inner().target_id;
+        if target == t.identity.member_id {
+            let revision = t.replica.read().revision();
+            return Ok(Response::new(MoveLeaderResponse {
+                header: Some(t.header(revision)),
+            }));
+        }
+        if !self.members.contains(&target) {
+            return Err(Status::failed_precondition(
+                "etcdserver: bad leader transferee",
+            ));
+        }
         Err(handled(Error::LeadershipManaged))
     }
 

@@ -167,14 +167,13 @@ impl Frontend {
                 LeaseServer::new(LeaseService::new(tenants.clone()))
                     .max_decoding_message_size(max_decode),
             )
+            .add_service(MaintenanceServer::new(
+                MaintenanceService::new(tenants.clone(), log.clone(), config.etcd_version.clone())
+                    .with_members(&members),
+            ))
             .add_service(ClusterServer::new(ClusterService::new(
                 tenants.clone(),
                 members,
-            )))
-            .add_service(MaintenanceServer::new(MaintenanceService::new(
-                tenants.clone(),
-                log.clone(),
-                config.etcd_version.clone(),
             )))
             .add_service(AuthServer::new(AuthService));
 

@@ -444,8 +444,21 @@ async fn cluster_maintenance_and_auth() {
         "a write changes Hash"
     );
 
-    let (cd, _) = code(c.move_leader(own_id).await.unwrap_err());
+    // MoveLeader: to itself done at once, to the peer frontend refused (leadership lives in
+    // the journal), to a stranger etcd's "bad leader transferee".
+    c.move_leader(own_id).await.unwrap();
+    let peer_id = ml.members()[1].id();
+    let (cd, m) = code(c.move_leader(peer_id).await.unwrap_err());
     assert_eq!(cd, Code::FailedPrecondition);
+    assert!(m.contains("leadership is managed by the journal"), "{m}");
+    let (cd, m) = code(c.move_leader(peer_id ^ 1).await.unwrap_err());
+    assert_eq!(
+        (cd, m.as_str()),
+        (
+            Code::FailedPrecondition,
+            "etcdserver: bad leader transferee"
+        )
+    );
     let (cd, m) = code(c.auth_enable().await.unwrap_err());
     assert_eq!(cd, Code::Unimplemented);
     assert!(m.contains("auth"), "{m}");
@@ -556,6 +569,15 @@ async fn require_leader_streams_end_when_the_journal_falls_silent() {
         panic!("a require-leader watch was accepted without a leader");
     };
     assert_eq!(code(refused), no_leader);
+    // Status says so as etcd's does (leader 0, "etcdserver: no leader" first); HashKV still
+    // hashes the local replica.
+    let st = h.client.status().await.unwrap();
+    assert_eq!(st.leader(), 0);
+    assert_eq!(
+        st.errors().first().map(String::as_str),
+        Some("etcdserver: no leader")
+    );
+    h.client.hash_kv(0).await.unwrap();
 
     // The journal is heard again: the stream that did not ask goes on, new ones are served.
     up.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -573,6 +595,9 @@ async fn require_leader_streams_end_when_the_journal_falls_silent() {
     assert_eq!(event, b"w1");
     let mut again = strict.watch("w", None).await.unwrap();
     drop((again.message(), plain_watch));
+    let st = h.client.status().await.unwrap();
+    assert_ne!(st.leader(), 0);
+    assert!(st.errors().is_empty(), "{:?}", st.errors());
     ticker.abort();
     h.fe.stop().await.unwrap();
 }
@@ -637,6 +662,9 @@ async fn http_health_readiness_and_metrics() {
     // ...but not /livez: a journal outage is no reason to restart a frontend.
     let (s, body) = http_get(h.fe.metrics_addr, "/livez").await;
     assert_eq!((s, body.as_str()), (200, "ok\n"));
+    // HashKV and Hash read the local replica, as etcd's do: no journal round trip.
+    h.client.hash_kv(0).await.unwrap();
+    h.client.hash().await.unwrap();
     let (cd, _) = code(h.client.put("k", "v", None).await.unwrap_err());
     assert_eq!(cd, Code::Unavailable);
     h.log.set_unavailable(false);

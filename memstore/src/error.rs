@@ -45,6 +45,10 @@ pub enum Error {
     /// The tenant's NOSPACE alarm is raised (mvcc backend quota: ErrNoSpace).
     #[error("mvcc: database space exceeded")]
     NoSpace,
+    /// The tenant's CORRUPT alarm is raised: etcd refuses every write (and lease grant and
+    /// revoke, and compaction) until it is disarmed (`applierV3Corrupt`: ErrCorrupt).
+    #[error("etcdserver: corrupt cluster")]
+    CorruptAlarm,
     /// A request kind this release does not apply (auth and tenant changes).
     #[error("etcdserver: not capable: {0}")]
     Unsupported(String),
@@ -68,7 +72,7 @@ impl Error {
             | Error::LeaseProvided => Code::InvalidArgument,
             Error::NoSpace => Code::ResourceExhausted,
             Error::Unsupported(_) => Code::Unimplemented,
-            Error::Corrupt(_) => Code::DataLoss,
+            Error::Corrupt(_) | Error::CorruptAlarm => Code::DataLoss,
         }
     }
 

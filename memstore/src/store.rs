@@ -681,7 +681,31 @@ impl MemStore {
         Ok(())
     }
 
+    fn corrupt(&self) -> bool {
+        !self.state.alarms.is_empty()
+            && self
+                .state
+                .alarms
+                .iter()
+                .any(|&(_, a)| a == AlarmType::Corrupt as i32)
+    }
+
     fn apply_request(&mut self, index: u64, req: &Request, events: &mut Vec<Event>) -> Outcome {
+        // While CORRUPT is raised etcd refuses these before anything else (its corrupt applier
+        // wraps the others, the NOSPACE one included); keep-alives and alarms go on. Puts check
+        // it where every put path meets (`apply_put_with`).
+        if self.corrupt()
+            && matches!(
+                req,
+                Request::DeleteRange(_)
+                    | Request::Txn(_)
+                    | Request::Compact(_)
+                    | Request::LeaseGrant(_)
+                    | Request::LeaseRevoke(_)
+            )
+        {
+            return Outcome::Failed(Error::CorruptAlarm);
+        }
         let result = match req {
             Request::Put(p) => self.apply_put(p, events).map(Outcome::Put),
             Request::DeleteRange(d) => self.apply_delete_range(d, events).map(Outcome::DeleteRange),
@@ -744,6 +768,9 @@ impl MemStore {
         V: AsRef<[u8]> + Into<Box<[u8]>>,
     {
         let (k, v) = (key.as_ref(), value.as_ref());
+        if self.corrupt() {
+            return Err(Error::CorruptAlarm); // every put path comes here
+        }
         validate::put_parts(k, v, flags.lease, flags.ignore_value, flags.ignore_lease)?;
         self.check_space((k.len() + v.len()) as u64)?;
         self.check_put_lease(flags)?;

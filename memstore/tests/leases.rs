@@ -317,3 +317,56 @@ fn unsupported_requests_fail_cleanly() {
     assert!(matches!(failed(&a), Some(Error::Unsupported(_))));
     assert_eq!(h.store.revision(), 1);
 }
+
+/// While CORRUPT is raised every write, lease grant and revoke and compaction fails with
+/// etcd's "etcdserver: corrupt cluster" (DataLoss) and changes nothing, before NOSPACE is
+/// looked at; keep-alives and reads go on; disarmed, writes work again.
+#[test]
+fn corrupt_alarm_refuses_writes_until_disarmed() {
+    let mut h = Harness::new();
+    h.put("a", "1");
+    h.grant(7, 60);
+    let alarm = |action: AlarmAction, alarm: AlarmType| {
+        Request::Alarm(AlarmRequest {
+            action: action as i32,
+            member_id: 3,
+            alarm: alarm as i32,
+        })
+    };
+    h.apply(alarm(AlarmAction::Activate, AlarmType::Nospace));
+    h.apply(alarm(AlarmAction::Activate, AlarmType::Corrupt));
+    let revision = h.store.revision();
+    let corrupt = Some(Error::CorruptAlarm);
+    assert_eq!(failed(&h.put("b", "1")), corrupt, "before NOSPACE");
+    assert_eq!(failed(&h.del("a", "")), corrupt);
+    assert_eq!(failed(&h.compact(revision)), corrupt);
+    assert_eq!(failed(&h.grant(8, 60)), corrupt);
+    assert_eq!(failed(&h.revoke(7)), corrupt);
+    let write_txn = api::etcdserverpb::TxnRequest {
+        compare: vec![],
+        success: vec![op_get("a", "")],
+        failure: vec![op_put("x", "1")],
+    };
+    assert_eq!(failed(&h.txn(write_txn)), corrupt);
+    assert!(matches!(
+        h.keep_alive(7).outcome,
+        Outcome::LeaseKeepAlive(_)
+    ));
+    assert_eq!(h.store.revision(), revision, "nothing changed");
+    assert_eq!(h.get("a").unwrap().value, b"1");
+    let e = Error::CorruptAlarm;
+    assert_eq!(
+        (e.grpc_code(), e.grpc_message().as_str()),
+        (memstore::Code::DataLoss, "etcdserver: corrupt cluster")
+    );
+    // Through a checkpoint the alarm stays.
+    assert_eq!(reload(&h.store).alarms().len(), 2);
+    h.apply(alarm(AlarmAction::Deactivate, AlarmType::Corrupt));
+    assert_eq!(
+        failed(&h.put("b", "1")),
+        Some(Error::NoSpace),
+        "NOSPACE is still raised"
+    );
+    h.apply(alarm(AlarmAction::Deactivate, AlarmType::Nospace));
+    assert!(matches!(h.put("b", "1").outcome, Outcome::Put(_)));
+}

@@ -129,9 +129,6 @@ async fn strata_refuses_membership_leadership_and_auth_changes_clearly() {
     assert_eq!(code, Code::FailedPrecondition);
     let (code, _) = status(c.member_promote(id).await);
     assert_eq!(code, Code::FailedPrecondition);
-    let (code, msg) = status(c.move_leader(id).await);
-    assert_eq!(code, Code::FailedPrecondition);
-    assert!(msg.contains("leadership is managed"), "{msg}");
     let (code, _) = status(c.auth_enable().await);
     assert_eq!(code, Code::Unimplemented);
     let (code, _) = status(c.user_add("root", "pw", None).await);
@@ -139,4 +136,64 @@ async fn strata_refuses_membership_leadership_and_auth_changes_clearly() {
     // Nothing changed: still one served membership, still no auth.
     assert_eq!(c.member_list().await.unwrap().members()[0].id(), id);
     c.put("still", "works", None).await.unwrap();
+}
+
+/// Raised alarms, as an etcd member answers them: each one listed in Status.errors as
+/// `memberID:<id> alarm:<NAME>`; CORRUPT refuses writes, lease grants and compactions with
+/// DataLoss "etcdserver: corrupt cluster" while reads go on; disarmed, writes work again.
+#[tokio::test]
+async fn raised_alarms_show_in_status_and_corrupt_refuses_writes() {
+    let (_t, mut c) = start().await;
+    c.put("al/k", "1", None).await.unwrap();
+    let member = c.member_list().await.unwrap().header().unwrap().member_id();
+    let opts = || {
+        let mut o = AlarmOptions::new();
+        o.with_member(member);
+        Some(o)
+    };
+    c.alarm(AlarmAction::Activate, AlarmType::Corrupt, opts())
+        .await
+        .unwrap();
+    let s = c.status().await.unwrap();
+    assert_eq!(
+        s.errors(),
+        [format!("memberID:{member} alarm:CORRUPT ")],
+        "Status lists the raised alarm"
+    );
+    let (code, msg) = status(c.put("al/k", "2", None).await);
+    assert_eq!(
+        (code, msg.as_str()),
+        (Code::DataLoss, "etcdserver: corrupt cluster")
+    );
+    let (code, _) = status(c.lease_grant(60, None).await);
+    assert_eq!(code, Code::DataLoss);
+    let (code, _) = status(c.delete("al/k", None).await);
+    assert_eq!(code, Code::DataLoss);
+    let got = c.get("al/k", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"1", "reads go on, nothing changed");
+    c.alarm(AlarmAction::Deactivate, AlarmType::Corrupt, opts())
+        .await
+        .unwrap();
+    assert!(c.status().await.unwrap().errors().is_empty());
+    c.put("al/k", "3", None).await.unwrap();
+}
+
+/// MoveLeader to the answering member succeeds (it leads already); to a member that does not
+/// exist, etcd's "bad leader transferee". HashKV of a store never compacted reports compact
+/// revision -1, as etcd's does.
+#[tokio::test]
+async fn move_leader_to_itself_and_to_a_stranger_and_hash_kv_before_any_compaction() {
+    let (_t, mut c) = start().await;
+    let own = c.status().await.unwrap().leader();
+    c.move_leader(own).await.unwrap();
+    let (code, msg) = status(c.move_leader(0x1234_5678).await);
+    assert_eq!(
+        (code, msg.as_str()),
+        (
+            Code::FailedPrecondition,
+            "etcdserver: bad leader transferee"
+        )
+    );
+    c.put("hk", "v", None).await.unwrap();
+    assert_eq!(c.hash_kv(0).await.unwrap().compact_version(), -1);
 }

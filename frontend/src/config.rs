@@ -95,6 +95,12 @@ pub struct Config {
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub no_leader_after: Duration,
 
+    /// On SIGTERM, go on serving this long while `/readyz` and gRPC health say "not serving",
+    /// so that load balancers and Kubernetes endpoints stop sending new connections before the
+    /// frontend stops accepting them (then in-flight requests get 5 s more).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    pub shutdown_delay: Duration,
+
     /// Tuning: tail the journal from the shard's leader (true), which applies an entry as it
     /// commits it, or from whichever node the client picks (false), where a follower learns of
     /// the commit only with the leader's next message. Either way the tail fails over to the
@@ -141,6 +147,7 @@ impl Config {
             object_store: None,
             watch_progress_notify_interval: crate::watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL,
             no_leader_after: DEFAULT_NO_LEADER_AFTER,
+            shutdown_delay: Duration::ZERO,
             tail_from_leader: true,
         }
     }

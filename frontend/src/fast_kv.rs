@@ -54,15 +54,18 @@ enum Rpc {
 pub struct FastKvLayer {
     tenants: Arc<Tenants>,
     max_decode: usize,
+    http: axum::Router,
 }
 
 impl FastKvLayer {
     /// `max_decode`: the largest request message accepted (the KV service's
-    /// `max_decoding_message_size`).
-    pub fn new(tenants: Arc<Tenants>, max_decode: usize) -> Self {
+    /// `max_decoding_message_size`); `http`: the router that answers plain GETs of
+    /// `crate::http::CLIENT_PORT_PATHS` on the client port, as an etcd member does.
+    pub fn new(tenants: Arc<Tenants>, max_decode: usize, http: axum::Router) -> Self {
         Self {
             tenants,
             max_decode,
+            http,
         }
     }
 }
@@ -75,6 +78,7 @@ impl<S> tower_layer::Layer<S> for FastKvLayer {
             inner,
             tenants: self.tenants.clone(),
             max_decode: self.max_decode,
+            http: self.http.clone(),
         }
     }
 }
@@ -84,6 +88,7 @@ pub struct FastKv<S> {
     inner: S,
     tenants: Arc<Tenants>,
     max_decode: usize,
+    http: axum::Router,
 }
 
 impl<S> tower_service::Service<::http::Request<Body>> for FastKv<S>
@@ -104,6 +109,19 @@ where
     }
 
     fn call(&mut self, req: ::http::Request<Body>) -> Self::Future {
+        if req.method() == ::http::Method::GET
+            && crate::http::CLIENT_PORT_PATHS.contains(&req.uri().path())
+        {
+            // A plain HTTP GET (gRPC is always a POST): the side port's answer.
+            let mut http = self.http.clone();
+            return Either::Right(Box::pin(async move {
+                let resp = match tower_service::Service::call(&mut http, req).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                };
+                Ok(resp.map(Body::new))
+            }));
+        }
         let Some(rpc) = fast_rpc(&req) else {
             return Either::Left(self.inner.call(req));
         };

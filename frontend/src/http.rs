@@ -25,13 +25,23 @@ pub const METRICS_STATUS_TIMEOUT: Duration = Duration::from_secs(1);
 pub struct HttpState {
     pub tenants: Arc<Tenants>,
     pub log: Arc<dyn Log>,
+    /// What `/version` reports as `etcdserver` (`--etcd-version`).
+    pub etcd_version: String,
+    /// Set once the frontend is shutting down (`--shutdown-delay`): `/readyz` answers 503.
+    pub draining: Arc<std::sync::atomic::AtomicBool>,
 }
+
+/// The paths an etcd member also serves over plain HTTP on its client port (`curl
+/// http://host:2379/health`, `etcdctl check datascale` reading `/metrics`): GET requests for
+/// them on the client port are answered by this router (`FastKv` hands them over).
+pub const CLIENT_PORT_PATHS: [&str; 5] = ["/health", "/version", "/metrics", "/readyz", "/livez"];
 
 pub fn router(state: HttpState) -> Router {
     Router::new()
         .route("/health", get(health))
         .route("/readyz", get(readyz))
         .route("/livez", get(livez))
+        .route("/version", get(version))
         .route("/metrics", get(metrics_text))
         .with_state(state)
 }
@@ -88,7 +98,26 @@ async fn livez(State(s): State<HttpState>) -> impl IntoResponse {
     }
 }
 
+/// etcd's `/version`: the server's version and the cluster's (major.minor.0).
+async fn version(State(s): State<HttpState>) -> impl IntoResponse {
+    let mut parts = s.etcd_version.split('.');
+    let cluster = match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => format!("{major}.{minor}.0"),
+        _ => s.etcd_version.clone(),
+    };
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        serde_json::json!({ "etcdserver": s.etcd_version, "etcdcluster": cluster }).to_string(),
+    )
+}
+
 async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
+    if s.draining.load(std::sync::atomic::Ordering::Relaxed) {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "shutting down\n".to_string(),
+        );
+    }
     match s.tenants.default_tenant().replica.state() {
         ReplicaState::Ready => (StatusCode::OK, "ok\n".to_string()),
         ReplicaState::CatchingUp => (StatusCode::SERVICE_UNAVAILABLE, "catching up\n".into()),

@@ -69,4 +69,17 @@ pub fn refresh(t: &Tenant, committed_index: Option<u64>) {
     metrics::gauge!("strata_frontend_revision", "tenant" => tenant.clone())
         .set(stats.revision as f64);
     metrics::gauge!("strata_frontend_leases", "tenant" => tenant).set(stats.leases as f64);
+    // The process collector's resident memory, which etcd exports and `etcdctl check
+    // datascale` reads from a member's /metrics.
+    if let Some(rss) = resident_bytes() {
+        metrics::gauge!("process_resident_memory_bytes").set(rss as f64);
+    }
+}
+
+/// This process's resident set (`VmRSS` of /proc/self/status), where there is a /proc.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }

@@ -77,6 +77,10 @@ pub struct Frontend {
     shutdown: Option<oneshot::Sender<()>>,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
     http: JoinHandle<std::io::Result<()>>,
+    /// `--shutdown-delay`, and what it turns off while it runs.
+    shutdown_delay: Duration,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+    health: tonic_health::server::HealthReporter,
 }
 
 impl Frontend {
@@ -136,17 +140,32 @@ impl Frontend {
         reporter
             .set_service_status("", ServingStatus::NotServing)
             .await;
-        tokio::spawn(report_health(reporter, tenant.clone()));
+        let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        tokio::spawn(report_health(
+            reporter.clone(),
+            tenant.clone(),
+            draining.clone(),
+        ));
 
         let max_decode = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
         let members = Members::new(member_id, &name, &urls, &config.peer_frontends);
+        let side_port = crate::http::router(crate::http::HttpState {
+            tenants: tenants.clone(),
+            log: log.clone(),
+            etcd_version: config.etcd_version.clone(),
+            draining: draining.clone(),
+        });
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
+            // HTTP/1.1 too, as an etcd member's client port: `/health`, `/version` and
+            // `/metrics` answer there (fast_kv.rs hands them to the side port's router).
+            .accept_http1(true)
             // Range, Put, DeleteRange and Txn skip tonic's router and codec (fast_kv.rs).
             .layer(crate::fast_kv::FastKvLayer::new(
                 tenants.clone(),
                 max_decode,
+                side_port.clone(),
             ))
             .add_service(health)
             .add_service(
@@ -201,10 +220,7 @@ impl Frontend {
                 stop.clone(),
             ),
         );
-        let router = crate::http::router(crate::http::HttpState {
-            tenants: tenants.clone(),
-            log,
-        });
+        let router = side_port;
         let http = tokio::spawn(async move {
             axum::serve(metrics, router)
                 .with_graceful_shutdown(stop)
@@ -225,6 +241,9 @@ impl Frontend {
             shutdown: Some(shutdown),
             grpc,
             http,
+            shutdown_delay: config.shutdown_delay,
+            draining,
+            health: reporter,
         })
     }
 
@@ -232,16 +251,21 @@ impl Frontend {
     /// should exit, so that its supervisor restarts it from the newest checkpoint).
     pub async fn run_until(mut self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
         let mut state = self.tenants.default_tenant().replica.subscribe_state();
+        // The state's guard is dropped before any other await, so `run_until` can be spawned.
         let failed = async move {
-            match state
+            let reason = match state
                 .wait_for(|s| matches!(s, ReplicaState::Failed(_)))
                 .await
             {
                 Ok(s) => match &*s {
-                    ReplicaState::Failed(reason) => reason.clone(),
-                    _ => String::new(),
+                    ReplicaState::Failed(reason) => Some(reason.clone()),
+                    _ => Some(String::new()),
                 },
-                Err(_) => futures::future::pending().await,
+                Err(_) => None,
+            };
+            match reason {
+                Some(reason) => reason,
+                None => futures::future::pending().await,
             }
         };
         tokio::select! {
@@ -253,7 +277,28 @@ impl Frontend {
             r = &mut self.grpc => return flatten_grpc(r),
             r = &mut self.http => return flatten_http(r),
         }
+        self.drain().await;
         self.stop().await
+    }
+
+    /// `--shutdown-delay`: readiness and gRPC health turn to "not serving" while every request
+    /// is still served, so load balancers move new connections elsewhere before `stop`.
+    async fn drain(&self) {
+        if self.shutdown_delay.is_zero() {
+            return;
+        }
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        self.health
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        for s in HEALTH_SERVICES {
+            self.health
+                .set_service_status(*s, ServingStatus::NotServing)
+                .await;
+        }
+        tracing::info!(delay = ?self.shutdown_delay, "shutting down: not ready, still serving");
+        tokio::time::sleep(self.shutdown_delay).await;
     }
 
     /// Stops accepting, lets in-flight requests finish for up to `SHUTDOWN_GRACE` (open watch
@@ -333,10 +378,15 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 
 /// grpc.health.v1 follows the replica: NOT_SERVING until it caught up, SERVING while ready,
 /// NOT_SERVING again if it stopped.
-async fn report_health(reporter: tonic_health::server::HealthReporter, tenant: Arc<Tenant>) {
+async fn report_health(
+    reporter: tonic_health::server::HealthReporter,
+    tenant: Arc<Tenant>,
+    draining: Arc<std::sync::atomic::AtomicBool>,
+) {
     let mut rx = tenant.replica.subscribe_state();
     loop {
         let status = match &*rx.borrow_and_update() {
+            _ if draining.load(std::sync::atomic::Ordering::Relaxed) => ServingStatus::NotServing,
             ReplicaState::Ready => ServingStatus::Serving,
             _ => ServingStatus::NotServing,
         };

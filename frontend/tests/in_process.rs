@@ -698,3 +698,72 @@ async fn another_tenant_in_metadata_is_refused() {
     kv.range(req).await.unwrap();
     h.fe.stop().await.unwrap();
 }
+
+/// The client port also answers plain HTTP/1.1 GETs of `/health`, `/version` and `/metrics`,
+/// as an etcd member's does (`curl http://host:2379/health`, `etcdctl check datascale` reading
+/// `process_resident_memory_bytes`), while gRPC goes on on the same port.
+#[tokio::test]
+async fn client_port_answers_etcds_plain_http_paths() {
+    let mut config = Config::for_test(vec!["unused".into()]);
+    config.etcd_version = "3.5.17".into();
+    let mut h = start_with(config, MemLog::new()).await;
+    h.client.put("k", "v", None).await.unwrap();
+    let (s, body) = http_get(h.fe.client_addr, "/health").await;
+    assert_eq!(
+        (s, body.as_str()),
+        (200, r#"{"health":"true","reason":""}"#)
+    );
+    let (s, body) = http_get(h.fe.client_addr, "/version").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&body).unwrap(),
+        serde_json::json!({"etcdserver": "3.5.17", "etcdcluster": "3.5.0"})
+    );
+    let (s, body) = http_get(h.fe.client_addr, "/metrics").await;
+    assert_eq!(s, 200);
+    let rss = body
+        .lines()
+        .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
+        .unwrap_or_else(|| panic!("no resident memory in {body}"));
+    assert!(rss.parse::<f64>().unwrap() > 1e6, "{rss}");
+    assert_eq!(
+        h.client.get("k", None).await.unwrap().kvs()[0].value(),
+        b"v"
+    );
+    h.fe.stop().await.unwrap();
+}
+
+/// `--shutdown-delay`: after the signal the frontend reports itself not ready (so load
+/// balancers move on) while it still serves every request, then stops accepting.
+#[tokio::test]
+async fn shutdown_delay_turns_readiness_off_while_still_serving() {
+    let mut config = Config::for_test(vec!["unused".into()]);
+    config.shutdown_delay = Duration::from_secs(2);
+    let mut h = start_with(config, MemLog::new()).await;
+    let (client_addr, metrics_addr) = (h.fe.client_addr, h.fe.metrics_addr);
+    h.client.put("k", "before", None).await.unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let fe = h.fe;
+    let running = tokio::spawn(fe.run_until(async {
+        let _ = rx.await;
+    }));
+    tx.send(()).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    loop {
+        let (s, body) = http_get(metrics_addr, "/readyz").await;
+        if s == 503 {
+            assert_eq!(body, "shutting down\n");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!running.is_finished(), "stopped before its delay");
+    h.client.put("k", "during", None).await.unwrap();
+    tokio::time::timeout(WAIT, running)
+        .await
+        .expect("stops after its delay")
+        .unwrap()
+        .unwrap();
+    assert!(tokio::net::TcpStream::connect(client_addr).await.is_err());
+}

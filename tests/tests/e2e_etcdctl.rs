@@ -644,3 +644,16 @@ async fn put_get_txn_watch_and_hashkv_through_http_url_endpoints() {
     assert_eq!(hash(&url, &url_endpoint), hash(&bare, host_port));
     check_status(&url, &url_endpoint);
 }
+
+/// `etcdctl check datascale` reads the member's `/metrics` over plain HTTP on the client port
+/// (`process_resident_memory_bytes`) around 10,000 puts: it passes against Strata as against
+/// etcd.
+#[tokio::test]
+async fn check_datascale_reads_metrics_from_the_client_port() {
+    let (_t, ctl) = start().await;
+    let out = ctl.ok(&["check", "datascale", "--load=s"]);
+    assert!(
+        out.contains("PASS: Approximate system memory used"),
+        "{out}"
+    );
+}

@@ -9,12 +9,24 @@ locals {
   # `kubectl apply -k infra/kubernetes` works on the same files).
   image_placeholder  = "image: strata:dev"
   bucket_placeholder = "s3://strata-checkpoints"
+  # The journal's volume claim; the storage class goes in front of it when one is given.
+  storage_placeholder = "        resources:\n          requests: {storage: 50Gi}"
+  storage_class_line  = var.journal_storage_class == null ? "" : "        storageClassName: ${var.journal_storage_class}\n"
+
+  # Each component's image: one release rolls out journal first, frontends next, the
+  # compactor last (docs/OPERATIONS.md, "Upgrading") by setting these one apply at a time.
+  images = {
+    "journal.yaml"   = coalesce(var.journal_image, var.image)
+    "frontend.yaml"  = coalesce(var.frontend_image, var.image)
+    "compactor.yaml" = coalesce(var.compactor_image, var.image)
+  }
 
   documents = flatten([
     for f in local.manifest_files : [
-      for doc in split("\n---\n", replace(replace(file("${local.manifests_dir}/${f}"),
-        local.image_placeholder, "image: ${var.image}"),
-      local.bucket_placeholder, "s3://${var.bucket_name}")) : yamldecode(doc)
+      for doc in split("\n---\n", replace(replace(replace(file("${local.manifests_dir}/${f}"),
+        local.image_placeholder, "image: ${local.images[f]}"),
+        local.bucket_placeholder, "s3://${var.bucket_name}"),
+      local.storage_placeholder, "${local.storage_class_line}${local.storage_placeholder}")) : yamldecode(doc)
     ]
   ])
 }

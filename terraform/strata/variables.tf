@@ -9,6 +9,30 @@ variable "image" {
   type        = string
 }
 
+variable "journal_image" {
+  description = "Image of the journal nodes only (default: image). Upgrades set it first, then frontend_image, then the compactor's (docs/OPERATIONS.md, \"Upgrading\")."
+  type        = string
+  default     = null
+}
+
+variable "frontend_image" {
+  description = "Image of the frontends only (default: image)."
+  type        = string
+  default     = null
+}
+
+variable "compactor_image" {
+  description = "Image of the compactor only (default: image)."
+  type        = string
+  default     = null
+}
+
+variable "journal_storage_class" {
+  description = "Storage class of the journal's volumes: local NVMe (the journal commits at its disk's fsync rate). Default: the cluster's default class."
+  type        = string
+  default     = null
+}
+
 variable "bucket_name" {
   description = "S3 bucket for checkpoints (the compactor writes, frontends read)."
   type        = string

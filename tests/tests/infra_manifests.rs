@@ -511,6 +511,22 @@ fn terraform_substitutes_values_the_manifests_hold() {
     );
     let image = unquoted(&locals["image_placeholder"]);
     let bucket = unquoted(&locals["bucket_placeholder"]);
+    // The journal's volume claim, where a storage class is put in front (HCL's "\n" as text).
+    let storage = unquoted(&locals["storage_placeholder"]).replace("\\n", "\n");
+    let journal = std::fs::read_to_string(repo().join("infra/kubernetes/journal.yaml")).unwrap();
+    assert_eq!(
+        journal.matches(&storage).count(),
+        1,
+        "journal.yaml holds the storage placeholder {storage:?} once"
+    );
+    let images = &locals["images"];
+    for f in MANIFESTS {
+        // python-hcl2 keeps a quoted key's quotes.
+        assert!(
+            images.get(f).or(images.get(format!("\"{f}\""))).is_some(),
+            "{f} has its own image variable: {images}"
+        );
+    }
     let dir = repo().join("infra/kubernetes");
     let mut bucket_uses = 0;
     for f in &files {

@@ -347,20 +347,26 @@ async fn large_history_arrives_whole_with_and_without_fragmentation() {
     assert_eq!(all.count(), 3);
 }
 
+/// A lease of `ttl` seconds with `{prefix}a` = 1 and `{prefix}b` = 2 attached; answers the
+/// lease and the revision of the first put.
+async fn two_keys_on_a_lease(c: &mut etcd_client::Client, prefix: &str, ttl: i64) -> (i64, i64) {
+    let lease = c.lease_grant(ttl, None).await.unwrap().id();
+    let opts = || Some(PutOptions::new().with_lease(lease));
+    let r = rev(c
+        .put(format!("{prefix}a"), "1", opts())
+        .await
+        .unwrap()
+        .header());
+    c.put(format!("{prefix}b"), "2", opts()).await.unwrap();
+    (lease, r)
+}
+
 /// A lease nobody keeps alive expires by itself: its keys are deleted in one revision, and a
 /// watcher sees the deletes with their previous values; the lease and the keys are gone.
 #[tokio::test]
 async fn lease_expiry_produces_delete_events() {
     let (_t, mut c) = start().await;
-    let lease = c.lease_grant(2, None).await.unwrap().id();
-    let r = rev(c
-        .put("lx/a", "1", Some(PutOptions::new().with_lease(lease)))
-        .await
-        .unwrap()
-        .header());
-    c.put("lx/b", "2", Some(PutOptions::new().with_lease(lease)))
-        .await
-        .unwrap();
+    let (lease, r) = two_keys_on_a_lease(&mut c, "lx/", 2).await;
     c.put("lx/c", "kept", None).await.unwrap();
     let mut w = c
         .watch(
@@ -414,15 +420,7 @@ async fn lease_expiry_produces_delete_events() {
 #[tokio::test]
 async fn lease_revoke_produces_delete_events() {
     let (_t, mut c) = start().await;
-    let lease = c.lease_grant(300, None).await.unwrap().id();
-    let r = rev(c
-        .put("lw/a", "1", Some(PutOptions::new().with_lease(lease)))
-        .await
-        .unwrap()
-        .header());
-    c.put("lw/b", "2", Some(PutOptions::new().with_lease(lease)))
-        .await
-        .unwrap();
+    let (lease, r) = two_keys_on_a_lease(&mut c, "lw/", 300).await;
     let mut w = c
         .watch(
             "lw/",

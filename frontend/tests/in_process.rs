@@ -767,3 +767,41 @@ async fn shutdown_delay_turns_readiness_off_while_still_serving() {
         .unwrap();
     assert!(tokio::net::TcpStream::connect(client_addr).await.is_err());
 }
+
+/// A replica that cannot go on (here: an entry of its own tenant in a format newer than this
+/// build's) fails `/livez`, so Kubernetes restarts the frontend; `/readyz` fails too.
+#[tokio::test]
+async fn a_stopped_replica_fails_liveness() {
+    use frontend::log::Log;
+    let log = MemLog::new();
+    let h = start_with(Config::for_test(vec!["unused".into()]), log.clone()).await;
+    let (s, _) = http_get(h.fe.metrics_addr, "/livez").await;
+    assert_eq!(s, 200);
+    let newer = api::strata::entry::Entry {
+        format_version: api::ENTRY_FORMAT_VERSION + 1,
+        tenant: "default".into(),
+        request_id: vec![1; 16],
+        time_ms: 0,
+        request: Some(api::strata::entry::entry::Request::Tick(
+            api::strata::entry::Tick {},
+        )),
+    };
+    log.append(0, vec![api::record::encode_entry(&newer)])
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let body = loop {
+        let (s, body) = http_get(h.fe.metrics_addr, "/livez").await;
+        if s == 503 {
+            break body;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still alive: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(body.starts_with("replica stopped: "), "{body}");
+    assert_eq!(http_get(h.fe.metrics_addr, "/readyz").await.0, 503);
+    let _ = h.fe.stop().await;
+}

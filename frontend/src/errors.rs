@@ -23,9 +23,10 @@ pub enum Error {
     /// apply it in time; the outcome is unknown to the client, as with etcd's timeout.
     #[error("replica did not apply index {index} in time")]
     Timeout { index: u64 },
-    /// The request's entry was applied at `revision`, but its answer is gone (a checkpoint
-    /// reload covered the entry before this replica applied it): the client learns what a
-    /// timeout tells it, and re-reads, as after any unknown outcome.
+    /// The request's entry was applied (the store then stood at `revision`), but its answer is
+    /// gone (a checkpoint reload covered the entry before this replica applied it): whether it
+    /// succeeded is not known either (the de-duplication window remembers refused requests
+    /// too), so the client learns what a timeout tells it, and re-reads.
     #[error("entry applied at revision {revision}; its outcome was not seen by this replica")]
     OutcomeUnknown { revision: i64 },
     /// The replica stopped (see `ReplicaState::Failed`).

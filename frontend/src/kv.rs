@@ -83,19 +83,14 @@ pub(crate) async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<Pu
     // etcd's gRPC layer validates the request before the server sizes its Raft proposal.
     memstore::validate::put(&req)?;
     t.check_size(req.encoded_len())?;
-    let wants_prev_kv = req.prev_kv;
     let applied = t.propose(&id, Intent::Put(req)).await?;
     match applied.outcome {
         Outcome::Put(mut r) => {
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        // Applied once before (see `Error::OutcomeUnknown`): a put's answer is its revision,
-        // unless the client asked for the previous key-value, which is gone.
-        Outcome::Duplicate { revision } if !wants_prev_kv => Ok(PutResponse {
-            header: Some(t.header(revision)),
-            ..Default::default()
-        }),
+        // Its entry was applied, but its outcome is gone (`Error::OutcomeUnknown`): the window
+        // that says so remembers failed requests too.
         Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Put")),
@@ -170,9 +165,7 @@ async fn compact(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Ok(CompactionResponse {
-            header: Some(t.header(revision)),
-        }),
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Compact")),
     }

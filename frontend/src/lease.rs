@@ -84,9 +84,7 @@ async fn revoke(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Ok(LeaseRevokeResponse {
-            header: Some(t.header(revision)),
-        }),
+        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("LeaseRevoke")),
     }

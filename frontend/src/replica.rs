@@ -424,9 +424,10 @@ impl Replica {
     /// never silently misses an event.
     /// Writers still waiting keep waiting when their entry comes after the checkpoint's index
     /// (it is applied next and answered as usual). A writer whose entry the checkpoint covers is
-    /// answered at once, `Outcome::Duplicate` with the revision it was applied at, when the
-    /// checkpoint's de-duplication window remembers its request id; the frontend's edge answers
-    /// what that revision alone can say. One the window no longer remembers times out as before.
+    /// answered at once, `Outcome::Duplicate`, when the checkpoint's de-duplication window
+    /// remembers its request id (which it does for refused requests too); the frontend's edge
+    /// answers etcd's "request timed out" for it. One the window no longer remembers times out
+    /// as before, after the request's deadline.
     fn swap(&self, new: MemStore) -> Result<(), String> {
         let mut store = self
             .store

@@ -603,7 +603,10 @@ impl MemStore {
             self.state
                 .leases
                 .extend_all(now, self.config.leader_change_extend_ms);
-        } else {
+        } else if !self.corrupt() {
+            // While CORRUPT is raised etcd's lessor proposes the revokes of expired leases and
+            // the corrupt applier refuses them: the leases and their keys stay until it is
+            // disarmed, then go at the next entry.
             self.expire_leases(now, &mut events);
         }
         self.prune_dedup(now);

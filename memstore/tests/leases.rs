@@ -370,3 +370,38 @@ fn corrupt_alarm_refuses_writes_until_disarmed() {
     h.apply(alarm(AlarmAction::Deactivate, AlarmType::Nospace));
     assert!(matches!(h.put("b", "1").outcome, Outcome::Put(_)));
 }
+
+/// While CORRUPT is raised a lease that runs out is not revoked (etcd's lessor proposes the
+/// revoke and the corrupt applier refuses it): its key stays; disarmed, the next entry expires
+/// it.
+#[test]
+fn corrupt_alarm_holds_lease_expiry_back() {
+    let mut h = Harness::new();
+    h.grant(7, 5);
+    h.apply(Request::Put(PutRequest {
+        key: b"leased".to_vec(),
+        value: b"v".to_vec(),
+        lease: 7,
+        ..Default::default()
+    }));
+    let alarm = |action: AlarmAction| {
+        Request::Alarm(AlarmRequest {
+            action: action as i32,
+            member_id: 3,
+            alarm: AlarmType::Corrupt as i32,
+        })
+    };
+    h.apply(alarm(AlarmAction::Activate));
+    let expired = h.pass(10_000);
+    assert!(expired.is_empty(), "{expired:?}");
+    assert!(
+        h.get("leased").is_some(),
+        "the key outlives its lease under CORRUPT"
+    );
+    h.apply(alarm(AlarmAction::Deactivate));
+    h.tick(100);
+    assert!(
+        h.get("leased").is_none(),
+        "disarmed, the overdue lease expires"
+    );
+}

@@ -96,6 +96,12 @@ pub enum NodeError {
         id: NodeId,
         leader: NodeId,
     },
+    #[error(
+        "an earlier start found this node's data lost ({why}); remove {} only once the node \
+         was replaced (docs/OPERATIONS.md)",
+        marker.display()
+    )]
+    DataLostBefore { marker: PathBuf, why: String },
     #[error("serving gRPC: {0}")]
     Serve(#[from] tonic::transport::Error),
 }
@@ -690,6 +696,9 @@ pub struct JournalNode {
     pub handoffs: crate::handoff::Handoffs,
     /// Testing only: the stream RPCs answer UNIMPLEMENTED (`NodeConfig::refuse_streams`).
     pub refuse_streams: bool,
+    /// Per shard, for `ready`: the applied index last seen and when it was last seen to move
+    /// (`None`: not since the node opened).
+    ready_progress: Vec<std::sync::Mutex<(u64, Option<std::time::Instant>)>>,
 }
 
 /// How long a fresh node waits for each peer's answer before it initialises a shard.
@@ -702,38 +711,56 @@ const LOST_DATA_CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// leaders, which never expect a follower's log to go back). Peers that do not answer in time
 /// (a cluster forming, every node starting at once) are no objection. Best effort: a leader
 /// elected after the loss has not seen this node, and then nothing tells.
-async fn refuse_if_data_was_lost(config: &NodeConfig, shard: u32) -> Result<(), NodeError> {
+async fn refuse_if_data_was_lost(config: &NodeConfig, shards: &[u32]) -> Result<(), NodeError> {
     use api::strata::journal::StatusRequest;
     use api::strata::journal::journal_client::JournalClient as GrpcClient;
-    let asks =
-        config
-            .peers
-            .iter()
-            .filter(|(id, _)| **id != config.id)
-            .map(|(_, addr)| async move {
-                let call = async {
-                    let mut c = GrpcClient::connect(format!("http://{addr}")).await.ok()?;
-                    c.status(StatusRequest { shard })
-                        .await
-                        .ok()
-                        .map(|r| r.into_inner())
-                };
-                tokio::time::timeout(LOST_DATA_CHECK_TIMEOUT, call)
+    let marker = config.data_dir.join(DATA_LOST_MARKER);
+    if let Ok(why) = std::fs::read_to_string(&marker) {
+        return Err(NodeError::DataLostBefore {
+            marker,
+            why: why.trim().to_string(),
+        });
+    }
+    let asks = config
+        .peers
+        .iter()
+        .filter(|(id, _)| **id != config.id)
+        .flat_map(|(_, addr)| shards.iter().map(move |&shard| (addr, shard)))
+        .map(|(addr, shard)| async move {
+            let call = async {
+                let mut c = GrpcClient::connect(format!("http://{addr}")).await.ok()?;
+                c.status(StatusRequest { shard })
                     .await
                     .ok()
-                    .flatten()
-            });
-    for status in futures::future::join_all(asks).await.into_iter().flatten() {
+                    .map(|r| r.into_inner())
+            };
+            let status = tokio::time::timeout(LOST_DATA_CHECK_TIMEOUT, call)
+                .await
+                .ok()
+                .flatten()?;
+            Some((shard, status))
+        });
+    for (shard, status) in futures::future::join_all(asks).await.into_iter().flatten() {
         if status.leader_id == status.node_id && status.acknowledged_by.contains(&config.id) {
-            return Err(NodeError::LostData {
+            let refusal = NodeError::LostData {
                 shard,
                 id: config.id,
                 leader: status.node_id,
-            });
+            };
+            // Sticky: later starts refuse too, even once leadership moved to a node that never
+            // saw this one acknowledge anything.
+            if let Err(e) = std::fs::write(&marker, format!("{refusal}\n")) {
+                tracing::warn!(path = %marker.display(), error = %e, "cannot record the lost data");
+            }
+            return Err(refusal);
         }
     }
     Ok(())
 }
+
+/// The file a node that found its data lost leaves in its data directory, so that it keeps
+/// refusing to start until an operator replaces it (and clears the directory).
+pub const DATA_LOST_MARKER: &str = "DATA_LOST";
 
 /// How recently a quorum must have acknowledged a leader for its node to be ready.
 pub const READY_QUORUM_ACK_MS: u64 = 3_000;
@@ -744,12 +771,29 @@ impl JournalNode {
     /// (`/readyz` on the metrics port), so a rolling update or a drain does not count a node
     /// that is still recovering, or cut off from its peers, as one of the quorum.
     pub fn ready(&self) -> Result<(), String> {
-        for shard in &self.shards {
+        for (shard, progress) in self.shards.iter().zip(&self.ready_progress) {
             if shard.log.failed() {
                 return Err(format!("shard {}: storage failed", shard.id));
             }
             if shard.leader().0.is_none() {
                 return Err(format!("shard {}: no leader known", shard.id));
+            }
+            // A follower must be applying what its leader commits (the leader's idle tick
+            // commits an entry every 500 ms): a restarted node names the leader of its stored
+            // vote before hearing from anyone, and one cut off keeps naming it for a while.
+            let applied = *shard.sm.applied_end.borrow();
+            let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
+            if applied != p.0 {
+                *p = (applied, Some(std::time::Instant::now()));
+            }
+            let heard =
+                p.1.is_some_and(|t| t.elapsed() <= Duration::from_millis(READY_QUORUM_ACK_MS));
+            drop(p);
+            if !shard.is_leader() && !heard {
+                return Err(format!(
+                    "shard {}: no entry applied from its leader in the last {READY_QUORUM_ACK_MS} ms",
+                    shard.id
+                ));
             }
             // A leader cut off from its peers keeps calling itself leader (openraft does not
             // step down without a higher vote): it is ready only while a quorum acknowledges it.
@@ -875,19 +919,31 @@ impl JournalNode {
             tokio::spawn(read_index_loop(Arc::clone(&shard), rrx));
             tokio::spawn(trim_loop(Arc::clone(&shard)));
             tokio::spawn(commit_push_loop(Arc::clone(&shard)));
-            if !config.join {
+            shards.push(shard);
+        }
+        if !config.join {
+            // Every empty shard is checked before any is initialised: a shard initialised first
+            // would never be checked again at the next start.
+            let mut fresh = Vec::new();
+            for shard in &shards {
                 let initialized =
                     shard
                         .raft
                         .is_initialized()
                         .await
                         .map_err(|f| NodeError::Raft {
-                            shard: s,
+                            shard: shard.id,
                             reason: f.to_string(),
                         })?;
                 if !initialized {
-                    refuse_if_data_was_lost(&config, s).await?;
+                    fresh.push(shard.id);
                 }
+            }
+            if !fresh.is_empty() {
+                refuse_if_data_was_lost(&config, &fresh).await?;
+            }
+            for shard in &shards {
+                let s = shard.id;
                 match shard.raft.initialize(members.clone()).await {
                     Ok(()) => {
                         let designated = ids[(s as usize) % ids.len()];
@@ -905,8 +961,11 @@ impl JournalNode {
                     }
                 }
             }
-            shards.push(shard);
         }
+        let ready_progress = shards
+            .iter()
+            .map(|s| std::sync::Mutex::new((*s.sm.applied_end.borrow(), None)))
+            .collect();
         let node = Arc::new(JournalNode {
             id: config.id,
             shards,
@@ -915,6 +974,7 @@ impl JournalNode {
             stopping: tokio::sync::watch::Sender::new(false),
             handoffs: Default::default(),
             refuse_streams: config.refuse_streams,
+            ready_progress,
         });
         tokio::spawn(crate::handoff::rebalance_loop(
             Arc::downgrade(&node),

@@ -212,6 +212,21 @@ async fn a_node_that_lost_its_data_refuses_to_rejoin_under_its_old_id() {
     }
     let log = std::fs::read_to_string(c.nodes[2].log_path()).unwrap();
     assert!(log.contains("its data was lost"), "{log}");
+    // The refusal sticks (a marker in its data directory), whoever leads by the next start.
+    assert!(c.nodes[2].data_dir.join("DATA_LOST").exists());
+    c.restart(2);
+    while c.nodes[2].is_running() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a node marked as having lost its data started"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(c.nodes[2].log_path()).unwrap();
+    assert!(
+        log.contains("an earlier start found this node's data lost"),
+        "{log}"
+    );
 
     append_acked(&client, SHARD, "after", 20, &mut acked).await;
     c.check_nodes_agree(&[0, 1], SHARD, 0, &acked).await;

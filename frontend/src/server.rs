@@ -394,6 +394,17 @@ async fn report_health(
         for s in HEALTH_SERVICES {
             reporter.set_service_status(*s, status).await;
         }
+        // A drain that began while this wrote "serving" may have been overwritten: say so again.
+        if status == ServingStatus::Serving && draining.load(std::sync::atomic::Ordering::Relaxed) {
+            reporter
+                .set_service_status("", ServingStatus::NotServing)
+                .await;
+            for s in HEALTH_SERVICES {
+                reporter
+                    .set_service_status(*s, ServingStatus::NotServing)
+                    .await;
+            }
+        }
         if rx.changed().await.is_err() {
             return;
         }

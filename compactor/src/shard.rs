@@ -380,9 +380,13 @@ impl<J: Journal> ShardWorker<J> {
             if due && round.is_none() && Instant::now() >= next_attempt {
                 match self.start_round(&mut tenants).await {
                     Ok(Some(handle)) => round = Some(handle),
-                    // Nothing to checkpoint (a shard with no tenant yet): the compactor is not
-                    // behind, and `strata_compactor_behind_seconds` must not grow for it.
-                    Ok(None) => last_success = Instant::now(),
+                    // Nothing to checkpoint on a shard with no tenant yet: the compactor is not
+                    // behind, and `strata_compactor_behind_seconds` must not grow for it. (A
+                    // shard whose tenants are all refused is never trimmed: it is behind.)
+                    Ok(None) if tenants.is_empty() && refused.is_empty() => {
+                        last_success = Instant::now();
+                    }
+                    Ok(None) => {}
                     Err(e) => break Err(e),
                 }
                 since_round = 0;

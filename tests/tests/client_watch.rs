@@ -366,15 +366,16 @@ async fn two_keys_on_a_lease(c: &mut etcd_client::Client, prefix: &str, ttl: i64
 #[tokio::test]
 async fn lease_expiry_produces_delete_events() {
     let (_t, mut c) = start().await;
-    let (lease, r) = two_keys_on_a_lease(&mut c, "lx/", 2).await;
+    // The unleased key first: the expiry must come after every put of the test.
     c.put("lx/c", "kept", None).await.unwrap();
+    let (lease, r) = two_keys_on_a_lease(&mut c, "lx/", 3).await;
     let mut w = c
         .watch(
             "lx/",
             Some(
                 WatchOptions::new()
                     .with_prefix()
-                    .with_start_revision(r + 3)
+                    .with_start_revision(r + 2)
                     .with_prev_key(),
             ),
         )
@@ -406,7 +407,7 @@ async fn lease_expiry_produces_delete_events() {
         ],
         "an expiry deletes every key of the lease in one revision, with prev_kv"
     );
-    assert!(expired_at > r + 2, "the expiry is a revision of its own");
+    assert!(expired_at > r + 1, "the expiry is a revision of its own");
     let left = c
         .get("lx/", Some(GetOptions::new().with_prefix()))
         .await

@@ -128,6 +128,9 @@ pub struct WatchHub {
     state: Mutex<HubState>,
     stream_buffer: usize,
     tenant: String,
+    /// The revision `notify` reached, for streams waiting for the hub to catch up with the
+    /// store (`reached`).
+    published: tokio::sync::watch::Sender<i64>,
 }
 
 impl Default for WatchHub {
@@ -153,6 +156,7 @@ impl WatchHub {
     pub fn for_store_at(tenant: &str, revision: i64) -> Self {
         let hub = Self::for_tenant(tenant);
         hub.lock().revision = revision;
+        hub.published.send_replace(revision);
         hub
     }
 
@@ -167,7 +171,17 @@ impl WatchHub {
             }),
             stream_buffer: stream_buffer.max(1),
             tenant: tenant.to_string(),
+            published: tokio::sync::watch::Sender::new(0),
         }
+    }
+
+    /// Waits (at most `timeout`) until `notify` has reached `revision`: the store may be a
+    /// chunk of entries ahead of the hub (applied, not yet published). True if it has.
+    pub async fn reached(&self, revision: i64, timeout: std::time::Duration) -> bool {
+        let mut rx = self.published.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|r| *r >= revision))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     fn lock(&self) -> MutexGuard<'_, HubState> {
@@ -207,6 +221,7 @@ impl WatchHub {
         let mut st = self.lock();
         if revision > st.revision {
             st.revision = revision;
+            self.published.send_replace(revision);
         }
         let hub_rev = st.revision;
         let groups = group_by_revision(events);

@@ -23,6 +23,9 @@ use super::{MIN_PROGRESS_NOTIFY_INTERVAL, WatchConfig, WatchError, WatchTarget, 
 
 /// etcd's `rpctypes.ErrCompacted` text, the cancel reason for a negative start revision.
 const ERR_COMPACTED_REASON: &str = "etcdserver: mvcc: required revision has been compacted";
+/// How long a watch creation waits for the hub to publish what the store already applied (a
+/// chunk of entries: microseconds, unless the apply loop is held up by a long read).
+const HUB_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Per-watcher options the stream needs (the hub keeps the selection).
 struct WatcherOpts {
@@ -247,6 +250,16 @@ impl StreamTask {
 
     async fn create(&mut self, c: WatchCreateRequest) -> Result<(), Closed> {
         let store_rev = self.store_revision();
+        // The created header carries at least the store's revision (a client that read at it
+        // must not see a watch start below it), and every progress answer after it the hub's:
+        // let the hub reach the store first, so no progress answer falls below the header.
+        if !self.hub.reached(store_rev, HUB_CATCH_UP).await {
+            tracing::debug!(
+                store_rev,
+                hub_rev = self.hub.revision(),
+                "hub behind the store"
+            );
+        }
         if c.start_revision < 0 {
             return self.refuse(store_rev, ERR_COMPACTED_REASON).await;
         }

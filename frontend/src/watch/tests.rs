@@ -36,9 +36,13 @@ struct Harness {
 
 impl Harness {
     fn new(stream_buffer: usize) -> Self {
+        let store = MemStore::new(Config::default());
+        let hub = WatchHub::with_buffer("test", stream_buffer);
+        // As a replica's hub starts (`WatchHub::for_store_at`): at the store's revision.
+        hub.notify(store.revision(), &[]);
         Self {
-            store: Arc::new(RwLock::new(MemStore::new(Config::default()))),
-            hub: Arc::new(WatchHub::with_buffer("test", stream_buffer)),
+            store: Arc::new(RwLock::new(store)),
+            hub: Arc::new(hub),
             index: 0,
             history: Vec::new(),
         }
@@ -956,5 +960,51 @@ async fn watch_fanout_figure() {
         total as f64 / elapsed.as_secs_f64(),
         in_notify / WRITES as u32,
         h.hub.unsynced_count()
+    );
+}
+
+/// A watch created while the store is ahead of the hub (entries applied, not yet published)
+/// is answered once the hub has caught up: its created header carries the store's revision,
+/// and no progress answer after it carries less (a client would see the revision go back).
+#[tokio::test]
+async fn created_header_is_never_above_a_following_progress_answer() {
+    let mut h = Harness::new(DEFAULT_STREAM_BUFFER);
+    h.put("a", "1");
+    // Two entries applied to the store only, as the replica does before it publishes them.
+    let mut held = Vec::new();
+    for v in ["2", "3"] {
+        h.index += 1;
+        let entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "test".into(),
+            request_id: h.index.to_be_bytes().repeat(2),
+            time_ms: 1_000 + h.index as i64,
+            request: Some(Request::Put(PutRequest {
+                key: "a".into(),
+                value: v.into(),
+                ..Default::default()
+            })),
+        };
+        held.push(h.store.write().unwrap().apply(h.index, &entry));
+    }
+    let store_rev = h.store.read().unwrap().revision();
+    assert!(h.hub.revision() < store_rev);
+    let mut c = h.open(WatchConfig::default(), 16);
+    c.create(create_req("a", "", 0)).await;
+    c.send(RequestUnion::ProgressRequest(WatchProgressRequest {}))
+        .await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for applied in held {
+        h.hub.notify(applied.revision, &applied.events);
+    }
+    let created = c.next().await;
+    assert!(created.created);
+    let created_rev = created.header.unwrap().revision;
+    assert_eq!(created_rev, store_rev);
+    let progress = c.next().await;
+    assert!(progress.events.is_empty() && !progress.created);
+    assert!(
+        progress.header.unwrap().revision >= created_rev,
+        "a progress answer below the created header"
     );
 }

@@ -1132,7 +1132,10 @@ impl MemStore {
         keys: bool,
     ) -> Result<LeaseTimeToLiveResponse, Error> {
         let lease = self.state.leases.get(id).ok_or(Error::LeaseNotFound)?;
-        let remaining_ms = (lease.deadline_ms - self.state.time_ms).max(0);
+        // etcd truncates the time left, measured some time after the last keep-alive: right
+        // after one it answers TTL - 1. The store's clock is the last entry's stamp, so the time
+        // left is counted from a millisecond after it (the lease is gone at 0).
+        let remaining_ms = (lease.deadline_ms - self.state.time_ms - 1).max(0);
         Ok(LeaseTimeToLiveResponse {
             header: header(self.state.revision),
             id,

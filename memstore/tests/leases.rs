@@ -161,8 +161,13 @@ fn keep_alive_extends_and_time_to_live_reports() {
         panic!()
     };
     assert_eq!((k.id, k.ttl), (1, 10));
-    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 10);
-    h.pass(9_999);
+    // Right after a keep-alive etcd answers TTL - 1 (the time left, truncated, some time later).
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 9);
+    h.tick(500);
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 9);
+    h.tick(500);
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 8);
+    h.pass(8_999);
     assert!(h.get("k").is_some());
     h.tick(1);
     assert!(h.get("k").is_none());
@@ -187,7 +192,8 @@ fn leader_change_extends_every_lease() {
     assert!(a.events.is_empty(), "a failover never expires a lease");
     let a = h.tick(15_000);
     assert!(a.events.is_empty(), "a failover never expires a lease");
-    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 10);
+    // Its whole TTL, as etcd answers it a moment after a keep-alive: 10 s left, 9 answered.
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 9);
     assert!(h.pass(9_999).is_empty());
     assert!(h.get("k").is_some());
     let a = h.tick(1);
@@ -201,7 +207,8 @@ fn leader_change_extends_every_lease() {
     h.grant(1, 10);
     h.pass(500);
     assert!(h.leader_change(15_000).events.is_empty());
-    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 11);
+    // 11 s left (TTL and extension), answered as etcd would a moment later: 10.
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 10);
 }
 
 /// A journal that could not stamp entries for a while (no quorum, the same leader throughout: no
@@ -216,8 +223,8 @@ fn a_stamping_gap_ages_leases_by_one_step_only() {
         h.tick(20_000).events.is_empty(),
         "a stall expired the lease"
     );
-    // 2 s before, 1 s of the gap: 2 s are left.
-    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 2);
+    // 2 s before, 1 s of the gap: 2 s are left (answered as etcd would just after: 1).
+    assert_eq!(h.store.lease_time_to_live(1, false).unwrap().ttl, 1);
     assert!(h.pass(1_999).is_empty());
     assert_eq!(h.tick(1).events.len(), 1);
     assert!(h.get("k").is_none());

@@ -71,7 +71,8 @@ async fn grant_keepalive_timetolive_leases_revoke() {
         .unwrap();
     assert_eq!(ttl.id(), g.id());
     assert_eq!(ttl.granted_ttl(), 300);
-    assert!(ttl.ttl() > 0 && ttl.ttl() <= 300, "{}", ttl.ttl());
+    // Just after a keep-alive, the time left truncated: 299 (etcd measures it a moment later).
+    assert!((290..300).contains(&ttl.ttl()), "{}", ttl.ttl());
     let mut keys: Vec<_> = ttl.keys().to_vec();
     keys.sort();
     assert_eq!(keys, [b"l/1".to_vec(), b"l/2".to_vec()]);

@@ -84,6 +84,43 @@ fn leases(s: &MemStore) -> BTreeMap<i64, i64> {
         .collect()
 }
 
+/// What a lease to grant, a lease to revoke and a key's framing cost in a chunk's encoding, at
+/// most (ids and TTLs as 10-byte varints, tags and lengths): estimates that only have to stay
+/// above the truth, with `MAX_CHUNK_BYTES` at half a journal entry.
+const GRANT_BYTES: usize = 26;
+const REVOKE_BYTES: usize = 11;
+const KEY_OVERHEAD_BYTES: usize = 32;
+
+/// Fills chunks up to `MAX_CHUNK_BYTES` (estimated) and `MAX_CHUNK_KEYS` items each.
+#[derive(Default)]
+struct Chunker {
+    done: Vec<RestoreChunk>,
+    chunk: RestoreChunk,
+    bytes: usize,
+    items: usize,
+}
+
+impl Chunker {
+    /// Makes room for an item of `size` bytes: starts a new chunk when this one is full.
+    fn room(&mut self, size: usize) {
+        if self.items > 0 && (self.bytes + size > MAX_CHUNK_BYTES || self.items >= MAX_CHUNK_KEYS) {
+            self.done.push(std::mem::take(&mut self.chunk));
+            self.bytes = 0;
+            self.items = 0;
+        }
+        self.bytes += size;
+        self.items += 1;
+    }
+
+    /// Every chunk, at least one (a restore that changes nothing still begins and commits).
+    fn finish(mut self) -> Vec<RestoreChunk> {
+        if self.items > 0 || self.done.is_empty() {
+            self.done.push(self.chunk);
+        }
+        self.done
+    }
+}
+
 /// The staged restore (named `restore_id`) that makes `current` end with `target`'s keys,
 /// values and key-to-lease attachments, and `target`'s set of leases. Leases missing in
 /// `current` are granted with their granted TTL (their countdown restarts); leases of both keep
@@ -120,8 +157,14 @@ pub fn plan(
     let cur = all_keys(current);
     let tgt = all_keys(target);
     let keys: BTreeSet<&Vec<u8>> = cur.keys().chain(tgt.keys()).collect();
-    let mut chunk = RestoreChunk::default();
-    let mut bytes = 0usize;
+    // Lease changes count toward a chunk's size as keys do (the commit gathers them from every
+    // chunk): a tenant with a hundred thousand leases to grant or revoke must not make one
+    // chunk larger than a journal entry.
+    let mut chunks = Chunker::default();
+    for g in grants {
+        chunks.room(GRANT_BYTES);
+        chunks.chunk.grants.push(g);
+    }
     for key in keys {
         let c = cur.get(key);
         let expect_mod_revision = c.map_or(0, |kv| kv.mod_revision);
@@ -148,23 +191,14 @@ pub fn plan(
             }
             (None, None) => continue,
         };
-        let size = k.key.len() + k.value.len();
-        if !chunk.keys.is_empty()
-            && (bytes + size > MAX_CHUNK_BYTES || chunk.keys.len() >= MAX_CHUNK_KEYS)
-        {
-            p.chunks.push(std::mem::take(&mut chunk));
-            bytes = 0;
-        }
-        bytes += size;
-        chunk.keys.push(k);
+        chunks.room(k.key.len() + k.value.len() + KEY_OVERHEAD_BYTES);
+        chunks.chunk.keys.push(k);
     }
-    if !chunk.keys.is_empty() || p.chunks.is_empty() {
-        p.chunks.push(chunk);
+    for id in revokes {
+        chunks.room(REVOKE_BYTES);
+        chunks.chunk.revokes.push(id);
     }
-    p.chunks[0].grants = grants;
-    if let Some(last) = p.chunks.last_mut() {
-        last.revokes = revokes;
-    }
+    p.chunks = chunks.finish();
     for (i, c) in p.chunks.iter_mut().enumerate() {
         c.restore_id = p.restore_id.clone();
         c.seq = i as u32;
@@ -332,6 +366,46 @@ mod tests {
             assert_eq!(c.seq as usize, i);
             assert!(c.keys.len() <= MAX_CHUNK_KEYS);
             assert!(c.encoded_len() < 2 * 1024 * 1024);
+        }
+        assert!(matches!(
+            r.restore(&p).outcome,
+            Outcome::Restore(RestoreStep::Committed { .. })
+        ));
+        assert_eq!(keys_and_leases(&r.store), keys_and_leases(&target));
+    }
+
+    /// Lease changes are spread over chunks and counted in their size: a restore that grants
+    /// and revokes a hundred thousand leases each (found by review: all of them went into one
+    /// chunk, larger than a journal entry, so such a restore could never succeed) still fits,
+    /// and reaches the target.
+    #[test]
+    fn many_lease_changes_are_split_into_chunks_that_fit_an_entry() {
+        const LEASES: i64 = 100_000;
+        let mut r = Replica {
+            store: MemStore::new(memstore::Config::default()),
+            n: 0,
+        };
+        r.apply(put("k", &"v".repeat(900_000), 0));
+        for id in 1..=LEASES {
+            r.apply(Request::LeaseGrant(LeaseGrantRequest { ttl: 3_600, id }));
+        }
+        let target = r.store.clone();
+        for id in 1..=LEASES {
+            r.apply(Request::LeaseRevoke(LeaseRevokeRequest { id }));
+        }
+        for id in LEASES + 1..=2 * LEASES {
+            r.apply(Request::LeaseGrant(LeaseGrantRequest { ttl: 3_600, id }));
+        }
+        r.apply(put("k", "changed", 0));
+        let p = plan(&r.store, &target, vec![4; 16], 1);
+        assert_eq!((p.grants, p.revokes), (LEASES as usize, LEASES as usize));
+        assert!(p.chunks.len() >= 3, "{}", p.chunks.len());
+        for c in &p.chunks {
+            assert!(
+                c.encoded_len() <= MAX_CHUNK_BYTES + MAX_CHUNK_BYTES / 4,
+                "a chunk of {} bytes",
+                c.encoded_len()
+            );
         }
         assert!(matches!(
             r.restore(&p).outcome,

@@ -28,8 +28,14 @@ pub use point::RangeView;
 pub use restore::{MAX_STAGE_BYTES, RestoreStep};
 pub use store::MemStore;
 
-/// etcd's default `--max-txn-ops`.
+/// etcd's default `--max-txn-ops`: what frontends refuse above unless told otherwise.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+/// The most operations a txn may hold when it is applied (`Config::max_txn_ops`): a ceiling for
+/// frontends' `--max-txn-ops` (etcd's default is 128, and etcd lets it be raised, as a
+/// migration with `etcdctl make-mirror` needs: it replays each revision of the source as one
+/// txn, and a lease expiring with hundreds of keys makes one such revision). A frontend checks
+/// its own limit before it journals a txn, so every txn in the journal is within this.
+pub const APPLY_MAX_TXN_OPS: usize = 65_536;
 /// etcd's minimum lease TTL with default election settings: ceil(1.5 * 10 ticks * 100 ms) = 2 s.
 pub const DEFAULT_MIN_LEASE_TTL_SECS: i64 = 2;
 /// etcd's `MaxLeaseTTL` (lease/lessor.go): 9,000,000,000 seconds.
@@ -69,7 +75,7 @@ pub struct Config {
 impl Default for Config {
     fn default() -> Self {
         Config {
-            max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            max_txn_ops: APPLY_MAX_TXN_OPS,
             min_lease_ttl_secs: DEFAULT_MIN_LEASE_TTL_SECS,
             max_lease_ttl_secs: MAX_LEASE_TTL_SECS,
             leader_change_extend_ms: DEFAULT_LEADER_CHANGE_EXTEND_MS,
@@ -164,7 +170,7 @@ mod tests {
         assert_eq!(
             Config::default(),
             Config {
-                max_txn_ops: 128,
+                max_txn_ops: 65_536,
                 min_lease_ttl_secs: 2,
                 max_lease_ttl_secs: 9_000_000_000,
                 leader_change_extend_ms: 1_000,

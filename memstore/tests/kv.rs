@@ -795,7 +795,11 @@ fn txn_overlap_validation_matches_etcd() {
 
 #[test]
 fn txn_limits_and_empty_keys() {
-    let mut h = Harness::new();
+    // etcd's default limit (a frontend's; the store applies up to `APPLY_MAX_TXN_OPS`).
+    let mut h = Harness::with_config(memstore::Config {
+        max_txn_ops: memstore::DEFAULT_MAX_TXN_OPS,
+        ..memstore::Config::default()
+    });
     let many: Vec<_> = (0..129).map(|i| op_put(&format!("k{i}"), "v")).collect();
     assert_eq!(
         failed(&h.txn(txn(vec![], many.clone(), vec![]))),

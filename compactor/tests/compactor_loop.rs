@@ -68,7 +68,10 @@ async fn checkpoints_trim_and_fresh_replicas_match_full_replay_on_a_local_dir() 
     for t in TENANTS {
         let m = catalog.latest_manifest(t).await.unwrap().unwrap();
         let n = m.checkpoints.len();
-        assert!((3..=6).contains(&n), "{t}: keep 3 (and 3 older states): {n}");
+        assert!(
+            (3..=6).contains(&n),
+            "{t}: keep 3 (and 3 older states): {n}"
+        );
         let older = &m.checkpoints[3..];
         assert!(
             older

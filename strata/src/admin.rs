@@ -86,16 +86,28 @@ fn rfc3339(ms: i64) -> String {
 
 async fn list(args: ListArgs) -> anyhow::Result<()> {
     let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
+    let asked = args.tenant.is_some();
     let tenants = match args.tenant {
         Some(t) => vec![t],
         None => catalog.tenants().await?,
     };
+    // An empty answer must mean "no checkpoints", never "wrong place": a mistyped folder or
+    // tenant name fails (found by review: both printed an empty table and exited 0).
+    if tenants.is_empty() {
+        anyhow::bail!(
+            "no tenant has a checkpoint in {} (is it the compactor's --object-store?)",
+            args.object_store
+        );
+    }
     println!(
         "{:<20} {:>5} {:>20} {:>12} {:>12}  {:<20}  PATH",
         "TENANT", "SHARD", "INDEX", "REVISION", "BYTES", "CREATED"
     );
     for t in tenants {
         let Some(m) = catalog.latest_manifest(&t).await? else {
+            if asked {
+                anyhow::bail!("tenant {t:?} has no checkpoint in {}", args.object_store);
+            }
             continue;
         };
         for c in &m.checkpoints {

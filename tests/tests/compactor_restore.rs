@@ -195,6 +195,19 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
             .any(|l| l.contains(TENANT) && l.contains(&format!(" {checkpoint} "))),
         "backup list shows checkpoint {checkpoint}:\n{listed}"
     );
+    // A mistyped store or tenant fails instead of printing an empty table.
+    for args in [
+        vec!["--object-store", "file:///nonexistent-strata-store"],
+        vec!["--object-store", url.as_str(), "--tenant", "nosuch"],
+    ] {
+        let out = tokio::process::Command::new(strata_bin())
+            .args(["admin", "backup", "list"])
+            .args(&args)
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "backup list {args:?} succeeded");
+    }
 
     let out = admin(
         &[

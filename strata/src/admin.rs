@@ -9,7 +9,7 @@ use api::record::{encode_entry, entry_for_tenant};
 use api::strata::entry::Entry;
 use compactor::{Catalog, reader, restore};
 use futures::StreamExt;
-use journal::client::JournalClient;
+use journal::client::{ClientError, JournalClient};
 use memstore::{MemStore, Outcome, RestoreStep};
 
 /// Entries appended per journal call during a restore.
@@ -135,8 +135,7 @@ async fn replay<S>(
     upto: u64,
 ) -> anyhow::Result<Vec<(u64, Outcome)>>
 where
-    S: futures::Stream<Item = Result<api::strata::journal::Record, journal::client::ClientError>>
-        + Unpin,
+    S: futures::Stream<Item = Result<api::strata::journal::Record, ClientError>> + Unpin,
 {
     let mut out = Vec::new();
     while store.applied_index() < upto {
@@ -149,6 +148,10 @@ where
     }
     Ok(out)
 }
+
+/// How many times a restore loads the newest checkpoint again because the compactor trimmed
+/// the journal past the one it was reading.
+const MAX_TRIMMED_RELOADS: u32 = 5;
 
 async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
@@ -174,13 +177,40 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
 
     for attempt in 1..=args.attempts {
         // The tenant's state as of now: newest checkpoint plus the journal up to a read index.
-        let loaded = reader::latest_in(&catalog, tenant)
-            .await?
-            .context("the tenant's newest checkpoint vanished")?;
-        let mut current = loaded.store;
-        let mut stream = Box::pin(client.read(shard, current.applied_index() + 1).await?);
-        let upto = client.read_index(shard).await?;
-        replay(&mut current, &mut stream, tenant, upto).await?;
+        // The compactor may trim past the checkpoint while it loads (a large tenant, frequent
+        // rounds): then a newer one is there, and loading starts again (found by review: the
+        // restore failed).
+        let mut reloads = 0;
+        let (mut current, mut stream) = loop {
+            let loaded = reader::latest_in(&catalog, tenant)
+                .await?
+                .context("the tenant's newest checkpoint vanished")?;
+            let mut current = loaded.store;
+            let from = current.applied_index() + 1;
+            let read = async {
+                let mut stream = Box::pin(client.read(shard, from).await?);
+                let upto = client.read_index(shard).await?;
+                replay(&mut current, &mut stream, tenant, upto).await?;
+                anyhow::Ok(stream)
+            }
+            .await;
+            match read {
+                Ok(stream) => break (current, stream),
+                Err(e)
+                    if reloads < MAX_TRIMMED_RELOADS
+                        && matches!(
+                            e.downcast_ref::<ClientError>(),
+                            Some(ClientError::Trimmed { .. })
+                        ) =>
+                {
+                    reloads += 1;
+                    eprintln!(
+                        "the journal was trimmed past the checkpoint being read ({e}); loading the newest again"
+                    );
+                }
+                Err(e) => return Err(e),
+            }
+        };
 
         let plan = restore::plan(
             &current,

@@ -40,8 +40,10 @@ enum Backup {
     List(ListArgs),
     /// Restore a tenant's keys, values and leases to a retained checkpoint, all or nothing: the
     /// changes are staged in journal entries and applied by one commit at one new revision
-    /// (a write racing the restore aborts the commit, never gets overwritten; the restore then
-    /// re-plans). Revisions move forward, and watchers see the changes as events.
+    /// (a write racing the restore to a key the restore changes aborts the commit, never gets
+    /// overwritten, and the restore then re-plans; a racing write to a key the restore leaves
+    /// alone, or a new key, stays). Stop the tenant's writers for an exact copy of the
+    /// checkpoint. Revisions move forward, and watchers see the changes as events.
     Restore(RestoreArgs),
 }
 

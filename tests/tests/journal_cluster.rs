@@ -201,28 +201,23 @@ async fn a_node_that_lost_its_data_refuses_to_rejoin_under_its_old_id() {
 
     c.kill(2);
     std::fs::remove_dir_all(&c.nodes[2].data_dir).unwrap();
-    c.restart(2);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while c.nodes[2].is_running() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a node that lost its data is still running"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let log = std::fs::read_to_string(c.nodes[2].log_path()).unwrap();
+    let refused = async |c: &mut JournalCluster| {
+        c.restart(2);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while c.nodes[2].is_running() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "a node that lost its data is still running"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        std::fs::read_to_string(c.nodes[2].log_path()).unwrap()
+    };
+    let log = refused(&mut c).await;
     assert!(log.contains("its data was lost"), "{log}");
     // The refusal sticks (a marker in its data directory), whoever leads by the next start.
     assert!(c.nodes[2].data_dir.join("DATA_LOST").exists());
-    c.restart(2);
-    while c.nodes[2].is_running() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "a node marked as having lost its data started"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let log = std::fs::read_to_string(c.nodes[2].log_path()).unwrap();
+    let log = refused(&mut c).await;
     assert!(
         log.contains("an earlier start found this node's data lost"),
         "{log}"

@@ -49,6 +49,14 @@ impl Harness {
     }
 
     fn apply(&mut self, request: Request) -> Applied {
+        let applied = self.apply_unpublished(request);
+        self.hub.notify(applied.revision, &applied.events);
+        self.history.extend(applied.events.iter().cloned());
+        applied
+    }
+
+    /// Applies to the store only, as the replica does before it publishes to the hub.
+    fn apply_unpublished(&mut self, request: Request) -> Applied {
         self.index += 1;
         let entry = Entry {
             format_version: api::ENTRY_FORMAT_VERSION,
@@ -57,10 +65,7 @@ impl Harness {
             time_ms: 1_000 + self.index as i64,
             request: Some(request),
         };
-        let applied = self.store.write().unwrap().apply(self.index, &entry);
-        self.hub.notify(applied.revision, &applied.events);
-        self.history.extend(applied.events.iter().cloned());
-        applied
+        self.store.write().unwrap().apply(self.index, &entry)
     }
 
     fn put(&mut self, key: &str, value: &str) -> i64 {
@@ -971,22 +976,16 @@ async fn created_header_is_never_above_a_following_progress_answer() {
     let mut h = Harness::new(DEFAULT_STREAM_BUFFER);
     h.put("a", "1");
     // Two entries applied to the store only, as the replica does before it publishes them.
-    let mut held = Vec::new();
-    for v in ["2", "3"] {
-        h.index += 1;
-        let entry = Entry {
-            format_version: api::ENTRY_FORMAT_VERSION,
-            tenant: "test".into(),
-            request_id: h.index.to_be_bytes().repeat(2),
-            time_ms: 1_000 + h.index as i64,
-            request: Some(Request::Put(PutRequest {
+    let held: Vec<Applied> = ["2", "3"]
+        .into_iter()
+        .map(|v| {
+            h.apply_unpublished(Request::Put(PutRequest {
                 key: "a".into(),
                 value: v.into(),
                 ..Default::default()
-            })),
-        };
-        held.push(h.store.write().unwrap().apply(h.index, &entry));
-    }
+            }))
+        })
+        .collect();
     let store_rev = h.store.read().unwrap().revision();
     assert!(h.hub.revision() < store_rev);
     let mut c = h.open(WatchConfig::default(), 16);

@@ -688,25 +688,6 @@ async fn upload_round<J: Journal>(
     out
 }
 
-/// The checkpoints a manifest keeps, newest first: the `keep` newest (what the journal's trim
-/// point and a frontend's fallback count on), then up to `keep` older ones of revisions none
-/// of those has, as restore points. An idle tenant's index moves with every journal tick, so
-/// its newest checkpoints are copies of one state; without the older distinct ones, `keep`
-/// rounds (2.5 minutes by default) pushed out every earlier state (found by review).
-fn retained(list: Vec<CheckpointRef>, keep: usize) -> Vec<CheckpointRef> {
-    let mut out: Vec<CheckpointRef> = Vec::with_capacity(2 * keep);
-    let mut older = 0;
-    for c in list {
-        if out.len() < keep {
-            out.push(c);
-        } else if older < keep && out.iter().all(|k| k.revision != c.revision) {
-            out.push(c);
-            older += 1;
-        }
-    }
-    out
-}
-
 async fn upload_one<J: Journal>(
     catalog: &Catalog,
     journal: &J,
@@ -732,7 +713,7 @@ async fn upload_one<J: Journal>(
     }
     let mut list = vec![new];
     list.extend(job.previous.into_iter().filter(|c| c.index < job.index));
-    let list = retained(list, keep);
+    list.truncate(keep);
     // A checkpoint the journal no longer continues from (another compactor of the shard, in a
     // rolling restart's overlap or after this one stalled, trimmed past it) would make every
     // new frontend fail to start from the newest manifest: not published.
@@ -811,60 +792,6 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(m.newest().unwrap().index, 10);
-    }
-
-    /// Beyond the `keep` newest, `keep` older checkpoints of other revisions stay as restore
-    /// points (found by review: an idle tenant's ticks made a new checkpoint every round, so
-    /// five rounds pushed out every restore point older than two and a half minutes).
-    #[tokio::test]
-    async fn keep_counts_distinct_revisions() {
-        let journal = MemJournal::new();
-        journal.append(0, 1_000, vec![Kind::Tick(Tick {}); 50]);
-        let catalog = Catalog::new(Arc::new(object_store::memory::InMemory::new()));
-        let job = |index: u64, revision: i64, previous: Vec<CheckpointRef>| Job {
-            tenant: "acme".into(),
-            index,
-            revision,
-            time_ms: 1_000,
-            bytes: Bytes::from(memstore::checkpoint::encode(
-                &memstore::checkpoint::CheckpointMeta {
-                    tenant: "acme".into(),
-                    shard: 0,
-                    index,
-                    revision: 1,
-                    created_ms: 0,
-                },
-                &MemStore::new_at(memstore::Config::default(), index),
-            )),
-            previous,
-        };
-        let publish = |j| upload_one(&catalog, &journal, 0, 3, Duration::ZERO, j);
-        let m = publish(job(10, 1, Vec::new())).await.unwrap();
-        let m = publish(job(20, 2, m.checkpoints)).await.unwrap();
-        let m = publish(job(30, 2, m.checkpoints)).await.unwrap();
-        let m = publish(job(40, 2, m.checkpoints)).await.unwrap();
-        let held = |m: &api::manifest::Manifest| {
-            m.checkpoints
-                .iter()
-                .map(|c| (c.index, c.revision))
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(held(&m), [(40, 2), (30, 2), (20, 2), (10, 1)]);
-        let m = publish(job(42, 2, m.checkpoints)).await.unwrap();
-        assert_eq!(
-            held(&m),
-            [(42, 2), (40, 2), (30, 2), (10, 1)],
-            "the keep newest, and an older state"
-        );
-        let m = publish(job(45, 3, m.checkpoints)).await.unwrap();
-        let m = publish(job(46, 4, m.checkpoints)).await.unwrap();
-        let m = publish(job(47, 5, m.checkpoints)).await.unwrap();
-        let m = publish(job(48, 6, m.checkpoints)).await.unwrap();
-        assert_eq!(
-            held(&m),
-            [(48, 6), (47, 5), (46, 4), (45, 3), (42, 2), (10, 1)],
-            "older states of other revisions, at most --keep of them"
-        );
     }
 
     fn reference(index: u64) -> CheckpointRef {

@@ -380,10 +380,11 @@ impl<J: Journal> ShardWorker<J> {
             if due && round.is_none() && Instant::now() >= next_attempt {
                 match self.start_round(&mut tenants).await {
                     Ok(Some(handle)) => round = Some(handle),
-                    // Nothing to checkpoint on a shard with no tenant yet: the compactor is not
-                    // behind, and `strata_compactor_behind_seconds` must not grow for it. (A
-                    // shard whose tenants are all refused is never trimmed: it is behind.)
-                    Ok(None) if tenants.is_empty() && refused.is_empty() => {
+                    // Nothing to checkpoint (no tenant yet, or every tenant's newest checkpoint
+                    // is current): the compactor is not behind, and
+                    // `strata_compactor_behind_seconds` must not grow. (A shard whose tenants
+                    // are refused is never trimmed: it is behind.)
+                    Ok(None) if refused.is_empty() => {
                         last_success = Instant::now();
                     }
                     Ok(None) => {}
@@ -463,6 +464,16 @@ impl<J: Journal> ShardWorker<J> {
         for (name, t) in tenants.iter_mut() {
             let index = t.store.applied_index();
             if index == 0 || t.published.first().is_some_and(|c| c.index >= index) {
+                continue;
+            }
+            // A tenant whose keys did not change since its newest checkpoint (only journal
+            // ticks, keep-alives and the like moved its index) gets a new one only once the
+            // journal has grown by `every_entries` since: a copy of the same state each round
+            // pushed every earlier state out of the `keep` newest within minutes (found by
+            // review), while skipping costs a new replica at most that many entries to replay.
+            if t.published.first().is_some_and(|c| {
+                c.revision == t.store.revision() && index - c.index < self.config.every_entries
+            }) {
                 continue;
             }
             let meta = CheckpointMeta {

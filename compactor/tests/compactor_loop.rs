@@ -371,3 +371,54 @@ async fn unreadable_manifests_stop_the_loop_instead_of_starting_the_tenant_empty
     let (_, s1) = blocked_shard_beside_another(&journal, &catalog, 67, 1).await;
     assert_eq!(s1.restarts, 0, "{s1:?}");
 }
+
+/// A tenant whose keys did not change gets no new checkpoint each round (journal ticks alone
+/// move its index), only once the journal grew by `every_entries` since its newest: the `keep`
+/// newest checkpoints stay distinct states for longer (found by review: copies of the current
+/// state pushed every earlier one out within minutes). A change of its keys is checkpointed
+/// at the next round as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ticks_alone_do_not_make_a_checkpoint_each_round() {
+    let catalog = Catalog::new(Arc::new(InMemory::new()));
+    let journal = MemJournal::new();
+    let mut h = History::new(journal.clone(), SHARD, &TENANTS, 31);
+    let c = Compactor::spawn(
+        Config {
+            every: Duration::from_millis(100),
+            ..config()
+        },
+        journal.clone(),
+        catalog.clone(),
+    );
+    let mut st = c.status(SHARD).unwrap();
+    h.write(50);
+    let last = h.last_index();
+    let s = wait_status(&mut st, "checkpoints of the writes", |s| {
+        covers_all(s, &TENANTS, last)
+    })
+    .await;
+    let before = s.checkpoints.clone();
+    let tick = || api::strata::journal::record::Kind::Tick(api::strata::journal::Tick {});
+    journal.append(SHARD, 1, vec![tick(); 60]);
+    // Ten rounds' worth of time: none of them may checkpoint a tenant that only saw ticks.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        st.borrow().checkpoints,
+        before,
+        "a checkpoint of ticks alone"
+    );
+    // Past `every_entries` (100) since the newest: a new checkpoint, so the journal can be trimmed.
+    let grown = *journal.append(SHARD, 1, vec![tick(); 60]).last().unwrap();
+    wait_status(&mut st, "a checkpoint once the journal grew", |s| {
+        covers_all(s, &TENANTS, grown)
+    })
+    .await;
+    // A change of keys: checkpointed at the next round.
+    h.write(5);
+    let last = h.last_index();
+    wait_status(&mut st, "a checkpoint of the change", |s| {
+        s.checkpoints.values().any(|&i| i >= last)
+    })
+    .await;
+    c.shutdown().await;
+}

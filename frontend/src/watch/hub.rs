@@ -128,9 +128,9 @@ pub struct WatchHub {
     state: Mutex<HubState>,
     stream_buffer: usize,
     tenant: String,
-    /// The revision `notify` reached, for streams waiting for the hub to catch up with the
-    /// store (`reached`).
-    published: tokio::sync::watch::Sender<i64>,
+    /// Wakes watch creations waiting for the hub to catch up with the store (`reached`).
+    /// Signalled only while one waits: a channel send per applied entry costs several locks.
+    advanced: tokio::sync::watch::Sender<()>,
 }
 
 impl Default for WatchHub {
@@ -156,7 +156,6 @@ impl WatchHub {
     pub fn for_store_at(tenant: &str, revision: i64) -> Self {
         let hub = Self::for_tenant(tenant);
         hub.lock().revision = revision;
-        hub.published.send_replace(revision);
         hub
     }
 
@@ -171,15 +170,17 @@ impl WatchHub {
             }),
             stream_buffer: stream_buffer.max(1),
             tenant: tenant.to_string(),
-            published: tokio::sync::watch::Sender::new(0),
+            advanced: tokio::sync::watch::Sender::new(()),
         }
     }
 
     /// Waits (at most `timeout`) until `notify` has reached `revision`: the store may be a
     /// chunk of entries ahead of the hub (applied, not yet published). True if it has.
     pub async fn reached(&self, revision: i64, timeout: std::time::Duration) -> bool {
-        let mut rx = self.published.subscribe();
-        tokio::time::timeout(timeout, rx.wait_for(|r| *r >= revision))
+        // Subscribed before the revision is read: a `notify` that advances it afterwards sees
+        // this receiver (both under the hub's lock) and wakes it.
+        let mut rx = self.advanced.subscribe();
+        tokio::time::timeout(timeout, rx.wait_for(|()| self.revision() >= revision))
             .await
             .is_ok_and(|r| r.is_ok())
     }
@@ -219,9 +220,10 @@ impl WatchHub {
     /// whose stream queue is full becomes unsynced at the first revision it missed. Never waits.
     pub fn notify(&self, revision: i64, events: &[Event]) {
         let mut st = self.lock();
+        let mut wake_waiters = false;
         if revision > st.revision {
             st.revision = revision;
-            self.published.send_replace(revision);
+            wake_waiters = self.advanced.receiver_count() > 0;
         }
         let hub_rev = st.revision;
         let groups = group_by_revision(events);
@@ -273,6 +275,11 @@ impl WatchHub {
             }
         }
         drop(st);
+        // Outside the hub's lock: a waiter's check reads the revision under it while holding
+        // the channel's.
+        if wake_waiters {
+            self.advanced.send_replace(());
+        }
         if newly_unsynced > 0 {
             tracing::debug!(
                 tenant = %self.tenant,

@@ -1007,3 +1007,27 @@ async fn created_header_is_never_above_a_following_progress_answer() {
         "a progress answer below the created header"
     );
 }
+
+/// `WatchHub::reached` returns as soon as `notify` reaches the revision (a wake-up, not its
+/// timeout), and at once when the hub is there already.
+#[tokio::test]
+async fn reached_wakes_when_notify_gets_there() {
+    let hub = Arc::new(WatchHub::new());
+    hub.notify(3, &[]);
+    assert!(hub.reached(3, Duration::ZERO).await);
+    let waiting = {
+        let hub = hub.clone();
+        tokio::spawn(async move { hub.reached(5, WAIT).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    hub.notify(4, &[]);
+    assert!(!waiting.is_finished());
+    hub.notify(5, &[]);
+    assert!(
+        tokio::time::timeout(WAIT / 2, waiting)
+            .await
+            .unwrap()
+            .unwrap(),
+        "woken by notify, not by its timeout"
+    );
+}

@@ -89,9 +89,6 @@ pub(crate) async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<Pu
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        // Its entry was applied, but its outcome is gone (`Error::OutcomeUnknown`): the window
-        // that says so remembers failed requests too.
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Put")),
     }
@@ -110,8 +107,6 @@ pub(crate) async fn delete_range(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        // How many keys it deleted is gone with the outcome.
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("DeleteRange")),
     }
@@ -130,8 +125,6 @@ pub(crate) async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<Tx
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        // Which branch ran (and what it answered) is gone with the outcome.
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Txn")),
     }
@@ -165,7 +158,6 @@ async fn compact(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Compact")),
     }

@@ -67,7 +67,6 @@ async fn grant(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("LeaseGrant")),
     }
@@ -84,7 +83,6 @@ async fn revoke(
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("LeaseRevoke")),
     }
@@ -109,7 +107,6 @@ async fn keep_alive(
             id: lease,
             ttl: 0,
         }),
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("LeaseKeepAlive")),
     }

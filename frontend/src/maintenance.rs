@@ -77,8 +77,6 @@ async fn alarm(t: &Tenant, id: RequestId, req: AlarmRequest) -> Result<AlarmResp
             r.header = Some(t.header(applied.revision));
             Ok(r)
         }
-        // The alarms it activated or deactivated are gone with the outcome.
-        Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
         Outcome::Failed(e) => Err(e.into()),
         _ => Err(Error::UnexpectedOutcome("Alarm")),
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use api::ENTRY_FORMAT_VERSION;
 use api::etcdserverpb::ResponseHeader;
 use api::strata::entry::{Entry, entry::Request};
-use memstore::{Applied, MemStore};
+use memstore::{Applied, MemStore, Outcome};
 
 use crate::errors::Error;
 use crate::log::Log;
@@ -159,21 +159,27 @@ impl Tenant {
             let appended = std::time::Instant::now();
             let applied = pending.outcome().await.map_err(|_| Error::Stopped)?;
             self.apply_wait.record(appended.elapsed().as_secs_f64());
-            Ok(applied)
+            Ok::<Applied, Error>(applied)
         })
         .await;
-        match answered {
-            Ok(Ok(applied)) => Ok(applied),
+        let applied = match answered {
+            Ok(Ok(applied)) => applied,
             // The entry may have been applied all the same (an append whose commit the journal
             // client could not confirm, an outcome at the deadline): then that is the answer.
-            Ok(Err(e)) => pending.arrived().ok_or(e),
+            Ok(Err(e)) => pending.arrived().ok_or(e)?,
             Err(_) => match pending.arrived() {
-                Some(applied) => Ok(applied),
+                Some(applied) => applied,
                 None => {
                     self.check_replica()?;
-                    Err(Error::Timeout { index })
+                    return Err(Error::Timeout { index });
                 }
             },
+        };
+        // A writer gets `Duplicate` only when a checkpoint reload covered its entry (it is
+        // registered before its append, so a first apply answers it): applied, outcome gone.
+        match applied.outcome {
+            Outcome::Duplicate { revision } => Err(Error::OutcomeUnknown { revision }),
+            _ => Ok(applied),
         }
     }
 }

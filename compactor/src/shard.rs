@@ -829,16 +829,10 @@ mod tests {
             journal: journal.clone(),
             catalog: catalog.clone(),
             config: Arc::new(Config {
-                shards: vec![0],
                 tenants: Vec::new(),
-                every_entries: 100,
-                every: Duration::from_secs(1),
                 keep: 3,
                 trim_lag: 1,
-                retry_min: Duration::from_millis(50),
-                retry_max: Duration::from_millis(400),
-                auto_compaction: None,
-                step_pause: Duration::ZERO,
+                ..Config::default()
             }),
             status: watch::Sender::new(ShardStatus::default()),
         };

@@ -31,8 +31,7 @@ fn config() -> Config {
         trim_lag: 1,
         retry_min: Duration::from_millis(50),
         retry_max: Duration::from_millis(400),
-        auto_compaction: None,
-        step_pause: Duration::ZERO,
+        ..Config::default()
     }
 }
 

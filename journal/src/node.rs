@@ -721,26 +721,32 @@ async fn refuse_if_data_was_lost(config: &NodeConfig, shards: &[u32]) -> Result<
             why: why.trim().to_string(),
         });
     }
-    let asks = config
-        .peers
-        .iter()
-        .filter(|(id, _)| **id != config.id)
-        .flat_map(|(_, addr)| shards.iter().map(move |&shard| (addr, shard)))
-        .map(|(addr, shard)| async move {
-            let call = async {
-                let mut c = GrpcClient::connect(format!("http://{addr}")).await.ok()?;
-                c.status(StatusRequest { shard })
+    // One connection per peer, every shard asked over it at once.
+    let asks =
+        config
+            .peers
+            .iter()
+            .filter(|(id, _)| **id != config.id)
+            .map(|(_, addr)| async move {
+                let call = async {
+                    let Ok(c) = GrpcClient::connect(format!("http://{addr}")).await else {
+                        return Vec::new();
+                    };
+                    let statuses = shards.iter().map(|&shard| {
+                        let mut c = c.clone();
+                        async move {
+                            let status = c.status(StatusRequest { shard }).await.ok()?;
+                            Some((shard, status.into_inner()))
+                        }
+                    });
+                    futures::future::join_all(statuses).await
+                };
+                tokio::time::timeout(LOST_DATA_CHECK_TIMEOUT, call)
                     .await
-                    .ok()
-                    .map(|r| r.into_inner())
-            };
-            let status = tokio::time::timeout(LOST_DATA_CHECK_TIMEOUT, call)
-                .await
-                .ok()
-                .flatten()?;
-            Some((shard, status))
-        });
-    for (shard, status) in futures::future::join_all(asks).await.into_iter().flatten() {
+                    .unwrap_or_default()
+            });
+    let answers = futures::future::join_all(asks).await;
+    for (shard, status) in answers.into_iter().flatten().flatten() {
         if status.leader_id == status.node_id && status.acknowledged_by.contains(&config.id) {
             let refusal = NodeError::LostData {
                 shard,

@@ -248,13 +248,7 @@ fn lease_state_survives_overwrite_and_delete() {
 fn alarms_nospace_blocks_puts_not_deletes() {
     let mut h = Harness::new();
     h.put("a", "1");
-    let alarm = |action: AlarmAction| {
-        Request::Alarm(AlarmRequest {
-            action: action as i32,
-            member_id: 0,
-            alarm: AlarmType::Nospace as i32,
-        })
-    };
+    let alarm = |action| alarm(action, 0, AlarmType::Nospace);
     let Outcome::Alarm(r) = h.apply(alarm(AlarmAction::Activate)).outcome else {
         panic!()
     };
@@ -333,13 +327,7 @@ fn corrupt_alarm_refuses_writes_until_disarmed() {
     let mut h = Harness::new();
     h.put("a", "1");
     h.grant(7, 60);
-    let alarm = |action: AlarmAction, alarm: AlarmType| {
-        Request::Alarm(AlarmRequest {
-            action: action as i32,
-            member_id: 3,
-            alarm: alarm as i32,
-        })
-    };
+    let alarm = |action, kind| alarm(action, 3, kind);
     h.apply(alarm(AlarmAction::Activate, AlarmType::Nospace));
     h.apply(alarm(AlarmAction::Activate, AlarmType::Corrupt));
     let revision = h.store.revision();
@@ -391,13 +379,7 @@ fn corrupt_alarm_holds_lease_expiry_back() {
         lease: 7,
         ..Default::default()
     }));
-    let alarm = |action: AlarmAction| {
-        Request::Alarm(AlarmRequest {
-            action: action as i32,
-            member_id: 3,
-            alarm: AlarmType::Corrupt as i32,
-        })
-    };
+    let alarm = |action| alarm(action, 3, AlarmType::Corrupt);
     h.apply(alarm(AlarmAction::Activate));
     let expired = h.pass(10_000);
     assert!(expired.is_empty(), "{expired:?}");
@@ -411,4 +393,13 @@ fn corrupt_alarm_holds_lease_expiry_back() {
         h.get("leased").is_none(),
         "disarmed, the overdue lease expires"
     );
+}
+
+/// An alarm request of `action` on `member_id`'s `kind` alarm.
+fn alarm(action: AlarmAction, member_id: u64, kind: AlarmType) -> Request {
+    Request::Alarm(AlarmRequest {
+        action: action as i32,
+        member_id,
+        alarm: kind as i32,
+    })
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 use api::manifest;
 use common::{
     FlakyStore, History, assert_fresh_replicas_match, assert_store_invariants, covers_all,
-    wait_status,
+    wait_status, write_and_checkpoint,
 };
 use compactor::store::Store;
 use compactor::{Catalog, Compactor, Config, MemJournal, reader};
@@ -44,14 +44,7 @@ async fn checkpoints_trim_and_fresh_replicas_match_full_replay_on_a_local_dir() 
     let mut h = History::new(journal.clone(), SHARD, &TENANTS, 11);
     let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
     let mut st = c.status(SHARD).unwrap();
-    for _ in 0..6 {
-        h.write(250);
-        let last = h.last_index();
-        wait_status(&mut st, "checkpoints at the last index", |s| {
-            covers_all(s, &TENANTS, last)
-        })
-        .await;
-    }
+    write_and_checkpoint(&mut h, &mut st, &TENANTS, 6).await;
     let s = wait_status(&mut st, "a trim", |s| s.trimmed_below > 1).await;
     assert!(s.rounds >= 6, "{s:?}");
     c.shutdown().await;
@@ -218,14 +211,7 @@ async fn published_and_trimmed(
     let catalog = Catalog::new(store);
     let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
     let mut st = c.status(SHARD).unwrap();
-    for _ in 0..4 {
-        h.write(250);
-        let last = h.last_index();
-        wait_status(&mut st, "checkpoints at the last index", |s| {
-            covers_all(s, &TENANTS, last)
-        })
-        .await;
-    }
+    write_and_checkpoint(h, &mut st, &TENANTS, 4).await;
     wait_status(&mut st, "a trim", |s| s.trimmed_below > 1).await;
     c.shutdown().await;
     (dir, catalog)

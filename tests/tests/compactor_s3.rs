@@ -12,7 +12,7 @@ use api::strata::entry::Entry;
 use api::strata::entry::entry::Request;
 use common::{
     History, assert_fresh_replicas_match, assert_same, assert_store_invariants, covers_all,
-    wait_status,
+    wait_status, write_and_checkpoint,
 };
 use compactor::{Catalog, Compactor, Config, MemJournal, reader};
 use strata_tests::s3::MotoS3;
@@ -43,14 +43,7 @@ async fn s3_checkpoints_trims_and_fresh_replicas_match_full_replay() {
     let mut h = History::new(journal.clone(), SHARD, &TENANTS, 101);
     let c = Compactor::spawn(config(), journal.clone(), catalog.clone());
     let mut st = c.status(SHARD).unwrap();
-    for _ in 0..4 {
-        h.write(250);
-        let last = h.last_index();
-        wait_status(&mut st, "checkpoints at the last index", |s| {
-            covers_all(s, &TENANTS, last)
-        })
-        .await;
-    }
+    write_and_checkpoint(&mut h, &mut st, &TENANTS, 4).await;
     let s = wait_status(&mut st, "a trim", |s| s.trimmed_below > 1).await;
     assert_eq!(s.restarts, 0, "{s:?}");
     c.shutdown().await;

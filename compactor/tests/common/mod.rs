@@ -313,6 +313,24 @@ impl ObjectStore for FlakyStore {
     }
 }
 
+/// `rounds` times: writes 250 records, then waits until every one of `tenants` has a
+/// checkpoint covering them.
+pub async fn write_and_checkpoint(
+    h: &mut History,
+    st: &mut watch::Receiver<ShardStatus>,
+    tenants: &[&str],
+    rounds: usize,
+) {
+    for _ in 0..rounds {
+        h.write(250);
+        let last = h.last_index();
+        wait_status(st, "checkpoints at the last index", |s| {
+            covers_all(s, tenants, last)
+        })
+        .await;
+    }
+}
+
 /// Every tenant's newest checkpoint covers `index`.
 pub fn covers_all(s: &ShardStatus, tenants: &[&str], index: u64) -> bool {
     tenants

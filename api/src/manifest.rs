@@ -6,6 +6,7 @@
 //! ```text
 //! tenants/<tenant>/checkpoints/<index:020>-<created_ms:013>.ckpt   memstore::checkpoint objects
 //! tenants/<tenant>/manifests/<seq:020>.json                         Manifest, JSON
+//! shards/<shard:010>/ticks-only/<below:020>.json                    TicksOnly, JSON
 //! ```
 //!
 //! Rules (DESIGN invariant 7):
@@ -22,6 +23,10 @@
 //! - Objects are deleted only when no manifest newer than a few sequence numbers names them, so
 //!   a reader that listed a moment ago still finds what its manifest names; a reader that gets
 //!   `NotFound` on a manifest re-lists.
+//! - A `TicksOnly` record is the compactor's word, written before it trims a shard that holds no
+//!   tenant, that every record of the shard below `below` was a tick or a leader change: no
+//!   tenant has history there, so a tenant without a manifest starts empty at the journal's
+//!   first index up to `below`. Its name carries `below`; the highest one counts.
 
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +43,12 @@ pub const MANIFESTS_DIR: &str = "manifests";
 pub const CHECKPOINT_SUFFIX: &str = ".ckpt";
 /// File name suffix of manifests.
 pub const MANIFEST_SUFFIX: &str = ".json";
+/// Top-level folder of shard-level records.
+pub const SHARDS_DIR: &str = "shards";
+/// Folder (under a shard) of its `TicksOnly` records.
+pub const TICKS_ONLY_DIR: &str = "ticks-only";
+/// Digits of the zero-padded shard number in paths (`u32::MAX` has 10).
+const SHARD_DIGITS: usize = 10;
 /// Longest tenant name accepted in an object path (a DNS label is at most 63 bytes).
 pub const MAX_TENANT_NAME_LEN: usize = 63;
 /// Digits of the zero-padded sequence numbers and indexes in names (`u64::MAX` has 20).
@@ -154,6 +165,46 @@ impl Manifest {
     }
 }
 
+/// The compactor's word that shard `shard` held nothing but ticks and leader changes below
+/// `below` when it trimmed it there (see the module's rules). JSON, for operators; readers take
+/// `below` from the object's name.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TicksOnly {
+    pub format_version: u32,
+    pub shard: u32,
+    pub below: u64,
+    /// Wall-clock ms when it was written (informational).
+    pub written_ms: i64,
+}
+
+impl TicksOnly {
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec_pretty(self).expect("a ticks-only record always serialises")
+    }
+}
+
+/// `shards/<shard>/ticks-only`: list this to find how far a tenant-less shard was trimmed.
+pub fn ticks_only_dir(shard: u32) -> String {
+    format!(
+        "{SHARDS_DIR}/{shard:0s$}/{TICKS_ONLY_DIR}",
+        s = SHARD_DIGITS
+    )
+}
+
+/// Path of the `TicksOnly` record for a trim below `below`.
+pub fn ticks_only_path(shard: u32, below: u64) -> String {
+    format!(
+        "{}/{below:0w$}{MANIFEST_SUFFIX}",
+        ticks_only_dir(shard),
+        w = INDEX_DIGITS
+    )
+}
+
+/// The `below` of a `TicksOnly` path (any prefix before the file name), if it is one.
+pub fn parse_ticks_only_below(path: &str) -> Option<u64> {
+    parse_numbered_json(path)
+}
+
 /// The shard a manifest names, read leniently (any format version, nothing else checked): enough
 /// to tell whose tenant an unreadable manifest is.
 pub fn shard_named(bytes: &[u8]) -> Option<u32> {
@@ -220,6 +271,11 @@ pub fn checkpoint_path(tenant: &str, index: u64, created_ms: i64) -> Result<Stri
 
 /// The sequence number of a manifest path (any prefix before the file name), if it is one.
 pub fn parse_manifest_seq(path: &str) -> Option<u64> {
+    parse_numbered_json(path)
+}
+
+/// The number of a `<number:020>.json` file name (any prefix before it).
+fn parse_numbered_json(path: &str) -> Option<u64> {
     let name = path.rsplit('/').next()?;
     let digits = name.strip_suffix(MANIFEST_SUFFIX)?;
     if digits.len() != INDEX_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -339,6 +395,31 @@ mod tests {
         assert_eq!(parse_checkpoint_index(&c), Some(42));
         assert_eq!(parse_tenant(&c), Some("default"));
         assert_eq!(parse_tenant(&format!("root/prefix/{c}")), Some("default"));
+    }
+
+    #[test]
+    fn ticks_only_paths_sort_by_index_and_parse_back() {
+        let a = ticks_only_path(3, 9);
+        let b = ticks_only_path(3, 10);
+        assert_eq!(a, "shards/0000000003/ticks-only/00000000000000000009.json");
+        assert!(a < b);
+        assert!(a.starts_with(&ticks_only_dir(3)));
+        assert_eq!(parse_ticks_only_below(&b), Some(10));
+        assert_eq!(parse_ticks_only_below(&format!("root/{a}")), Some(9));
+        assert_eq!(
+            parse_ticks_only_below("shards/0000000003/ticks-only/9.json"),
+            None
+        );
+        let r = TicksOnly {
+            format_version: MANIFEST_FORMAT_VERSION,
+            shard: 3,
+            below: 10,
+            written_ms: 1,
+        };
+        assert_eq!(
+            serde_json::from_slice::<TicksOnly>(&r.to_json()).unwrap(),
+            r
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 use std::collections::HashSet;
 
 use api::manifest::{
-    self, CheckpointRef, MANIFEST_FORMAT_VERSION, Manifest, ManifestError, TENANTS_DIR,
+    self, CheckpointRef, MANIFEST_FORMAT_VERSION, Manifest, ManifestError, TENANTS_DIR, TicksOnly,
 };
 use bytes::Bytes;
 use futures::TryStreamExt;
@@ -304,6 +304,54 @@ impl Catalog {
             tenant: tenant.to_string(),
             attempts: MAX_PUBLISH_ATTEMPTS,
         })
+    }
+
+    /// The `below` of every `TicksOnly` record of `shard`, ascending.
+    pub async fn ticks_only(&self, shard: u32) -> Result<Vec<u64>> {
+        let dir = Path::from(manifest::ticks_only_dir(shard));
+        let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
+        let mut out: Vec<u64> = metas
+            .iter()
+            .filter_map(|m| manifest::parse_ticks_only_below(m.location.as_ref()))
+            .collect();
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Records that `shard` held only ticks and leader changes below `below` (written before
+    /// the trim it allows), then deletes all but the `MANIFESTS_KEPT` newest such records.
+    pub async fn publish_ticks_only(&self, shard: u32, below: u64, written_ms: i64) -> Result<()> {
+        let record = TicksOnly {
+            format_version: MANIFEST_FORMAT_VERSION,
+            shard,
+            below,
+            written_ms,
+        };
+        let path = Path::from(manifest::ticks_only_path(shard, below));
+        match self
+            .store
+            .put_opts(
+                &path,
+                record.to_json().into(),
+                PutOptions::from(PutMode::Create),
+            )
+            .await
+        {
+            // The same word written twice (a retry, another compactor) says the same.
+            Ok(_) | Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        let all = self.ticks_only(shard).await?;
+        let old = all.len().saturating_sub(MANIFESTS_KEPT as usize);
+        for &below in &all[..old] {
+            let path = Path::from(manifest::ticks_only_path(shard, below));
+            match self.store.delete(&path).await {
+                Ok(()) => {}
+                Err(e) if is_not_found(&e) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
     }
 
     /// Deletes manifests older than the `MANIFESTS_KEPT` newest, then checkpoint objects that no

@@ -386,6 +386,9 @@ impl<J: Journal> ShardWorker<J> {
                     // are refused is never trimmed: it is behind.)
                     Ok(None) if refused.is_empty() => {
                         last_success = Instant::now();
+                        if tenants.is_empty() {
+                            self.trim_ticks_only(first_index, applied).await;
+                        }
                     }
                     Ok(None) => {}
                     Err(e) => break Err(e),
@@ -563,6 +566,33 @@ impl<J: Journal> ShardWorker<J> {
         if below <= trimmed_below {
             return;
         }
+        self.trim_journal(below).await;
+    }
+
+    /// A shard that holds no tenant yet (every record so far a tick or a leader change) would
+    /// otherwise keep its idle ticks forever (about 170,000 a day). Once the journal grew by
+    /// `every_entries` since its first index, the loop writes the `TicksOnly` record, which lets
+    /// a tenant that comes later start empty on the trimmed journal (a frontend needs that
+    /// word), and then trims below what it applied. Nothing of a tenant is below: a record of
+    /// one would have made it a tenant of this loop.
+    async fn trim_ticks_only(&self, first_index: u64, applied: u64) {
+        let below = applied + 1;
+        let trimmed_below = self.status.borrow().trimmed_below.max(first_index);
+        if below < trimmed_below.saturating_add(self.config.every_entries) {
+            return;
+        }
+        if let Err(e) = self
+            .catalog
+            .publish_ticks_only(self.shard, below, wall_ms())
+            .await
+        {
+            warn!(shard = self.shard, below, error = %e, "not trimming the tenant-less shard: its ticks-only record could not be written");
+            return;
+        }
+        self.trim_journal(below).await;
+    }
+
+    async fn trim_journal(&self, below: u64) {
         match self.journal.trim(self.shard, below).await {
             Ok(first) => {
                 debug!(shard = self.shard, below, first, "journal trimmed");

@@ -14,6 +14,7 @@ use common::{
 };
 use compactor::store::Store;
 use compactor::{Catalog, Compactor, Config, MemJournal, reader};
+use memstore::MemStore;
 
 use object_store::ObjectStore;
 use object_store::memory::InMemory;
@@ -405,5 +406,104 @@ async fn ticks_alone_do_not_make_a_checkpoint_each_round() {
         s.checkpoints.values().any(|&i| i >= last)
     })
     .await;
+    c.shutdown().await;
+}
+
+/// A shard with no tenant yet is trimmed once its ticks grew by `every_entries`, each time
+/// behind a ticks-only record (a frontend starts a later tenant on the trimmed shard only with
+/// that word; two are kept). A tenant that comes later is checkpointed from an empty store, equal
+/// to a replica that applied every tick from the first, and from then on the shard is trimmed
+/// only below what the tenant's checkpoints cover, with no new ticks-only record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_without_tenants_is_trimmed_behind_its_ticks_only_record() {
+    use compactor::Journal;
+    const EMPTY: u32 = 1;
+    let store: Store = Arc::new(InMemory::new());
+    let catalog = Catalog::new(store.clone());
+    let journal = MemJournal::new();
+    let c = Compactor::spawn(
+        Config {
+            shards: vec![EMPTY],
+            tenants: vec![],
+            every: Duration::from_millis(100),
+            ..config()
+        },
+        journal.clone(),
+        catalog.clone(),
+    );
+    let mut st = c.status(EMPTY).unwrap();
+    let mut all = Vec::new();
+    let mut time_ms = 1_600_000_000_000;
+    let mut ticks = |n: usize| {
+        for _ in 0..n {
+            time_ms += 500;
+            let kind = api::strata::journal::record::Kind::Tick(api::strata::journal::Tick {});
+            let index = journal.append(EMPTY, time_ms, vec![kind.clone()])[0];
+            all.push(api::strata::journal::Record {
+                index,
+                term: 1,
+                time_ms,
+                kind: Some(kind),
+            });
+        }
+    };
+    // Fewer than `every_entries` (100): ten rounds' worth of time, no trim.
+    ticks(60);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(st.borrow().trimmed_below, 0, "trimmed too early");
+    assert!(catalog.ticks_only(EMPTY).await.unwrap().is_empty());
+    let mut trimmed = 1;
+    for _ in 0..3 {
+        ticks(120);
+        let s = wait_status(&mut st, "a trim of the ticks", |s| {
+            s.trimmed_below > trimmed
+        })
+        .await;
+        trimmed = s.trimmed_below;
+        assert_eq!(journal.first_index(EMPTY).await.unwrap(), trimmed);
+        let records = catalog.ticks_only(EMPTY).await.unwrap();
+        assert!(
+            records.last().is_some_and(|&below| below >= trimmed),
+            "trimmed below {trimmed} with ticks-only records {records:?}"
+        );
+        assert!(records.len() <= 2, "old records kept: {records:?}");
+    }
+    let words = catalog.ticks_only(EMPTY).await.unwrap();
+
+    // A tenant arrives on the trimmed shard.
+    let mut h = History::new(journal.clone(), EMPTY, &["late"], 41);
+    let mut st_rounds = st.clone();
+    write_and_checkpoint(&mut h, &mut st_rounds, &["late"], 3).await;
+    let loaded = reader::latest(store.clone(), "late")
+        .await
+        .unwrap()
+        .expect("a checkpoint of the late tenant");
+    let mut reference = MemStore::new(memstore::Config::default());
+    all.extend(h.all.iter().cloned());
+    common::apply_all(
+        &mut reference,
+        "late",
+        &all[..all
+            .iter()
+            .position(|r| r.index == loaded.meta.index)
+            .unwrap()
+            + 1],
+    );
+    common::assert_same("late", &loaded.store, &reference);
+    let s = wait_status(&mut st, "a trim behind the tenant's checkpoints", |s| {
+        s.trimmed_below > h.all[0].index
+    })
+    .await;
+    assert_store_invariants(&catalog, &journal, EMPTY).await;
+    assert_eq!(
+        catalog.ticks_only(EMPTY).await.unwrap(),
+        words,
+        "a ticks-only record written while the shard holds a tenant"
+    );
+    let newest = catalog.latest_manifest("late").await.unwrap().unwrap();
+    assert!(
+        s.trimmed_below <= newest.checkpoints[1].index + 1,
+        "{s:?} {newest:?}"
+    );
     c.shutdown().await;
 }

@@ -183,16 +183,26 @@ async fn latest_manifest(store: &Store, tenant: &str) -> Result<Option<Manifest>
     Ok(Some(Manifest::from_json(tenant, &bytes)?))
 }
 
-/// Whether some tenant's newest manifest names `shard` and covers the journal up to
-/// `first_index`: the compactor's word that it trimmed this shard there. The compactor trims a
-/// shard only below what every tenant it knows on it has checkpointed, so a tenant without a
-/// manifest in the same store had no entry below `first_index`; without that word (a wrong
-/// `--object-store`, deleted checkpoints) nothing can be said of it.
+/// Whether the compactor's word says it trimmed this shard up to `first_index`: its
+/// `TicksOnly` record of the shard reaches that far (the shard held no tenant's record below),
+/// or some tenant's newest manifest names `shard` and covers the journal up to there. The
+/// compactor trims a shard only below what every tenant it knows on it has checkpointed, so a
+/// tenant without a manifest in the same store had no entry below `first_index`; without that
+/// word (a wrong `--object-store`, deleted checkpoints) nothing can be said of it.
 pub async fn shard_trimmed_to(
     store: &Store,
     shard: u32,
     first_index: u64,
 ) -> Result<bool, CheckpointError> {
+    let dir = Path::from(api::manifest::ticks_only_dir(shard));
+    let records: Vec<_> = store.list(Some(&dir)).try_collect().await?;
+    if records
+        .iter()
+        .filter_map(|r| api::manifest::parse_ticks_only_below(r.location.as_ref()))
+        .any(|below| below >= first_index)
+    {
+        return Ok(true);
+    }
     let listed = store
         .list_with_delimiter(Some(&Path::from(api::manifest::TENANTS_DIR)))
         .await?;

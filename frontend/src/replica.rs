@@ -916,6 +916,47 @@ mod tests {
         assert_eq!(r.applied_index(), 3);
     }
 
+    /// On a shard that held no tenant when the compactor trimmed it, its ticks-only record is
+    /// the word: one that reaches the journal's first index lets an empty replica continue from
+    /// there; one of another shard, or one that stops short, does not.
+    #[tokio::test]
+    async fn a_ticks_only_record_lets_a_new_tenant_start_on_a_trimmed_shard() {
+        use object_store::ObjectStoreExt;
+        let memory = Arc::new(object_store::memory::InMemory::new());
+        let objects = crate::checkpoint::Store::from(memory.clone());
+        let put = |shard: u32, below: u64| {
+            let objects = objects.clone();
+            async move {
+                let r = api::manifest::TicksOnly {
+                    format_version: api::manifest::MANIFEST_FORMAT_VERSION,
+                    shard,
+                    below,
+                    written_ms: 0,
+                };
+                let path = api::manifest::ticks_only_path(shard, below);
+                objects
+                    .put(&object_store::path::Path::from(path), r.to_json().into())
+                    .await
+                    .unwrap();
+            }
+        };
+        let r = Replica::with_checkpoints(
+            "t",
+            2,
+            MemStore::new(Default::default()),
+            Some(objects.clone()),
+        );
+        put(1, 80).await;
+        put(2, 49).await;
+        assert!(matches!(r.reload(50).await, Err(Reload::Fatal(_))));
+        assert_eq!(r.applied_index(), 0);
+        put(2, 50).await;
+        assert!(matches!(r.reload(50).await, Ok(49)));
+        assert_eq!(r.applied_index(), 49);
+        assert!(r.apply_chunk(vec![Ok(put_record(50, b"first"))]).is_ok());
+        assert_eq!(r.read().revision(), 2);
+    }
+
     /// An object store that cannot be reached is waited out, not a reason to stop the replica.
     #[tokio::test]
     async fn an_unreachable_object_store_is_retried() {

@@ -16,10 +16,14 @@ const KEYS: usize = 300;
 const WAIT: Duration = Duration::from_secs(90);
 
 async fn first_index(journal: &str) -> u64 {
+    first_index_of(journal, 0).await
+}
+
+async fn first_index_of(journal: &str, shard: u32) -> u64 {
     let Ok(mut c) = JournalClient::connect(format!("http://{journal}")).await else {
         return 0;
     };
-    c.status(StatusRequest { shard: 0 })
+    c.status(StatusRequest { shard })
         .await
         .map(|r| r.into_inner().first_index)
         .unwrap_or(0)
@@ -139,6 +143,56 @@ async fn frontend_starts_from_checkpoint_after_trim() {
         "{}",
         tail_file(&log)
     );
+}
+
+/// A shard that held no tenant is trimmed by the compactor (its idle ticks would otherwise grow
+/// forever), and a frontend of a new tenant on it still starts: empty, from the journal's first
+/// index, on the word of the compactor's ticks-only record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_tenant_starts_on_a_shard_trimmed_while_it_held_no_tenant() {
+    let d = Deployment::start(0).await;
+    let _compactor =
+        d.start_compactor(&["--shards", "0,1", "--every-entries", "10", "--every", "1s"]);
+    // Idle ticks every 500 ms: shard 1 grows by 10 in about 5 s.
+    let deadline = Instant::now() + WAIT;
+    let mut trimmed = 0;
+    while trimmed <= 1 {
+        assert!(
+            Instant::now() < deadline,
+            "shard 1 was never trimmed\n--- compactor log ---\n{}",
+            tail_file(&d.dir().join("compactor.log"))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        for j in d.journal_addrs() {
+            trimmed = trimmed.max(first_index_of(j, 1).await);
+        }
+    }
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let log = d.dir().join("frontend-late.log");
+    let mut args = frontend_args(d.journal_addrs(), &listen, &metrics, &[]);
+    args.extend([
+        "--tenant".into(),
+        "late".into(),
+        "--shard".into(),
+        "1".into(),
+        "--object-store".into(),
+        d.objects().display().to_string(),
+    ]);
+    let _fe = ChildGuard::strata("frontend-late", &args, Some(&log));
+    let endpoint = format!("http://{listen}");
+    if let Err(e) = wait_ready(&endpoint, WAIT).await {
+        panic!("{e}\n--- frontend log ---\n{}", tail_file(&log));
+    }
+    let mut c = Client::connect([endpoint], None).await.unwrap();
+    let put = c.put("late/a", "1", None).await.unwrap();
+    assert_eq!(
+        put.header().unwrap().revision(),
+        2,
+        "a new tenant's first write"
+    );
+    let got = c.get("late/a", None).await.unwrap();
+    assert_eq!(got.kvs()[0].value(), b"1");
 }
 
 /// Keys of the ready-timing tenant (issue 5: 1M keys of 64 bytes with 256-byte values).

@@ -3,6 +3,7 @@
 //! (stamping, ticks, ReadIndex, trims, membership) with its gRPC services, and the client.
 //! It never learns what an etcd request is: payloads are opaque bytes.
 
+pub mod catch_up;
 pub mod client;
 pub mod clock;
 pub mod config;

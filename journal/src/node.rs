@@ -699,6 +699,8 @@ pub struct JournalNode {
     /// Per shard, for `ready`: the applied index last seen and when it was last seen to move
     /// (`None`: not since the node opened).
     ready_progress: Vec<std::sync::Mutex<(u64, Option<std::time::Instant>)>>,
+    /// Per shard, for `ready`: the leader's committed index as this node last learned it.
+    pub(crate) catch_up: Vec<crate::catch_up::CatchUp>,
 }
 
 /// How long a fresh node waits for each peer's answer before it initialises a shard.
@@ -800,6 +802,14 @@ impl JournalNode {
                     "shard {}: no entry applied from its leader in the last {READY_QUORUM_ACK_MS} ms",
                     shard.id
                 ));
+            }
+            // ... and hold what its leader had committed a moment ago: a node applying a
+            // backlog applies all the time long before it is caught up (`catch_up`).
+            if !shard.is_leader()
+                && let Some(c) = self.catch_up.get(shard.id as usize)
+            {
+                c.check(applied.saturating_sub(1), std::time::Instant::now())
+                    .map_err(|why| format!("shard {}: {why}", shard.id))?;
             }
             // A leader cut off from its peers keeps calling itself leader (openraft does not
             // step down without a higher vote): it is ready only while a quorum acknowledges it.
@@ -968,6 +978,7 @@ impl JournalNode {
                 }
             }
         }
+        let catch_up = shards.iter().map(|_| Default::default()).collect();
         let ready_progress = shards
             .iter()
             .map(|s| std::sync::Mutex::new((*s.sm.applied_end.borrow(), None)))
@@ -981,7 +992,9 @@ impl JournalNode {
             handoffs: Default::default(),
             refuse_streams: config.refuse_streams,
             ready_progress,
+            catch_up,
         });
+        tokio::spawn(crate::catch_up::sample_loop(Arc::downgrade(&node)));
         tokio::spawn(crate::handoff::rebalance_loop(
             Arc::downgrade(&node),
             config.handoff_settle,

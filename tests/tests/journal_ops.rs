@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use strata_tests::journal::JournalCluster;
 use strata_tests::process::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -159,4 +160,84 @@ async fn readyz_follows_the_quorum() {
             .await
             .starts_with("HTTP/1.1 404")
     );
+}
+
+/// A follower restarted behind a backlog is not ready until it holds what its leader had
+/// committed: every 200 answered while it catches up is checked against its own committed index,
+/// which must have reached the leader's from before the restart. (Before, "an entry applied in
+/// the last 3 s" made it ready from its first applied batch, and a rolling update moved on to
+/// the next node while the shard's quorum still waited for this one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn readyz_waits_for_a_restarted_follower_to_catch_up() {
+    const BACKLOG_APPENDS: usize = 96;
+    const PAYLOADS_PER_APPEND: usize = 16;
+    const PAYLOAD_BYTES: usize = 64 * 1024;
+    let metrics: Vec<String> = (0..3)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut c = JournalCluster::start_with_own_args(3, 1, |id| {
+        vec!["--metrics-listen".into(), metrics[id as usize - 1].clone()]
+    });
+    let leader = c.wait_leaders(&[0, 1, 2]).await[0];
+    let follower = (0..3).find(|&i| c.index_of(leader) != i).unwrap();
+    let client = c.client().await;
+    let follower_addr = c.endpoints()[follower].clone();
+    let ready =
+        |addr: String| async move { get(&addr, "/readyz").await.starts_with("HTTP/1.1 200") };
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !ready(metrics[follower].clone()).await {
+        assert!(tokio::time::Instant::now() < deadline, "never ready");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    c.kill(follower);
+    // About 100 MB the follower has to fetch when it comes back.
+    let appends = (0..BACKLOG_APPENDS).map(|i| {
+        let client = client.clone();
+        async move {
+            let payloads = (0..PAYLOADS_PER_APPEND)
+                .map(|j| vec![(i * PAYLOADS_PER_APPEND + j) as u8; PAYLOAD_BYTES])
+                .collect();
+            client.append(0, payloads).await.expect("append")
+        }
+    });
+    let last = futures::stream::iter(appends)
+        .buffer_unordered(4)
+        .collect::<Vec<Vec<u64>>>()
+        .await
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap();
+    c.restart(follower);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let mut not_ready = Vec::new();
+    loop {
+        let text = get(&metrics[follower], "/readyz").await;
+        if text.starts_with("HTTP/1.1 200") {
+            let applied = client
+                .status_of(&follower_addr, 0)
+                .await
+                .expect("status of the follower")
+                .committed_index;
+            assert!(
+                applied >= last,
+                "ready while it had applied {applied} of the {last} committed before it came back (earlier answers: {not_ready:?})"
+            );
+            break;
+        }
+        // The reasons met, once each (their figures change with every answer).
+        if let Some(why) = text.lines().last() {
+            let why: String = why.chars().filter(|c| !c.is_ascii_digit()).collect();
+            if !not_ready.contains(&why) {
+                not_ready.push(why);
+            }
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never ready again: {not_ready:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    println!("answers before ready: {not_ready:?}");
 }

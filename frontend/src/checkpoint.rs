@@ -516,20 +516,16 @@ pub async fn latest(
     }
 }
 
-/// The measurement tests' /proc reader, shared with the other crates' (std only).
+/// Checkpoints and manifests of tenant `default` on shard 0, for the tests here and the
+/// replica's.
 #[cfg(test)]
-#[path = "../../tests/src/procstat.rs"]
-mod procstat;
-
-#[cfg(test)]
-mod tests {
+pub(crate) mod fixtures {
     use super::*;
     use api::manifest::MANIFEST_FORMAT_VERSION;
     use object_store::PutPayload;
-    use procstat::cpu_and_faults;
 
     /// A store that applied `index` ticks.
-    fn store_at(index: u64) -> MemStore {
+    pub(crate) fn store_at(index: u64) -> MemStore {
         let mut mem = MemStore::new(memstore::Config::default());
         for i in 1..=index {
             let tick = api::strata::entry::Entry {
@@ -546,7 +542,7 @@ mod tests {
         mem
     }
 
-    async fn publish(store: &Store, index: u64, corrupt: bool) -> CheckpointRef {
+    pub(crate) async fn publish(store: &Store, index: u64, corrupt: bool) -> CheckpointRef {
         let mem = &store_at(index);
         let meta = memstore::checkpoint::CheckpointMeta {
             tenant: "default".into(),
@@ -576,7 +572,7 @@ mod tests {
         r
     }
 
-    async fn manifest(store: &Store, seq: u64, checkpoints: Vec<CheckpointRef>) {
+    pub(crate) async fn manifest(store: &Store, seq: u64, checkpoints: Vec<CheckpointRef>) {
         let m = Manifest {
             format_version: MANIFEST_FORMAT_VERSION,
             tenant: "default".into(),
@@ -593,6 +589,19 @@ mod tests {
             .await
             .unwrap();
     }
+}
+
+/// The measurement tests' /proc reader, shared with the other crates' (std only).
+#[cfg(test)]
+#[path = "../../tests/src/procstat.rs"]
+mod procstat;
+
+#[cfg(test)]
+mod tests {
+    use super::fixtures::{manifest, publish};
+    use super::*;
+    use object_store::PutPayload;
+    use procstat::cpu_and_faults;
 
     #[tokio::test]
     async fn no_manifest_means_no_checkpoint() {

@@ -406,9 +406,12 @@ impl Replica {
             Err(e) => return Err(Reload::Fatal(e.to_string())),
         };
         let index = loaded.reference.index;
+        // Waited out, not fatal: a second compactor of the shard (a stalled one, a pod on an
+        // unreachable node) can publish an older checkpoint just after the other trimmed past
+        // it; the one that trimmed publishes a covering checkpoint with its next round.
         if index + 1 < first_index {
-            return Err(Reload::Fatal(format!(
-                "the newest checkpoint is at index {index}, below the journal's first index {first_index}"
+            return Err(Reload::Retry(format!(
+                "the newest checkpoint is at index {index}, below the journal's first index {first_index} (waiting for a newer one; if it never comes, --object-store is not this journal's)"
             )));
         }
         let _turn = self.write_turn().await;
@@ -955,6 +958,30 @@ mod tests {
         assert_eq!(r.applied_index(), 49);
         assert!(r.apply_chunk(vec![Ok(put_record(50, b"first"))]).is_ok());
         assert_eq!(r.read().revision(), 2);
+    }
+
+    /// A newest checkpoint the journal was already trimmed past (a second compactor of the
+    /// shard published it after the other trimmed) is waited out, not fatal: once a covering
+    /// one is published, the reload takes it.
+    #[tokio::test]
+    async fn a_newest_checkpoint_below_the_trim_is_waited_out() {
+        use crate::checkpoint::fixtures::{manifest, publish};
+        let objects =
+            crate::checkpoint::Store::from(Arc::new(object_store::memory::InMemory::new()));
+        let stale = publish(&objects, 20, false).await;
+        manifest(&objects, 1, vec![stale]).await;
+        let r = Replica::with_checkpoints(
+            "default",
+            0,
+            MemStore::new(Default::default()),
+            Some(objects.clone()),
+        );
+        assert!(matches!(r.reload(50).await, Err(Reload::Retry(_))));
+        assert_eq!(r.applied_index(), 0);
+        let covering = publish(&objects, 49, false).await;
+        manifest(&objects, 2, vec![covering]).await;
+        assert!(matches!(r.reload(50).await, Ok(49)));
+        assert_eq!(r.applied_index(), 49);
     }
 
     /// An object store that cannot be reached is waited out, not a reason to stop the replica.

@@ -14,9 +14,15 @@
 //!   name never used before, with `PutMode::Create`. It is never modified afterwards.
 //! - A manifest is written only after every checkpoint it names is fully written, also with
 //!   `PutMode::Create` under the next sequence number. Manifests are never updated in place (a
-//!   local directory has no conditional update); the **newest manifest is the one with the
-//!   highest sequence number** among those that parse. A writer that loses a race for a sequence
+//!   local directory has no conditional update). A writer that loses a race for a sequence
 //!   number (`AlreadyExists`) re-lists and tries the next one.
+//! - **Readers load the manifest [`chosen`] picks**: among the manifests that parse and name the
+//!   shard of the highest-numbered one, the one whose newest checkpoint has the highest journal
+//!   index (the highest number among equals). One compactor publishes rising indexes, so that is
+//!   the newest; a second compactor of the shard (stalled, or on a node cut off) may publish an
+//!   older state under a higher number after the first trimmed the journal past it, and such a
+//!   late manifest is then passed over instead of leaving readers a checkpoint the journal
+//!   cannot continue. Garbage collection never deletes the chosen manifest.
 //! - A manifest lists the tenant's retained checkpoints, newest first. A reader tries them in
 //!   order: a checkpoint that is missing, has the wrong size or CRC32C, or fails
 //!   `memstore::checkpoint::decode` is skipped and the next (older) one is used.
@@ -310,12 +316,17 @@ pub fn parse_tenant(path: &str) -> Option<&str> {
     None
 }
 
-/// Of the given paths, the manifest with the highest sequence number: (seq, path).
-pub fn newest_manifest<'a>(paths: impl IntoIterator<Item = &'a str>) -> Option<(u64, &'a str)> {
-    paths
+/// The manifest readers load of a tenant's manifests (any order): among those naming the shard
+/// of the highest-numbered one (a tenant moved to another shard counts from there), the one
+/// whose newest checkpoint has the highest index, the highest number among equals.
+pub fn chosen<'a>(
+    manifests: impl IntoIterator<Item = &'a Manifest> + Clone,
+) -> Option<&'a Manifest> {
+    let shard = manifests.clone().into_iter().max_by_key(|m| m.seq)?.shard;
+    manifests
         .into_iter()
-        .filter_map(|p| parse_manifest_seq(p).map(|s| (s, p)))
-        .max_by_key(|(s, _)| *s)
+        .filter(|m| m.shard == shard)
+        .max_by_key(|m| (m.newest().map(|c| c.index), m.seq))
 }
 
 #[cfg(test)]
@@ -383,10 +394,7 @@ mod tests {
             parse_manifest_seq("tenants/default/manifests/10.json"),
             None
         );
-        assert_eq!(
-            newest_manifest([a.as_str(), b.as_str(), "tenants/default/manifests/x.tmp"]),
-            Some((10, b.as_str()))
-        );
+        assert_eq!(parse_manifest_seq("tenants/default/manifests/x.tmp"), None);
         let c = checkpoint_path("default", 42, 5).unwrap();
         assert_eq!(
             c,
@@ -395,6 +403,30 @@ mod tests {
         assert_eq!(parse_checkpoint_index(&c), Some(42));
         assert_eq!(parse_tenant(&c), Some("default"));
         assert_eq!(parse_tenant(&format!("root/prefix/{c}")), Some("default"));
+    }
+
+    #[test]
+    fn chosen_is_the_highest_index_on_the_newest_manifests_shard() {
+        let m = |seq: u64, shard: u32, index: u64| {
+            let mut m = sample();
+            m.seq = seq;
+            m.shard = shard;
+            m.checkpoints[0].index = index;
+            m
+        };
+        assert!(chosen(&Vec::<Manifest>::new()).is_none());
+        // One compactor: rising numbers, rising indexes.
+        let normal = [m(1, 0, 10), m(2, 0, 20), m(3, 0, 30)];
+        assert_eq!(chosen(&normal).unwrap().seq, 3);
+        // A late manifest of a stale compactor: a higher number, an older state.
+        let late = [m(1, 0, 10), m(2, 0, 30), m(3, 0, 20)];
+        assert_eq!(chosen(&late).unwrap().seq, 2);
+        // Equal indexes: the higher number.
+        let equal = [m(4, 0, 30), m(5, 0, 30)];
+        assert_eq!(chosen(equal.iter().rev()).unwrap().seq, 5);
+        // Moved to shard 1, whose journal has lower indexes: shard 0's are not compared.
+        let moved = [m(1, 0, 500), m(2, 1, 10)];
+        assert_eq!(chosen(&moved).unwrap().seq, 2);
     }
 
     #[test]

@@ -97,18 +97,20 @@ impl Catalog {
         Ok(Some(Manifest::from_json(tenant, &bytes)?))
     }
 
-    /// The tenant's newest manifest that parses (an unparsable one is reported and skipped), or
-    /// `None` if it has none. Manifests that exist but of which none parses (written by a newer
-    /// build, damaged) are an error, never "no manifest": a tenant started empty from a trimmed
-    /// journal would be published without its history.
+    /// The tenant's manifest that readers load (`api::manifest::chosen` of those that parse; an
+    /// unparsable one is reported and skipped), or `None` if it has none. Manifests that exist
+    /// but of which none parses (written by a newer build, damaged) are an error, never "no
+    /// manifest": a tenant started empty from a trimmed journal would be published without its
+    /// history.
     pub async fn latest_manifest(&self, tenant: &str) -> Result<Option<Manifest>> {
         for _ in 0..MAX_RELISTS {
             let seqs = self.manifest_seqs(tenant).await?;
             let mut vanished = false;
             let mut unusable = None;
+            let mut parsed = Vec::with_capacity(seqs.len());
             for &seq in seqs.iter().rev() {
                 match self.read_manifest(tenant, seq).await {
-                    Ok(Some(m)) => return Ok(Some(m)),
+                    Ok(Some(m)) => parsed.push(m),
                     Ok(None) => {
                         vanished = true;
                         break;
@@ -121,6 +123,9 @@ impl Catalog {
                 }
             }
             if !vanished {
+                if let Some(m) = manifest::chosen(&parsed) {
+                    return Ok(Some(m.clone()));
+                }
                 return match unusable {
                     None => Ok(None),
                     Some((seq, e)) => Err(Error::NoUsableManifest {
@@ -354,15 +359,36 @@ impl Catalog {
         Ok(())
     }
 
-    /// Deletes manifests older than the `MANIFESTS_KEPT` newest, then checkpoint objects that no
-    /// remaining manifest names and that are older than `newest`'s oldest checkpoint (newer
-    /// unnamed objects may be a write in progress). Manifests go first, oldest first, so that at
-    /// every instant each existing manifest names only existing objects.
+    /// Deletes manifests older than the `MANIFESTS_KEPT` newest but the one readers load
+    /// (`api::manifest::chosen`: a late manifest of a stale compactor must not push it out),
+    /// then checkpoint objects that no remaining manifest names and that are older than
+    /// `newest`'s oldest checkpoint (newer unnamed objects may be a write in progress).
+    /// Manifests go first, oldest first, so that at every instant each existing manifest names
+    /// only existing objects.
     pub async fn collect_garbage(&self, tenant: &str, newest: &Manifest) -> Result<Gc> {
         let mut gc = Gc::default();
         let seqs = self.manifest_seqs(tenant).await?;
         let floor = newest.seq.saturating_sub(MANIFESTS_KEPT);
-        for &seq in seqs.iter().filter(|&&s| s <= floor) {
+        // Every listed manifest, read once: which one readers load, and what the kept ones name.
+        let mut parsed = Vec::with_capacity(seqs.len() + 1);
+        for &seq in &seqs {
+            match self.read_manifest(tenant, seq).await {
+                Ok(Some(m)) => parsed.push(m),
+                Ok(None) => {}
+                // An unparsable manifest is useless to every reader: it protects nothing.
+                Err(Error::Manifest(ManifestError::Malformed(_))) => {}
+                // Nor does one about to go for its age.
+                Err(Error::Manifest(_)) if seq <= floor => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if !parsed.iter().any(|m| m.seq == newest.seq) {
+            parsed.push(newest.clone());
+        }
+        let kept = manifest::chosen(&parsed)
+            .map(|m| m.seq)
+            .filter(|&s| s <= floor);
+        for &seq in seqs.iter().filter(|&&s| s <= floor && Some(s) != kept) {
             let path = Path::from(manifest::manifest_path(tenant, seq)?);
             match self.store.delete(&path).await {
                 Ok(()) => gc.manifests += 1,
@@ -370,16 +396,11 @@ impl Catalog {
                 Err(e) => return Err(e.into()),
             }
         }
-        let mut named: HashSet<String> = HashSet::new();
-        for &seq in seqs.iter().filter(|&&s| s > floor) {
-            match self.read_manifest(tenant, seq).await {
-                Ok(Some(m)) => named.extend(m.checkpoints.into_iter().map(|c| c.path)),
-                Ok(None) => {}
-                // An unparsable manifest is useless to every reader: it protects nothing.
-                Err(Error::Manifest(ManifestError::Malformed(_))) => {}
-                Err(e) => return Err(e),
-            }
-        }
+        let mut named: HashSet<String> = parsed
+            .iter()
+            .filter(|m| m.seq > floor || Some(m.seq) == kept)
+            .flat_map(|m| m.checkpoints.iter().map(|c| c.path.clone()))
+            .collect();
         named.extend(newest.checkpoints.iter().map(|c| c.path.clone()));
         let Some(oldest) = newest.checkpoints.last().map(|c| c.index) else {
             return Ok(gc);
@@ -408,5 +429,62 @@ impl Catalog {
             );
         }
         Ok(gc)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use object_store::memory::InMemory;
+
+    use super::*;
+
+    async fn checkpoint(c: &Catalog, index: u64) -> CheckpointRef {
+        c.write_checkpoint(
+            "t",
+            index,
+            1,
+            0,
+            index as i64,
+            Bytes::from(vec![index as u8; 8]),
+        )
+        .await
+        .unwrap()
+    }
+
+    /// A stale compactor's late manifests (higher numbers, older states) neither become what
+    /// readers load nor, through garbage collection, push out the manifest that is.
+    #[tokio::test]
+    async fn late_manifests_of_a_stale_compactor_do_not_displace_the_newest_state() {
+        let c = Catalog::new(Arc::new(InMemory::new()));
+        let a = checkpoint(&c, 10).await;
+        let b = checkpoint(&c, 30).await;
+        c.publish("t", 0, vec![a.clone()], 0).await.unwrap();
+        c.publish("t", 0, vec![b.clone(), a.clone()], 0)
+            .await
+            .unwrap();
+        // The stale one publishes three times what it had (index 20 at most).
+        let stale = checkpoint(&c, 20).await;
+        for _ in 0..3 {
+            let m = c
+                .publish("t", 0, vec![stale.clone(), a.clone()], 0)
+                .await
+                .unwrap();
+            c.collect_garbage("t", &m).await.unwrap();
+        }
+        let chosen = c.latest_manifest("t").await.unwrap().unwrap();
+        assert_eq!(chosen.seq, 2);
+        assert_eq!(chosen.newest().unwrap().index, 30);
+        // Everything it names is still there; the stale ones beyond the kept number are gone.
+        c.read_checkpoint(&b).await.unwrap();
+        c.read_checkpoint(&a).await.unwrap();
+        assert_eq!(c.manifest_seqs("t").await.unwrap(), vec![2, 4, 5]);
+        // Once the current compactor publishes past it, the old chosen one goes in turn.
+        let d = checkpoint(&c, 40).await;
+        let m = c.publish("t", 0, vec![d, b.clone()], 0).await.unwrap();
+        c.collect_garbage("t", &m).await.unwrap();
+        assert_eq!(c.latest_manifest("t").await.unwrap().unwrap().seq, 6);
+        assert_eq!(c.manifest_seqs("t").await.unwrap(), vec![5, 6]);
     }
 }

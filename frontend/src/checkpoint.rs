@@ -171,16 +171,46 @@ pub struct LoadTimings {
     pub decode: Duration,
 }
 
-/// The newest manifest of `tenant`, or `None` if it has none.
+/// The manifest of `tenant` readers load (`api::manifest::chosen` of those that parse: a late
+/// manifest of a stale compactor naming an older state is passed over), or `None` if it has
+/// none. One that vanished since the listing (collected) is skipped; if none parses, the first
+/// reason.
 async fn latest_manifest(store: &Store, tenant: &str) -> Result<Option<Manifest>, CheckpointError> {
     let dir = Path::from(api::manifest::manifests_dir(tenant)?);
     let metas: Vec<_> = store.list(Some(&dir)).try_collect().await?;
-    let paths: Vec<String> = metas.iter().map(|m| m.location.to_string()).collect();
-    let Some((_, path)) = api::manifest::newest_manifest(paths.iter().map(String::as_str)) else {
-        return Ok(None);
-    };
-    let bytes = store.get(&Path::from(path)).await?.bytes().await?;
-    Ok(Some(Manifest::from_json(tenant, &bytes)?))
+    let mut parsed = Vec::with_capacity(metas.len());
+    let mut unusable = None;
+    let mut listed = false;
+    for meta in &metas {
+        if api::manifest::parse_manifest_seq(meta.location.as_ref()).is_none() {
+            continue;
+        }
+        listed = true;
+        let bytes = match store.get(&meta.location).await {
+            Ok(got) => got.bytes().await?,
+            Err(object_store::Error::NotFound { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        match Manifest::from_json(tenant, &bytes) {
+            Ok(m) => parsed.push(m),
+            Err(e) => {
+                tracing::warn!(tenant, path = %meta.location, error = %e, "skipping unusable manifest");
+                unusable.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(m) = api::manifest::chosen(&parsed) {
+        return Ok(Some(m.clone()));
+    }
+    match unusable {
+        Some(e) => Err(e.into()),
+        // Every listed manifest vanished: collected after newer ones were published.
+        None if listed => Err(CheckpointError::Store(object_store::Error::NotFound {
+            path: dir.to_string(),
+            source: "every listed manifest was collected while reading; list again".into(),
+        })),
+        None => Ok(None),
+    }
 }
 
 /// Whether the compactor's word says it trimmed this shard up to `first_index`: its
@@ -639,6 +669,24 @@ mod tests {
             ),
             "{e}"
         );
+    }
+
+    /// A late manifest of a stale compactor (a higher number, an older state the journal was
+    /// trimmed past) is passed over for the one naming the newest state.
+    #[tokio::test]
+    async fn a_late_manifest_naming_an_older_state_is_passed_over() {
+        let store = Store::from(Arc::new(InMemory::new()));
+        let current = publish(&store, 30, false).await;
+        let stale = publish(&store, 20, false).await;
+        manifest(&store, 1, vec![current]).await;
+        manifest(&store, 2, vec![stale]).await;
+        let loaded = latest(&store, "default", 0).await.unwrap().unwrap();
+        assert_eq!(loaded.reference.index, 30);
+        // A later manifest of the newest state wins as usual.
+        let next = publish(&store, 40, false).await;
+        manifest(&store, 3, vec![next]).await;
+        let loaded = latest(&store, "default", 0).await.unwrap().unwrap();
+        assert_eq!(loaded.reference.index, 40);
     }
 
     #[tokio::test]

@@ -76,14 +76,23 @@ impl Catalog {
 
     /// Sequence numbers of the tenant's manifests, ascending.
     pub async fn manifest_seqs(&self, tenant: &str) -> Result<Vec<u64>> {
-        let dir = Path::from(manifest::manifests_dir(tenant)?);
-        let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
-        let mut seqs: Vec<u64> = metas
+        let dir = manifest::manifests_dir(tenant)?;
+        self.numbers_in(&dir, manifest::parse_manifest_seq).await
+    }
+
+    /// The numbers `parse` reads from the names of the objects under `dir`, ascending.
+    async fn numbers_in(&self, dir: &str, parse: fn(&str) -> Option<u64>) -> Result<Vec<u64>> {
+        let metas: Vec<_> = self
+            .store
+            .list(Some(&Path::from(dir)))
+            .try_collect()
+            .await?;
+        let mut out: Vec<u64> = metas
             .iter()
-            .filter_map(|m| manifest::parse_manifest_seq(m.location.as_ref()))
+            .filter_map(|m| parse(m.location.as_ref()))
             .collect();
-        seqs.sort_unstable();
-        Ok(seqs)
+        out.sort_unstable();
+        Ok(out)
     }
 
     /// Reads manifest `seq`; `Ok(None)` if it is gone.
@@ -313,14 +322,9 @@ impl Catalog {
 
     /// The `below` of every `TicksOnly` record of `shard`, ascending.
     pub async fn ticks_only(&self, shard: u32) -> Result<Vec<u64>> {
-        let dir = Path::from(manifest::ticks_only_dir(shard));
-        let metas: Vec<_> = self.store.list(Some(&dir)).try_collect().await?;
-        let mut out: Vec<u64> = metas
-            .iter()
-            .filter_map(|m| manifest::parse_ticks_only_below(m.location.as_ref()))
-            .collect();
-        out.sort_unstable();
-        Ok(out)
+        let dir = manifest::ticks_only_dir(shard);
+        self.numbers_in(&dir, manifest::parse_ticks_only_below)
+            .await
     }
 
     /// Records that `shard` held only ticks and leader changes below `below` (written before

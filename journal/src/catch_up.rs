@@ -77,14 +77,7 @@ impl CatchUp {
 /// Once a second, asks each shard's leader (on shards this node follows) for its committed
 /// index, all shards at once. Ends with the node.
 pub async fn sample_loop(node: Weak<JournalNode>) {
-    let mut tick = tokio::time::interval(SAMPLE_EVERY);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(node) = node.upgrade() else { return };
-        if *node.stopping.borrow() {
-            return;
-        }
+    JournalNode::every(node, SAMPLE_EVERY, |node| async move {
         let asks = node.shards.iter().filter_map(|shard| {
             let (Some(leader), Some(addr)) = shard.leader() else {
                 return None;
@@ -118,7 +111,8 @@ pub async fn sample_loop(node: Weak<JournalNode>) {
                 c.record(committed, asked);
             }
         }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -454,14 +454,7 @@ async fn campaign(
 /// Looks at every shard every `CHECK_INTERVAL`; with `settle` set, hands a shard to its
 /// preferred node once `Settle::observe` says so, one shard at a time. Ends with the node.
 pub async fn rebalance_loop(node: Weak<JournalNode>, settle: Option<Duration>) {
-    let mut tick = tokio::time::interval(CHECK_INTERVAL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tick.tick().await;
-        let Some(node) = node.upgrade() else { return };
-        if *node.stopping.borrow() {
-            return;
-        }
+    JournalNode::every(node, CHECK_INTERVAL, |node| async move {
         let now = Instant::now();
         let mut due = None;
         for s in &node.shards {
@@ -476,7 +469,8 @@ pub async fn rebalance_loop(node: Weak<JournalNode>, settle: Option<Duration>) {
         if let Some((s, to)) = due {
             let _ = hand_off(&node, &s, to).await;
         }
-    }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -1002,6 +1002,28 @@ impl JournalNode {
         Ok(node)
     }
 
+    /// Runs `round` every `period` (a late round delays the next) until the node is dropped or
+    /// stopping; the node is held only during a round. The node's background loops.
+    pub(crate) async fn every<F, Fut>(
+        node: std::sync::Weak<JournalNode>,
+        period: Duration,
+        mut round: F,
+    ) where
+        F: FnMut(Arc<JournalNode>) -> Fut,
+        Fut: std::future::Future<Output = ()>,
+    {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(node) = node.upgrade() else { return };
+            if *node.stopping.borrow() {
+                return;
+            }
+            round(node).await;
+        }
+    }
+
     /// The shard `id`, or the unknown-shard error.
     pub fn shard(&self, id: u32) -> Result<&Arc<Shard>, ShardError> {
         self.shards

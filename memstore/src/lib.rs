@@ -48,6 +48,12 @@ pub const DEFAULT_LEADER_CHANGE_EXTEND_MS: i64 = 1_000;
 /// clock stepping forward) and, as in etcd, where no leader means no lease expires, it does not
 /// age leases beyond this.
 pub const DEFAULT_LEASE_CLOCK_MAX_STEP_MS: i64 = 1_000;
+/// etcd's lessor revokes at most 1,000 expired leases a second (`leaseRevokeRate`, 500 every
+/// 500 ms), each its own proposal, so a mass expiry spreads over time instead of stalling the
+/// server. Here: an applied entry revokes at most this rate times the journal time since the
+/// previous entry (counted up to `lease_clock_max_step_ms`), and at least one lease; the
+/// others wait, overdue, for the next entries (an idle shard's tick every 500 ms revokes 500).
+pub const DEFAULT_LEASE_REVOKES_PER_SECOND: i64 = 1_000;
 /// How long an applied request id is remembered for de-duplication (journal time). Duplicates
 /// come only from the journal client re-appending a payload it could not confirm, which it does
 /// for at most 30 s (`journal::client::RETRY_DEADLINE`, plus one 10 s attempt): 2 minutes leaves
@@ -66,6 +72,8 @@ pub struct Config {
     pub leader_change_extend_ms: i64,
     /// See `DEFAULT_LEASE_CLOCK_MAX_STEP_MS`.
     pub lease_clock_max_step_ms: i64,
+    /// See `DEFAULT_LEASE_REVOKES_PER_SECOND`.
+    pub lease_revokes_per_second: i64,
     pub request_id_window_ms: i64,
     /// Stored bytes (keys and values of every version kept) above which writes raise the
     /// NOSPACE alarm and fail; <= 0 disables the quota.
@@ -80,6 +88,7 @@ impl Default for Config {
             max_lease_ttl_secs: MAX_LEASE_TTL_SECS,
             leader_change_extend_ms: DEFAULT_LEADER_CHANGE_EXTEND_MS,
             lease_clock_max_step_ms: DEFAULT_LEASE_CLOCK_MAX_STEP_MS,
+            lease_revokes_per_second: DEFAULT_LEASE_REVOKES_PER_SECOND,
             request_id_window_ms: DEFAULT_REQUEST_ID_WINDOW_MS,
             quota_bytes: DEFAULT_QUOTA_BYTES,
         }
@@ -175,6 +184,7 @@ mod tests {
                 max_lease_ttl_secs: 9_000_000_000,
                 leader_change_extend_ms: 1_000,
                 lease_clock_max_step_ms: 1_000,
+                lease_revokes_per_second: 1_000,
                 request_id_window_ms: 120_000,
                 quota_bytes: 2 << 30,
             },

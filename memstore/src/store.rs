@@ -606,8 +606,15 @@ impl MemStore {
         } else if !self.corrupt() {
             // While CORRUPT is raised etcd's lessor proposes the revokes of expired leases and
             // the corrupt applier refuses them: the leases and their keys stay until it is
-            // disarmed, then go at the next entry.
-            self.expire_leases(now, &mut events);
+            // disarmed, then go from the next entry on.
+            let counted = if before > 0 {
+                (now - before).min(self.config.lease_clock_max_step_ms)
+            } else {
+                self.config.lease_clock_max_step_ms
+            };
+            let budget =
+                (counted.saturating_mul(self.config.lease_revokes_per_second) / 1000).max(1);
+            self.expire_leases(now, budget, &mut events);
         }
         self.prune_dedup(now);
 
@@ -643,8 +650,12 @@ impl MemStore {
         self.state.dedup.prune(horizon);
     }
 
-    fn expire_leases(&mut self, now: i64, events: &mut Vec<Event>) {
-        while let Some(id) = self.state.leases.next_expired(now) {
+    /// Revokes up to `budget` leases whose deadline passed, earliest first.
+    fn expire_leases(&mut self, now: i64, budget: i64, events: &mut Vec<Event>) {
+        for _ in 0..budget {
+            let Some(id) = self.state.leases.next_expired(now) else {
+                return;
+            };
             self.revoke(id, events);
         }
     }
@@ -862,7 +873,14 @@ impl MemStore {
         &mut self,
         k: &LeaseKeepAliveRequest,
     ) -> Result<LeaseKeepAliveResponse, Error> {
-        let Some(lease) = self.state.leases.get(k.id) else {
+        // An overdue lease waiting for its revoke (more expired at once than an entry revokes)
+        // is not renewed: etcd's Renew waits for the revoke and answers "lease not found".
+        let Some(lease) = self
+            .state
+            .leases
+            .get(k.id)
+            .filter(|l| l.deadline_ms > self.state.time_ms)
+        else {
             return Err(Error::LeaseNotFound);
         };
         let ttl = lease.ttl;
@@ -1134,8 +1152,10 @@ impl MemStore {
         let lease = self.state.leases.get(id).ok_or(Error::LeaseNotFound)?;
         // etcd truncates the time left, measured some time after the last keep-alive: right
         // after one it answers TTL - 1. The store's clock is the last entry's stamp, so the time
-        // left is counted from a millisecond after it (the lease is gone at 0).
-        let remaining_ms = (lease.deadline_ms - self.state.time_ms - 1).max(0);
+        // left is counted from a millisecond after it (the lease is gone at 0). An overdue lease
+        // still waiting for its revoke answers what etcd's does: the time past, negative, in
+        // whole seconds towards zero.
+        let remaining_ms = lease.deadline_ms - self.state.time_ms - 1;
         Ok(LeaseTimeToLiveResponse {
             header: header(self.state.revision),
             id,

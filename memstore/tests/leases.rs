@@ -111,8 +111,8 @@ fn expiry_by_journal_time_each_lease_its_own_revision() {
     put_with_lease(&mut h, "k2", 2);
     put_with_lease(&mut h, "k3", 3);
     assert_eq!(h.store.revision(), 4);
-    assert!(h.pass(9_999).is_empty());
-    let a = h.tick(1);
+    assert!(h.pass(9_500).is_empty());
+    let a = h.tick(500);
     assert_eq!(a.outcome, Outcome::Nothing);
     assert_eq!(a.events.len(), 2);
     assert_eq!(a.events[0].kv.as_ref().unwrap().mod_revision, 5);
@@ -393,6 +393,55 @@ fn corrupt_alarm_holds_lease_expiry_back() {
         h.get("leased").is_none(),
         "disarmed, the overdue lease expires"
     );
+}
+
+/// A mass expiry is spread as etcd's lessor spreads it (1,000 revokes a second of journal
+/// time: an idle tick 500 ms after the last entry revokes 500, an entry 1 ms after the last at
+/// least one), each lease in its own revision, earliest deadline (then lowest id) first. A lease
+/// waiting overdue is not renewed by a keep-alive, and its time to live is negative, as etcd's.
+#[test]
+fn a_mass_expiry_is_spread_at_a_thousand_revokes_a_second() {
+    const LEASES: i64 = 2_500;
+    let mut h = Harness::new();
+    for id in 1..=LEASES {
+        h.grant(id, 10);
+        put_with_lease(&mut h, &format!("k{id:05}"), id);
+    }
+    assert!(h.pass(9_500).is_empty());
+    let first = h.tick(500);
+    assert_eq!(
+        first.events.len(),
+        500,
+        "the tick at the deadline revokes 500"
+    );
+    assert_eq!(first.revision, 1 + LEASES + 500, "one revision per lease");
+    let revoked: Vec<_> = first
+        .events
+        .iter()
+        .map(|e| e.kv.as_ref().unwrap().key.clone())
+        .collect();
+    assert_eq!(revoked.first().unwrap(), b"k00001");
+    assert_eq!(revoked.last().unwrap(), b"k00500");
+    h.now_ms += 1;
+    let kept = h.keep_alive(LEASES);
+    assert_eq!(
+        failed(&kept),
+        Some(Error::LeaseNotFound),
+        "overdue: not renewed"
+    );
+    assert_eq!(kept.events.len(), 1, "an entry 1 ms later revokes one");
+    assert_eq!(h.tick(499).events.len(), 499);
+    assert_eq!(h.tick(500).events.len(), 500);
+    let ttl = h.store.lease_time_to_live(LEASES, false).unwrap();
+    assert_eq!(ttl.ttl, -1, "1 s overdue");
+    assert!(h.get(&format!("k{LEASES:05}")).is_some(), "not revoked yet");
+    assert_eq!(
+        h.store.lease_leases().leases.len() as i64,
+        LEASES - 500 - 1 - 499 - 500
+    );
+    assert_eq!(h.pass(1_000).len(), 1_000);
+    assert!(h.store.lease_leases().leases.is_empty());
+    assert!(h.get(&format!("k{LEASES:05}")).is_none());
 }
 
 /// An alarm request of `action` on `member_id`'s `kind` alarm.

@@ -539,8 +539,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         Ok(())
     }
 
+    /// Read by openraft once, at start. A committed vote of this node's own is handed back as
+    /// not committed: openraft would otherwise restore the node as leader of its old term at
+    /// once, and a leader's fsync overlaps its replication (`overlap_leader_fsync`), so after a
+    /// power loss its followers may hold entries its own log lost; the next entries it wrote
+    /// in that term would take their log ids, which followers match by id and keep, and the
+    /// nodes would hold different entries at one index for good. Not committed, the vote makes
+    /// it a follower that campaigns in a new term (as etcd after a restart), which a node
+    /// missing committed entries cannot win.
     async fn read_vote(&mut self) -> Result<Option<Vote<NodeId>>, StorageError<NodeId>> {
-        Ok(lock(&self.shared.meta).vote)
+        let vote = lock(&self.shared.meta).vote;
+        Ok(vote.map(|v| {
+            if v.is_committed() && v.leader_id().voted_for() == Some(self.shared.node_id) {
+                Vote::new(v.leader_id().term, self.shared.node_id)
+            } else {
+                v
+            }
+        }))
     }
 
     async fn save_committed(

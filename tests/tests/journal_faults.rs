@@ -126,3 +126,63 @@ async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restar
         .unwrap();
     assert!(idx[0] > last);
 }
+
+/// Entries the leader sends before its own fsync completes (`--overlap-leader-fsync`, on by
+/// default) can be on its followers and gone from its own log after a power loss. Emulated here:
+/// all three nodes killed, the leader's last entries cut from its log (as a lost page cache
+/// would), then all restarted. The leader must not resume leading in its old term, where its
+/// next entries would reuse the log ids of the ones the followers hold (openraft restores a
+/// leader whose committed vote is its own at once, and matches entries by log id): the nodes
+/// would then hold different entries at the same index forever. It campaigns in a new term
+/// instead, which it cannot win with the shorter log, and takes the entries back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_leader_that_lost_its_unsynced_tail_does_not_resume_its_old_term() {
+    /// Entries cut from the leader's log.
+    const CUT: u64 = 20;
+    let mut c = JournalCluster::start(3, 1, &[]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let client = c.client().await;
+    let mut acked = std::collections::BTreeMap::new();
+    strata_tests::journal::append_acked(&client, SHARD, "before", 60, &mut acked).await;
+    let last = *acked.keys().last().unwrap();
+    for i in 0..3 {
+        c.wait_committed(i, SHARD, last).await;
+    }
+    for i in 0..3 {
+        c.kill(i);
+    }
+    let log_dir = |i: usize| c.nodes[i].data_dir.join(format!("shard-{SHARD}"));
+    let next_of = |dir: &std::path::Path| {
+        journal::segment::SegmentLog::open(dir, 0, 0, 0)
+            .expect("the log opens")
+            .0
+            .next_index()
+    };
+    let leader_dir = log_dir(leader);
+    let (mut log, _) = journal::segment::SegmentLog::open(&leader_dir, 0, 0, 0).unwrap();
+    let leader_next = log.next_index();
+    log.truncate(leader_next - CUT).unwrap();
+    drop(log);
+    // What the leader had committed was durable on disk before the cut; the cut stands for a
+    // page cache lost with the power, so the commit point it persisted goes too.
+    let _ = std::fs::remove_file(leader_dir.join("committed"));
+    for i in (0..3).filter(|&i| i != leader) {
+        let next = next_of(&log_dir(i));
+        assert!(
+            next > leader_next - CUT + 5,
+            "follower {i} holds too little of the cut entries ({next} against {leader_next})"
+        );
+    }
+    for i in 0..3 {
+        c.restart(i);
+    }
+    c.wait_leaders(&[0, 1, 2]).await;
+    let client = c.client().await;
+    strata_tests::journal::append_acked(&client, SHARD, "after", 40, &mut acked).await;
+    let last = *acked.keys().last().unwrap();
+    for i in 0..3 {
+        c.wait_committed(i, SHARD, last).await;
+    }
+    c.check_nodes_agree(&[0, 1, 2], SHARD, 1, &acked).await;
+}

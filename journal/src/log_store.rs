@@ -90,6 +90,8 @@ pub struct LogShared {
     /// Truncations of the log so far (a pending fsync raises `flushed` only if none happened
     /// since it looked at the log).
     truncations: std::sync::atomic::AtomicU64,
+    /// Held across each fsync and the recording of its failure (`sync_written`).
+    sync_one: Mutex<()>,
     /// What the state machine's snapshot file covers, once it is durable (`None`: no snapshot).
     snapshot: tokio::sync::watch::Sender<Option<SnapshotFloor>>,
 }
@@ -157,6 +159,7 @@ impl LogShared {
             errors,
             flush_tx: Mutex::new(Some(tx)),
             truncations: std::sync::atomic::AtomicU64::new(0),
+            sync_one: Mutex::new(()),
             snapshot: tokio::sync::watch::Sender::new(None),
         });
         let weak = Arc::downgrade(&shared);
@@ -344,8 +347,17 @@ impl LogShared {
     /// fdatasyncs everything written so far (earlier segments were synced when they were
     /// closed), calls `synced` with the fsync's duration, and only then raises `flushed` to it
     /// (so whatever an acknowledgement lets a client see, the fsync's metrics included, is
-    /// already in place). The caller reports a failure (`fail`).
+    /// already in place). A failure is recorded (`fail`) before the next fsync may start, and
+    /// once storage failed nothing is synced or counted durable any more: after a failed fsync
+    /// the kernel may have dropped the dirty pages and reports the error once, so a later
+    /// fsync's success (the flusher's, or `save_vote`'s) says nothing about them.
     fn sync_written(&self, synced: impl FnOnce(std::time::Duration)) -> std::io::Result<()> {
+        let _one = lock(&self.sync_one);
+        if self.failed() {
+            return Err(std::io::Error::other(
+                "journal storage failed earlier; see status errors",
+            ));
+        }
         let (file, written) = {
             let log = lock(&self.log);
             let written = Written {
@@ -355,8 +367,12 @@ impl LogShared {
             (log.active_file(), written)
         };
         let started = Instant::now();
-        crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
-            .and_then(|()| file.sync_data())?;
+        if let Err(e) = crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
+            .and_then(|()| file.sync_data())
+        {
+            self.fail(format!("fsync failed: {e}"));
+            return Err(e);
+        }
         synced(started.elapsed());
         self.raise_flushed(written);
         Ok(())
@@ -369,7 +385,8 @@ impl LogShared {
     fn raise_flushed(&self, written: Written) {
         self.flushed.send_if_modified(|f| {
             let raise = self.truncations.load(Ordering::Acquire) == written.truncations
-                && written.next_index > *f;
+                && written.next_index > *f
+                && !self.failed();
             if raise {
                 *f = written.next_index;
             }
@@ -433,16 +450,8 @@ fn flusher(shared: std::sync::Weak<LogShared>, rx: mpsc::Receiver<FlushJob>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
-        let result = if shared.failed() {
-            Err(std::io::Error::other(
-                "journal storage failed earlier; see status errors",
-            ))
-        } else {
-            shared.sync_written(|took| crate::metrics::fsynced(shared.shard, took, batch.len()))
-        };
-        if let Err(e) = &result {
-            shared.fail(format!("fsync failed: {e}"));
-        }
+        let result =
+            shared.sync_written(|took| crate::metrics::fsynced(shared.shard, took, batch.len()));
         for job in batch {
             if let FlushJob::Callback(cb) = job {
                 cb.log_io_completed(match &result {
@@ -524,7 +533,6 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         // make them durable here.
         if self.shared.flushed() < self.shared.next_index() {
             self.shared.sync_written(|_| {}).map_err(|e| {
-                self.shared.fail(format!("fsync failed: {e}"));
                 StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
             })?;
         }
@@ -868,6 +876,29 @@ mod tests {
         assert_eq!((shared.flushed(), shared.next_index()), (1, 1));
         shared.raise_flushed(started);
         assert_eq!(shared.flushed(), 1, "raised past the truncated log");
+        shared.close();
+    }
+
+    /// Once storage failed (a failed fsync: the kernel may have dropped the pages and reports
+    /// the error once), no later fsync, the vote's included, counts anything as durable.
+    #[tokio::test]
+    async fn nothing_counts_as_flushed_after_a_storage_failure() {
+        let (_dir, shared, _store) = opened_with(5);
+        // As if entries 3.. had been written but not yet synced.
+        shared.flushed.send_replace(3);
+        let written = Written {
+            next_index: shared.next_index(),
+            truncations: shared.truncations.load(Ordering::Acquire),
+        };
+        shared.fail("fsync failed: injected".into());
+        assert!(shared.sync_written(|_| {}).is_err());
+        shared.raise_flushed(written);
+        assert_eq!(shared.flushed(), 3, "counted durable after the failure");
+        assert!(shared.wait_flushed(4).await.is_err());
+        assert!(
+            shared.wait_flushed(2).await.is_ok(),
+            "synced before the failure"
+        );
         shared.close();
     }
 

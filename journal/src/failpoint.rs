@@ -3,8 +3,8 @@
 //! `STRATA_JOURNAL_FAILPOINT_FILE` environment variable (naming the trigger file), both read
 //! once at start. Unarmed (the default) every check is one load of an initialised `OnceLock`.
 //! Armed, each check reads the trigger file: while it exists and contains a failpoint's name (`write`,
-//! `fsync`), that operation fails with the error a full or failing disk gives (`ENOSPC`,
-//! `EIO`). Deleting the file clears the fault (a shard that saw a failure stays failed until
+//! `fsync`, `truncate`), that operation fails with the error a full or failing disk gives
+//! (`ENOSPC`, `EIO`), or stops where a crash would (`truncate`). Deleting the file clears the fault (a shard that saw a failure stays failed until
 //! its node restarts: after a failed fsync the page cache state is unknown).
 
 use std::io;
@@ -21,6 +21,9 @@ pub enum Failpoint {
     Write,
     /// fdatasync of the active segment: fails as a failing disk does (`EIO`).
     Fsync,
+    /// A log truncation that removes whole segments stops right after removing the first one,
+    /// as a crash there would (`EIO`).
+    Truncate,
 }
 
 impl Failpoint {
@@ -29,6 +32,7 @@ impl Failpoint {
         match self {
             Failpoint::Write => "write",
             Failpoint::Fsync => "fsync",
+            Failpoint::Truncate => "truncate",
         }
     }
 
@@ -36,6 +40,7 @@ impl Failpoint {
         let (errno, what) = match self {
             Failpoint::Write => (libc_enospc(), "write"),
             Failpoint::Fsync => (libc_eio(), "fsync"),
+            Failpoint::Truncate => (libc_eio(), "truncate"),
         };
         let os = io::Error::from_raw_os_error(errno);
         io::Error::new(

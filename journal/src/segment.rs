@@ -591,17 +591,24 @@ impl SegmentLog {
         let cut = self.positions.get(keep).copied();
         self.positions.truncate(keep);
         let Some(cut) = cut else { return Ok(()) };
-        // Drop whole segments after the one holding the cut, then shorten that one.
+        // Drop whole segments after the one holding the cut, the last first, then shorten that
+        // one: a crash (or a power loss) anywhere in between leaves a gap-free log, longer than
+        // asked (what a new leader cuts again), never segments with a hole between them, which
+        // recovery refuses.
         let later: Vec<u64> = self
             .segments
             .range(cut.segment + 1..)
+            .rev()
             .map(|(k, _)| *k)
             .collect();
         for k in later {
             if let Some(seg) = self.segments.remove(&k) {
                 std::fs::remove_file(&seg.path).map_err(|e| SegmentError::io(&seg.path, e))?;
+                crate::failpoint::check(crate::failpoint::Failpoint::Truncate)
+                    .map_err(|e| SegmentError::io(&seg.path, e))?;
             }
         }
+        sync_dir(&self.dir)?;
         let seg = &self.segments[&cut.segment];
         seg.file
             .set_len(cut.offset)

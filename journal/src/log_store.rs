@@ -130,7 +130,7 @@ impl LogShared {
         overlap_leader_fsync: bool,
         errors: ErrorList,
     ) -> Result<(Arc<Self>, RecoveryReport), OpenError> {
-        std::fs::create_dir_all(dir).map_err(|source| MetaError::Io {
+        crate::meta::create_dir_durable(dir).map_err(|source| MetaError::Io {
             path: dir.to_path_buf(),
             source,
         })?;

@@ -53,14 +53,32 @@ pub fn write_durable<T: Serialize>(path: &Path, value: &T) -> Result<(), MetaErr
     bytes.extend_from_slice(META_MAGIC);
     bytes.extend_from_slice(&crc32c::crc32c(&json).to_le_bytes());
     bytes.extend_from_slice(&json);
+    write_bytes_durable(path, &bytes).map_err(io)
+}
+
+/// Replaces `path` with `bytes` atomically and durably: a temporary file written and synced,
+/// renamed over it, the directory synced.
+pub fn write_bytes_durable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(&bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
+    let mut f = File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
     drop(f);
-    std::fs::rename(&tmp, path).map_err(io)?;
+    std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent() {
-        File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` (and what is missing above it) durably: the directory and its parent are
+/// synced, so a power loss right after cannot take the new entry away with what was then
+/// written inside it.
+pub fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    File::open(dir)?.sync_all()?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        File::open(parent)?.sync_all()?;
     }
     Ok(())
 }
@@ -96,6 +114,23 @@ pub fn read_durable<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, MetaE
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durable_dirs_and_bytes() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("data").join("shard-0");
+        create_dir_durable(&dir).unwrap();
+        create_dir_durable(&dir).unwrap();
+        let marker = dir.join("DATA_LOST");
+        write_bytes_durable(&marker, b"first\n").unwrap();
+        write_bytes_durable(&marker, b"second\n").unwrap();
+        assert_eq!(std::fs::read(&marker).unwrap(), b"second\n");
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec!["DATA_LOST"], "no temporary file left");
+    }
 
     #[test]
     fn round_trip_and_corruption_is_detected() {

@@ -757,7 +757,9 @@ async fn refuse_if_data_was_lost(config: &NodeConfig, shards: &[u32]) -> Result<
             };
             // Sticky: later starts refuse too, even once leadership moved to a node that never
             // saw this one acknowledge anything.
-            if let Err(e) = std::fs::write(&marker, format!("{refusal}\n")) {
+            if let Err(e) =
+                crate::meta::write_bytes_durable(&marker, format!("{refusal}\n").as_bytes())
+            {
                 tracing::warn!(path = %marker.display(), error = %e, "cannot record the lost data");
             }
             return Err(refusal);

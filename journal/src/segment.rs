@@ -210,7 +210,7 @@ impl SegmentLog {
         floor_time_ms: i64,
         floor_record: u64,
     ) -> Result<(Self, RecoveryReport), SegmentError> {
-        std::fs::create_dir_all(dir).map_err(|e| SegmentError::io(dir, e))?;
+        crate::meta::create_dir_durable(dir).map_err(|e| SegmentError::io(dir, e))?;
         let mut keys = Vec::new();
         for ent in std::fs::read_dir(dir).map_err(|e| SegmentError::io(dir, e))? {
             let ent = ent.map_err(|e| SegmentError::io(dir, e))?;

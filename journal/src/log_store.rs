@@ -704,18 +704,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn purge(&mut self, log_id: JLogId) -> Result<(), StorageError<NodeId>> {
         tracing::info!(upto = log_id.index, "purging the journal log");
-        // An entry not in this log is purged because a snapshot from the leader covers it.
-        // openraft installs that snapshot on the state machine's task while it purges here: the
-        // purge point is written only once the snapshot is durable (else a crash in between
-        // leaves a purge point past both the log and the snapshot on disk, and a node that
-        // cannot start), and the floors are the snapshot's (not this log's last entry, which
-        // may be a deposed leader's uncommitted one).
+        // The state machine restarts from its snapshot, so nothing is purged that a durable
+        // snapshot does not cover. An entry not in this log is purged because a snapshot from
+        // the leader covers it, which openraft installs on the state machine's task while it
+        // purges here: the purge point is written only once the snapshot is durable (else a
+        // crash in between leaves a purge point past both the log and the snapshot on disk,
+        // and a node that cannot start), and the floors are then the snapshot's (not this
+        // log's last entry, which may be a deposed leader's uncommitted one). An entry still in
+        // the log waits too (session 13, found by review; openraft 0.9.25 purges those only
+        // behind a snapshot already durable here, so the wait returns at once, but nothing in
+        // this store relied on that).
+        let floor = self.shared.snapshot_covering(log_id.index).await?;
         let (time_ms, end_record) = match self.shared.header(log_id.index) {
             Some(h) => (h.time_ms, h.end_record()),
-            None => {
-                let floor = self.shared.snapshot_covering(log_id.index).await?;
-                (floor.time_ms, floor.next_record)
-            }
+            None => (floor.time_ms, floor.next_record),
         };
         let mut meta = lock(&self.shared.meta);
         let mut next = meta.clone();
@@ -858,6 +860,30 @@ mod tests {
         let meta = lock(&shared.meta).clone();
         assert_eq!(meta.purged, Some(log_id(3, 2, 50)));
         assert_eq!((meta.floor_time_ms, meta.floor_record), (777, 51));
+        shared.close();
+    }
+
+    /// A purge of entries still in the log waits for a durable snapshot covering them too (the
+    /// state machine restarts from its snapshot), then keeps the log's own floors.
+    #[tokio::test(start_paused = true)]
+    async fn a_purge_inside_the_log_waits_for_a_snapshot_too() {
+        use openraft::storage::RaftLogStorage;
+        let (_dir, shared, mut store) = opened_with(10);
+        assert!(store.purge(log_id(2, 1, 5)).await.is_err());
+        assert_eq!(lock(&shared.meta).purged, None);
+        shared.snapshot_persisted(SnapshotFloor {
+            index: 6,
+            time_ms: 777,
+            next_record: 7,
+        });
+        store.purge(log_id(2, 1, 5)).await.unwrap();
+        let meta = lock(&shared.meta).clone();
+        assert_eq!(meta.purged, Some(log_id(2, 1, 5)));
+        assert_eq!(
+            (meta.floor_time_ms, meta.floor_record),
+            (0, 6),
+            "the log's floors"
+        );
         shared.close();
     }
 

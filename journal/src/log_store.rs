@@ -30,6 +30,8 @@ pub const COMMITTED_PERSIST_INTERVAL: Duration = Duration::from_millis(500);
 /// At most this many entries are read per `try_get_log_entries` frame batch lock.
 const META_FILE: &str = "meta";
 const COMMITTED_FILE: &str = "committed";
+/// Left by a shard whose storage failed: the first entry whose durability was then unknown.
+const STORAGE_FAILED_FILE: &str = "STORAGE_FAILED";
 
 /// Conditions an operator must see (fsync failures, ...), shared by a node's shards.
 pub type ErrorList = Arc<Mutex<Vec<String>>>;
@@ -139,6 +141,30 @@ impl LogShared {
         let (mut log, report) =
             SegmentLog::open(dir, first, meta.floor_time_ms, meta.floor_record)?;
         log.set_segment_target_bytes(segment_bytes);
+        // The storage failed before this start: entries from where the last good fsync ended
+        // were never known durable, whatever the page cache gives back now.
+        let marker = dir.join(STORAGE_FAILED_FILE);
+        if let Ok(text) = std::fs::read_to_string(&marker) {
+            let unknown: u64 = text.trim().parse().map_err(|_| MetaError::Corrupt {
+                path: marker.clone(),
+                reason: format!("not an index: {text:?}"),
+            })?;
+            if unknown < log.next_index() {
+                tracing::warn!(
+                    shard,
+                    from = unknown,
+                    to = log.next_index(),
+                    "storage failed before this start: dropping the entries not known durable (the leader sends them again)"
+                );
+                log.truncate(unknown.max(first))?;
+            }
+            std::fs::remove_file(&marker)
+                .and_then(|()| std::fs::File::open(dir)?.sync_all())
+                .map_err(|source| MetaError::Io {
+                    path: marker.clone(),
+                    source,
+                })?;
+        }
         // What recovery found may still sit in the page cache only (after a kill, not a power
         // loss): make it durable before counting it as flushed.
         log.sync()?;
@@ -402,7 +428,19 @@ impl LogShared {
     fn fail(&self, what: String) {
         crate::metrics::storage_error(self.shard);
         tracing::error!(dir = %self.dir.display(), error = %what, "journal storage failed; no more appends are acknowledged");
-        self.failed.store(true, Ordering::Release);
+        let first_time = !self.failed.swap(true, Ordering::AcqRel);
+        // What was written after the last good fsync may sit in the page cache only, where a
+        // restart would read it back and take it for durable: the next start drops it (the
+        // leader sends it again). Best effort: a disk that failed may refuse this too.
+        if first_time {
+            let unknown = self.flushed();
+            let marker = self.dir.join(STORAGE_FAILED_FILE);
+            if let Err(e) =
+                crate::meta::write_bytes_durable(&marker, format!("{unknown}\n").as_bytes())
+            {
+                tracing::error!(path = %marker.display(), error = %e, "cannot record where the storage failure began");
+            }
+        }
         // Wake whoever waits for a flush: it will never come.
         self.flushed.send_modify(|_| {});
         let mut errs = lock(&self.errors);
@@ -759,10 +797,15 @@ mod tests {
 
     /// Writes `n` blank entries of term 2 by node 1 straight into the shard's segments.
     fn write_entries(dir: &Path, n: u64) {
+        write_entries_from(dir, 0, n);
+    }
+
+    /// Appends `n` such entries from index `from` (the log's next index).
+    fn write_entries_from(dir: &Path, from: u64, n: u64) {
         let (mut log, _) = SegmentLog::open(dir, 0, 0, 0).unwrap();
         let mut frames = Vec::new();
         let mut headers = Vec::new();
-        for i in 0..n {
+        for i in from..from + n {
             let h = FrameHeader {
                 index: i,
                 term: 2,
@@ -926,6 +969,29 @@ mod tests {
             "synced before the failure"
         );
         shared.close();
+    }
+
+    /// A start after a storage failure drops what was written after the last good fsync (the
+    /// page cache may give it back although the disk never took it), once.
+    #[test]
+    fn a_start_after_a_storage_failure_drops_what_was_not_known_durable() {
+        let (dir, shared, _store) = opened_with(10);
+        // As if entries 6.. had been written but not yet synced when the fsync failed.
+        shared.flushed.send_replace(6);
+        shared.fail("fsync failed: injected".into());
+        shared.close();
+        drop(shared);
+        let reopen = || {
+            let (shared, _) =
+                LogShared::open(dir.path(), 0, 1, 1 << 20, true, ErrorList::default()).unwrap();
+            let next = shared.next_index();
+            shared.close();
+            next
+        };
+        assert_eq!(reopen(), 6, "entries not known durable were kept");
+        assert!(!dir.path().join(STORAGE_FAILED_FILE).exists());
+        write_entries_from(dir.path(), 6, 3);
+        assert_eq!(reopen(), 9, "dropped again on a later start");
     }
 
     /// What a truncation leaves is durable (it syncs the cut), and counts as flushed at once:

@@ -456,26 +456,61 @@ impl LogShared {
         end: u64,
         max_bytes: usize,
     ) -> Result<Vec<(FrameHeader, Vec<u8>)>, SegmentError> {
-        let located = {
-            let log = lock(&self.log);
-            let end = end.min(log.next_index());
-            let mut v = Vec::new();
-            let mut bytes = 0usize;
-            for i in start..end {
-                let l = log.locate(i)?;
-                bytes += l.2 as usize;
-                v.push(l);
-                if bytes >= max_bytes {
-                    break;
-                }
-            }
-            v
-        };
-        located
-            .into_iter()
-            .map(|(f, off, len)| SegmentLog::read_located(&f, off, len))
-            .collect()
+        let located = self.locate_frames(start, end, max_bytes)?;
+        self.read_located_frames(located)
     }
+
+    /// Where frames [start, end) are (up to about `max_bytes`), and the truncation count then.
+    fn locate_frames(
+        &self,
+        start: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Result<Located, SegmentError> {
+        let log = lock(&self.log);
+        let truncations = self.truncations.load(Ordering::Acquire);
+        let end = end.min(log.next_index());
+        let mut frames = Vec::new();
+        let mut bytes = 0usize;
+        for i in start..end {
+            let l = log.locate(i)?;
+            bytes += l.2 as usize;
+            frames.push(l);
+            if bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(Located {
+            frames,
+            truncations,
+        })
+    }
+
+    /// Reads located frames outside the log's lock. A truncation since they were located may
+    /// have cut the file under a read (replication of a leader that just stepped down reads
+    /// while the follower it became truncates): the frames before the cut are answered, not an
+    /// error, which openraft would take for a broken disk and stop the shard on (found by
+    /// review: "failed to fill whole buffer", the shard's Raft core gone).
+    fn read_located_frames(
+        &self,
+        located: Located,
+    ) -> Result<Vec<(FrameHeader, Vec<u8>)>, SegmentError> {
+        let mut out = Vec::with_capacity(located.frames.len());
+        for (f, off, len) in located.frames {
+            match SegmentLog::read_located(&f, off, len) {
+                Ok(frame) => out.push(frame),
+                Err(_) if self.truncations.load(Ordering::Acquire) != located.truncations => break,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Frames located under the log's lock, to be read outside it.
+struct Located {
+    frames: Vec<(Arc<std::fs::File>, u64, u32)>,
+    truncations: u64,
 }
 
 /// The flusher: one fdatasync for every batch of queued appends, then their callbacks.
@@ -507,6 +542,42 @@ pub struct LogStore {
     pub shared: Arc<LogShared>,
 }
 
+/// About how many bytes of entries one AppendEntries carries (at least one entry; etcd's raft
+/// sends 1 MiB a message). openraft gives each call one heartbeat interval (100 ms) and sends up
+/// to `max_payload_entries` (1,024) entries at once: entries of up to 2 MiB made batches that
+/// never arrived in time, were sent again and again, and a follower behind a backlog of large
+/// entries never caught up (found by review).
+pub const REPLICATION_BATCH_BYTES: usize = 1024 * 1024;
+
+impl LogStore {
+    /// The entries [start, end) (clipped to what is present), up to about `max_bytes`.
+    fn entries(
+        &self,
+        start: u64,
+        end: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<JEntry>, StorageError<NodeId>> {
+        let start = start.max(self.shared.first_index());
+        let frames = self
+            .shared
+            .read_frames(start, end, max_bytes)
+            .map_err(|e| {
+                StorageError::from(StorageIOError::read_logs(openraft::AnyError::new(&e)))
+            })?;
+        frames
+            .iter()
+            .map(|(h, rest)| {
+                decode_entry(h, rest).map_err(|e| {
+                    StorageError::from(StorageIOError::read_log_at_index(
+                        h.index,
+                        openraft::AnyError::new(&e),
+                    ))
+                })
+            })
+            .collect()
+    }
+}
+
 impl RaftLogReader<TypeConfig> for LogStore {
     async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + Send>(
         &mut self,
@@ -522,24 +593,16 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Excluded(x) => *x,
             Bound::Unbounded => u64::MAX,
         };
-        let start = start.max(self.shared.first_index());
-        let frames = self
-            .shared
-            .read_frames(start, end, usize::MAX)
-            .map_err(|e| {
-                StorageError::from(StorageIOError::read_logs(openraft::AnyError::new(&e)))
-            })?;
-        frames
-            .iter()
-            .map(|(h, rest)| {
-                decode_entry(h, rest).map_err(|e| {
-                    StorageError::from(StorageIOError::read_log_at_index(
-                        h.index,
-                        openraft::AnyError::new(&e),
-                    ))
-                })
-            })
-            .collect()
+        self.entries(start, end, usize::MAX)
+    }
+
+    /// What replication sends in one AppendEntries: at most `REPLICATION_BATCH_BYTES` or so.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> Result<Vec<JEntry>, StorageError<NodeId>> {
+        self.entries(start, end, REPLICATION_BATCH_BYTES)
     }
 }
 
@@ -927,6 +990,20 @@ mod tests {
             (0, 6),
             "the log's floors"
         );
+        shared.close();
+    }
+
+    /// Frames located before a truncation and read after it: those before the cut are
+    /// answered, the rest left out, without an error (openraft stops the shard on one).
+    #[tokio::test]
+    async fn a_read_that_meets_a_truncation_answers_what_is_left() {
+        use openraft::storage::RaftLogStorage;
+        let (_dir, shared, mut store) = opened_with(10);
+        let located = shared.locate_frames(0, 10, usize::MAX).unwrap();
+        store.truncate(log_id(2, 1, 5)).await.unwrap();
+        let frames = shared.read_located_frames(located).unwrap();
+        let indexes: Vec<u64> = frames.iter().map(|(h, _)| h.index).collect();
+        assert_eq!(indexes, vec![0, 1, 2, 3, 4]);
         shared.close();
     }
 

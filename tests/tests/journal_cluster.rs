@@ -251,3 +251,52 @@ async fn a_fresh_node_started_after_its_peers_joins_them() {
     append_acked(&client, SHARD, "three", 10, &mut acked).await;
     c.check_nodes_agree(&[0, 1, third], SHARD, 0, &acked).await;
 }
+
+/// A follower that comes back behind a backlog of large entries (~160 MiB of 1 MiB entries)
+/// catches up, and appends go on meanwhile. openraft gives each AppendEntries one heartbeat
+/// interval (100 ms); a batch of up to 1,024 such entries never arrived in time and was sent
+/// again and again, the leader spent its CPU on it, and writes stopped for minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_follower_behind_a_backlog_of_large_entries_catches_up() {
+    use futures::StreamExt;
+    const BACKLOG: usize = 160;
+    const ENTRY_BYTES: usize = 1024 * 1024;
+    let mut c = JournalCluster::start(3, 1, &[]);
+    let leader = c.wait_leaders(&[0, 1, 2]).await[SHARD as usize];
+    let follower = (0..3).find(|&i| c.index_of(leader) != i).unwrap();
+    let client = c.client().await;
+    c.kill(follower);
+    let last = futures::stream::iter(0..BACKLOG)
+        .map(|i| {
+            let client = client.clone();
+            async move {
+                client
+                    .append(SHARD, vec![vec![i as u8; ENTRY_BYTES]])
+                    .await
+                    .expect("append")[0]
+            }
+        })
+        .buffer_unordered(4)
+        .collect::<Vec<u64>>()
+        .await
+        .into_iter()
+        .max()
+        .unwrap();
+    c.restart(follower);
+    // Appends go on while it catches up, each answered well within the client's deadline.
+    let mut acked = BTreeMap::new();
+    let started = tokio::time::Instant::now();
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        append_acked(&client, SHARD, "during", 20, &mut acked),
+    )
+    .await
+    .expect("appends stalled while the follower caught up");
+    println!(
+        "20 appends during the catch-up took {:?}",
+        started.elapsed()
+    );
+    c.wait_committed(follower, SHARD, last).await;
+    let last = *acked.keys().last().unwrap();
+    c.wait_committed(follower, SHARD, last).await;
+}

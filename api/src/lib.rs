@@ -35,3 +35,12 @@ pub mod record;
 
 /// The envelope format this build writes; readers accept every version up to this one.
 pub const ENTRY_FORMAT_VERSION: u32 = 1;
+
+/// The HTTP/2 connection window every Strata server and client asks for (16 MiB, the most
+/// grpc-go's window estimation grows to). Besides flow control, h2 (0.4.20 on) bounds the small
+/// DATA frames (under 256 bytes: one per gRPC message of a keep-alive, a watch request, a
+/// small append) a connection holds unread to half this window, and drops the whole
+/// connection beyond it (GOAWAY "too_many_data_frames"): with the 64 KiB default that was
+/// about 136 frames, which one stream of keep-alives waiting for the journal reached, and
+/// every stream on the connection died. 8 MiB of budget is about 35,000 such frames.
+pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;

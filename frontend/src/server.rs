@@ -157,6 +157,7 @@ impl Frontend {
         });
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)
+            .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
             // HTTP/1.1 too, as an etcd member's client port: `/health`, `/version` and
             // `/metrics` answer there (fast_kv.rs hands them to the side port's router).

@@ -732,6 +732,7 @@ impl Inner {
             })?
             .connect_timeout(CONNECT_TIMEOUT)
             .tcp_nodelay(true)
+            .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();

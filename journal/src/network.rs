@@ -80,6 +80,7 @@ impl Peers {
         let ch = Endpoint::from_shared(url)?
             .connect_timeout(PEER_CONNECT_TIMEOUT)
             .tcp_nodelay(true)
+            .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();

@@ -54,6 +54,7 @@ pub fn router(node: Arc<JournalNode>) -> Router {
     };
     tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
         .add_service(
             JournalServer::new(svc.clone())
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)

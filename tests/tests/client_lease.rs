@@ -167,3 +167,75 @@ async fn keys_vanish_when_their_lease_expires_and_keepalive_holds_them() {
         .collect();
     assert_eq!(ids, [kept]);
 }
+
+/// A client that sends thousands of keep-alives on one stream, each message its own small
+/// HTTP/2 DATA frame (as grpc-go frames them), faster than they are answered, gets every answer.
+/// h2 drops a connection that leaves too many small frames unread ("too_many_data_frames",
+/// GOAWAY), a budget of half the connection window: with the 64 KiB default, about 136 such
+/// frames, which a stream reaches as soon as its keep-alives wait for the journal, and then
+/// every stream of the connection (a kube-apiserver's watches with it) died.
+#[tokio::test]
+async fn thousands_of_keep_alives_in_small_frames_on_one_stream_are_all_answered() {
+    use api::etcdserverpb::{LeaseKeepAliveRequest, LeaseKeepAliveResponse};
+    use prost::Message;
+    const N: usize = 5_000;
+    let (t, mut c) = start().await;
+    let id = c.lease_grant(300, None).await.unwrap().id();
+    let addr = t.endpoint().trim_start_matches("http://").to_string();
+    let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    // This client's h2 applies the same budget to the answers it has not read yet.
+    let (client, conn) = h2::client::Builder::new()
+        .initial_connection_window_size(16 << 20)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let mut client = client.ready().await.unwrap();
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!("http://{addr}/etcdserverpb.Lease/LeaseKeepAlive"))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .unwrap();
+    let (response, mut send) = client.send_request(request, false).unwrap();
+    let body = LeaseKeepAliveRequest { id }.encode_to_vec();
+    let mut message = vec![0u8];
+    message.extend((body.len() as u32).to_be_bytes());
+    message.extend(body);
+    let message = bytes::Bytes::from(message);
+    // Queued at once: h2 sends each as its own DATA frame as the window allows.
+    for _ in 0..N {
+        send.send_data(message.clone(), false).unwrap();
+    }
+    let response = tokio::time::timeout(REQUEST_TIMEOUT, response)
+        .await
+        .expect("no response headers")
+        .expect("the stream failed");
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut answers = 0;
+    while answers < N {
+        let chunk = tokio::time::timeout(REQUEST_TIMEOUT, body.data())
+            .await
+            .unwrap_or_else(|_| panic!("answers stopped after {answers}"))
+            .unwrap_or_else(|| panic!("the stream ended after {answers} answers"))
+            .unwrap_or_else(|e| panic!("the connection failed after {answers} answers: {e}"));
+        let _ = body.flow_control().release_capacity(chunk.len());
+        buf.extend_from_slice(&chunk);
+        while buf.len() >= 5 {
+            let len = u32::from_be_bytes(buf[1..5].try_into().unwrap()) as usize;
+            if buf.len() < 5 + len {
+                break;
+            }
+            let answer = LeaseKeepAliveResponse::decode(&buf[5..5 + len]).unwrap();
+            assert_eq!((answer.id, answer.ttl), (id, 300));
+            answers += 1;
+            buf.drain(..5 + len);
+        }
+    }
+    drop(send);
+}

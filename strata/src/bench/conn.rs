@@ -81,6 +81,7 @@ impl Pool {
             let endpoint = Endpoint::from_shared(url.clone())
                 .map_err(|e| BenchError::InvalidArgs(format!("endpoint {url}: {e}")))?
                 .tcp_nodelay(true)
+                .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
                 .connect_timeout(CONNECT_TIMEOUT);
             let channel = endpoint
                 .connect()

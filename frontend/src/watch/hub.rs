@@ -5,6 +5,7 @@
 //! moves slow watchers aside.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use api::mvccpb::Event;
@@ -16,6 +17,13 @@ use super::spec::{WatchSpec, event_revision};
 /// Responses buffered per watch stream before its watchers are moved to unsynced (etcd's
 /// `chanBufLen`).
 pub const DEFAULT_STREAM_BUFFER: usize = 128;
+
+/// Bytes of events (keys, values, previous values) queued per watch stream before its watchers
+/// are moved to unsynced, whatever the number of responses: a stream that does not read holds
+/// at most this much (plus one delivery), and its watchers catch up from history once it reads
+/// again. Each watcher's events are its own copies, so 128 responses of 2 MiB values with their
+/// previous values held about 275 MB per stream that never read (found by a review of limits).
+pub const DEFAULT_STREAM_BYTES: usize = 8 * 1024 * 1024;
 
 /// The watch id etcd uses for "no watcher" (a failed create, a stream-wide progress response).
 pub const INVALID_WATCH_ID: i64 = -1;
@@ -36,6 +44,25 @@ pub enum Delivery {
     /// Every watcher named (one, or all of the stream's for `INVALID_WATCH_ID`) has received
     /// every event up to `revision`.
     Progress { watch_id: i64, revision: i64 },
+}
+
+impl Delivery {
+    /// What the delivery holds in event bytes (keys, values, previous values), for the byte
+    /// bound of a stream's queue.
+    pub fn bytes(&self) -> usize {
+        match self {
+            Delivery::Events { events, .. } => events
+                .iter()
+                .map(|e| {
+                    let kv = |kv: &Option<api::mvccpb::KeyValue>| {
+                        kv.as_ref().map_or(0, |kv| kv.key.len() + kv.value.len())
+                    };
+                    kv(&e.kv) + kv(&e.prev_kv)
+                })
+                .sum(),
+            Delivery::Progress { .. } => 0,
+        }
+    }
 }
 
 /// How a catch-up attempt ended (see [`WatchHub::try_sync`]).
@@ -71,6 +98,9 @@ pub struct Registered {
 pub struct StreamHandle {
     pub id: StreamId,
     pub deliveries: mpsc::Receiver<Delivery>,
+    /// Event bytes queued in `deliveries`: the stream takes a delivery's `bytes()` off when it
+    /// takes the delivery.
+    pub queued_bytes: Arc<AtomicUsize>,
     /// Woken when one of the stream's watchers became unsynced and needs catching up.
     pub wake: Arc<Notify>,
 }
@@ -84,6 +114,7 @@ struct Watcher {
 
 struct StreamSlot {
     tx: mpsc::Sender<Delivery>,
+    queued_bytes: Arc<AtomicUsize>,
     wake: Arc<Notify>,
     watchers: HashMap<i64, Watcher>,
     /// etcd's next generated watch id for this stream.
@@ -127,6 +158,7 @@ struct HubState {
 pub struct WatchHub {
     state: Mutex<HubState>,
     stream_buffer: usize,
+    stream_bytes: usize,
     tenant: String,
     /// Wakes watch creations waiting for the hub to catch up with the store (`reached`).
     /// Signalled only while one waits: a channel send per applied entry costs several locks.
@@ -162,6 +194,12 @@ impl WatchHub {
     /// A hub whose streams buffer at most `stream_buffer` responses (at least 1) before their
     /// watchers fall back to catching up from history.
     pub fn with_buffer(tenant: &str, stream_buffer: usize) -> Self {
+        Self::with_limits(tenant, stream_buffer, DEFAULT_STREAM_BYTES)
+    }
+
+    /// A hub whose streams queue at most `stream_buffer` responses and about `stream_bytes` of
+    /// events (always one delivery) before their watchers fall back to catching up from history.
+    pub fn with_limits(tenant: &str, stream_buffer: usize, stream_bytes: usize) -> Self {
         Self {
             state: Mutex::new(HubState {
                 revision: 0,
@@ -169,6 +207,7 @@ impl WatchHub {
                 next_stream: 1,
             }),
             stream_buffer: stream_buffer.max(1),
+            stream_bytes,
             tenant: tenant.to_string(),
             advanced: tokio::sync::watch::Sender::new(()),
         }
@@ -251,7 +290,19 @@ impl WatchHub {
                         revision: rev,
                         events: selected,
                     };
-                    match slot.tx.try_send(d) {
+                    // Counted before the send, so the stream never takes off more than was put
+                    // on; a queue holding bytes takes no more past the bound.
+                    let size = d.bytes();
+                    let before = slot.queued_bytes.fetch_add(size, Ordering::AcqRel);
+                    let sent = if before > 0 && before + size > self.stream_bytes {
+                        Err(mpsc::error::TrySendError::Full(d))
+                    } else {
+                        slot.tx.try_send(d)
+                    };
+                    if sent.is_err() {
+                        slot.queued_bytes.fetch_sub(size, Ordering::AcqRel);
+                    }
+                    match sent {
                         Ok(()) => w.next_rev = rev + 1,
                         Err(mpsc::error::TrySendError::Full(_)) => {
                             // Everything below `rev` is queued; `rev` and later come from
@@ -322,6 +373,7 @@ impl WatchHub {
     pub fn open_stream(&self) -> StreamHandle {
         let (tx, rx) = mpsc::channel(self.stream_buffer);
         let wake = Arc::new(Notify::new());
+        let queued_bytes = Arc::new(AtomicUsize::new(0));
         let mut st = self.lock();
         let id = st.next_stream;
         st.next_stream += 1;
@@ -329,6 +381,7 @@ impl WatchHub {
             id,
             StreamSlot {
                 tx,
+                queued_bytes: queued_bytes.clone(),
                 wake: wake.clone(),
                 watchers: HashMap::new(),
                 next_id: 0,
@@ -338,6 +391,7 @@ impl WatchHub {
         StreamHandle {
             id,
             deliveries: rx,
+            queued_bytes,
             wake,
         }
     }
@@ -569,6 +623,55 @@ mod tests {
         assert!(
             matches!(d2, Delivery::Events { revision: 5, ref events, .. } if events.len() == 2)
         );
+    }
+
+    /// A stream's queue takes events up to about its byte bound (always one delivery), then
+    /// its watcher falls back to history, however few responses are queued.
+    #[test]
+    fn a_queue_holding_its_bytes_moves_the_watcher_to_unsynced() {
+        let hub = WatchHub::with_limits("t", 128, 1_000);
+        let s = hub.open_stream();
+        let w = hub
+            .register(s.id, 0, WatchSpec::range(b"k", b""), 0, 1)
+            .unwrap()
+            .watch_id;
+        let big = |rev: i64| {
+            let mut e = put("k", rev);
+            e.kv.as_mut().unwrap().value = vec![b'v'; 399];
+            e.prev_kv = Some(KeyValue {
+                key: b"k".to_vec(),
+                value: vec![b'p'; 99],
+                ..Default::default()
+            });
+            e
+        };
+        assert_eq!(
+            Delivery::Events {
+                watch_id: w,
+                revision: 2,
+                events: vec![big(2)]
+            }
+            .bytes(),
+            500
+        );
+        for rev in 2..=6 {
+            hub.notify(rev, &[big(rev)]);
+        }
+        // Shaped for the watcher (no prev_kv asked): 400 bytes each; a third would pass 1,000.
+        assert_eq!(s.deliveries.len(), 2);
+        assert_eq!(s.queued_bytes.load(Ordering::Acquire), 800);
+        let u = hub.unsynced(s.id);
+        assert_eq!((u[0].watch_id, u[0].next_rev), (w, 4));
+        // One delivery always goes, whatever its size, into an empty queue.
+        let hub = WatchHub::with_limits("t", 128, 10);
+        let mut s = hub.open_stream();
+        hub.register(s.id, 0, WatchSpec::range(b"k", b""), 0, 1)
+            .unwrap();
+        hub.notify(2, &[big(2)]);
+        hub.notify(3, &[big(3)]);
+        assert_eq!(s.deliveries.len(), 1);
+        assert_eq!(s.queued_bytes.load(Ordering::Acquire), 400);
+        let _ = s.deliveries.try_recv();
     }
 
     #[test]

@@ -18,8 +18,8 @@ use memstore::MemStore;
 
 pub use fragment::fragments;
 pub use hub::{
-    DEFAULT_STREAM_BUFFER, Delivery, INVALID_WATCH_ID, Registered, StreamHandle, StreamId,
-    SyncOutcome, Unsynced, WatchHub,
+    DEFAULT_STREAM_BUFFER, DEFAULT_STREAM_BYTES, Delivery, INVALID_WATCH_ID, Registered,
+    StreamHandle, StreamId, SyncOutcome, Unsynced, WatchHub,
 };
 pub use service::WatchService;
 pub use spec::{WatchSpec, event_revision};

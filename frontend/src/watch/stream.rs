@@ -59,6 +59,8 @@ struct StreamTask {
     stream: u64,
     out: mpsc::Sender<Result<WatchResponse, Status>>,
     active: HashMap<i64, WatcherOpts>,
+    /// Event bytes the hub queued for this stream (`StreamHandle::queued_bytes`).
+    queued_bytes: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// Serves one watch stream until the client goes away: reads requests from `input`, writes
@@ -75,6 +77,7 @@ pub async fn run_stream<S>(
     let StreamHandle {
         id,
         deliveries,
+        queued_bytes,
         wake,
     } = target.hub.open_stream();
     let _guard = HubGuard {
@@ -90,6 +93,7 @@ pub async fn run_stream<S>(
         stream: id,
         out,
         active: HashMap::new(),
+        queued_bytes,
     };
     serve(task, input, deliveries, wake).instrument(span).await;
 }
@@ -201,6 +205,8 @@ impl StreamTask {
     }
 
     async fn deliver(&mut self, d: Delivery) -> Result<(), Closed> {
+        self.queued_bytes
+            .fetch_sub(d.bytes(), std::sync::atomic::Ordering::AcqRel);
         match d {
             Delivery::Events {
                 watch_id,

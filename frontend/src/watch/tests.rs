@@ -36,8 +36,12 @@ struct Harness {
 
 impl Harness {
     fn new(stream_buffer: usize) -> Self {
+        Self::with_limits(stream_buffer, DEFAULT_STREAM_BYTES)
+    }
+
+    fn with_limits(stream_buffer: usize, stream_bytes: usize) -> Self {
         let store = MemStore::new(Config::default());
-        let hub = WatchHub::with_buffer("test", stream_buffer);
+        let hub = WatchHub::with_limits("test", stream_buffer, stream_bytes);
         // As a replica's hub starts (`WatchHub::for_store_at`): at the store's revision.
         hub.notify(store.revision(), &[]);
         Self {
@@ -662,6 +666,38 @@ async fn slow_consumer_is_caught_up_from_history_without_gaps() {
     let mut live = [slow.next().await, slow.next().await];
     live.sort_by_key(|r| r.watch_id);
     assert!(live.iter().all(|r| event_revision(&r.events[0]) == rev));
+    assert_eq!(h.hub.unsynced_count(), 0);
+}
+
+/// A stream that does not read holds about its byte bound of events, not its 128 responses:
+/// past the bound its watcher falls back to history, and once the stream reads it still gets
+/// every event once, in order.
+#[tokio::test]
+async fn a_stream_that_does_not_read_holds_its_byte_bound_then_catches_up() {
+    const PUTS: usize = 100;
+    let mut h = Harness::with_limits(DEFAULT_STREAM_BUFFER, 4 * 1024);
+    let mut slow = h.open(WatchConfig::default(), 1);
+    slow.create(create_req("k", "l", 0)).await;
+    slow.next().await;
+    let first = h.store.read().unwrap().revision() + 1;
+    let value = "v".repeat(1024);
+    for i in 0..PUTS {
+        h.put(&format!("k{}", i % 10), &value);
+    }
+    assert!(
+        h.hub.unsynced_count() > 0,
+        "{PUTS} responses of 1 KiB queued for a stream bounded to 4 KiB"
+    );
+    let want = h.expected(&WatchSpec::range(b"k", b"l"), first);
+    assert_eq!(want.len(), PUTS);
+    let mut got = Vec::new();
+    while flatten(&got).len() < PUTS {
+        got.push(slow.next().await);
+    }
+    assert_eq!(flatten(&got), want);
+    assert_atomic(&got);
+    let rev = h.put("k0", "live");
+    assert_eq!(event_revision(&slow.next().await.events[0]), rev);
     assert_eq!(h.hub.unsynced_count(), 0);
 }
 

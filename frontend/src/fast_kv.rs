@@ -326,8 +326,10 @@ fn check_prefix(head: &[u8], max_decode: usize) -> Result<usize, Status> {
     }
     let len = head.get_u32() as usize;
     if len > max_decode {
-        return Err(Status::out_of_range(format!(
-            "Error, decoded message length too large: found {len} bytes, the limit is: {max_decode} bytes"
+        // grpc-go's refusal, which etcd's clients get (tonic's own is OutOfRange, "Error,
+        // decoded message length too large").
+        return Err(Status::resource_exhausted(format!(
+            "grpc: received message larger than max ({len} vs. {max_decode})"
         )));
     }
     Ok(len)

@@ -122,6 +122,13 @@ async fn put_errors_are_etcds() {
         Code::InvalidArgument,
         "etcdserver: request is too large",
     );
+    // Over gRPC's own limit (the setting + 512 KiB): grpc-go's refusal, as etcd's.
+    let huge = vec![b'x'; 2_200_000];
+    assert_status(
+        c.put("huge", huge, None).await,
+        Code::ResourceExhausted,
+        "grpc: received message larger than max (2200011 vs. 2097152)",
+    );
     // None of the failures wrote anything.
     let all = c
         .get("", Some(GetOptions::new().with_all_keys()))

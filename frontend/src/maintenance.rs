@@ -124,7 +124,7 @@ async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusRespon
     Ok(StatusResponse {
         header: Some(t.header(revision)),
         version: version.to_string(),
-        db_size: stats.total_bytes as i64,
+        db_size: stats.charged_bytes as i64,
         // Each frontend answers for itself (docs/frontend.md); 0, etcd's "none", while it has
         // not heard from the journal.
         leader: if has_leader { t.identity.member_id } else { 0 },

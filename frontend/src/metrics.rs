@@ -65,7 +65,7 @@ pub fn refresh(t: &Tenant, committed_index: Option<u64>) {
     metrics::gauge!("strata_frontend_live_bytes", "tenant" => tenant.clone())
         .set(stats.live_bytes as f64);
     metrics::gauge!("strata_frontend_stored_bytes", "tenant" => tenant.clone())
-        .set(stats.total_bytes as f64);
+        .set(stats.charged_bytes as f64);
     metrics::gauge!("strata_frontend_revision", "tenant" => tenant.clone())
         .set(stats.revision as f64);
     metrics::gauge!("strata_frontend_leases", "tenant" => tenant).set(stats.leases as f64);

@@ -410,6 +410,7 @@ impl MemStore {
             live_bytes: k.live_bytes,
             total_bytes: k.total_bytes,
             versions: k.versions,
+            charged_bytes: self.charged_bytes(),
             leases: self.state.leases.leases.len() as u64,
             revision: self.state.revision,
             compact_revision: self.state.compact_revision,
@@ -688,11 +689,23 @@ impl MemStore {
             return Err(Error::NoSpace);
         }
         let quota = self.config.quota_bytes;
-        if quota > 0 && self.state.keys.total_bytes.saturating_add(cost) > quota as u64 {
+        if quota > 0 && self.charged_bytes().saturating_add(cost) > quota as u64 {
             self.state.alarms.insert((0, AlarmType::Nospace as i32));
             return Err(Error::NoSpace);
         }
         Ok(())
+    }
+
+    /// What the quota counts of what is stored: keys and values of every version, and
+    /// `stored_version_bytes` for each.
+    fn charged_bytes(&self) -> u64 {
+        let k = &self.state.keys;
+        k.total_bytes
+            .saturating_add(k.versions.saturating_mul(self.version_charge()))
+    }
+
+    fn version_charge(&self) -> u64 {
+        self.config.stored_version_bytes.max(0) as u64
     }
 
     fn corrupt(&self) -> bool {
@@ -786,7 +799,7 @@ impl MemStore {
             return Err(Error::CorruptAlarm); // every put path comes here
         }
         validate::put_parts(k, v, flags.lease, flags.ignore_value, flags.ignore_lease)?;
-        self.check_space((k.len() + v.len()) as u64)?;
+        self.check_space((k.len() + v.len()) as u64 + self.version_charge())?;
         self.check_put_lease(flags)?;
         self.check_put_previous(k, flags)?;
         let mut w = Writer::new(&mut self.state, events);
@@ -929,7 +942,7 @@ impl MemStore {
 
     fn apply_txn(&mut self, t: &TxnRequest, events: &mut Vec<Event>) -> Result<TxnResponse, Error> {
         validate::txn(t, self.config.max_txn_ops)?;
-        let cost = txn_put_cost(t);
+        let cost = txn_put_cost(t, self.version_charge());
         if cost > 0 {
             self.check_space(cost)?;
         }
@@ -1285,13 +1298,15 @@ fn splitmix64(x: u64) -> u64 {
 }
 
 /// Bytes of keys and values a txn may put (both branches, nested included): an upper bound.
-fn txn_put_cost(t: &TxnRequest) -> u64 {
+fn txn_put_cost(t: &TxnRequest, version_charge: u64) -> u64 {
     t.success
         .iter()
         .chain(t.failure.iter())
         .map(|op| match &op.request {
-            Some(request_op::Request::RequestPut(p)) => (p.key.len() + p.value.len()).max(1) as u64,
-            Some(request_op::Request::RequestTxn(inner)) => txn_put_cost(inner),
+            Some(request_op::Request::RequestPut(p)) => {
+                (p.key.len() + p.value.len()).max(1) as u64 + version_charge
+            }
+            Some(request_op::Request::RequestTxn(inner)) => txn_put_cost(inner, version_charge),
             _ => 0,
         })
         .sum()

@@ -295,8 +295,9 @@ fn alarms_nospace_blocks_puts_not_deletes() {
 
 #[test]
 fn quota_raises_nospace() {
+    // 148 bytes of quota: the first put is charged 91 + 48.
     let mut h = Harness::with_config(Config {
-        quota_bytes: 100,
+        quota_bytes: 148,
         ..Config::default()
     });
     assert!(matches!(
@@ -307,6 +308,26 @@ fn quota_raises_nospace() {
     assert_eq!(failed(&a), Some(Error::NoSpace));
     assert_eq!(h.store.alarms()[0].alarm, AlarmType::Nospace as i32);
     assert_eq!(h.store.revision(), 2, "the refused put changed nothing");
+}
+
+/// The quota charges every stored version 48 bytes besides its key and value (about what etcd's
+/// backend spends on one), so tiny values meet NOSPACE near where etcd's would.
+#[test]
+fn quota_charges_each_version_besides_its_bytes() {
+    let mut h = Harness::with_config(Config {
+        quota_bytes: 1_000,
+        ..Config::default()
+    });
+    // 3-byte keys, empty values: 51 bytes a version; 19 fit in 1,000.
+    for i in 0..19 {
+        assert!(
+            matches!(h.put(&format!("k{i:02}"), "").outcome, Outcome::Put(_)),
+            "put {i}"
+        );
+    }
+    assert_eq!(h.store.stats().charged_bytes, 19 * 51);
+    assert_eq!(failed(&h.put("k19", "")), Some(Error::NoSpace));
+    assert_eq!(h.store.stats().versions, 19);
 }
 
 #[test]

@@ -90,25 +90,27 @@ pub async fn sample_loop(node: Weak<JournalNode>) {
             Some(async move {
                 let mut req = tonic::Request::new(StatusRequest { shard: id });
                 req.set_timeout(STATUS_TIMEOUT);
-                let asked = Instant::now();
                 let status =
                     tokio::time::timeout(STATUS_TIMEOUT, GrpcClient::new(channel).status(req))
                         .await
                         .ok()?
                         .ok()?
                         .into_inner();
+                // Stamped when the answer came: the leader had committed at least this by then
+                // (a slow answer stamped at the ask would leave the follower no grace).
+                let answered = Instant::now();
                 // Only a leader's own word counts (leadership may have moved meanwhile).
                 (status.leader_id == leader && status.node_id == leader).then_some((
                     id,
                     status.committed_index,
-                    asked,
+                    answered,
                 ))
             })
         });
         let answers = futures::future::join_all(asks).await;
-        for (shard, committed, asked) in answers.into_iter().flatten() {
+        for (shard, committed, answered) in answers.into_iter().flatten() {
             if let Some(c) = node.catch_up.get(shard as usize) {
-                c.record(committed, asked);
+                c.record(committed, answered);
             }
         }
     })

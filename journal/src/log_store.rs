@@ -431,14 +431,24 @@ impl LogShared {
         let first_time = !self.failed.swap(true, Ordering::AcqRel);
         // What was written after the last good fsync may sit in the page cache only, where a
         // restart would read it back and take it for durable: the next start drops it (the
-        // leader sends it again). Best effort: a disk that failed may refuse this too.
+        // leader sends it again). The marker has to outlive a restart of the process, not a
+        // power loss (which takes the page cache with it): it is written and renamed in place
+        // first, and synced only as far as the failing disk lets it (a failed sync of its own
+        // must not keep it from existing).
         if first_time {
             let unknown = self.flushed();
             let marker = self.dir.join(STORAGE_FAILED_FILE);
-            if let Err(e) =
-                crate::meta::write_bytes_durable(&marker, format!("{unknown}\n").as_bytes())
-            {
-                tracing::error!(path = %marker.display(), error = %e, "cannot record where the storage failure began");
+            let tmp = marker.with_extension("tmp");
+            let written = std::fs::write(&tmp, format!("{unknown}\n"))
+                .and_then(|()| std::fs::rename(&tmp, &marker));
+            match written {
+                Ok(()) => {
+                    let _ = std::fs::File::open(&marker).and_then(|f| f.sync_all());
+                    let _ = std::fs::File::open(&self.dir).and_then(|d| d.sync_all());
+                }
+                Err(e) => {
+                    tracing::error!(path = %marker.display(), error = %e, "cannot record where the storage failure began");
+                }
             }
         }
         // Wake whoever waits for a flush: it will never come.
@@ -475,7 +485,7 @@ impl LogShared {
         for i in start..end {
             let l = log.locate(i)?;
             bytes += l.2 as usize;
-            frames.push(l);
+            frames.push((i, l));
             if bytes >= max_bytes {
                 break;
             }
@@ -490,16 +500,32 @@ impl LogShared {
     /// have cut the file under a read (replication of a leader that just stepped down reads
     /// while the follower it became truncates): the frames before the cut are answered, not an
     /// error, which openraft would take for a broken disk and stop the shard on (found by
-    /// review: "failed to fill whole buffer", the shard's Raft core gone).
+    /// review: "failed to fill whole buffer", the shard's Raft core gone). Only what a cut can
+    /// cause counts so: the file ending early, or other bytes where the frame was (a bad frame,
+    /// or another entry's); any other error (EIO) stays one.
     fn read_located_frames(
         &self,
         located: Located,
     ) -> Result<Vec<(FrameHeader, Vec<u8>)>, SegmentError> {
+        let truncated = || self.truncations.load(Ordering::Acquire) != located.truncations;
         let mut out = Vec::with_capacity(located.frames.len());
-        for (f, off, len) in located.frames {
+        for (index, (f, off, len)) in located.frames {
             match SegmentLog::read_located(&f, off, len) {
+                Ok((h, _)) if h.index != index && truncated() => break,
+                Ok((h, _)) if h.index != index => {
+                    return Err(SegmentError::Corrupt {
+                        path: PathBuf::from("<segment>"),
+                        offset: off,
+                        reason: format!("frame of index {} where {index} was located", h.index),
+                    });
+                }
                 Ok(frame) => out.push(frame),
-                Err(_) if self.truncations.load(Ordering::Acquire) != located.truncations => break,
+                Err(SegmentError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::UnexpectedEof && truncated() =>
+                {
+                    break;
+                }
+                Err(SegmentError::Corrupt { .. }) if truncated() => break,
                 Err(e) => return Err(e),
             }
         }
@@ -508,8 +534,12 @@ impl LogShared {
 }
 
 /// Frames located under the log's lock, to be read outside it.
+/// Where one frame is: its file, offset and length.
+type FramePlace = (Arc<std::fs::File>, u64, u32);
+
 struct Located {
-    frames: Vec<(Arc<std::fs::File>, u64, u32)>,
+    /// (index, place) of each frame.
+    frames: Vec<(u64, FramePlace)>,
     truncations: u64,
 }
 

@@ -91,6 +91,12 @@ pub enum CheckpointError {
     },
     #[error("decoding task failed: {0}")]
     Task(String),
+    /// Every checkpoint the manifest names is below what the journal still holds: the journal
+    /// cannot continue from any of them (a newer one is due; see `Replica::reload`).
+    #[error(
+        "the newest checkpoint is at index {newest}, below the journal's first index {first_index}"
+    )]
+    BelowTrim { newest: u64, first_index: u64 },
 }
 
 fn bad(url: &str, reason: impl std::fmt::Display) -> CheckpointError {
@@ -500,6 +506,17 @@ pub async fn latest(
     tenant: &str,
     shard: u32,
 ) -> Result<Option<Loaded>, CheckpointError> {
+    latest_from(store, tenant, shard, 0).await
+}
+
+/// As [`latest`], among the checkpoints the journal can continue from when its first index is
+/// `first_index` (index + 1 at least that): the others are not even fetched.
+pub async fn latest_from(
+    store: &Store,
+    tenant: &str,
+    shard: u32,
+    first_index: u64,
+) -> Result<Option<Loaded>, CheckpointError> {
     let Some(manifest) = latest_manifest(store, tenant).await? else {
         return Ok(None);
     };
@@ -510,9 +527,20 @@ pub async fn latest(
             found: manifest.shard,
         });
     }
+    let continuable: Vec<&CheckpointRef> = manifest
+        .checkpoints
+        .iter()
+        .filter(|r| r.index + 1 >= first_index)
+        .collect();
+    if continuable.is_empty() {
+        return Err(CheckpointError::BelowTrim {
+            newest: manifest.newest().map_or(0, |r| r.index),
+            first_index,
+        });
+    }
     let mut first_error = None;
     let mut all_missing = true;
-    for r in &manifest.checkpoints {
+    for r in continuable {
         match load_one(store, tenant, shard, r).await {
             Ok((mem, timings)) => {
                 return Ok(Some(Loaded {

@@ -132,7 +132,7 @@ async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusRespon
         raft_term,
         raft_applied_index: applied_index,
         errors,
-        db_size_in_use: stats.live_bytes as i64,
+        db_size_in_use: stats.charged_live_bytes as i64,
         is_learner: false,
         storage_version: String::new(),
         db_size_quota: 0,

@@ -376,7 +376,14 @@ impl Replica {
                 "no --object-store to load a checkpoint from".into(),
             ));
         };
-        let loaded = match crate::checkpoint::latest(objects, &self.tenant, self.shard).await {
+        let loaded = match crate::checkpoint::latest_from(
+            objects,
+            &self.tenant,
+            self.shard,
+            first_index,
+        )
+        .await
+        {
             Ok(Some(loaded)) => loaded,
             Ok(None) => {
                 if !self.read().is_pristine() {
@@ -403,17 +410,22 @@ impl Replica {
             Err(e @ crate::checkpoint::CheckpointError::Store(_)) => {
                 return Err(Reload::Retry(e.to_string()));
             }
+            // Waited out, not fatal, and nothing fetched meanwhile: a second compactor of the
+            // shard (a stalled one, a pod on an unreachable node) can publish an older
+            // checkpoint just after the other trimmed past it; the one that trimmed publishes a
+            // covering checkpoint with its next round.
+            Err(e @ crate::checkpoint::CheckpointError::BelowTrim { .. }) => {
+                return Err(Reload::Retry(format!(
+                    "{e} (waiting for a newer one; if it never comes, --object-store is not this journal's)"
+                )));
+            }
             Err(e) => return Err(Reload::Fatal(e.to_string())),
         };
         let index = loaded.reference.index;
-        // Waited out, not fatal: a second compactor of the shard (a stalled one, a pod on an
-        // unreachable node) can publish an older checkpoint just after the other trimmed past
-        // it; the one that trimmed publishes a covering checkpoint with its next round.
-        if index + 1 < first_index {
-            return Err(Reload::Retry(format!(
-                "the newest checkpoint is at index {index}, below the journal's first index {first_index} (waiting for a newer one; if it never comes, --object-store is not this journal's)"
-            )));
-        }
+        debug_assert!(
+            index + 1 >= first_index,
+            "latest_from loaded below the trim"
+        );
         let _turn = self.write_turn().await;
         self.swap(loaded.store).map_err(Reload::Fatal)?;
         Ok(index)
@@ -968,7 +980,8 @@ mod tests {
         use crate::checkpoint::fixtures::{manifest, publish};
         let objects =
             crate::checkpoint::Store::from(Arc::new(object_store::memory::InMemory::new()));
-        let stale = publish(&objects, 20, false).await;
+        // Corrupt as well: were it fetched, the replica would stop on it.
+        let stale = publish(&objects, 20, true).await;
         manifest(&objects, 1, vec![stale]).await;
         let r = Replica::with_checkpoints(
             "default",

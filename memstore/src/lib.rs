@@ -170,6 +170,8 @@ pub struct Stats {
     /// What the quota counts: `total_bytes` plus `stored_version_bytes` per version (what
     /// Status reports as the database size).
     pub charged_bytes: u64,
+    /// The same count for the live keys' newest versions only (Status's size in use).
+    pub charged_live_bytes: u64,
     pub leases: u64,
     pub revision: i64,
     pub compact_revision: i64,

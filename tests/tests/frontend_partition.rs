@@ -6,12 +6,11 @@
 //! whose put failed may also be read, at any later time). Writes stall while the leader is cut
 //! off: a candidate issue, docs/frontend.md.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use etcd_client::Client;
 use strata_tests::deployment::frontend_args;
-use strata_tests::journal::{JournalCluster, TcpProxy};
+use strata_tests::journal::{JournalCluster, ProxiedMesh};
 use strata_tests::process::{ChildGuard, free_port};
 use strata_tests::readiness::{tail_file, wait_ready};
 
@@ -29,27 +28,11 @@ const WAIT: Duration = Duration::from_secs(60);
 /// later point); an acknowledged value older than the last acknowledged one may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_read_never_misses_an_acknowledged_write_while_the_journal_leader_is_cut_off() {
-    let addrs: BTreeMap<u64, String> = (1..=3)
-        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
-        .collect();
-    let mut proxies: BTreeMap<(u64, u64), TcpProxy> = BTreeMap::new();
-    for from in 1..=3u64 {
-        for to in (1..=3u64).filter(|to| *to != from) {
-            proxies.insert((from, to), TcpProxy::start(addrs[&to].clone()).await);
-        }
-    }
-    let peers: BTreeMap<u64, String> = (1..=3u64)
-        .map(|from| {
-            let list = (1..=3u64)
-                .map(|to| match proxies.get(&(from, to)) {
-                    Some(p) => format!("{to}={}", p.addr),
-                    None => format!("{to}={}", addrs[&to]),
-                })
-                .collect::<Vec<_>>()
-                .join(",");
-            (from, list)
-        })
-        .collect();
+    let ProxiedMesh {
+        addrs,
+        proxies,
+        peers,
+    } = ProxiedMesh::start(3).await;
     let c = JournalCluster::start_with_peers(&addrs, &peers, 1, &[]);
     c.wait_leaders(&[0, 1, 2]).await;
     let journals: Vec<String> = addrs.values().cloned().collect();

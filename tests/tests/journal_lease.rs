@@ -3,14 +3,13 @@
 //! peers (TCP proxies on every link) never answers from its lease once the lease has run out,
 //! while the other two elect a leader and commit past it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use api::strata::journal::ReadIndexRequest;
 use api::strata::journal::journal_client::JournalClient as GrpcClient;
-use strata_tests::journal::{JournalCluster, TcpProxy};
+use strata_tests::journal::{JournalCluster, ProxiedMesh, TcpProxy};
 use strata_tests::process::free_port;
 
 /// The journal's default `--read-lease`.
@@ -148,28 +147,12 @@ const SHARD: u32 = 2;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cut_off_leader_never_answers_from_its_lease_after_it_ran_out() {
-    let addrs: BTreeMap<u64, String> = (1..=3)
-        .map(|id| (id, format!("127.0.0.1:{}", free_port())))
-        .collect();
     // A proxy on every directed link (from, to), so whichever node leads can be cut off.
-    let mut proxies: BTreeMap<(u64, u64), TcpProxy> = BTreeMap::new();
-    for from in 1..=3u64 {
-        for to in (1..=3u64).filter(|to| *to != from) {
-            proxies.insert((from, to), TcpProxy::start(addrs[&to].clone()).await);
-        }
-    }
-    let peers: BTreeMap<u64, String> = (1..=3u64)
-        .map(|from| {
-            let list = (1..=3u64)
-                .map(|to| match proxies.get(&(from, to)) {
-                    Some(p) => format!("{to}={}", p.addr),
-                    None => format!("{to}={}", addrs[&to]),
-                })
-                .collect::<Vec<_>>()
-                .join(",");
-            (from, list)
-        })
-        .collect();
+    let ProxiedMesh {
+        addrs,
+        proxies,
+        peers,
+    } = ProxiedMesh::start(3).await;
     let c = JournalCluster::start_with_peers(&addrs, &peers, SHARDS, &[]);
     let leaders = c.wait_leaders(&[0, 1, 2]).await;
     let leader_id = leaders[SHARD as usize];

@@ -458,17 +458,29 @@ impl JournalAdmin for JournalSvc {
         if req.remove_id != 0 {
             voters.remove(&req.remove_id);
         }
-        if voters != self.node.voters(&shard) {
-            tracing::info!(shard = shard.id, ?voters, "changing the voters");
-            shard
-                .raft
-                .change_membership(voters.clone(), false)
-                .await
-                .map_err(map_err)?;
+        if voters == self.node.voters(&shard) {
+            return Ok(Response::new(ReplaceNodeResponse {
+                voters: voters.into_iter().collect(),
+            }));
         }
-        Ok(Response::new(ReplaceNodeResponse {
-            voters: self.node.voters(&shard).into_iter().collect(),
-        }))
+        tracing::info!(shard = shard.id, ?voters, "changing the voters");
+        let done = shard
+            .raft
+            .change_membership(voters, false)
+            .await
+            .map_err(map_err)?;
+        // The voters of the configuration the change committed, not the metrics: openraft
+        // publishes those once per turn of its loop, and a busy turn can commit and answer the
+        // change's second (uniform) step before it publishes, so they may still show the joint
+        // configuration.
+        let voters = done
+            .membership
+            .as_ref()
+            .map(|m| m.voter_ids().collect::<BTreeSet<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
+        Ok(Response::new(ReplaceNodeResponse { voters }))
     }
 }
 

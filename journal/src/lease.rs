@@ -87,6 +87,87 @@ impl LeaseClock {
     }
 }
 
+/// etcd's CheckQuorum, kept by the journal itself: openraft 0.9 leaves a leader cut off from
+/// its peers leading until it hears a higher vote, so appends sent to it wait out the client's
+/// whole attempt while the other voters have long elected a leader. Once a leader has gone
+/// `after` without a quorum acknowledging anything it sent, the shard stops acting as leader
+/// (`Shard::quorum_lost`): appends and read indexes are refused with no leader named, the ones
+/// waiting are answered "unavailable" (the client retries them elsewhere), and the node reports
+/// no leader. It leads again as soon as a quorum acknowledges it, or follows the new leader.
+pub struct QuorumCheck {
+    /// The vote this node has been leading under, and since when (restarted while a hand-off
+    /// holds heartbeats back, so none counts against it).
+    leading: Mutex<Option<(Vote<NodeId>, Instant)>>,
+    lost: tokio::sync::watch::Sender<bool>,
+}
+
+impl Default for QuorumCheck {
+    fn default() -> Self {
+        QuorumCheck {
+            leading: Mutex::new(None),
+            lost: tokio::sync::watch::Sender::new(false),
+        }
+    }
+}
+
+impl QuorumCheck {
+    /// One look at `now`: `leading` is this node's vote and voters while it leads under a
+    /// committed vote and a uniform configuration (`None` otherwise: nothing to check);
+    /// `holding` is true while a hand-off holds heartbeats back. Publishes and answers whether
+    /// the leader has gone longer than `after` without a quorum of `clock`'s acknowledgements.
+    pub fn observe(
+        &self,
+        leading: Option<(Vote<NodeId>, BTreeSet<NodeId>)>,
+        holding: bool,
+        clock: &LeaseClock,
+        me: NodeId,
+        now: Instant,
+        after: std::time::Duration,
+    ) -> bool {
+        let lost = {
+            let mut l = lock(&self.leading);
+            match leading {
+                None => {
+                    *l = None;
+                    false
+                }
+                Some((vote, voters)) => {
+                    let since = match *l {
+                        Some((v, t)) if v == vote && !holding => t,
+                        _ => {
+                            *l = Some((vote, now));
+                            now
+                        }
+                    };
+                    let heard = clock
+                        .quorum_since(&vote, &voters, me, now)
+                        .map_or(since, |t| t.max(since));
+                    now.saturating_duration_since(heard) > after
+                }
+            }
+        };
+        self.lost.send_if_modified(|was| {
+            let changed = *was != lost;
+            *was = lost;
+            changed
+        });
+        lost
+    }
+
+    /// Whether the last look found the leader without its quorum.
+    pub fn lost(&self) -> bool {
+        *self.lost.borrow()
+    }
+
+    /// Resolves once a look finds the leader without its quorum (at once if the last did).
+    pub fn wait_lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.lost.subscribe();
+        async move {
+            let _ = rx.wait_for(|lost| *lost).await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
@@ -132,6 +213,113 @@ mod tests {
         // Not a voter: no lease. Alone: always.
         assert_eq!(c.quorum_since(&v, &voters3, 9, t0), None);
         assert_eq!(c.quorum_since(&v, &[1].into(), 1, t0), Some(t0));
+    }
+
+    #[test]
+    fn a_leader_without_a_quorum_for_too_long_is_found_lost_and_recovers() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let after = ms(2000);
+        let v = committed(4, 1);
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
+        let leading = || Some((v, voters.clone()));
+        let c = LeaseClock::default();
+        let q = QuorumCheck::default();
+        // A new leader gets `after` from its first look, acknowledged or not.
+        assert!(!q.observe(leading(), false, &c, 1, t0, after));
+        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(2000), after));
+        assert!(q.observe(leading(), false, &c, 1, t0 + ms(2001), after));
+        assert!(q.lost());
+        // One follower acknowledges a message sent at 1900 ms: a quorum with the leader.
+        c.acked(2, v, t0 + ms(1900));
+        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(2100), after));
+        assert!(!q.lost());
+        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(3900), after));
+        assert!(q.observe(leading(), false, &c, 1, t0 + ms(3901), after));
+        // Acknowledgements under another vote do not count: a new term starts its own clock.
+        let newer = committed(5, 1);
+        c.acked(3, v, t0 + ms(5000));
+        assert!(!q.observe(
+            Some((newer, voters.clone())),
+            false,
+            &c,
+            1,
+            t0 + ms(6000),
+            after
+        ));
+        assert!(q.observe(
+            Some((newer, voters.clone())),
+            false,
+            &c,
+            1,
+            t0 + ms(8001),
+            after
+        ));
+        // Not leading: nothing is lost, and leading again under the same vote starts afresh.
+        assert!(!q.observe(None, false, &c, 1, t0 + ms(9000), after));
+        assert!(!q.observe(
+            Some((newer, voters.clone())),
+            false,
+            &c,
+            1,
+            t0 + ms(9000),
+            after
+        ));
+        assert!(!q.observe(
+            Some((newer, voters.clone())),
+            false,
+            &c,
+            1,
+            t0 + ms(11000),
+            after
+        ));
+        assert!(q.observe(Some((newer, voters)), false, &c, 1, t0 + ms(11001), after));
+    }
+
+    #[test]
+    fn a_hand_off_holding_heartbeats_back_is_not_a_lost_quorum() {
+        let t0 = Instant::now();
+        let ms = Duration::from_millis;
+        let after = ms(2000);
+        let v = committed(4, 1);
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
+        let leading = || Some((v, voters.clone()));
+        let c = LeaseClock::default();
+        let q = QuorumCheck::default();
+        c.acked(2, v, t0);
+        assert!(!q.observe(leading(), false, &c, 1, t0, after));
+        // Heartbeats held back for 5 s: never lost, and after the hand-off failed, the leader
+        // gets `after` again from the last look that saw it holding.
+        for t in (500..=5000).step_by(500) {
+            assert!(!q.observe(leading(), true, &c, 1, t0 + ms(t), after));
+        }
+        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(7000), after));
+        assert!(q.observe(leading(), false, &c, 1, t0 + ms(7001), after));
+    }
+
+    #[tokio::test]
+    async fn waiters_learn_of_a_lost_quorum() {
+        let t0 = Instant::now();
+        let v = committed(4, 1);
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
+        let c = LeaseClock::default();
+        let q = QuorumCheck::default();
+        let wait = tokio::spawn(q.wait_lost());
+        q.observe(Some((v, voters.clone())), false, &c, 1, t0, Duration::ZERO);
+        tokio::task::yield_now().await;
+        assert!(!wait.is_finished());
+        q.observe(
+            Some((v, voters)),
+            false,
+            &c,
+            1,
+            t0 + Duration::from_millis(1),
+            Duration::ZERO,
+        );
+        tokio::time::timeout(Duration::from_secs(5), wait)
+            .await
+            .expect("the waiter learns of the lost quorum")
+            .unwrap();
     }
 
     #[test]

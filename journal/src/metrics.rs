@@ -20,6 +20,9 @@ pub const ENTRY_RECORDS: &str = "strata_journal_entry_records";
 pub const READ_INDEX_TOTAL: &str = "strata_journal_read_index_total";
 /// Storage failures (write, fsync, vote) since start.
 pub const STORAGE_ERRORS_TOTAL: &str = "strata_journal_storage_errors_total";
+/// Times this node, leading, went `STEP_DOWN_AFTER` without a quorum's acknowledgement and
+/// stopped taking appends (etcd's CheckQuorum; `crate::lease::QuorumCheck`).
+pub const QUORUM_LOST_TOTAL: &str = "strata_journal_quorum_lost_total";
 /// Leader hand-offs tried by this node, by `outcome` (`done`, `failed`).
 pub const HANDOFFS_TOTAL: &str = "strata_journal_handoffs_total";
 /// How long a hand-off kept the shard's writes paused.
@@ -83,6 +86,10 @@ pub(crate) fn handoff(shard: u32, done: bool, paused: Duration) {
     ];
     metrics::counter!(HANDOFFS_TOTAL, &labels).increment(1);
     metrics::histogram!(HANDOFF_PAUSE_SECONDS, &shard_label(shard)).record(paused.as_secs_f64());
+}
+
+pub(crate) fn quorum_lost(shard: u32) {
+    metrics::counter!(QUORUM_LOST_TOTAL, &shard_label(shard)).increment(1);
 }
 
 pub(crate) fn storage_error(shard: u32) {

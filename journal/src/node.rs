@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use crate::clock;
 use crate::error::ShardError;
 use crate::gate::ProposalGate;
-use crate::lease::LeaseClock;
+use crate::lease::{LeaseClock, QuorumCheck};
 use crate::log_store::{ErrorList, LogShared, LogStore, OpenError};
 use crate::network::{Network, Peers};
 use crate::state_machine::{SmShared, StateMachine};
@@ -37,6 +37,9 @@ pub const READ_INDEX_QUEUE: usize = 4096;
 pub const HEARTBEAT_MS: u64 = 100;
 pub const ELECTION_TIMEOUT_MIN_MS: u64 = 1000;
 pub const ELECTION_TIMEOUT_MAX_MS: u64 = 2000;
+/// A leader that no quorum acknowledged for this long stops acting as leader (etcd's
+/// CheckQuorum, `crate::lease::QuorumCheck`): by then the other voters may have elected one.
+pub const STEP_DOWN_AFTER: Duration = Duration::from_millis(ELECTION_TIMEOUT_MAX_MS);
 /// Entries per AppendEntries message.
 pub const MAX_PAYLOAD_ENTRIES: u64 = 1024;
 /// Default number of Raft entries of client payloads proposed and not yet committed, per
@@ -179,6 +182,9 @@ pub struct Shard {
     read_index: mpsc::Sender<ReadIndexWaiter>,
     /// When followers last acknowledged this node's leadership.
     pub(crate) lease: Arc<LeaseClock>,
+    /// Whether this node, leading, has gone `STEP_DOWN_AFTER` without a quorum's
+    /// acknowledgement (`quorum_loop`).
+    pub(crate) quorum: QuorumCheck,
     /// The node that led this shard when the cluster formed (`ids[shard % n]`): leadership is
     /// handed back to it after a failover (`crate::handoff`).
     pub preferred: NodeId,
@@ -189,6 +195,9 @@ pub struct Shard {
     /// it any more, even if the hand-off failed (`crate::handoff`); read indexes take rounds.
     lease_revoked_term: AtomicU64,
     read_lease: Duration,
+    /// A reader at the end of this node's log is sent elsewhere once no entry (not even an idle
+    /// tick) applied here for this long (`Shard::tail_stalled_after`).
+    tail_stall: Duration,
     /// A node restarted with a vote on disk refuses vote requests until then (its followers'
     /// refusal to vote, which leases rely on, was lost with the process).
     votes_held_until: Option<std::time::Instant>,
@@ -206,11 +215,12 @@ impl Shard {
     pub fn leader(&self) -> (Option<NodeId>, Option<String>) {
         let m = self.raft.metrics();
         let m = m.borrow();
-        // A node whose storage failed has stopped its Raft group: it leads nothing any more,
-        // whatever its last metrics say.
+        // A node whose storage failed has stopped its Raft group, and one that lost its quorum
+        // has stopped acting as leader: either leads nothing any more, whatever its last
+        // metrics say.
         let id = m
             .current_leader
-            .filter(|l| !(*l == self.node_id && self.log.failed()));
+            .filter(|l| !(*l == self.node_id && (self.log.failed() || self.quorum.lost())));
         let addr = id.and_then(|id| {
             let recorded = m
                 .membership_config
@@ -247,6 +257,25 @@ impl Shard {
         let m = self.raft.metrics();
         let m = m.borrow();
         m.current_leader == Some(self.node_id) && m.state == ServerState::Leader
+    }
+
+    /// Whether this node leads and takes appends and read indexes: not while it has lost its
+    /// quorum (`crate::lease::QuorumCheck`).
+    fn serves_as_leader(&self) -> bool {
+        self.is_leader() && !self.quorum.lost()
+    }
+
+    /// What `QuorumCheck::observe` needs: this node's vote and voters while it leads under a
+    /// committed vote and a uniform configuration.
+    fn leading(&self) -> Option<(openraft::Vote<NodeId>, BTreeSet<NodeId>)> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        let membership = m.membership_config.membership();
+        (m.state == ServerState::Leader
+            && m.current_leader == Some(self.node_id)
+            && m.vote.is_committed()
+            && membership.get_joint_config().len() == 1)
+            .then(|| (m.vote, membership.voter_ids().collect()))
     }
 
     fn map_write_error(
@@ -341,6 +370,15 @@ impl Shard {
     /// own campaign.
     pub(crate) fn revoke_lease(&self, term: u64) {
         self.lease_revoked_term.store(term, Ordering::Release);
+    }
+
+    /// How long a reader waiting at the end of this node's log waits for the next applied entry
+    /// before its stream ends "unavailable": a healthy shard applies an idle tick every 500 ms,
+    /// so silence means this node is cut off from its leader (or is a leader without its
+    /// quorum), and the reader's client goes on at another node instead of waiting here for
+    /// records that the shard commits elsewhere.
+    pub fn tail_stalled_after(&self) -> Duration {
+        self.tail_stall
     }
 
     /// True while this node, restarted, still refuses to vote (see `votes_held_until`).
@@ -490,7 +528,7 @@ async fn proposer(
         match proposal {
             Proposal::Append { payloads, reply } => {
                 shard.handoff_ended().await;
-                if !shard.is_leader() {
+                if !shard.serves_as_leader() {
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
                 }
@@ -502,7 +540,7 @@ async fn proposer(
                 // it (crate::gate). If one is in progress, after it: propose here or send the
                 // caller to the new leader.
                 let _pass = shard.gate.pass_when_open().await;
-                if !shard.is_leader() {
+                if !shard.serves_as_leader() {
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
                 }
@@ -545,8 +583,25 @@ async fn proposer(
                     Ok(r) => {
                         let s = Arc::clone(&shard);
                         let done = Arc::clone(&last_done);
+                        let lost = shard.quorum.wait_lost();
                         tokio::spawn(async move {
-                            let res = match r.await {
+                            tokio::pin!(r);
+                            let r = tokio::select! {
+                                r = &mut r => r,
+                                // The entry may still commit (if a follower got it and wins the
+                                // election), or be dropped: the callers retry elsewhere, so a
+                                // payload may be stored twice, as after any retried append.
+                                () = lost => {
+                                    answer(s.id, waiters, Err(s.unavailable(
+                                        "the leader lost its quorum; the append's outcome is unknown",
+                                    )));
+                                    // The in-flight slot stays taken until Raft is done with it.
+                                    let _ = r.await;
+                                    drop(permit);
+                                    return;
+                                }
+                            };
+                            let res = match r {
                                 // Committed by the followers, but this node's own write or
                                 // fsync failed: it acknowledges nothing any more (the client
                                 // retries elsewhere; a payload may then be stored twice).
@@ -565,7 +620,7 @@ async fn proposer(
             }
             Proposal::Trim { below, reply } => {
                 let _pass = shard.gate.pass_when_open().await;
-                if !shard.is_leader() {
+                if !shard.serves_as_leader() {
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
                 }
@@ -627,6 +682,12 @@ async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWait
         // followers' vote refusal). After it, the lease is revoked for this term, and a round
         // on a node that no longer leads answers with the new leader's address.
         shard.handoff_ended().await;
+        if shard.quorum.lost() {
+            for w in waiters {
+                let _ = w.send(Err(shard.not_leader()));
+            }
+            continue;
+        }
         if let Some(index) = shard.lease_read_index() {
             crate::metrics::read_index(shard.id, true, waiters.len());
             for w in waiters {
@@ -635,7 +696,17 @@ async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWait
             continue;
         }
         crate::metrics::read_index(shard.id, false, waiters.len());
-        let res = match shard.raft.ensure_linearizable().await {
+        let lost = shard.quorum.wait_lost();
+        let round = tokio::select! {
+            r = shard.raft.ensure_linearizable() => r,
+            () = lost => {
+                for w in waiters {
+                    let _ = w.send(Err(shard.not_leader()));
+                }
+                continue;
+            }
+        };
+        let res = match round {
             // The last record of the read entry; it is applied here, hence still in the log
             // unless a trim dropped it, and then the applied end is a safe (later) index.
             Ok(l) => Ok(l.and_then(|l| shard.log.header(l.index)).map_or_else(
@@ -649,6 +720,35 @@ async fn read_index_loop(shard: Arc<Shard>, mut rx: mpsc::Receiver<ReadIndexWait
             let _ = w.send(res.clone());
         }
     }
+}
+
+/// Looks at every shard each heartbeat: a leader that no quorum acknowledged for
+/// `STEP_DOWN_AFTER` stops acting as leader (`crate::lease::QuorumCheck`). Ends with the node.
+async fn quorum_loop(node: std::sync::Weak<JournalNode>) {
+    JournalNode::every(node, Duration::from_millis(HEARTBEAT_MS), |node| async move {
+        for shard in &node.shards {
+            let was = shard.quorum.lost();
+            let lost = shard.quorum.observe(
+                shard.leading(),
+                shard.handing_to().is_some(),
+                &shard.lease,
+                shard.node_id,
+                std::time::Instant::now(),
+                STEP_DOWN_AFTER,
+            );
+            if lost && !was {
+                tracing::warn!(
+                    shard = shard.id,
+                    after = ?STEP_DOWN_AFTER,
+                    "no quorum acknowledged this leader: refusing appends and read indexes until one does or another node leads"
+                );
+                crate::metrics::quorum_lost(shard.id);
+            } else if was && !lost {
+                tracing::info!(shard = shard.id, "leading again, or following: the quorum is back");
+            }
+        }
+    })
+    .await
 }
 
 /// Turns an applied trim into a snapshot at the trim point; openraft then purges up to it.
@@ -766,6 +866,14 @@ async fn refuse_if_data_was_lost(config: &NodeConfig, shards: &[u32]) -> Result<
         }
     }
     Ok(())
+}
+
+/// Shortest time without an applied entry after which a reader at the end of the log is sent to
+/// another node; longer when idle ticks are rarer (four of them).
+pub const TAIL_STALL_MIN: Duration = Duration::from_millis(READY_QUORUM_ACK_MS);
+
+fn tail_stall(idle_tick: Duration) -> Duration {
+    TAIL_STALL_MIN.max(idle_tick.saturating_mul(4))
 }
 
 /// The file a node that found its data lost leaves in its data directory, so that it keeps
@@ -925,7 +1033,9 @@ impl JournalNode {
                 proposals: ptx,
                 read_index: rtx,
                 lease,
+                quorum: QuorumCheck::default(),
                 read_lease: config.read_lease,
+                tail_stall: tail_stall(config.idle_tick),
                 votes_held_until,
             });
             tokio::spawn(proposer(
@@ -997,6 +1107,7 @@ impl JournalNode {
             catch_up,
         });
         tokio::spawn(crate::catch_up::sample_loop(Arc::downgrade(&node)));
+        tokio::spawn(quorum_loop(Arc::downgrade(&node)));
         tokio::spawn(crate::handoff::rebalance_loop(
             Arc::downgrade(&node),
             config.handoff_settle,

@@ -315,6 +315,8 @@ async fn stream_records(
     mut stopping: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut applied = shard.sm.applied_end.subscribe();
+    let stall = shard.tail_stalled_after();
+    let applied_at = || tokio::time::Instant::from_std(*lock(&shard.sm.applied_at));
     loop {
         if *stopping.borrow_and_update() {
             let _ = tx
@@ -364,9 +366,26 @@ async fn stream_records(
             continue;
         }
         tokio::select! {
-            r = applied.changed() => if r.is_err() { return },
+            r = applied.changed() => {
+                if r.is_err() {
+                    return;
+                }
+            }
             _ = stopping.changed() => {}
             _ = tx.closed() => return,
+            () = tokio::time::sleep_until(applied_at() + stall) => {
+                tracing::debug!(shard = shard.id, next, ?stall, "no entry applied for a while; sending the reader elsewhere");
+                let _ = tx
+                    .send(Err(ShardError::Unavailable {
+                        shard: shard.id,
+                        reason: format!(
+                            "no entry applied on this node for {stall:?}: it may be cut off from the shard's leader; read from another node"
+                        ),
+                    }
+                    .into()))
+                    .await;
+                return;
+            }
         }
     }
 }

@@ -61,8 +61,11 @@ pub struct SmShared {
     path: PathBuf,
     state: Mutex<SmState>,
     log: Arc<LogShared>,
-    /// One past the last applied record index: readers serve records below it.
+    /// One past the last applied record index: readers serve records below it. Sent on every
+    /// applied entry, idle ticks included, so its receivers also learn that entries apply.
     pub applied_end: watch::Sender<u64>,
+    /// When an entry last applied here (or the shard opened).
+    pub applied_at: Mutex<std::time::Instant>,
     /// The first record index a trim asked to keep, always the first record of an entry
     /// (0: none yet).
     pub trim_target: watch::Sender<u64>,
@@ -104,6 +107,7 @@ impl StateMachine {
                 state: Mutex::new(st),
                 log,
                 applied_end: watch::Sender::new(applied_end),
+                applied_at: Mutex::new(std::time::Instant::now()),
                 trim_target: watch::Sender::new(trim),
             }),
         })
@@ -283,6 +287,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             out.push(result);
         }
         if let Some(end) = end {
+            *lock(&self.shared.applied_at) = std::time::Instant::now();
             self.shared.applied_end.send_replace(end);
         }
         Ok(out)
@@ -329,6 +334,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 false
             }
         });
+        *lock(&self.shared.applied_at) = std::time::Instant::now();
         self.shared.applied_end.send_replace(end);
         tracing::info!(upto = end, "installed a trim snapshot from the leader");
         Ok(())

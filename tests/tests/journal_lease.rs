@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use api::strata::journal::ReadIndexRequest;
 use api::strata::journal::journal_client::JournalClient as GrpcClient;
+use api::strata::journal::{AppendRequest, ReadIndexRequest, ReadRequest, StatusRequest};
 use strata_tests::journal::{JournalCluster, ProxiedMesh, TcpProxy};
 use strata_tests::process::free_port;
 
@@ -16,6 +16,9 @@ use strata_tests::process::free_port;
 const LEASE: Duration = Duration::from_secs(1);
 /// How long one direct ReadIndex attempt may take before it counts as unanswered.
 const ATTEMPT: Duration = Duration::from_secs(2);
+/// Bound of the append sent to the cut-off leader at the cut: past its step-down (2 s) with a
+/// wide margin, below the journal client's 10 s attempt.
+const IN_FLIGHT_BOUND: Duration = Duration::from_secs(8);
 /// How long the cut-off leader is probed after its lease ran out.
 const PROBE_AFTER_LEASE: Duration = Duration::from_secs(4);
 /// Concurrent appenders and readers of the coverage test.
@@ -41,6 +44,24 @@ async fn read_index_at(addr: &str, shard: u32) -> Result<u64, String> {
         Ok(r) => r,
         Err(_) => Err("no answer in time".into()),
     }
+}
+
+/// One Append of `payload` to the node at `addr` only, bounded by `within`: no retries.
+async fn append_at(
+    addr: &str,
+    shard: u32,
+    payload: &[u8],
+    within: Duration,
+) -> Result<Vec<u64>, tonic::Status> {
+    let mut c = GrpcClient::connect(format!("http://{addr}"))
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let mut req = tonic::Request::new(AppendRequest {
+        shard,
+        payloads: vec![payload.to_vec()],
+    });
+    req.set_timeout(within);
+    c.append(req).await.map(|r| r.into_inner().indexes)
 }
 
 async fn read_index_metric(addr: &str, path: &str) -> Option<f64> {
@@ -175,12 +196,44 @@ async fn a_cut_off_leader_never_answers_from_its_lease_after_it_ran_out() {
     let ri = read_index_at(&c.nodes[leader].addr, SHARD).await.unwrap();
     assert!(ri >= last, "read index {ri} below acknowledged {last}");
 
+    // A reader waiting at the end of the leader's log.
+    let tail = {
+        let mut g = GrpcClient::connect(format!("http://{}", c.nodes[leader].addr))
+            .await
+            .unwrap();
+        let mut stream = g
+            .read(ReadRequest {
+                shard: SHARD,
+                from: last + 1,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        tokio::spawn(async move {
+            loop {
+                match tokio::time::timeout(IN_FLIGHT_BOUND, stream.message()).await {
+                    Ok(Ok(Some(_))) => continue,
+                    Ok(Ok(None)) => return Err("the stream ended without an error".to_string()),
+                    Ok(Err(s)) => return Ok(s),
+                    Err(_) => return Err(format!("nothing for {IN_FLIGHT_BOUND:?}")),
+                }
+            }
+        })
+    };
     for p in &cut_links {
         p.cut();
     }
     // Nothing the leader sends from now on is acknowledged: its lease started before this.
     let cut_at = Instant::now();
     let expired = cut_at + LEASE;
+    // An append in flight at the cut-off leader is answered once it stops acting as leader
+    // (after 2 s without a quorum), well before this call's bound, instead of waiting for a
+    // commit that cannot come.
+    let leader_addr = c.nodes[leader].addr.clone();
+    let in_flight = {
+        let addr = leader_addr.clone();
+        tokio::spawn(async move { append_at(&addr, SHARD, b"at the cut", IN_FLIGHT_BOUND).await })
+    };
     // The other two elect a leader (once their vote refusal ran out) and commit past it.
     let two = journal::JournalClient::connect(&[
         c.nodes[others[0]].addr.clone(),
@@ -213,6 +266,55 @@ async fn a_cut_off_leader_never_answers_from_its_lease_after_it_ran_out() {
     );
     let during = during_task.await.unwrap().unwrap();
     assert!(during > last);
+    match in_flight.await.unwrap() {
+        Err(s) => assert!(
+            s.code() == tonic::Code::Unavailable && s.message().contains("lost its quorum"),
+            "the append in flight at the cut-off leader: {s:?}"
+        ),
+        Ok(ix) => panic!("an append at the cut-off leader was acknowledged at {ix:?}"),
+    }
+    // Its reader is sent elsewhere: nothing applies there any more.
+    match tail.await.unwrap() {
+        Ok(s) => assert!(
+            s.code() == tonic::Code::Unavailable && s.message().contains("no entry applied"),
+            "the reader at the cut-off leader: {s:?}"
+        ),
+        Err(e) => panic!("the reader at the cut-off leader: {e}"),
+    }
+    // Still cut off, it refuses appends at once without naming a leader (so clients try the
+    // other nodes), and reports no leader.
+    let refused = append_at(&leader_addr, SHARD, b"after", ATTEMPT)
+        .await
+        .expect_err("an append at the cut-off leader");
+    assert_eq!(
+        refused.code(),
+        tonic::Code::FailedPrecondition,
+        "{refused:?}"
+    );
+    assert_eq!(
+        refused
+            .metadata()
+            .get("x-strata-error")
+            .and_then(|v| v.to_str().ok()),
+        Some("not-leader"),
+        "{refused:?}"
+    );
+    assert!(
+        refused.metadata().get("x-strata-leader").is_none(),
+        "the cut-off leader named a leader: {refused:?}"
+    );
+    let mut g = GrpcClient::connect(format!("http://{leader_addr}"))
+        .await
+        .unwrap();
+    let st = g
+        .status(StatusRequest { shard: SHARD })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        st.leader_id, 0,
+        "the cut-off node still reports a leader: {st:?}"
+    );
     for p in &cut_links {
         p.heal();
     }

@@ -1,5 +1,12 @@
 //! Batched appends: concurrent writes to one shard are collected into shared `Append` calls
 //! (group commit), bounded in entries and bytes, with a bounded number of appends in flight.
+//!
+//! An append is not retried past its writers: the journal client retries a failed append at
+//! other nodes for up to 30 s, but once every write of the batch has gone (its client's call
+//! ended: a deadline, a cancel) or the request deadline (`tenant::REQUEST_TIMEOUT`) has passed,
+//! the batch's append is dropped, and with it the retries. Otherwise a write its client had
+//! given up on could be appended after the same client's later, acknowledged writes, which etcd
+//! never does (its proposal is in the old leader's log ahead of them, or lost).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -24,6 +31,9 @@ pub const WRITE_QUEUE: usize = 8192;
 /// append was sent, and an append's round trip to the journal (both per batch).
 pub const BATCH_WAIT_SECONDS: &str = "strata_frontend_append_batch_wait_seconds";
 pub const APPEND_SECONDS: &str = "strata_frontend_append_seconds";
+/// Appends given up before the journal answered: every write of the batch had gone, or the
+/// request deadline passed (the journal client's retries stop with them).
+pub const APPENDS_ABANDONED_TOTAL: &str = "strata_frontend_appends_abandoned_total";
 
 struct Pending {
     payload: Vec<u8>,
@@ -62,7 +72,22 @@ impl Writer {
     }
 }
 
-async fn drive(log: Arc<dyn Log>, shard: u32, mut rx: mpsc::Receiver<Pending>) {
+/// Resolves once every write of a batch has gone (its caller stopped waiting).
+async fn all_gone(dones: &mut [oneshot::Sender<Result<u64, LogError>>]) {
+    futures::future::join_all(dones.iter_mut().map(|d| d.closed())).await;
+}
+
+async fn drive(log: Arc<dyn Log>, shard: u32, rx: mpsc::Receiver<Pending>) {
+    drive_within(log, shard, rx, crate::tenant::REQUEST_TIMEOUT).await
+}
+
+/// `drive`, giving up on a batch's append `deadline` after its oldest write was queued.
+async fn drive_within(
+    log: Arc<dyn Log>,
+    shard: u32,
+    mut rx: mpsc::Receiver<Pending>,
+    deadline: std::time::Duration,
+) {
     let inflight = Arc::new(Semaphore::new(MAX_INFLIGHT_APPENDS));
     let mut carry: Option<Pending> = None;
     loop {
@@ -104,10 +129,24 @@ async fn drive(log: Arc<dyn Log>, shard: u32, mut rx: mpsc::Receiver<Pending>) {
             let sent = Instant::now();
             metrics::histogram!(BATCH_WAIT_SECONDS)
                 .record(sent.duration_since(batch[0].queued).as_secs_f64());
-            let (payloads, dones): (Vec<_>, Vec<_>) =
+            let until = tokio::time::Instant::from_std(batch[0].queued) + deadline;
+            let (payloads, mut dones): (Vec<_>, Vec<_>) =
                 batch.into_iter().map(|p| (p.payload, p.done)).unzip();
             let n = payloads.len();
-            let answer = log.append(shard, payloads).await;
+            let answer = tokio::select! {
+                a = log.append(shard, payloads) => a,
+                () = all_gone(&mut dones) => {
+                    tracing::debug!(shard, writes = n, "every write of the batch has gone; its append is dropped");
+                    metrics::counter!(APPENDS_ABANDONED_TOTAL).increment(1);
+                    return;
+                }
+                () = tokio::time::sleep_until(until) => {
+                    metrics::counter!(APPENDS_ABANDONED_TOTAL).increment(1);
+                    Err(LogError::Unavailable(format!(
+                        "the journal did not confirm the append within {deadline:?}"
+                    )))
+                }
+            };
             metrics::histogram!(APPEND_SECONDS).record(sent.elapsed().as_secs_f64());
             match answer {
                 Ok(indexes) if indexes.len() == n => {
@@ -242,6 +281,112 @@ mod tests {
         }
         // Two payloads over half the bound never share an append.
         assert!(log.appends.lock().unwrap().iter().all(|&n| n == 1));
+    }
+
+    /// A log whose appends never finish, counting the ones dropped unfinished.
+    #[derive(Default)]
+    struct HangingLog {
+        started: std::sync::atomic::AtomicUsize,
+        dropped: Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    struct CountDrop(Arc<std::sync::atomic::AtomicUsize>);
+
+    impl Drop for CountDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
+    impl Log for HangingLog {
+        fn append(
+            &self,
+            _shard: u32,
+            _payloads: Vec<Vec<u8>>,
+        ) -> futures::future::BoxFuture<'_, Result<Vec<u64>, LogError>> {
+            self.started
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let guard = CountDrop(Arc::clone(&self.dropped));
+            Box::pin(async move {
+                let _guard = guard;
+                std::future::pending().await
+            })
+        }
+        fn read(
+            &self,
+            _shard: u32,
+            _from: u64,
+        ) -> futures::future::BoxFuture<'_, Result<crate::log::RecordStream, LogError>> {
+            unreachable!()
+        }
+        fn read_index(&self, _shard: u32) -> futures::future::BoxFuture<'_, Result<u64, LogError>> {
+            unreachable!()
+        }
+        fn status(
+            &self,
+            _shard: u32,
+        ) -> futures::future::BoxFuture<'_, Result<api::strata::journal::StatusResponse, LogError>>
+        {
+            unreachable!()
+        }
+    }
+
+    async fn until(cond: impl Fn() -> bool) {
+        for _ in 0..10_000 {
+            if cond() {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("condition not reached");
+    }
+
+    #[tokio::test]
+    async fn an_append_whose_writers_all_left_is_dropped_with_its_retries() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let log = Arc::new(HangingLog::default());
+        let w = Writer::spawn(log.clone(), 0);
+        let writers: Vec<_> = (0..3)
+            .map(|i| {
+                let w = w.clone();
+                tokio::spawn(async move { w.append(vec![i]).await })
+            })
+            .collect();
+        until(|| log.started.load(SeqCst) >= 1).await;
+        // Two of three writers leave: the append goes on for the third.
+        let mut writers = writers.into_iter();
+        let last = writers.next_back().unwrap();
+        for h in writers {
+            h.abort();
+        }
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        // (All three may have shared one append, or not: only appends with a writer left run.)
+        let started = log.started.load(SeqCst);
+        assert!(
+            log.dropped.load(SeqCst) < started,
+            "every append was dropped"
+        );
+        last.abort();
+        until(|| log.dropped.load(SeqCst) == log.started.load(SeqCst)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_append_unconfirmed_at_the_deadline_fails_and_stops() {
+        use std::sync::atomic::Ordering::SeqCst;
+        let log = Arc::new(HangingLog::default());
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+        let w = Writer { tx };
+        let deadline = std::time::Duration::from_secs(15);
+        tokio::spawn(drive_within(log.clone(), 0, rx, deadline));
+        let e = w.append(vec![1]).await;
+        assert!(
+            matches!(&e, Err(LogError::Unavailable(m)) if m.contains("did not confirm")),
+            "{e:?}"
+        );
+        assert_eq!(log.started.load(SeqCst), 1);
+        until(|| log.dropped.load(SeqCst) == 1).await;
     }
 
     #[tokio::test]

@@ -168,10 +168,7 @@ fn decode_reply<T: DeserializeOwned, E: DeserializeOwned + std::error::Error>(
     reply: Result<tonic::Response<RaftReply>, tonic::Status>,
 ) -> Result<T, RPCError<NodeId, BasicNode, E>> {
     let reply = reply.map_err(|s| {
-        if matches!(
-            s.code(),
-            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
-        ) {
+        if peer_unreachable(s.code()) {
             RPCError::Unreachable(Unreachable::new(&Msg(s.to_string())))
         } else {
             RPCError::Network(NetworkError::new(&Msg(s.to_string())))
@@ -180,6 +177,27 @@ fn decode_reply<T: DeserializeOwned, E: DeserializeOwned + std::error::Error>(
     let r: Result<T, E> = serde_json::from_slice(&reply.into_inner().json)
         .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
     r.map_err(|e| RPCError::RemoteError(RemoteError::new(target, e)))
+}
+
+/// Whether a failed call to a peer means the peer (or the way to it) is down, so openraft backs
+/// off (`PEER_BACKOFF`) instead of retrying at once. Besides refused connections (Unavailable)
+/// and timeouts, a connection accepted and closed at once (a proxy or sidecar whose upstream is
+/// gone, a peer shutting down) fails as Cancelled or Unknown: as a plain network error, openraft
+/// retried it at once, about 2,000 times a second per shard, each attempt logged twice.
+fn peer_unreachable(code: tonic::Code) -> bool {
+    matches!(
+        code,
+        tonic::Code::Unavailable
+            | tonic::Code::DeadlineExceeded
+            | tonic::Code::Cancelled
+            | tonic::Code::Unknown
+    )
+}
+
+/// The pauses before each retry at an unreachable peer: 100 ms doubling to 500 ms (openraft's
+/// own constant 500 ms), reset by the first call that succeeds.
+fn peer_backoff() -> impl Iterator<Item = Duration> {
+    (0u32..).map(|i| Duration::from_millis(100u64.saturating_mul(1 << i.min(3)).min(500)))
 }
 
 impl PeerConn {
@@ -311,6 +329,10 @@ fn with_timeout<T>(msg: T, option: &RPCOption) -> tonic::Request<T> {
 }
 
 impl RaftNetwork<TypeConfig> for PeerConn {
+    fn backoff(&self) -> openraft::network::Backoff {
+        openraft::network::Backoff::new(peer_backoff())
+    }
+
     async fn append_entries(
         &mut self,
         rpc: AppendEntriesRequest<TypeConfig>,
@@ -395,4 +417,40 @@ pub fn decode_append(req: &RaftAppendRequest) -> Result<AppendEntriesRequest<Typ
         leader_commit: h.leader_commit,
         entries,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unreachable_peer_is_retried_after_growing_pauses() {
+        let pauses: Vec<u64> = peer_backoff()
+            .take(6)
+            .map(|d| d.as_millis() as u64)
+            .collect();
+        assert_eq!(pauses, vec![100, 200, 400, 500, 500, 500]);
+        // Far on, still bounded (no overflow of the shift).
+        assert_eq!(peer_backoff().nth(100), Some(Duration::from_millis(500)));
+    }
+
+    #[test]
+    fn connection_failures_back_off_and_answers_do_not() {
+        for c in [
+            tonic::Code::Unavailable,
+            tonic::Code::DeadlineExceeded,
+            tonic::Code::Cancelled,
+            tonic::Code::Unknown,
+        ] {
+            assert!(peer_unreachable(c), "{c:?}");
+        }
+        for c in [
+            tonic::Code::InvalidArgument,
+            tonic::Code::Internal,
+            tonic::Code::NotFound,
+            tonic::Code::ResourceExhausted,
+        ] {
+            assert!(!peer_unreachable(c), "{c:?}");
+        }
+    }
 }

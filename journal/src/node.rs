@@ -195,9 +195,12 @@ pub struct Shard {
     /// it any more, even if the hand-off failed (`crate::handoff`); read indexes take rounds.
     lease_revoked_term: AtomicU64,
     read_lease: Duration,
-    /// A reader at the end of this node's log is sent elsewhere once no entry (not even an idle
-    /// tick) applied here for this long (`Shard::tail_stalled_after`).
-    tail_stall: Duration,
+    /// How long a reader waiting at the end of this node's log waits for the next applied
+    /// entry before its stream ends "unavailable": a healthy shard applies an idle tick every
+    /// 500 ms, so silence means this node is cut off from its leader (or is a leader without
+    /// its quorum), and the reader's client goes on at another node instead of waiting here
+    /// for records that the shard commits elsewhere.
+    pub(crate) tail_stall: Duration,
     /// A node restarted with a vote on disk refuses vote requests until then (its followers'
     /// refusal to vote, which leases rely on, was lost with the process).
     votes_held_until: Option<std::time::Instant>,
@@ -370,15 +373,6 @@ impl Shard {
     /// own campaign.
     pub(crate) fn revoke_lease(&self, term: u64) {
         self.lease_revoked_term.store(term, Ordering::Release);
-    }
-
-    /// How long a reader waiting at the end of this node's log waits for the next applied entry
-    /// before its stream ends "unavailable": a healthy shard applies an idle tick every 500 ms,
-    /// so silence means this node is cut off from its leader (or is a leader without its
-    /// quorum), and the reader's client goes on at another node instead of waiting here for
-    /// records that the shard commits elsewhere.
-    pub fn tail_stalled_after(&self) -> Duration {
-        self.tail_stall
     }
 
     /// True while this node, restarted, still refuses to vote (see `votes_held_until`).
@@ -796,9 +790,6 @@ pub struct JournalNode {
     pub handoffs: crate::handoff::Handoffs,
     /// Testing only: the stream RPCs answer UNIMPLEMENTED (`NodeConfig::refuse_streams`).
     pub refuse_streams: bool,
-    /// Per shard, for `ready`: the applied index last seen and when it was last seen to move
-    /// (`None`: not since the node opened).
-    ready_progress: Vec<std::sync::Mutex<(u64, Option<std::time::Instant>)>>,
     /// Per shard, for `ready`: the leader's committed index as this node last learned it.
     pub(crate) catch_up: Vec<crate::catch_up::CatchUp>,
 }
@@ -889,7 +880,7 @@ impl JournalNode {
     /// (`/readyz` on the metrics port), so a rolling update or a drain does not count a node
     /// that is still recovering, or cut off from its peers, as one of the quorum.
     pub fn ready(&self) -> Result<(), String> {
-        for (shard, progress) in self.shards.iter().zip(&self.ready_progress) {
+        for shard in &self.shards {
             if shard.log.failed() {
                 return Err(format!("shard {}: storage failed", shard.id));
             }
@@ -899,14 +890,10 @@ impl JournalNode {
             // A follower must be applying what its leader commits (the leader's idle tick
             // commits an entry every 500 ms): a restarted node names the leader of its stored
             // vote before hearing from anyone, and one cut off keeps naming it for a while.
-            let applied = *shard.sm.applied_end.borrow();
-            let mut p = progress.lock().unwrap_or_else(|e| e.into_inner());
-            if applied != p.0 {
-                *p = (applied, Some(std::time::Instant::now()));
-            }
-            let heard =
-                p.1.is_some_and(|t| t.elapsed() <= Duration::from_millis(READY_QUORUM_ACK_MS));
-            drop(p);
+            let heard = shard
+                .sm
+                .last_applied_at()
+                .is_some_and(|t| t.elapsed() <= Duration::from_millis(READY_QUORUM_ACK_MS));
             if !shard.is_leader() && !heard {
                 return Err(format!(
                     "shard {}: no entry applied from its leader in the last {READY_QUORUM_ACK_MS} ms",
@@ -918,6 +905,7 @@ impl JournalNode {
             if !shard.is_leader()
                 && let Some(c) = self.catch_up.get(shard.id as usize)
             {
+                let applied = *shard.sm.applied_end.borrow();
                 c.check(applied.saturating_sub(1), std::time::Instant::now())
                     .map_err(|why| format!("shard {}: {why}", shard.id))?;
             }
@@ -1091,10 +1079,6 @@ impl JournalNode {
             }
         }
         let catch_up = shards.iter().map(|_| Default::default()).collect();
-        let ready_progress = shards
-            .iter()
-            .map(|s| std::sync::Mutex::new((*s.sm.applied_end.borrow(), None)))
-            .collect();
         let node = Arc::new(JournalNode {
             id: config.id,
             shards,
@@ -1103,7 +1087,6 @@ impl JournalNode {
             stopping: tokio::sync::watch::Sender::new(false),
             handoffs: Default::default(),
             refuse_streams: config.refuse_streams,
-            ready_progress,
             catch_up,
         });
         tokio::spawn(crate::catch_up::sample_loop(Arc::downgrade(&node)));

@@ -315,8 +315,13 @@ async fn stream_records(
     mut stopping: tokio::sync::watch::Receiver<bool>,
 ) {
     let mut applied = shard.sm.applied_end.subscribe();
-    let stall = shard.tail_stalled_after();
-    let applied_at = || tokio::time::Instant::from_std(*lock(&shard.sm.applied_at));
+    // From the last entry applied here, or from the stream's start if none has since the
+    // node opened.
+    let opened = std::time::Instant::now();
+    let stalled_at = || {
+        tokio::time::Instant::from_std(shard.sm.last_applied_at().unwrap_or(opened))
+            + shard.tail_stall
+    };
     loop {
         if *stopping.borrow_and_update() {
             let _ = tx
@@ -373,7 +378,8 @@ async fn stream_records(
             }
             _ = stopping.changed() => {}
             _ = tx.closed() => return,
-            () = tokio::time::sleep_until(applied_at() + stall) => {
+            () = tokio::time::sleep_until(stalled_at()) => {
+                let stall = shard.tail_stall;
                 tracing::debug!(shard = shard.id, next, ?stall, "no entry applied for a while; sending the reader elsewhere");
                 let _ = tx
                     .send(Err(ShardError::Unavailable {

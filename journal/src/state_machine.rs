@@ -64,11 +64,19 @@ pub struct SmShared {
     /// One past the last applied record index: readers serve records below it. Sent on every
     /// applied entry, idle ticks included, so its receivers also learn that entries apply.
     pub applied_end: watch::Sender<u64>,
-    /// When an entry last applied here (or the shard opened).
-    pub applied_at: Mutex<std::time::Instant>,
+    /// When an entry last applied here (`None`: none since the shard opened).
+    applied_at: Mutex<Option<std::time::Instant>>,
     /// The first record index a trim asked to keep, always the first record of an entry
     /// (0: none yet).
     pub trim_target: watch::Sender<u64>,
+}
+
+impl SmShared {
+    /// When an entry (an idle tick included) last applied here; `None` if none has since the
+    /// shard opened. A healthy shard applies one at least every idle tick.
+    pub fn last_applied_at(&self) -> Option<std::time::Instant> {
+        *lock(&self.applied_at)
+    }
 }
 
 /// openraft's state machine (and snapshot builder) handle.
@@ -107,7 +115,7 @@ impl StateMachine {
                 state: Mutex::new(st),
                 log,
                 applied_end: watch::Sender::new(applied_end),
-                applied_at: Mutex::new(std::time::Instant::now()),
+                applied_at: Mutex::new(None),
                 trim_target: watch::Sender::new(trim),
             }),
         })
@@ -287,7 +295,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             out.push(result);
         }
         if let Some(end) = end {
-            *lock(&self.shared.applied_at) = std::time::Instant::now();
+            *lock(&self.shared.applied_at) = Some(std::time::Instant::now());
             self.shared.applied_end.send_replace(end);
         }
         Ok(out)
@@ -334,7 +342,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
                 false
             }
         });
-        *lock(&self.shared.applied_at) = std::time::Instant::now();
+        *lock(&self.shared.applied_at) = Some(std::time::Instant::now());
         self.shared.applied_end.send_replace(end);
         tracing::info!(upto = end, "installed a trim snapshot from the leader");
         Ok(())

@@ -91,7 +91,7 @@ impl LeaseClock {
 /// its peers leading until it hears a higher vote, so appends sent to it wait out the client's
 /// whole attempt while the other voters have long elected a leader. Once a leader has gone
 /// `after` without a quorum acknowledging anything it sent, the shard stops acting as leader
-/// (`Shard::quorum_lost`): appends and read indexes are refused with no leader named, the ones
+/// (`Shard::serves_as_leader`): appends and read indexes are refused with no leader named, the ones
 /// waiting are answered "unavailable" (the client retries them elsewhere), and the node reports
 /// no leader. It leads again as soon as a quorum acknowledges it, or follows the new leader.
 pub struct QuorumCheck {
@@ -215,107 +215,88 @@ mod tests {
         assert_eq!(c.quorum_since(&v, &[1].into(), 1, t0), Some(t0));
     }
 
+    /// A lease clock and a quorum check of node 1, and the time the test starts at.
+    fn quorum_fixture() -> (LeaseClock, QuorumCheck, Instant) {
+        (
+            LeaseClock::default(),
+            QuorumCheck::default(),
+            Instant::now(),
+        )
+    }
+
+    /// One look of the fixture's check at `t0 + ms`, among voters 1–3 with `after` = 2 s;
+    /// `vote` is `None` when node 1 does not lead.
+    fn look(
+        (c, q, t0): &(LeaseClock, QuorumCheck, Instant),
+        vote: Option<Vote<NodeId>>,
+        holding: bool,
+        ms: u64,
+    ) -> bool {
+        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
+        q.observe(
+            vote.map(|v| (v, voters)),
+            holding,
+            c,
+            1,
+            *t0 + Duration::from_millis(ms),
+            Duration::from_millis(2000),
+        )
+    }
+
     #[test]
     fn a_leader_without_a_quorum_for_too_long_is_found_lost_and_recovers() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let after = ms(2000);
-        let v = committed(4, 1);
-        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
-        let leading = || Some((v, voters.clone()));
-        let c = LeaseClock::default();
-        let q = QuorumCheck::default();
-        // A new leader gets `after` from its first look, acknowledged or not.
-        assert!(!q.observe(leading(), false, &c, 1, t0, after));
-        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(2000), after));
-        assert!(q.observe(leading(), false, &c, 1, t0 + ms(2001), after));
+        let f = quorum_fixture();
+        let (c, q, t0) = &f;
+        let vote = committed(4, 1);
+        let v = Some(vote);
+        // A new leader gets 2 s from its first look, acknowledged or not.
+        assert!(!look(&f, v, false, 0));
+        assert!(!look(&f, v, false, 2000));
+        assert!(look(&f, v, false, 2001));
         assert!(q.lost());
         // One follower acknowledges a message sent at 1900 ms: a quorum with the leader.
-        c.acked(2, v, t0 + ms(1900));
-        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(2100), after));
+        c.acked(2, vote, *t0 + Duration::from_millis(1900));
+        assert!(!look(&f, v, false, 2100));
         assert!(!q.lost());
-        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(3900), after));
-        assert!(q.observe(leading(), false, &c, 1, t0 + ms(3901), after));
+        assert!(!look(&f, v, false, 3900));
+        assert!(look(&f, v, false, 3901));
         // Acknowledgements under another vote do not count: a new term starts its own clock.
-        let newer = committed(5, 1);
-        c.acked(3, v, t0 + ms(5000));
-        assert!(!q.observe(
-            Some((newer, voters.clone())),
-            false,
-            &c,
-            1,
-            t0 + ms(6000),
-            after
-        ));
-        assert!(q.observe(
-            Some((newer, voters.clone())),
-            false,
-            &c,
-            1,
-            t0 + ms(8001),
-            after
-        ));
+        let newer = Some(committed(5, 1));
+        c.acked(3, vote, *t0 + Duration::from_millis(5000));
+        assert!(!look(&f, newer, false, 6000));
+        assert!(look(&f, newer, false, 8001));
         // Not leading: nothing is lost, and leading again under the same vote starts afresh.
-        assert!(!q.observe(None, false, &c, 1, t0 + ms(9000), after));
-        assert!(!q.observe(
-            Some((newer, voters.clone())),
-            false,
-            &c,
-            1,
-            t0 + ms(9000),
-            after
-        ));
-        assert!(!q.observe(
-            Some((newer, voters.clone())),
-            false,
-            &c,
-            1,
-            t0 + ms(11000),
-            after
-        ));
-        assert!(q.observe(Some((newer, voters)), false, &c, 1, t0 + ms(11001), after));
+        assert!(!look(&f, None, false, 9000));
+        assert!(!look(&f, newer, false, 9000));
+        assert!(!look(&f, newer, false, 11000));
+        assert!(look(&f, newer, false, 11001));
     }
 
     #[test]
     fn a_hand_off_holding_heartbeats_back_is_not_a_lost_quorum() {
-        let t0 = Instant::now();
-        let ms = Duration::from_millis;
-        let after = ms(2000);
-        let v = committed(4, 1);
-        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
-        let leading = || Some((v, voters.clone()));
-        let c = LeaseClock::default();
-        let q = QuorumCheck::default();
-        c.acked(2, v, t0);
-        assert!(!q.observe(leading(), false, &c, 1, t0, after));
+        let f = quorum_fixture();
+        let vote = committed(4, 1);
+        let v = Some(vote);
+        f.0.acked(2, vote, f.2);
+        assert!(!look(&f, v, false, 0));
         // Heartbeats held back for 5 s: never lost, and after the hand-off failed, the leader
-        // gets `after` again from the last look that saw it holding.
+        // gets 2 s again from the last look that saw it holding.
         for t in (500..=5000).step_by(500) {
-            assert!(!q.observe(leading(), true, &c, 1, t0 + ms(t), after));
+            assert!(!look(&f, v, true, t));
         }
-        assert!(!q.observe(leading(), false, &c, 1, t0 + ms(7000), after));
-        assert!(q.observe(leading(), false, &c, 1, t0 + ms(7001), after));
+        assert!(!look(&f, v, false, 7000));
+        assert!(look(&f, v, false, 7001));
     }
 
     #[tokio::test]
     async fn waiters_learn_of_a_lost_quorum() {
-        let t0 = Instant::now();
-        let v = committed(4, 1);
-        let voters: BTreeSet<NodeId> = [1, 2, 3].into();
-        let c = LeaseClock::default();
-        let q = QuorumCheck::default();
-        let wait = tokio::spawn(q.wait_lost());
-        q.observe(Some((v, voters.clone())), false, &c, 1, t0, Duration::ZERO);
+        let f = quorum_fixture();
+        let v = Some(committed(4, 1));
+        let wait = tokio::spawn(f.1.wait_lost());
+        assert!(!look(&f, v, false, 0));
         tokio::task::yield_now().await;
         assert!(!wait.is_finished());
-        q.observe(
-            Some((v, voters)),
-            false,
-            &c,
-            1,
-            t0 + Duration::from_millis(1),
-            Duration::ZERO,
-        );
+        assert!(look(&f, v, false, 2001));
         tokio::time::timeout(Duration::from_secs(5), wait)
             .await
             .expect("the waiter learns of the lost quorum")

@@ -180,7 +180,7 @@ fn decode_reply<T: DeserializeOwned, E: DeserializeOwned + std::error::Error>(
 }
 
 /// Whether a failed call to a peer means the peer (or the way to it) is down, so openraft backs
-/// off (`PEER_BACKOFF`) instead of retrying at once. Besides refused connections (Unavailable)
+/// off (`peer_backoff`) instead of retrying at once. Besides refused connections (Unavailable)
 /// and timeouts, a connection accepted and closed at once (a proxy or sidecar whose upstream is
 /// gone, a peer shutting down) fails as Cancelled or Unknown: as a plain network error, openraft
 /// retried it at once, about 2,000 times a second per shard, each attempt logged twice.

@@ -12,7 +12,7 @@ use api::etcdserverpb::{
 };
 use api::strata::entry::entry::Request as Intent;
 use bytes::{BufMut, Bytes, BytesMut};
-use memstore::Outcome;
+use memstore::{Outcome, StepBudget};
 use prost::Message;
 use tonic::{Request, Response, Status};
 
@@ -45,18 +45,29 @@ fn revision_of(h: &Option<ResponseHeader>, fallback: i64) -> i64 {
 
 pub(crate) async fn range(t: &Tenant, req: RangeRequest) -> Result<RangeResponse, Error> {
     range_ready(t, &req).await?;
-    let mut resp = t.replica.read().range(&req)?;
+    let mut resp = read_range(t, &req).await?;
     let rev = revision_of(&resp.header, 0);
     resp.header = Some(t.header(rev));
     Ok(resp)
 }
 
-/// A Range answered as one length-prefixed gRPC message, encoded straight from the store
-/// (`MemStore::range_view`: a point read copies its key and value once, into the answer's
-/// buffer, with no response structs in between). Same answer, byte for byte, as [`range`]
-/// encoded by prost.
+/// A Range answered as one length-prefixed gRPC message. A point read is encoded straight from
+/// the store (`MemStore::range_view`: it copies its key and value once, into the answer's
+/// buffer, with no response structs in between); a range over keys is read in steps
+/// ([`read_range`]) and encoded once read. Same answer, byte for byte, as [`range`] encoded by
+/// prost.
 pub(crate) async fn range_message(t: &Tenant, req: RangeRequest) -> Result<Bytes, Error> {
     range_ready(t, &req).await?;
+    if !req.range_end.is_empty() {
+        let mut resp = read_range(t, &req).await?;
+        resp.header = Some(t.header(revision_of(&resp.header, 0)));
+        let len = resp.encoded_len();
+        let mut buf = BytesMut::with_capacity(GRPC_HEADER_LEN + len);
+        buf.put_u8(0);
+        buf.put_u32(u32::try_from(len).map_err(|_| Error::ResponseTooLarge(len))?);
+        resp.encode_raw(&mut buf);
+        return Ok(buf.freeze());
+    }
     let store = t.replica.read();
     let view = store.range_view(&req)?;
     let header = t.header(view.revision());
@@ -66,6 +77,51 @@ pub(crate) async fn range_message(t: &Tenant, req: RangeRequest) -> Result<Bytes
     buf.put_u32(u32::try_from(len).map_err(|_| Error::ResponseTooLarge(len))?);
     view.encode_raw(&header, &mut buf);
     Ok(buf.freeze())
+}
+
+/// What a Range over keys reads under one hold of the replica's lock: about a millisecond of
+/// work here. Between two steps the apply loop (and every reader queued behind it) gets the
+/// store, so a LIST of a large prefix no longer holds the tenant's writes back for its whole
+/// length (docs/frontend.md, "Large ranges read in steps").
+pub(crate) const SCAN_STEP: StepBudget = StepBudget {
+    keys: 4_096,
+    bytes: 1 << 20,
+};
+/// How often a Range at the current revision begins again after a compaction overtook it,
+/// before it reads under one hold of the lock (which no compaction can overtake).
+const SCAN_RESTARTS: u32 = 2;
+
+/// Reads a Range from the replica: a point read at once, a range over keys in steps
+/// (`MemStore::range_scan`), at the revision of the store when it began.
+async fn read_range(t: &Tenant, req: &RangeRequest) -> Result<RangeResponse, Error> {
+    if req.range_end.is_empty() {
+        return Ok(t.replica.read().range(req)?);
+    }
+    let mut restarts = 0;
+    loop {
+        let budget = if restarts < SCAN_RESTARTS {
+            SCAN_STEP
+        } else {
+            StepBudget::UNLIMITED
+        };
+        let mut scan = t.replica.read().range_scan(req)?;
+        loop {
+            let stepped = scan.step(&t.replica.read(), budget);
+            match stepped {
+                Ok(true) => return Ok(scan.into_response()),
+                Ok(false) => tokio::task::yield_now().await,
+                // A compaction past the revision read at: one at the current revision begins
+                // again at a later one (as linearizable); one at a revision of its own fails as
+                // it would have, had it come after the compaction.
+                Err(memstore::Error::Compacted) if req.revision <= 0 => {
+                    restarts += 1;
+                    tracing::debug!(tenant = %t.name, restarts, "a compaction overtook a range; reading it again");
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
 }
 
 /// What a Range checks and waits for before it reads the replica.
@@ -233,6 +289,93 @@ mod tests {
                 member_id: 0x1234_5678_9abc,
             },
         )
+    }
+
+    /// A Range over a large key range lets writes apply while it reads (it reads in steps and
+    /// gives the replica's lock back between them): a put made after the Range began is answered
+    /// before the Range is, and the Range answers the store as it was when it began. One thread
+    /// runs every task in turn, so the order does not depend on the machine's speed.
+    #[tokio::test]
+    async fn a_large_range_does_not_hold_writes_back() {
+        use api::etcdserverpb::{RequestOp, request_op};
+        use api::strata::entry::Entry;
+        const TXNS: u64 = 4;
+        const PER_TXN: usize = 50_000;
+        let mut store = MemStore::new(memstore::Config::default());
+        for i in 0..TXNS {
+            let puts = (0..PER_TXN)
+                .map(|j| RequestOp {
+                    request: Some(request_op::Request::RequestPut(PutRequest {
+                        key: format!("k{:07}", i as usize * PER_TXN + j).into_bytes(),
+                        value: vec![b'v'; 16],
+                        ..Default::default()
+                    })),
+                })
+                .collect();
+            let entry = Entry {
+                format_version: 1,
+                tenant: "t".into(),
+                request: Some(Intent::Txn(TxnRequest {
+                    success: puts,
+                    ..Default::default()
+                })),
+                ..Default::default()
+            };
+            store.apply(i + 1, &entry);
+        }
+        let before = store.revision();
+        let log = Arc::new(MemLog::new());
+        // The store stands for the log's first records.
+        for _ in 0..TXNS {
+            log.tick();
+        }
+        let t = Tenant::start(
+            "t",
+            0,
+            store,
+            None,
+            log,
+            Limits {
+                max_request_bytes: 1 << 20,
+                max_txn_ops: 128,
+                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
+            },
+            Identity {
+                cluster_id: 1,
+                member_id: 2,
+            },
+        );
+        let all = RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            serializable: true,
+            ..Default::default()
+        };
+        let listing = {
+            let t = t.clone();
+            tokio::spawn(async move {
+                let resp = range(&t, all).await.unwrap();
+                (resp, std::time::Instant::now())
+            })
+        };
+        // Let the Range begin: it reads its first step and yields.
+        tokio::task::yield_now().await;
+        let late = PutRequest {
+            key: b"k~late".to_vec(),
+            value: b"w".to_vec(),
+            ..Default::default()
+        };
+        put(&t, RequestId::random(), late).await.unwrap();
+        let put_answered = std::time::Instant::now();
+        let (resp, range_answered) = listing.await.unwrap();
+        assert_eq!(resp.count, (TXNS as usize * PER_TXN) as i64);
+        assert_eq!(resp.header.unwrap().revision, before, "read at its start");
+        assert!(resp.kvs.iter().all(|kv| kv.key != b"k~late"));
+        assert!(
+            put_answered < range_answered,
+            "the put waited for the range ({:?} after it)",
+            put_answered - range_answered
+        );
     }
 
     /// The frame `range` would be answered with through prost.

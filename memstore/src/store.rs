@@ -10,7 +10,7 @@ use api::etcdserverpb::{
     LeaseKeepAliveRequest, LeaseKeepAliveResponse, LeaseLeasesResponse, LeaseRevokeRequest,
     LeaseRevokeResponse, LeaseStatus, LeaseTimeToLiveResponse, PutRequest, PutResponse,
     RangeRequest, RangeResponse, RequestOp, ResponseHeader, ResponseOp, TxnRequest, TxnResponse,
-    alarm_request::AlarmAction, compare, range_request, request_op, response_op,
+    alarm_request::AlarmAction, compare, request_op, response_op,
 };
 use api::mvccpb::{Event, KeyValue, event::EventType};
 use api::record::{DecodeError, FastRecord, PutView};
@@ -22,6 +22,7 @@ use crate::keyspace::{KeySpace, Slot, Version, below, bounds, live_at};
 use crate::lease::LeaseTable;
 use crate::point::RangeView;
 use crate::restore::Stage;
+use crate::scan::{RangeScan, StepBudget};
 use crate::{Applied, Config, Error, HashKv, Outcome, RecordApplied, Stats, validate};
 
 /// The revision of an empty store, as in etcd.
@@ -1433,7 +1434,9 @@ fn view_at<'a>(state: &'a State, req: &RangeRequest, cur: i64) -> Result<RangeVi
     if req.range_end.is_empty() {
         return Ok(point_view(req, cur, rev, state.keys.get_slot(&req.key)));
     }
-    Ok(RangeView::owned(cur, scan_range(state, req, cur, rev)))
+    let mut scan = RangeScan::new(req.clone(), cur, rev);
+    scan.step_state(state, StepBudget::UNLIMITED)?;
+    Ok(RangeView::owned(cur, scan.into_response()))
 }
 
 /// A point read's answer at revision `rev` (checked) of store revision `cur`, from the slot of
@@ -1446,7 +1449,7 @@ fn point_view<'a>(req: &RangeRequest, cur: i64, rev: i64, slot: Option<&'a Slot>
 }
 
 /// The revision a read of `req` reads at, or its error (`view_at`'s checks).
-fn read_revision(state: &State, req: &RangeRequest, cur: i64) -> Result<i64, Error> {
+pub(crate) fn read_revision(state: &State, req: &RangeRequest, cur: i64) -> Result<i64, Error> {
     if req.revision > cur {
         return Err(Error::FutureRevision);
     }
@@ -1457,71 +1460,7 @@ fn read_revision(state: &State, req: &RangeRequest, cur: i64) -> Result<i64, Err
     Ok(rev)
 }
 
-/// A range with a `range_end` at revision `rev` (checked) of store revision `cur`.
-fn scan_range(state: &State, req: &RangeRequest, cur: i64, rev: i64) -> RangeResponse {
-    use range_request::{SortOrder, SortTarget};
-    let keys = &state.keys;
-    let sort_order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
-    let sort_target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
-    let filtered = req.min_mod_revision != 0
-        || req.max_mod_revision != 0
-        || req.min_create_revision != 0
-        || req.max_create_revision != 0;
-    let fetch_all = sort_order != SortOrder::None || filtered;
-    let mut count = 0i64;
-    let mut hits: Vec<(&[u8], &Version)> = Vec::new();
-    // etcd fetches limit + 1 to learn `more` unless it must sort or filter first.
-    let fetch_limit = if req.count_only {
-        0
-    } else if req.limit > 0 && !fetch_all {
-        (req.limit + 1) as usize
-    } else {
-        usize::MAX
-    };
-    for (k, v) in keys.live_in_range(&req.key, &req.range_end, rev) {
-        count += 1;
-        if hits.len() < fetch_limit {
-            hits.push((k, v));
-        }
-    }
-    if filtered {
-        hits.retain(|(_, v)| passes_filters(req, v));
-    }
-    let order = match (sort_target, sort_order) {
-        (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
-        (t, SortOrder::None) if t != SortTarget::Key => SortOrder::Ascend,
-        (_, o) => o,
-    };
-    if order != SortOrder::None {
-        let cmp = |a: &(&[u8], &Version), b: &(&[u8], &Version)| match sort_target {
-            SortTarget::Key => a.0.cmp(b.0),
-            SortTarget::Version => a.1.version.cmp(&b.1.version),
-            SortTarget::Create => a.1.create.cmp(&b.1.create),
-            SortTarget::Mod => a.1.main.cmp(&b.1.main),
-            SortTarget::Value => a.1.value.cmp(&b.1.value),
-        };
-        match order {
-            SortOrder::Descend => hits.sort_by(|a, b| cmp(b, a)),
-            _ => hits.sort_by(cmp),
-        }
-    }
-    let mut more = false;
-    if req.limit > 0 && hits.len() > req.limit as usize {
-        hits.truncate(req.limit as usize);
-        more = true;
-    }
-    RangeResponse {
-        header: header(cur),
-        kvs: hits
-            .iter()
-            .map(|(k, v)| v.to_kv(k, req.keys_only))
-            .collect(),
-        more,
-        count,
-    }
-}
-
-fn passes_filters(req: &RangeRequest, v: &Version) -> bool {
+pub(crate) fn passes_filters(req: &RangeRequest, v: &Version) -> bool {
     !(req.max_mod_revision != 0 && v.main > req.max_mod_revision
         || req.min_mod_revision != 0 && v.main < req.min_mod_revision
         || req.max_create_revision != 0 && v.create > req.max_create_revision

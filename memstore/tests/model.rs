@@ -1,7 +1,9 @@
 //! Property test: random operation sequences applied to the memstore and to a deliberately
 //! naive reference model (a full snapshot of every revision); every range at every revision,
 //! every outcome, every event and every replay of history must agree. A checkpoint taken in the
-//! middle of each sequence must load into a store that behaves identically for the rest.
+//! middle of each sequence must load into a store that behaves identically for the rest. Ranges
+//! read a key at a time while the sequence goes on applying (`MemStore::range_scan`) must answer
+//! what the model held at the revision they began at, or meet a compaction past it.
 //!
 //! The model is written from etcd's documented behaviour, not from the store's code: puts with
 //! `ignore_value`/`ignore_lease` (and the order of their checks alone and inside a txn), every
@@ -25,7 +27,7 @@ use api::mvccpb::{Event, KeyValue, event::EventType};
 use api::strata::entry::{Entry, LeaderChange, Tick, entry::Request};
 use api::strata::journal::{Record, record::Kind};
 use memstore::checkpoint::{self, CheckpointMeta};
-use memstore::{Config, Error, MemStore, Outcome};
+use memstore::{Config, Error, MemStore, Outcome, RangeScan, StepBudget};
 use proptest::prelude::*;
 
 const KEYS: [&str; 5] = ["a", "ab", "b", "c", "d"];
@@ -738,6 +740,134 @@ fn check_reads(store: &MemStore, model: &Model) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A Range read step by step (`MemStore::range_scan`) while the sequence goes on applying.
+struct OpenScan {
+    scan: RangeScan,
+    req: RangeRequest,
+    /// The store's revision when it began: the revision it reads at.
+    rev: i64,
+    budget: StepBudget,
+}
+
+/// The scans begun along a sequence, by the step they begin at: each range form, plain and with
+/// a limit, keys only, count only, and sorted (by value, by mod revision descending with a
+/// limit); a step reads one key, or copies one key (however many it only counts).
+fn scan_at(i: usize, rev: i64) -> (RangeRequest, StepBudget) {
+    use api::etcdserverpb::range_request::{SortOrder, SortTarget};
+    let (k, e) = [("\0", "\0"), ("a", "b"), ("ab", "\0"), ("a", "d")][i % 4];
+    let mut req = RangeRequest {
+        key: k.into(),
+        range_end: e.into(),
+        ..Default::default()
+    };
+    match (i / 4) % 5 {
+        0 => {}
+        1 => req.limit = 2,
+        2 => req.keys_only = true,
+        3 => {
+            req.count_only = true;
+            req.revision = rev;
+        }
+        _ => {
+            req.sort_target = [SortTarget::Value, SortTarget::Mod][i % 2] as i32;
+            req.sort_order = [SortOrder::Ascend, SortOrder::Descend][i % 2] as i32;
+            req.limit = [0, 2][i % 2];
+            req.keys_only = i.is_multiple_of(3);
+        }
+    }
+    let budget = if i.is_multiple_of(2) {
+        StepBudget {
+            keys: 1,
+            bytes: usize::MAX,
+        }
+    } else {
+        StepBudget {
+            keys: usize::MAX,
+            bytes: 1,
+        }
+    };
+    (req, budget)
+}
+
+/// What the model answers for `req` at `rev`: (kvs, count, more).
+fn model_range(
+    model: &Model,
+    req: &RangeRequest,
+    rev: i64,
+) -> Result<(Vec<KeyValue>, i64, bool), Error> {
+    use api::etcdserverpb::range_request::{SortOrder, SortTarget};
+    let mut kvs = model.range(&req.key, &req.range_end, rev)?;
+    let count = kvs.len() as i64;
+    let key_of = |kv: &KeyValue| match SortTarget::try_from(req.sort_target).unwrap() {
+        SortTarget::Key => (kv.key.clone(), 0),
+        SortTarget::Version => (Vec::new(), kv.version),
+        SortTarget::Create => (Vec::new(), kv.create_revision),
+        SortTarget::Mod => (Vec::new(), kv.mod_revision),
+        SortTarget::Value => (kv.value.clone(), 0),
+    };
+    // Stable: ties stay in key order.
+    match SortOrder::try_from(req.sort_order).unwrap() {
+        SortOrder::None => {}
+        SortOrder::Ascend => kvs.sort_by_key(key_of),
+        SortOrder::Descend => kvs.sort_by_key(|kv| std::cmp::Reverse(key_of(kv))),
+    }
+    let more = req.limit > 0 && kvs.len() > req.limit as usize;
+    if req.limit > 0 {
+        kvs.truncate(req.limit as usize);
+    }
+    if req.count_only {
+        kvs.clear();
+    }
+    if req.keys_only {
+        kvs.iter_mut().for_each(|kv| kv.value.clear());
+    }
+    Ok((kvs, count, more))
+}
+
+/// Steps each open scan once (all the way with `to_end`); a scan that finished must answer what
+/// the model holds at its revision, and one that failed must have met a compaction past it.
+fn step_scans(
+    scans: &mut Vec<OpenScan>,
+    store: &MemStore,
+    model: &Model,
+    to_end: bool,
+) -> Result<(), TestCaseError> {
+    let mut open = Vec::new();
+    for mut s in scans.drain(..) {
+        let budget = if to_end {
+            StepBudget::UNLIMITED
+        } else {
+            s.budget
+        };
+        match s.scan.step(store, budget) {
+            Ok(false) => open.push(s),
+            Ok(true) => {
+                prop_assert_eq!(s.scan.revision(), s.rev);
+                let want = model_range(model, &s.req, s.rev);
+                prop_assert!(want.is_ok(), "a scan at {} outlived its compaction", s.rev);
+                let resp = s.scan.into_response();
+                prop_assert_eq!(
+                    (resp.kvs, resp.count, resp.more),
+                    want.unwrap(),
+                    "scan {:?} at {}",
+                    &s.req,
+                    s.rev
+                );
+            }
+            Err(e) => {
+                prop_assert_eq!(e, Error::Compacted);
+                prop_assert!(
+                    model.compact > s.rev,
+                    "a scan at {} failed uncompacted",
+                    s.rev
+                );
+            }
+        }
+    }
+    *scans = open;
+    Ok(())
+}
+
 fn run_case(steps: &[Step]) -> Result<(), TestCaseError> {
     let config = Config {
         leader_change_extend_ms: EXTEND_MS,
@@ -757,6 +887,7 @@ fn run_case(steps: &[Step]) -> Result<(), TestCaseError> {
     let mut model = Model::new();
     let mut restored: Option<MemStore> = None;
     let mut now = model.now;
+    let mut scans = Vec::new();
     for (i, (advance, req, id)) in steps.iter().enumerate() {
         if i == steps.len() / 2 {
             let meta = CheckpointMeta {
@@ -822,7 +953,16 @@ fn run_case(steps: &[Step]) -> Result<(), TestCaseError> {
             );
         }
         check_reads(&store, &model)?;
+        step_scans(&mut scans, &store, &model, false)?;
+        let (req, budget) = scan_at(i, store.revision());
+        scans.push(OpenScan {
+            scan: store.range_scan(&req).unwrap(),
+            req,
+            rev: store.revision(),
+            budget,
+        });
     }
+    step_scans(&mut scans, &store, &model, true)?;
     prop_assert!(owned == store, "apply_owned left a different state");
     prop_assert!(recorded == store, "apply_record left a different state");
     if let Some(r) = restored {

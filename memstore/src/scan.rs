@@ -1,0 +1,369 @@
+//! `RangeScan`: a Range over a key range read in bounded steps, so that a caller holding the
+//! store behind a lock can let writes apply between the steps.
+//!
+//! Why: a Range over a large prefix (a Kubernetes LIST of every pod, a `count_only` over a
+//! whole resource) reads and copies every key in it; in one go that holds the store for a
+//! second or more per million keys, and every write of the tenant waits that long to apply.
+//! etcd serves such reads from a read transaction that writers do not wait for.
+//!
+//! A scan fixes the revision it reads at when it begins (the store's revision, or the
+//! request's) and reads the keys in order, at most a step's budget at a time, resuming at the
+//! first key it has not read. The MVCC history makes that exact: whatever applies between two
+//! steps has a higher revision, which the scan does not see, and the keys it adds or removes
+//! are found (or not) in key order as any key would be. The one thing that can break a scan is
+//! a compaction past its revision between two steps: the step then fails with
+//! [`Error::Compacted`], as the Range would have had it arrived after the compaction. A caller
+//! reading at the current revision can begin again (a later revision is just as linearizable).
+//!
+//! A scan run in one unlimited step is `MemStore::range` itself: both are this code.
+
+use api::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader, range_request};
+use api::mvccpb::KeyValue;
+
+use crate::keyspace::live_at;
+use crate::store::{State, passes_filters};
+use crate::{Error, MemStore};
+
+use range_request::{SortOrder, SortTarget};
+
+/// How much one step of a scan may read before it hands the store back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepBudget {
+    /// Keys visited (live or not, copied or only counted).
+    pub keys: usize,
+    /// Bytes of keys and values copied into the answer.
+    pub bytes: usize,
+}
+
+impl StepBudget {
+    /// The whole range in one step.
+    pub const UNLIMITED: StepBudget = StepBudget {
+        keys: usize::MAX,
+        bytes: usize::MAX,
+    };
+}
+
+/// A Range being read step by step; see the module docs.
+#[derive(Debug)]
+pub struct RangeScan {
+    /// The request, its `key` moved to the first key not yet read.
+    req: RangeRequest,
+    /// The store's revision when the scan began: the answer's header revision.
+    header_revision: i64,
+    /// The revision read at.
+    rev: i64,
+    order: SortOrder,
+    target: SortTarget,
+    filtered: bool,
+    /// Matching keys kept at most (etcd fetches `limit + 1` to learn `more`).
+    fetch_limit: usize,
+    /// Keep values even for `keys_only` (a sort by value needs them; dropped at the end).
+    copy_values: bool,
+    count: i64,
+    hits: Vec<KeyValue>,
+    done: bool,
+}
+
+impl MemStore {
+    /// Begins a step-by-step Range (checked as `range` checks it); read it with
+    /// [`RangeScan::step`] against this store, with any entries applied between the steps.
+    pub fn range_scan(&self, req: &RangeRequest) -> Result<RangeScan, Error> {
+        crate::validate::range(req)?;
+        let state = &self.state;
+        let rev = crate::store::read_revision(state, req, state.revision)?;
+        Ok(RangeScan::new(req.clone(), state.revision, rev))
+    }
+}
+
+impl RangeScan {
+    pub(crate) fn new(req: RangeRequest, header_revision: i64, rev: i64) -> RangeScan {
+        let order = SortOrder::try_from(req.sort_order).unwrap_or(SortOrder::None);
+        let target = SortTarget::try_from(req.sort_target).unwrap_or(SortTarget::Key);
+        let filtered = req.min_mod_revision != 0
+            || req.max_mod_revision != 0
+            || req.min_create_revision != 0
+            || req.max_create_revision != 0;
+        // etcd fetches limit + 1 to learn `more` unless it must sort or filter first.
+        let fetch_limit = if req.count_only {
+            0
+        } else if req.limit > 0 && order == SortOrder::None && !filtered {
+            (req.limit + 1) as usize
+        } else {
+            usize::MAX
+        };
+        // Keys ascending is the order the keys are read in; a target without an order is
+        // sorted ascending (etcd's rule).
+        let order = match (target, order) {
+            (SortTarget::Key, SortOrder::Ascend) => SortOrder::None,
+            (t, SortOrder::None) if t != SortTarget::Key => SortOrder::Ascend,
+            (_, o) => o,
+        };
+        let copy_values =
+            !req.keys_only || (order != SortOrder::None && target == SortTarget::Value);
+        RangeScan {
+            req,
+            header_revision,
+            rev,
+            order,
+            target,
+            filtered,
+            fetch_limit,
+            copy_values,
+            count: 0,
+            hits: Vec::new(),
+            done: false,
+        }
+    }
+
+    /// The answer's header revision: the store's revision when the scan began.
+    pub fn revision(&self) -> i64 {
+        self.header_revision
+    }
+
+    /// Whether every key of the range has been read.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Reads on from where the last step stopped, within `budget`; `Ok(true)` once the range
+    /// has been read whole. Fails with [`Error::Compacted`] if `store` has been compacted past
+    /// the scan's revision (the scan cannot go on; nothing else about it changed).
+    pub fn step(&mut self, store: &MemStore, budget: StepBudget) -> Result<bool, Error> {
+        self.step_state(&store.state, budget)
+    }
+
+    pub(crate) fn step_state(&mut self, state: &State, budget: StepBudget) -> Result<bool, Error> {
+        if self.done {
+            return Ok(true);
+        }
+        if self.rev < state.compact_revision {
+            return Err(Error::Compacted);
+        }
+        let (mut keys, mut bytes) = (0usize, 0usize);
+        let mut resume = None;
+        for (k, vs) in state.keys.iter_range(&self.req.key, &self.req.range_end) {
+            // At least one key a step, so that every step makes progress.
+            if keys > 0 && (keys >= budget.keys || bytes >= budget.bytes) {
+                resume = Some(k.to_vec());
+                break;
+            }
+            keys += 1;
+            let Some(v) = live_at(vs, self.rev) else {
+                continue;
+            };
+            self.count += 1;
+            if self.hits.len() < self.fetch_limit
+                && (!self.filtered || passes_filters(&self.req, v))
+            {
+                let value: &[u8] = if self.copy_values { &v.value } else { &[] };
+                bytes += k.len() + value.len();
+                self.hits.push(v.kv_with(k.to_vec(), value.to_vec()));
+                trim(&mut self.hits, self.order, self.target, self.req.limit);
+            }
+        }
+        match resume {
+            Some(k) => self.req.key = k,
+            None => self.done = true,
+        }
+        Ok(self.done)
+    }
+
+    /// The Range's answer (header: the revision only). Call once [`step`](Self::step) has
+    /// answered `true`.
+    pub fn into_response(mut self) -> RangeResponse {
+        debug_assert!(self.done, "a range scan answered before it was read whole");
+        sort(&mut self.hits, self.order, self.target);
+        let mut more = false;
+        if self.req.limit > 0 && self.hits.len() > self.req.limit as usize {
+            self.hits.truncate(self.req.limit as usize);
+            more = true;
+        }
+        if self.req.keys_only && self.copy_values {
+            for kv in &mut self.hits {
+                kv.value = Vec::new();
+            }
+        }
+        RangeResponse {
+            header: Some(ResponseHeader {
+                revision: self.header_revision,
+                ..Default::default()
+            }),
+            kvs: self.hits,
+            more,
+            count: self.count,
+        }
+    }
+}
+
+/// A sorted range with a limit keeps only the `limit + 1` first in its order, sorting whenever
+/// it holds twice that (a stable sort of the kept ones, in key order, followed by later keys:
+/// ties come out in key order, as one sort of every key would give them).
+fn trim(hits: &mut Vec<KeyValue>, order: SortOrder, target: SortTarget, limit: i64) {
+    if order == SortOrder::None || limit <= 0 {
+        return;
+    }
+    let keep = limit as usize + 1;
+    if hits.len() >= 2 * keep.max(512) {
+        sort(hits, order, target);
+        hits.truncate(keep);
+    }
+}
+
+fn sort(hits: &mut [KeyValue], order: SortOrder, target: SortTarget) {
+    let cmp = |a: &KeyValue, b: &KeyValue| match target {
+        SortTarget::Key => a.key.cmp(&b.key),
+        SortTarget::Version => a.version.cmp(&b.version),
+        SortTarget::Create => a.create_revision.cmp(&b.create_revision),
+        SortTarget::Mod => a.mod_revision.cmp(&b.mod_revision),
+        SortTarget::Value => a.value.cmp(&b.value),
+    };
+    match order {
+        SortOrder::None => {}
+        SortOrder::Descend => hits.sort_by(|a, b| cmp(b, a)),
+        SortOrder::Ascend => hits.sort_by(cmp),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use api::etcdserverpb::PutRequest;
+    use api::strata::entry::{Entry, entry::Request};
+
+    use super::*;
+
+    /// `n` keys whose values repeat every 7 keys (ties for a sort by value).
+    fn store_of(n: usize) -> MemStore {
+        let mut s = MemStore::new(crate::Config::default());
+        for i in 0..n {
+            let put = PutRequest {
+                key: format!("k{i:05}").into_bytes(),
+                value: vec![b'v', (i % 7) as u8],
+                ..Default::default()
+            };
+            let entry = Entry {
+                format_version: 1,
+                tenant: "t".into(),
+                request: Some(Request::Put(put)),
+                ..Default::default()
+            };
+            s.apply(i as u64 + 1, &entry);
+        }
+        s
+    }
+
+    /// A sorted range with a limit holds at most about twice `limit + 1` matches at any step,
+    /// whatever the step's size, and still answers one stable sort of every key cut at the
+    /// limit.
+    #[test]
+    fn a_sorted_limited_scan_stays_small_and_answers_one_sort() {
+        const KEYS: usize = 3_000;
+        let store = store_of(KEYS);
+        let all = |req: &RangeRequest| RangeRequest {
+            sort_order: 0,
+            sort_target: 0,
+            limit: 0,
+            ..req.clone()
+        };
+        for (target, order) in [
+            (SortTarget::Value, SortOrder::Descend),
+            (SortTarget::Value, SortOrder::Ascend),
+            (SortTarget::Mod, SortOrder::Descend),
+        ] {
+            for limit in [1i64, 10, 700] {
+                let req = RangeRequest {
+                    key: b"k".to_vec(),
+                    range_end: b"l".to_vec(),
+                    sort_target: target as i32,
+                    sort_order: order as i32,
+                    limit,
+                    ..Default::default()
+                };
+                let mut want = store.range(&all(&req)).unwrap().kvs;
+                assert_eq!(want.len(), KEYS);
+                let by = |kv: &KeyValue| match target {
+                    SortTarget::Value => (kv.value.clone(), 0),
+                    _ => (Vec::new(), kv.mod_revision),
+                };
+                match order {
+                    SortOrder::Descend => want.sort_by_key(|kv| std::cmp::Reverse(by(kv))),
+                    _ => want.sort_by_key(by),
+                }
+                want.truncate(limit as usize);
+                for keys in [1, 7, 1_000, usize::MAX] {
+                    let mut scan = store.range_scan(&req).unwrap();
+                    let budget = StepBudget {
+                        keys,
+                        bytes: usize::MAX,
+                    };
+                    while !scan.step(&store, budget).unwrap() {
+                        assert!(scan.hits.len() <= 2 * (limit as usize + 1).max(512));
+                    }
+                    let resp = scan.into_response();
+                    assert_eq!(resp.count, KEYS as i64);
+                    assert!(resp.more);
+                    assert_eq!(
+                        resp.kvs, want,
+                        "{target:?} {order:?} limit {limit}, {keys} a step"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A step reads at most its budget (and always at least one key), and the scan resumes at
+    /// the first key it did not read, seeing neither the keys nor the versions written after
+    /// it began.
+    #[test]
+    fn steps_keep_to_their_budget_and_resume_where_they_stopped() {
+        let mut store = store_of(10);
+        let req = RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            ..Default::default()
+        };
+        let mut scan = store.range_scan(&req).unwrap();
+        let one_key = StepBudget {
+            keys: 1,
+            bytes: usize::MAX,
+        };
+        assert!(!scan.step(&store, one_key).unwrap());
+        assert_eq!(scan.hits.len(), 1);
+        assert_eq!(scan.req.key, b"k00001");
+        // Nothing to copy allowed: still one key a step.
+        let nothing = StepBudget { keys: 0, bytes: 0 };
+        assert!(!scan.step(&store, nothing).unwrap());
+        assert_eq!(scan.hits.len(), 2);
+        // Writes between steps: a new key inside the range, and an overwrite ahead of the scan.
+        let before = store.revision();
+        for (i, key) in [b"k00001a".as_slice(), b"k00005"].into_iter().enumerate() {
+            let put = PutRequest {
+                key: key.to_vec(),
+                value: b"new".to_vec(),
+                ..Default::default()
+            };
+            let entry = Entry {
+                format_version: 1,
+                tenant: "t".into(),
+                request: Some(Request::Put(put)),
+                ..Default::default()
+            };
+            store.apply(100 + i as u64, &entry);
+        }
+        let bytes = StepBudget {
+            keys: usize::MAX,
+            bytes: 3 * 8,
+        };
+        assert!(!scan.step(&store, bytes).unwrap());
+        assert_eq!(scan.hits.len(), 5, "three keys of 8 bytes copied");
+        while !scan.step(&store, one_key).unwrap() {}
+        let resp = scan.into_response();
+        assert_eq!(resp.header.unwrap().revision, before);
+        assert_eq!(resp.count, 10);
+        let at_start = RangeRequest {
+            revision: before,
+            ..req
+        };
+        assert_eq!(resp.kvs, store.range(&at_start).unwrap().kvs);
+        assert!(resp.kvs.iter().all(|kv| kv.value != b"new"));
+    }
+}

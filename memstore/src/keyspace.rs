@@ -143,6 +143,11 @@ impl std::ops::Deref for Versions {
 }
 
 impl Versions {
+    /// Whether the newest version is a put.
+    pub fn is_live(&self) -> bool {
+        self.last().is_some_and(|v| !v.is_tombstone())
+    }
+
     /// Versions from a non-empty list, oldest first.
     fn from_vec(mut vs: Vec<Version>) -> Versions {
         match (vs.len(), vs.pop()) {
@@ -446,6 +451,56 @@ impl KeySpace {
             .filter_map(move |(k, vs)| live_at(vs, rev).map(|v| (k, v)))
     }
 
+    /// The number of keys in etcd's range that are live at `rev` (at or above the compact
+    /// revision), from the ordered index's live counts at the head and, for an older `rev`, the
+    /// changes made since: None when more than `max_changes` were (counting key by key is then
+    /// the cheaper way).
+    pub fn count_live(
+        &self,
+        key: &[u8],
+        range_end: &[u8],
+        rev: i64,
+        max_changes: usize,
+    ) -> Option<u64> {
+        let Some((_, end)) = bounds(key, range_end) else {
+            return Some(0);
+        };
+        if range_end.is_empty() {
+            return Some(u64::from(
+                self.get(key).is_some_and(|vs| live_at(vs, rev).is_some()),
+            ));
+        }
+        let changed: Vec<u32> = self
+            .changes_from(rev + 1)
+            .take(max_changes.saturating_add(1))
+            .map(|c| c.slot)
+            .collect();
+        if changed.len() > max_changes {
+            return None;
+        }
+        let slab = &self.slab;
+        let key_of = |id: u32| &slab.get(id).key[..];
+        let from = self.order.lower_bound(key, &key_of);
+        let to = match end {
+            Bound::Excluded(e) => self.order.lower_bound(e, &key_of),
+            _ => (self.order.chunks.len(), 0),
+        };
+        let mut n = self.order.count_live(from, to) as i64;
+        // Each key changed since `rev` once: live then instead of live now.
+        let mut changed = changed;
+        changed.sort_unstable();
+        changed.dedup();
+        for id in changed {
+            let slot = slab.get(id);
+            if slot.key[..] < *key || !below(&slot.key, end) {
+                continue;
+            }
+            n += i64::from(live_at(&slot.versions, rev).is_some())
+                - i64::from(slot.versions.is_live());
+        }
+        Some(n as u64)
+    }
+
     pub fn latest_live(&self, key: &[u8]) -> Option<&Version> {
         self.get(key)
             .and_then(|vs| vs.last())
@@ -484,6 +539,7 @@ impl KeySpace {
                 let id = found.id;
                 let slot = self.slab.get_mut(id);
                 let v = make(&slot.key, Some(&slot.versions));
+                let was_live = slot.versions.is_live();
                 if let Some(last) = slot.versions.last().filter(|l| !l.is_tombstone()) {
                     self.live_keys -= 1;
                     self.live_bytes -= kl + last.value.len() as u64;
@@ -493,6 +549,13 @@ impl KeySpace {
                 // A new newest value: the index's hints follow it (the entry found above;
                 // nothing was inserted or removed since).
                 self.index.set_hints(found, self.slab.hints(id));
+                if was_live != facts.1 {
+                    // A delete, or a put after one: the ordered index's live counts follow
+                    // (an overwrite of a live key, the common write, changes nothing there).
+                    let slab = &self.slab;
+                    self.order
+                        .set_live(&slab.get(id).key, facts.1, &|id| &slab.get(id).key[..]);
+                }
                 (id, facts.0, facts.1, facts.2, facts.3)
             }
             None => {
@@ -508,7 +571,7 @@ impl KeySpace {
                 let slab = &self.slab;
                 let key = &slab.get(id).key;
                 self.order
-                    .insert(chunk, pos, id, key, &|id| &slab.get(id).key[..]);
+                    .insert(chunk, pos, id, key, facts.1, &|id| &slab.get(id).key[..]);
                 (id, facts.0, facts.1, facts.2, facts.3)
             }
         };
@@ -604,7 +667,9 @@ impl KeySpace {
                 .copied()
                 .filter(|&id| slab.place(id).is_some())
                 .collect();
-            self.order = OrderIndex::from_sorted(&kept, &|id| &slab.get(id).key[..]);
+            self.order = OrderIndex::from_sorted(&kept, &|id| &slab.get(id).key[..], &|id| {
+                slab.get(id).versions.is_live()
+            });
         }
         self.index.shrink_to_fit();
     }
@@ -702,7 +767,9 @@ impl KeySpace {
         }
         ks.log = log.into();
         let slab = &ks.slab;
-        ks.order = OrderIndex::from_sorted(&ordered, &|id| &slab.get(id).key[..]);
+        ks.order = OrderIndex::from_sorted(&ordered, &|id| &slab.get(id).key[..], &|id| {
+            slab.get(id).versions.is_live()
+        });
         Ok(ks)
     }
 }
@@ -803,7 +870,10 @@ mod tests {
         /// with more than one version at or below `rev` or with a tombstone there.
         fn assert_compacted(ks: &KeySpace, rev: i64) {
             let slab = &ks.slab;
-            ks.order.assert_consistent(&|id| &slab.get(id).key[..]);
+            ks.order
+                .assert_consistent(&|id| &slab.get(id).key[..], &|id| {
+                    slab.get(id).versions.is_live()
+                });
             let mut keys = 0;
             for (key, versions) in ks.iter_all() {
                 keys += 1;
@@ -813,6 +883,34 @@ mod tests {
                 assert!(old == 0 || !versions[0].is_tombstone(), "a tombstone kept");
             }
             assert_eq!(keys, ks.len());
+        }
+
+        /// Counting a range from the ordered index's live counts (at the head, and at older
+        /// revisions through the changes since) answers what a walk of its keys answers.
+        fn assert_counts(ks: &KeySpace, compacted: i64, rev: i64) {
+            let ranges: [(&[u8], &[u8]); 5] = [
+                (b"\0", b"\0"),
+                (b"/registry/pods/ns1", b"/registry/pods/ns4"),
+                (b"/registry/pods/ns3/p00500", b"\0"),
+                (b"/registry/pods/ns2/", b"/registry/pods/ns2/p01000"),
+                (b"/registry/pods/ns5/p00012", b""),
+            ];
+            for (k, e) in ranges {
+                for at in [compacted, (compacted + rev) / 2, rev - 1, rev] {
+                    let at = at.max(compacted);
+                    let want = if e.is_empty() {
+                        ks.get(k).and_then(|vs| live_at(vs, at)).iter().count()
+                    } else {
+                        ks.live_in_range(k, e, at).count()
+                    };
+                    let got = ks.count_live(k, e, at, usize::MAX);
+                    assert_eq!(got, Some(want as u64), "{k:?}..{e:?} at {at} of {rev}");
+                }
+            }
+            let changed = ks.changes_from(compacted + 1).count();
+            if changed > 0 {
+                assert_eq!(ks.count_live(b"\0", b"\0", compacted, changed - 1), None);
+            }
         }
 
         /// Keys with their versions, oldest first, in key order.
@@ -911,9 +1009,11 @@ mod tests {
                             compacted = at;
                             prop_assert!(ks == reference);
                             assert_compacted(&ks, at);
+                            assert_counts(&ks, compacted, rev);
                         }
                     }
                 }
+                assert_counts(&ks, compacted, rev);
             }
         }
     }

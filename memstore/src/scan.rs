@@ -60,9 +60,16 @@ pub struct RangeScan {
     /// Keep values even for `keys_only` (a sort by value needs them; dropped at the end).
     copy_values: bool,
     count: i64,
+    /// `count` is the whole range's (from the key space's live counts), so the scan may stop
+    /// once it holds `fetch_limit` matches.
+    counted: bool,
     hits: Vec<KeyValue>,
     done: bool,
 }
+
+/// The most changes since a scan's revision that counting its range from the key space's live
+/// counts may look at (each one a key read); beyond that the scan counts key by key.
+const MAX_COUNT_CHANGES: usize = 4_096;
 
 impl MemStore {
     /// Begins a step-by-step Range (checked as `range` checks it); read it with
@@ -110,6 +117,7 @@ impl RangeScan {
             fetch_limit,
             copy_values,
             count: 0,
+            counted: false,
             hits: Vec::new(),
             done: false,
         }
@@ -139,9 +147,25 @@ impl RangeScan {
         if self.rev < state.compact_revision {
             return Err(Error::Compacted);
         }
+        // A range that keeps only its first matches (a limit without a sort or filter, or a
+        // count only) need not read past them when the count comes from the live counts.
+        if !self.counted && self.fetch_limit != usize::MAX {
+            let max_changes = budget.keys.min(MAX_COUNT_CHANGES);
+            let rest =
+                state
+                    .keys
+                    .count_live(&self.req.key, &self.req.range_end, self.rev, max_changes);
+            if let Some(rest) = rest {
+                self.count += rest as i64;
+                self.counted = true;
+            }
+        }
         let (mut keys, mut bytes) = (0usize, 0usize);
         let mut resume = None;
         for (k, vs) in state.keys.iter_range(&self.req.key, &self.req.range_end) {
+            if self.counted && self.hits.len() >= self.fetch_limit {
+                break;
+            }
             // At least one key a step, so that every step makes progress.
             if keys > 0 && (keys >= budget.keys || bytes >= budget.bytes) {
                 resume = Some(k.to_vec());
@@ -151,7 +175,9 @@ impl RangeScan {
             let Some(v) = live_at(vs, self.rev) else {
                 continue;
             };
-            self.count += 1;
+            if !self.counted {
+                self.count += 1;
+            }
             if self.hits.len() < self.fetch_limit
                 && (!self.filtered || passes_filters(&self.req, v))
             {
@@ -308,6 +334,99 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A range that keeps only its first matches (a limit without a sort, a count only) takes
+    /// its count from the key space's live counts and stops reading once it has them, at the
+    /// head revision and at an older one; with more changes since its revision than it may
+    /// look at, it counts key by key, to the same answer.
+    #[test]
+    fn a_limited_range_counts_from_the_index_and_stops_early() {
+        let mut store = store_of(3_000);
+        let at = store.revision();
+        // 5,000 overwrites and 100 deletes after `at`.
+        for i in 0..5_100usize {
+            let key = format!("k{:05}", i % 3_000).into_bytes();
+            let request = if i < 5_000 {
+                Request::Put(PutRequest {
+                    key,
+                    value: b"later".to_vec(),
+                    ..Default::default()
+                })
+            } else {
+                Request::DeleteRange(api::etcdserverpb::DeleteRangeRequest {
+                    key,
+                    ..Default::default()
+                })
+            };
+            let entry = Entry {
+                format_version: 1,
+                tenant: "t".into(),
+                request: Some(request),
+                ..Default::default()
+            };
+            store.apply(10_000 + i as u64, &entry);
+        }
+        let few_keys = StepBudget {
+            keys: 20,
+            bytes: usize::MAX,
+        };
+        for (revision, count) in [(0, 2_900), (at, 3_000)] {
+            for (limit, count_only) in [(10, false), (0, true)] {
+                let req = RangeRequest {
+                    key: b"k".to_vec(),
+                    range_end: b"l".to_vec(),
+                    revision,
+                    limit,
+                    count_only,
+                    ..Default::default()
+                };
+                let mut scan = store.range_scan(&req).unwrap();
+                let done = scan.step(&store, few_keys).unwrap();
+                // At `at`, 5,100 changes since: more than a step may look at.
+                assert_eq!(done, revision == 0, "revision {revision}, limit {limit}");
+                while !scan.step(&store, few_keys).unwrap() {}
+                let resp = scan.into_response();
+                assert_eq!(resp.count, count);
+                assert_eq!(resp.kvs.len(), limit as usize);
+                assert_eq!(resp.more, limit > 0);
+                let whole = store.range(&req).unwrap();
+                assert_eq!((whole.count, whole.kvs), (resp.count, resp.kvs));
+            }
+        }
+        // With room to look at every change since, the older revision counts from the index too.
+        let req = RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            revision: at,
+            count_only: true,
+            ..Default::default()
+        };
+        let mut scan = store.range_scan(&req).unwrap();
+        let many_changes = StepBudget {
+            keys: MAX_COUNT_CHANGES,
+            bytes: usize::MAX,
+        };
+        scan.step(&store, many_changes).unwrap();
+        assert!(!scan.counted, "5,100 changes are more than {MAX_COUNT_CHANGES}");
+        let compaction = Entry {
+            format_version: 1,
+            tenant: "t".into(),
+            request: Some(Request::Compact(api::etcdserverpb::CompactionRequest {
+                revision: at + 4_000,
+                physical: true,
+            })),
+            ..Default::default()
+        };
+        store.apply(20_000, &compaction);
+        let req = RangeRequest {
+            revision: at + 4_000,
+            ..req
+        };
+        let mut scan = store.range_scan(&req).unwrap();
+        assert!(scan.step(&store, many_changes).unwrap());
+        assert!(scan.counted, "1,100 changes since");
+        assert_eq!(scan.into_response().count, 3_000);
     }
 
     /// A step reads at most its budget (and always at least one key), and the scan resumes at

@@ -125,7 +125,9 @@ impl KeySpaceBuilder {
         ks.log = VecDeque::from(log);
         let ids: Vec<u32> = (0..n as u32).collect();
         let slab = &ks.slab;
-        ks.order = OrderIndex::from_sorted(&ids, &|id| &slab.get(id).key[..]);
+        ks.order = OrderIndex::from_sorted(&ids, &|id| &slab.get(id).key[..], &|id| {
+            slab.get(id).versions.is_live()
+        });
         Ok(ks)
     }
 }

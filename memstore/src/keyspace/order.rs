@@ -1,6 +1,8 @@
 //! The ordered index of the key space: slot ids in key order, in chunks that each carry a copy
 //! of their first key and an order-preserving 16-byte digest per key, so finding a key's place
-//! reads the keys themselves only when two digests tie.
+//! reads the keys themselves only when two digests tie. Each chunk also knows which of its keys
+//! are live (newest version a put) and how many, so a range's count at the head revision reads
+//! the chunks' counts rather than every key (`count_live`).
 
 use crate::prefetch::prefetch;
 
@@ -20,6 +22,10 @@ pub(super) struct OrderChunk {
     head: [u8; HEAD_LEN],
     /// Length of a prefix every key of the chunk shares.
     prefix_len: usize,
+    /// Whether each id's key is live (its newest version a put): parallel to `ids`.
+    live: Vec<bool>,
+    /// The number of `true`s in `live`.
+    live_count: u32,
 }
 
 /// A key's digest: the 16 bytes after its chunk's prefix, big-endian. Sixteen, not eight: keys
@@ -128,17 +134,38 @@ fn common_prefix(a: &[u8], b: &[u8]) -> usize {
 
 impl OrderChunk {
     /// A chunk of `ids` (non-empty, in key order) with its first key, prefix and digests
-    /// computed from the keys.
-    fn build<'k>(ids: Vec<u32>, key_of: &impl Fn(u32) -> &'k [u8]) -> OrderChunk {
+    /// computed from the keys, and their liveness from `live_of`.
+    fn build<'k>(
+        ids: Vec<u32>,
+        key_of: &impl Fn(u32) -> &'k [u8],
+        live_of: &impl Fn(u32) -> bool,
+    ) -> OrderChunk {
+        let mut live = Vec::with_capacity(ids.capacity());
+        live.extend(ids.iter().map(|&id| live_of(id)));
+        let live_count = live.iter().filter(|&&l| l).count() as u32;
         let mut c = OrderChunk {
             ids,
             digests: Vec::new(),
             first: Box::default(),
             head: [0; HEAD_LEN],
             prefix_len: 0,
+            live,
+            live_count,
         };
         c.refresh(key_of);
         c
+    }
+
+    /// Live keys among positions `from..to` (clamped to the chunk).
+    fn live_between(&self, from: usize, to: usize) -> u64 {
+        let to = to.min(self.live.len());
+        if from >= to {
+            return 0;
+        }
+        if from == 0 && to == self.live.len() {
+            return u64::from(self.live_count);
+        }
+        self.live[from..to].iter().filter(|&&l| l).count() as u64
     }
 
     /// Recomputes the first key, the longest shared prefix (that of the first and last keys)
@@ -195,8 +222,13 @@ impl OrderChunk {
         ids.extend_from_slice(&self.ids[at..]);
         let mut digests = Vec::with_capacity(ORDER_CHUNK);
         digests.extend_from_slice(&self.digests[at..]);
+        let mut live = Vec::with_capacity(ORDER_CHUNK);
+        live.extend_from_slice(&self.live[at..]);
+        let live_count = live.iter().filter(|&&l| l).count() as u32;
         self.ids.truncate(at);
         self.digests.truncate(at);
+        self.live.truncate(at);
+        self.live_count -= live_count;
         let first: Box<[u8]> = key_of(ids[0]).into();
         OrderChunk {
             ids,
@@ -204,11 +236,13 @@ impl OrderChunk {
             head: head(&first),
             first,
             prefix_len: self.prefix_len,
+            live,
+            live_count,
         }
     }
 
-    /// Puts `id` (whose key is `key`) at `pos`; the chunk has room.
-    fn insert(&mut self, pos: usize, id: u32, key: &[u8]) {
+    /// Puts `id` (whose key is `key`, live or not) at `pos`; the chunk has room.
+    fn insert(&mut self, pos: usize, id: u32, key: &[u8], live: bool) {
         let shared = common_prefix(key, &self.first);
         if shared < self.prefix_len {
             // Every key here starts with `first[..prefix_len]`, so its digest under the shorter
@@ -226,6 +260,8 @@ impl OrderChunk {
         }
         self.ids.insert(pos, id);
         self.digests.insert(pos, digest(key, self.prefix_len));
+        self.live.insert(pos, live);
+        self.live_count += u32::from(live);
     }
 }
 
@@ -239,7 +275,11 @@ impl OrderIndex {
     /// Chunks from slot ids in key order, each at least 3/4 full: a chunk ends where, in its
     /// last quarter, two neighbouring keys share the shortest prefix (a namespace boundary,
     /// say), so most chunks hold one group of similar keys.
-    pub fn from_sorted<'k>(ids: &[u32], key_of: &impl Fn(u32) -> &'k [u8]) -> OrderIndex {
+    pub fn from_sorted<'k>(
+        ids: &[u32],
+        key_of: &impl Fn(u32) -> &'k [u8],
+        live_of: &impl Fn(u32) -> bool,
+    ) -> OrderIndex {
         let mut chunks = Vec::with_capacity(ids.len() / (3 * ORDER_CHUNK / 4) + 1);
         let mut rest = ids;
         while !rest.is_empty() {
@@ -254,7 +294,7 @@ impl OrderIndex {
             };
             let mut v = Vec::with_capacity(ORDER_CHUNK);
             v.extend_from_slice(&rest[..take]);
-            chunks.push(OrderChunk::build(v, key_of));
+            chunks.push(OrderChunk::build(v, key_of, live_of));
             rest = &rest[take..];
         }
         OrderIndex { chunks }
@@ -286,6 +326,9 @@ impl OrderIndex {
         );
         ch.ids.remove(pos);
         ch.digests.remove(pos);
+        if ch.live.remove(pos) {
+            ch.live_count -= 1;
+        }
         match ch.ids.first() {
             None => {
                 self.chunks.remove(c);
@@ -314,19 +357,22 @@ impl OrderIndex {
         self.lower_bound(key, key_of)
     }
 
-    /// Puts slot `id` (key `key`) at position (`chunk`, `pos`) as `insert_position` found it.
+    /// Puts slot `id` (key `key`, live or not) at position (`chunk`, `pos`) as
+    /// `insert_position` found it.
+    #[allow(clippy::too_many_arguments)]
     pub fn insert<'k>(
         &mut self,
         chunk: usize,
         pos: usize,
         id: u32,
         key: &[u8],
+        live: bool,
         key_of: &impl Fn(u32) -> &'k [u8],
     ) {
         let fresh = |id: u32| {
             let mut ids = Vec::with_capacity(ORDER_CHUNK);
             ids.push(id);
-            OrderChunk::build(ids, &|_| key)
+            OrderChunk::build(ids, &|_| key, &|_| live)
         };
         if self.chunks.is_empty() {
             self.chunks.push(fresh(id));
@@ -347,19 +393,59 @@ impl OrderIndex {
         };
         let ch = &mut self.chunks[chunk];
         if ch.ids.len() < ORDER_CHUNK {
-            ch.insert(pos, id, key);
+            ch.insert(pos, id, key, live);
         } else if chunk == last && pos == ch.ids.len() {
             self.chunks.push(fresh(id));
         } else {
             let at = ch.split_point();
             let mut tail = ch.split_off(at, key_of);
             if pos < at || (pos == at && key < &tail.first[..]) {
-                ch.insert(pos, id, key);
+                ch.insert(pos, id, key, live);
             } else {
-                tail.insert(pos - at, id, key);
+                tail.insert(pos - at, id, key, live);
             }
             self.chunks.insert(chunk + 1, tail);
         }
+    }
+
+    /// Records that the stored key `key` became live (its newest version a put) or not.
+    pub fn set_live<'k>(&mut self, key: &[u8], live: bool, key_of: &impl Fn(u32) -> &'k [u8]) {
+        let (c, pos) = self.lower_bound(key, key_of);
+        let ch = &mut self.chunks[c];
+        debug_assert!(
+            ch.ids.get(pos).is_some_and(|&id| key_of(id) == key),
+            "invariant: a stored key is found at its own place"
+        );
+        if ch.live[pos] != live {
+            ch.live[pos] = live;
+            if live {
+                ch.live_count += 1;
+            } else {
+                ch.live_count -= 1;
+            }
+        }
+    }
+
+    /// Live keys from position `from` (as `lower_bound` gives it) up to, not including,
+    /// position `to` (the end of the index: `(chunks.len(), 0)`): whole chunks by their
+    /// counts, the two ends by their flags.
+    pub fn count_live(&self, from: (usize, usize), to: (usize, usize)) -> u64 {
+        let ((fc, fp), (tc, tp)) = (from, to);
+        if (fc, fp) >= (tc, tp) {
+            return 0;
+        }
+        if fc == tc {
+            return self.chunks[fc].live_between(fp, tp);
+        }
+        let mut n = self.chunks[fc].live_between(fp, usize::MAX);
+        n += self.chunks[fc + 1..tc.min(self.chunks.len())]
+            .iter()
+            .map(|ch| u64::from(ch.live_count))
+            .sum::<u64>();
+        if let Some(ch) = self.chunks.get(tc) {
+            n += ch.live_between(0, tp);
+        }
+        n
     }
 }
 
@@ -368,7 +454,11 @@ impl OrderIndex {
     /// Panics unless every chunk is non-empty and holds its ids in strictly ascending key
     /// order after the previous chunk's, with its first key, a prefix all its keys share and
     /// the digests those keys give.
-    pub(super) fn assert_consistent<'k>(&self, key_of: &impl Fn(u32) -> &'k [u8]) {
+    pub(super) fn assert_consistent<'k>(
+        &self,
+        key_of: &impl Fn(u32) -> &'k [u8],
+        live_of: &impl Fn(u32) -> bool,
+    ) {
         let mut before: Option<&[u8]> = None;
         for ch in &self.chunks {
             assert!(!ch.ids.is_empty(), "an empty chunk");
@@ -382,6 +472,9 @@ impl OrderIndex {
                 before = Some(k);
             }
             assert_eq!(ch.ids.len(), ch.digests.len());
+            let live: Vec<bool> = ch.ids.iter().map(|&id| live_of(id)).collect();
+            assert_eq!(ch.live, live, "live flags");
+            assert_eq!(ch.live_count as usize, live.iter().filter(|&&l| l).count());
         }
     }
 }
@@ -474,13 +567,13 @@ mod tests {
         .map(|k| k.as_bytes().to_vec())
         .collect();
         let key_of = |id: u32| &keys[id as usize][..];
-        let mut ch = OrderChunk::build(vec![0, 1], &key_of);
+        let mut ch = OrderChunk::build(vec![0, 1], &key_of, &|_| true);
         // Each next key, placed at its sorted position (front or back), shortens the prefix.
         let mut sorted: Vec<u32> = vec![0, 1];
         for id in 2..keys.len() as u32 {
             let pos = sorted.partition_point(|&s| key_of(s) < key_of(id));
             sorted.insert(pos, id);
-            ch.insert(pos, id, key_of(id));
+            ch.insert(pos, id, key_of(id), true);
             assert_eq!(ch.ids, sorted);
             assert_prefix_and_digests(&ch, &key_of, &String::from_utf8_lossy(key_of(id)));
         }
@@ -509,7 +602,7 @@ mod tests {
         for (id, key) in keys.iter().enumerate() {
             let id = id as u32;
             let (c, p) = index.insert_position(key, &key_of);
-            index.insert(c, p, id, key, &key_of);
+            index.insert(c, p, id, key, true, &key_of);
             let at = sorted.partition_point(|&s| key_of(s) < &key[..]);
             sorted.insert(at, id);
             if id.is_multiple_of(97) || id as usize + 1 == keys.len() {
@@ -531,10 +624,76 @@ mod tests {
             let want = sorted.partition_point(|&s| key_of(s) < &probe[..]);
             assert_eq!(before + p, want, "lower bound of {probe:?}");
         }
-        let rebuilt = OrderIndex::from_sorted(&sorted, &key_of);
+        let rebuilt = OrderIndex::from_sorted(&sorted, &key_of, &|_| true);
         for probe in &keys {
             let (c, p) = rebuilt.lower_bound(probe, &key_of);
             assert_eq!(key_of(rebuilt.chunks[c].ids[p]), &probe[..]);
         }
+    }
+
+    /// Live counts follow inserts (through splits), liveness changes and removals: the count
+    /// between any two positions equals the live keys between them, counted one by one.
+    #[test]
+    fn live_counts_follow_inserts_changes_and_removals() {
+        let n = 4_000u32;
+        let keys: Vec<Vec<u8>> = (0..n)
+            .map(|i| {
+                // A permutation of 0..n (the multiplier is prime to n): distinct keys.
+                let j = u64::from(i) * 2_654_435_761 % u64::from(n);
+                format!("/registry/pods/ns{:02}/pod-{:05}", j / 900, j).into_bytes()
+            })
+            .collect();
+        let key_of = |id: u32| &keys[id as usize][..];
+        let mut live: Vec<bool> = (0..n).map(|i| i % 3 != 0).collect();
+        let mut index = OrderIndex::default();
+        for id in 0..n {
+            let key = key_of(id);
+            let (c, p) = index.insert_position(key, &key_of);
+            index.insert(c, p, id, key, live[id as usize], &key_of);
+        }
+        assert!(index.chunks.len() > 8, "splits happened");
+        for id in (0..n).step_by(7) {
+            live[id as usize] = !live[id as usize];
+            index.set_live(key_of(id), live[id as usize], &key_of);
+        }
+        let mut present = vec![true; n as usize];
+        for id in (0..n).step_by(11) {
+            index.remove(id, key_of(id), &key_of);
+            present[id as usize] = false;
+        }
+        let live_of = |id: u32| live[id as usize];
+        index.assert_consistent(&key_of, &live_of);
+        let mut sorted: Vec<u32> = (0..n).filter(|&id| present[id as usize]).collect();
+        sorted.sort_by_key(|&id| key_of(id));
+        let end = (index.chunks.len(), 0);
+        let probes: Vec<Vec<u8>> = (0..60u32)
+            .map(|i| format!("/registry/pods/ns{:02}/pod-{:05}", i % 5, i * 67).into_bytes())
+            .chain([
+                b"".to_vec(),
+                b"/registry/pods/ns01".to_vec(),
+                b"zz".to_vec(),
+            ])
+            .collect();
+        for a in &probes {
+            for b in &probes {
+                let (from, to) = (index.lower_bound(a, &key_of), index.lower_bound(b, &key_of));
+                let want = sorted
+                    .iter()
+                    .filter(|&&id| key_of(id) >= &a[..] && key_of(id) < &b[..] && live_of(id))
+                    .count() as u64;
+                assert_eq!(index.count_live(from, to), want, "{a:?}..{b:?}");
+            }
+            let want = sorted
+                .iter()
+                .filter(|&&id| key_of(id) >= &a[..] && live_of(id))
+                .count() as u64;
+            assert_eq!(index.count_live(index.lower_bound(a, &key_of), end), want);
+        }
+        let rebuilt = OrderIndex::from_sorted(&sorted, &key_of, &live_of);
+        rebuilt.assert_consistent(&key_of, &live_of);
+        assert_eq!(
+            rebuilt.count_live((0, 0), (rebuilt.chunks.len(), 0)),
+            index.count_live((0, 0), end)
+        );
     }
 }

@@ -257,22 +257,31 @@ mod tests {
 
     use super::*;
 
+    /// Applies `request` as the entry at `index`.
+    fn apply(store: &mut MemStore, index: u64, request: Request) {
+        let entry = Entry {
+            format_version: 1,
+            tenant: "t".into(),
+            request: Some(request),
+            ..Default::default()
+        };
+        store.apply(index, &entry);
+    }
+
+    fn put(key: Vec<u8>, value: Vec<u8>) -> Request {
+        Request::Put(PutRequest {
+            key,
+            value,
+            ..Default::default()
+        })
+    }
+
     /// `n` keys whose values repeat every 7 keys (ties for a sort by value).
     fn store_of(n: usize) -> MemStore {
         let mut s = MemStore::new(crate::Config::default());
         for i in 0..n {
-            let put = PutRequest {
-                key: format!("k{i:05}").into_bytes(),
-                value: vec![b'v', (i % 7) as u8],
-                ..Default::default()
-            };
-            let entry = Entry {
-                format_version: 1,
-                tenant: "t".into(),
-                request: Some(Request::Put(put)),
-                ..Default::default()
-            };
-            s.apply(i as u64 + 1, &entry);
+            let key = format!("k{i:05}").into_bytes();
+            apply(&mut s, i as u64 + 1, put(key, vec![b'v', (i % 7) as u8]));
         }
         s
     }
@@ -348,24 +357,14 @@ mod tests {
         for i in 0..5_100usize {
             let key = format!("k{:05}", i % 3_000).into_bytes();
             let request = if i < 5_000 {
-                Request::Put(PutRequest {
-                    key,
-                    value: b"later".to_vec(),
-                    ..Default::default()
-                })
+                put(key, b"later".to_vec())
             } else {
                 Request::DeleteRange(api::etcdserverpb::DeleteRangeRequest {
                     key,
                     ..Default::default()
                 })
             };
-            let entry = Entry {
-                format_version: 1,
-                tenant: "t".into(),
-                request: Some(request),
-                ..Default::default()
-            };
-            store.apply(10_000 + i as u64, &entry);
+            apply(&mut store, 10_000 + i as u64, request);
         }
         let few_keys = StepBudget {
             keys: 20,
@@ -408,17 +407,15 @@ mod tests {
             bytes: usize::MAX,
         };
         scan.step(&store, many_changes).unwrap();
-        assert!(!scan.counted, "5,100 changes are more than {MAX_COUNT_CHANGES}");
-        let compaction = Entry {
-            format_version: 1,
-            tenant: "t".into(),
-            request: Some(Request::Compact(api::etcdserverpb::CompactionRequest {
-                revision: at + 4_000,
-                physical: true,
-            })),
-            ..Default::default()
+        assert!(
+            !scan.counted,
+            "5,100 changes are more than {MAX_COUNT_CHANGES}"
+        );
+        let compaction = api::etcdserverpb::CompactionRequest {
+            revision: at + 4_000,
+            physical: true,
         };
-        store.apply(20_000, &compaction);
+        apply(&mut store, 20_000, Request::Compact(compaction));
         let req = RangeRequest {
             revision: at + 4_000,
             ..req
@@ -455,18 +452,11 @@ mod tests {
         // Writes between steps: a new key inside the range, and an overwrite ahead of the scan.
         let before = store.revision();
         for (i, key) in [b"k00001a".as_slice(), b"k00005"].into_iter().enumerate() {
-            let put = PutRequest {
-                key: key.to_vec(),
-                value: b"new".to_vec(),
-                ..Default::default()
-            };
-            let entry = Entry {
-                format_version: 1,
-                tenant: "t".into(),
-                request: Some(Request::Put(put)),
-                ..Default::default()
-            };
-            store.apply(100 + i as u64, &entry);
+            apply(
+                &mut store,
+                100 + i as u64,
+                put(key.to_vec(), b"new".to_vec()),
+            );
         }
         let bytes = StepBudget {
             keys: usize::MAX,

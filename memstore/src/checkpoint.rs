@@ -363,9 +363,40 @@ fn body_v4(state: &State) -> BodyV4<'_> {
 /// header into one buffer sized for it up front (see [`body_estimate`]), so encoding holds one
 /// copy of the checkpoint, not the archive plus a framed copy plus the growth of both.
 pub fn encode(meta: &CheckpointMeta, store: &MemStore) -> Vec<u8> {
+    encode_into(
+        meta,
+        store,
+        Vec::with_capacity(encoded_len_estimate(meta, store)),
+    )
+}
+
+/// An upper estimate of [`encode`]'s output for `store` (see [`body_estimate`]): a buffer of
+/// this capacity does not grow while the store is encoded into it.
+pub fn encoded_len_estimate(meta: &CheckpointMeta, store: &MemStore) -> usize {
+    body_offset(encode_meta(meta).len()) + body_estimate(&store.state)
+}
+
+/// An empty buffer of `capacity` bytes with every page of it written once, so resident: what
+/// [`encode_into`] wants from a caller that must not fault memory in while it encodes. Filled
+/// with ones, not zeros: the compiler may turn an allocation filled with zeros into a request
+/// for zeroed memory, which the kernel maps without touching.
+pub fn touched_buffer(capacity: usize) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(capacity);
+    buf.resize(capacity, 1);
+    buf.clear();
+    buf
+}
+
+/// [`encode`] into `buf` (cleared first, its capacity kept, grown if too small). A caller that
+/// allocated the buffer and wrote to every page of it beforehand does not pay, while it holds
+/// the store, for the kernel faulting hundreds of megabytes of fresh memory in: on this
+/// project's VMs that is most of a large store's encoding time (docs/compactor.md,
+/// "Maintenance.Snapshot").
+pub fn encode_into(meta: &CheckpointMeta, store: &MemStore, mut buf: Vec<u8>) -> Vec<u8> {
+    buf.clear();
     let meta_bytes = encode_meta(meta);
     let offset = body_offset(meta_bytes.len());
-    let mut out = Vec::with_capacity(offset + body_estimate(&store.state));
+    let mut out = buf;
     header(&mut out, FORMAT_VERSION, &meta_bytes);
     // The body's positions count from the buffer's start; `offset` is a multiple of
     // BODY_ALIGN, so the archive is laid out exactly as it would be on its own.

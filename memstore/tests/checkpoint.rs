@@ -285,6 +285,32 @@ fn decode_with_a_precomputed_crc_equals_decode() {
     }
 }
 
+/// Encoding into a buffer the caller holds gives `encode`'s bytes, whatever the buffer held
+/// and however small it was; a buffer of the estimate's capacity does not grow.
+#[test]
+fn encode_into_a_given_buffer_equals_encode() {
+    for (n, store) in varied_stores().into_iter().enumerate() {
+        let meta = meta_of(&store);
+        let bytes = checkpoint::encode(&meta, &store);
+        let estimate = checkpoint::encoded_len_estimate(&meta, &store);
+        assert!(
+            estimate >= bytes.len(),
+            "store {n}: the estimate is an upper bound"
+        );
+        let roomy = Vec::with_capacity(estimate);
+        let ptr = roomy.as_ptr();
+        let into = checkpoint::encode_into(&meta, &store, roomy);
+        assert_eq!(into, bytes, "store {n}");
+        assert_eq!(into.as_ptr(), ptr, "store {n}: the buffer grew");
+        let dirty = vec![0xab; 100];
+        assert_eq!(
+            checkpoint::encode_into(&meta, &store, dirty),
+            bytes,
+            "store {n}"
+        );
+    }
+}
+
 /// A crc the caller computed while reading stands in for decode's own pass over the object:
 /// the right one is accepted, a wrong one refused, and every flipped byte still refused (with
 /// the caller's crc computed over the damaged bytes, as a reader would).

@@ -250,6 +250,93 @@ async fn paginated_list_pins_the_first_pages_revision_and_count() {
     assert_eq!(k8s_count(&mut c, "/registry/none/").await, 0);
 }
 
+/// The same over 3,000 keys in pages of 500, with keys deleted, created and overwritten all
+/// over the range (behind and ahead of the next page) between pages: each page's count is the
+/// rest of the range at the pinned revision, and the pages together are the range at the pin.
+/// A store that counts from per-chunk live counts corrects them for the changes since the pin.
+#[tokio::test]
+async fn a_paginated_list_of_thousands_counts_at_its_pin_while_keys_change() {
+    const KEYS: usize = 3_000;
+    const PAGE: i64 = 500;
+    let (_t, mut c) = start().await;
+    let prefix = "/registry/pods/";
+    let key = |i: usize| format!("{prefix}ns{}/pod-{i:05}", i % 7);
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(100) {
+        let puts: Vec<TxnOp> = chunk
+            .iter()
+            .map(|&i| TxnOp::put(key(i), format!("v{i}"), None))
+            .collect();
+        c.txn(Txn::new().and_then(puts)).await.unwrap();
+    }
+    let mut expected: Vec<(Vec<u8>, Vec<u8>)> = (0..KEYS)
+        .map(|i| (key(i).into_bytes(), format!("v{i}").into_bytes()))
+        .collect();
+    expected.sort();
+
+    let (pinned, count, mut listed) = k8s_list(&mut c, prefix, PAGE, 0, None).await;
+    assert_eq!(count, KEYS as i64);
+    assert_eq!(listed.len() as i64, PAGE);
+    let (mut deleted, mut created) = (0i64, 0i64);
+    let mut round = 0;
+    loop {
+        // Changes after the pin, spread over the whole range: every 97th key from a moving
+        // start deleted (if still there), a new key beside every 89th, every 83rd overwritten.
+        // One txn per kind (a txn may not name a key twice); the overwrites come last, so
+        // some re-create a key just deleted (a put without a previous key counts as created).
+        let prev = || Some(PutOptions::new().with_prev_key());
+        let deletes: Vec<TxnOp> = (round * 13..KEYS)
+            .step_by(97)
+            .map(|i| TxnOp::delete(key(i), None))
+            .collect();
+        let creates: Vec<TxnOp> = (round * 7..KEYS)
+            .step_by(89)
+            .map(|i| TxnOp::put(format!("{}-new{round}", key(i)), "new", prev()))
+            .collect();
+        let overwrites: Vec<TxnOp> = (round * 5..KEYS)
+            .step_by(83)
+            .map(|i| TxnOp::put(key(i), "changed", prev()))
+            .collect();
+        for ops in [deletes, creates, overwrites] {
+            let r = c.txn(Txn::new().and_then(ops)).await.unwrap();
+            for op in r.op_responses() {
+                match op {
+                    TxnOpResponse::Delete(d) => deleted += d.deleted(),
+                    TxnOpResponse::Put(p) if p.prev_key().is_none() => created += 1,
+                    _ => {}
+                }
+            }
+        }
+        round += 1;
+        let mut cont = listed.last().unwrap().key().to_vec();
+        cont.push(0);
+        let (r, count, page) = k8s_list(&mut c, prefix, PAGE, pinned, Some(&cont)).await;
+        assert!(r > pinned);
+        let remaining = KEYS as i64 - listed.len() as i64;
+        assert_eq!(
+            count, remaining,
+            "round {round}: the rest of the range at the pin"
+        );
+        assert_eq!(page.len() as i64, remaining.min(PAGE));
+        listed.extend(page);
+        if count <= PAGE {
+            break;
+        }
+    }
+    let got: Vec<(Vec<u8>, Vec<u8>)> = listed
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.value().to_vec()))
+        .collect();
+    assert!(
+        got == expected,
+        "the pages together are the list at the pin"
+    );
+    assert!(deleted > 0 && created > 0);
+    let now = k8s_count(&mut c, prefix).await;
+    assert_eq!(now, KEYS as i64 - deleted + created);
+    let (_, latest, _) = k8s_list(&mut c, prefix, PAGE, 0, None).await;
+    assert_eq!(latest, now);
+}
+
 #[tokio::test]
 async fn optimistic_put_and_delete_with_get_on_failure() {
     let (_t, mut c) = start().await;

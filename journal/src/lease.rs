@@ -85,6 +85,35 @@ impl LeaseClock {
         times.sort_unstable_by(|a, b| b.cmp(a));
         Some(times[need - 1])
     }
+
+    /// The latest instant such that a majority of `voters` acknowledged a message sent at or
+    /// after it under `vote`, `me` counting as acknowledging at `now` if it is one of them (a
+    /// leader leaving the voters leads a joint configuration whose new half it is not in);
+    /// `None` if no majority has.
+    pub fn majority_since(
+        &self,
+        vote: &Vote<NodeId>,
+        voters: &BTreeSet<NodeId>,
+        me: NodeId,
+        now: Instant,
+    ) -> Option<Instant> {
+        let majority = voters.len() / 2 + 1;
+        let acks = lock(&self.acks);
+        let mut times: Vec<Instant> = voters
+            .iter()
+            .filter_map(|id| {
+                if *id == me {
+                    return Some(now);
+                }
+                acks.get(id).filter(|(v, _)| v == vote).map(|(_, t)| *t)
+            })
+            .collect();
+        if times.len() < majority {
+            return None;
+        }
+        times.sort_unstable_by(|a, b| b.cmp(a));
+        Some(times[majority - 1])
+    }
 }
 
 /// etcd's CheckQuorum, kept by the journal itself: openraft 0.9 leaves a leader cut off from
@@ -111,13 +140,14 @@ impl Default for QuorumCheck {
 }
 
 impl QuorumCheck {
-    /// One look at `now`: `leading` is this node's vote and voters while it leads under a
-    /// committed vote and a uniform configuration (`None` otherwise: nothing to check);
+    /// One look at `now`: `leading` is this node's vote and its configuration's voter sets (one,
+    /// or two while joint: a quorum needs a majority of each) while it leads under a committed
+    /// vote (`None` otherwise: nothing to check);
     /// `holding` is true while a hand-off holds heartbeats back. Publishes and answers whether
     /// the leader has gone longer than `after` without a quorum of `clock`'s acknowledgements.
     pub fn observe(
         &self,
-        leading: Option<(Vote<NodeId>, BTreeSet<NodeId>)>,
+        leading: Option<(Vote<NodeId>, Vec<BTreeSet<NodeId>>)>,
         holding: bool,
         clock: &LeaseClock,
         me: NodeId,
@@ -131,7 +161,7 @@ impl QuorumCheck {
                     *l = None;
                     false
                 }
-                Some((vote, voters)) => {
+                Some((vote, configs)) => {
                     let since = match *l {
                         Some((v, t)) if v == vote && !holding => t,
                         _ => {
@@ -139,9 +169,12 @@ impl QuorumCheck {
                             now
                         }
                     };
-                    let heard = clock
-                        .quorum_since(&vote, &voters, me, now)
-                        .map_or(since, |t| t.max(since));
+                    // Every configuration's majority at once: the oldest of their latest.
+                    let quorum = configs
+                        .iter()
+                        .map(|voters| clock.majority_since(&vote, voters, me, now))
+                        .try_fold(now, |all, t| t.map(|t| all.min(t)));
+                    let heard = quorum.map_or(since, |t| t.max(since));
                     now.saturating_duration_since(heard) > after
                 }
             }
@@ -234,7 +267,7 @@ mod tests {
     ) -> bool {
         let voters: BTreeSet<NodeId> = [1, 2, 3].into();
         q.observe(
-            vote.map(|v| (v, voters)),
+            vote.map(|v| (v, vec![voters])),
             holding,
             c,
             1,
@@ -270,6 +303,40 @@ mod tests {
         assert!(!look(&f, newer, false, 9000));
         assert!(!look(&f, newer, false, 11000));
         assert!(look(&f, newer, false, 11001));
+    }
+
+    /// While the voters change (a joint configuration), a quorum is a majority of the old
+    /// voters and a majority of the new, the leader counting in each it belongs to.
+    #[test]
+    fn a_joint_configuration_needs_a_majority_of_each_half() {
+        let (c, q, t0) = quorum_fixture();
+        let vote = committed(4, 1);
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let after = Duration::from_millis(2000);
+        // Node 1 stays, 2 and 3 give way to 4 and 5.
+        let joint = || vec![[1, 2, 3].into(), [1, 4, 5].into()];
+        assert!(!q.observe(Some((vote, joint())), false, &c, 1, at(0), after));
+        // Acknowledged by the old half only (2 and 3): no majority of the new one.
+        c.acked(2, vote, at(1900));
+        c.acked(3, vote, at(1900));
+        assert!(q.observe(Some((vote, joint())), false, &c, 1, at(2001), after));
+        // One of the new half too: a majority of both, counting the leader in each.
+        c.acked(4, vote, at(1950));
+        assert!(!q.observe(Some((vote, joint())), false, &c, 1, at(2100), after));
+        // The quorum dates from the older of the two halves' acknowledgements.
+        assert!(!q.observe(Some((vote, joint())), false, &c, 1, at(3900), after));
+        assert!(q.observe(Some((vote, joint())), false, &c, 1, at(3901), after));
+        // A leader leaving the voters ([1, 2, 3] to [2, 3, 4]) does not count in the new half.
+        let leaving = || vec![[1, 2, 3].into(), [2, 3, 4].into()];
+        c.acked(2, vote, at(5000));
+        c.acked(3, vote, at(5000));
+        assert!(!q.observe(Some((vote, leaving())), false, &c, 1, at(6000), after));
+        c.acked(2, vote, at(6000));
+        c.acked(4, vote, at(6000));
+        assert!(!q.observe(Some((vote, leaving())), false, &c, 1, at(7500), after));
+        // Nothing acknowledged after 6000: both halves' majorities date from then.
+        assert!(!q.observe(Some((vote, leaving())), false, &c, 1, at(8000), after));
+        assert!(q.observe(Some((vote, leaving())), false, &c, 1, at(8001), after));
     }
 
     #[test]

@@ -268,17 +268,16 @@ impl Shard {
         self.is_leader() && !self.quorum.lost()
     }
 
-    /// What `QuorumCheck::observe` needs: this node's vote and voters while it leads under a
-    /// committed vote and a uniform configuration.
-    fn leading(&self) -> Option<(openraft::Vote<NodeId>, BTreeSet<NodeId>)> {
+    /// What `QuorumCheck::observe` needs: this node's vote and its configuration's voter sets
+    /// (two while joint) while it leads under a committed vote.
+    fn leading(&self) -> Option<(openraft::Vote<NodeId>, Vec<BTreeSet<NodeId>>)> {
         let m = self.raft.metrics();
         let m = m.borrow();
         let membership = m.membership_config.membership();
         (m.state == ServerState::Leader
             && m.current_leader == Some(self.node_id)
-            && m.vote.is_committed()
-            && membership.get_joint_config().len() == 1)
-            .then(|| (m.vote, membership.voter_ids().collect()))
+            && m.vote.is_committed())
+        .then(|| (m.vote, membership.get_joint_config().clone()))
     }
 
     fn map_write_error(

@@ -265,7 +265,7 @@ impl Kv for KvService {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::log::MemLog;
     use crate::tenant::{Identity, Limits};
@@ -297,16 +297,59 @@ mod tests {
     /// runs every task in turn, so the order does not depend on the machine's speed.
     #[tokio::test]
     async fn a_large_range_does_not_hold_writes_back() {
+        const KEYS: usize = 200_000;
+        let (t, before) = large_tenant(KEYS);
+        let all = RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            serializable: true,
+            ..Default::default()
+        };
+        let listing = {
+            let t = t.clone();
+            tokio::spawn(async move {
+                let resp = range(&t, all).await.unwrap();
+                (resp, std::time::Instant::now())
+            })
+        };
+        // Let the Range begin: it reads its first step and yields.
+        tokio::task::yield_now().await;
+        let put_answered = late_put(&t).await;
+        let (resp, range_answered) = listing.await.unwrap();
+        assert_eq!(resp.count, KEYS as i64);
+        assert_eq!(resp.header.unwrap().revision, before, "read at its start");
+        assert!(resp.kvs.iter().all(|kv| kv.key != b"k~late"));
+        assert!(
+            put_answered < range_answered,
+            "the put waited for the range ({:?} after it)",
+            put_answered - range_answered
+        );
+    }
+
+    /// A put of a new key `k~late` through `t`, answered at the instant returned.
+    pub(crate) async fn late_put(t: &Tenant) -> std::time::Instant {
+        let late = PutRequest {
+            key: b"k~late".to_vec(),
+            value: b"w".to_vec(),
+            ..Default::default()
+        };
+        put(t, RequestId::random(), late).await.unwrap();
+        std::time::Instant::now()
+    }
+
+    /// A tenant over an in-memory log whose store holds `keys` keys `k0000000`, ... (16-byte
+    /// values, written by txns of 50,000 puts straight into the store), and its revision.
+    pub(crate) fn large_tenant(keys: usize) -> (Arc<Tenant>, i64) {
         use api::etcdserverpb::{RequestOp, request_op};
         use api::strata::entry::Entry;
-        const TXNS: u64 = 4;
         const PER_TXN: usize = 50_000;
+        let txns = keys.div_ceil(PER_TXN) as u64;
         let mut store = MemStore::new(memstore::Config::default());
-        for i in 0..TXNS {
-            let puts = (0..PER_TXN)
+        for i in 0..txns {
+            let puts = (i as usize * PER_TXN..keys.min((i as usize + 1) * PER_TXN))
                 .map(|j| RequestOp {
                     request: Some(request_op::Request::RequestPut(PutRequest {
-                        key: format!("k{:07}", i as usize * PER_TXN + j).into_bytes(),
+                        key: format!("k{j:07}").into_bytes(),
                         value: vec![b'v'; 16],
                         ..Default::default()
                     })),
@@ -326,7 +369,7 @@ mod tests {
         let before = store.revision();
         let log = Arc::new(MemLog::new());
         // The store stands for the log's first records.
-        for _ in 0..TXNS {
+        for _ in 0..txns {
             log.tick();
         }
         let t = Tenant::start(
@@ -345,37 +388,7 @@ mod tests {
                 member_id: 2,
             },
         );
-        let all = RangeRequest {
-            key: b"k".to_vec(),
-            range_end: b"l".to_vec(),
-            serializable: true,
-            ..Default::default()
-        };
-        let listing = {
-            let t = t.clone();
-            tokio::spawn(async move {
-                let resp = range(&t, all).await.unwrap();
-                (resp, std::time::Instant::now())
-            })
-        };
-        // Let the Range begin: it reads its first step and yields.
-        tokio::task::yield_now().await;
-        let late = PutRequest {
-            key: b"k~late".to_vec(),
-            value: b"w".to_vec(),
-            ..Default::default()
-        };
-        put(&t, RequestId::random(), late).await.unwrap();
-        let put_answered = std::time::Instant::now();
-        let (resp, range_answered) = listing.await.unwrap();
-        assert_eq!(resp.count, (TXNS as usize * PER_TXN) as i64);
-        assert_eq!(resp.header.unwrap().revision, before, "read at its start");
-        assert!(resp.kvs.iter().all(|kv| kv.key != b"k~late"));
-        assert!(
-            put_answered < range_answered,
-            "the put waited for the range ({:?} after it)",
-            put_answered - range_answered
-        );
+        (t, before)
     }
 
     /// The frame `range` would be answered with through prost.

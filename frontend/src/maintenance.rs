@@ -161,9 +161,33 @@ async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error
     })
 }
 
+/// How often a hash begins again after a compaction came between two of its steps, before
+/// it hashes the store as one long read (which no compaction can come into).
+const HASH_RESTARTS: u32 = 2;
+
 /// The hash of every key-value version up to `revision` (0: the current one), with the store's
-/// revision: a read of the whole store, off the async workers and as a long read.
+/// revision when the hash began. A read of the whole store, in steps (`MemStore::hash_kv_scan`)
+/// as a large Range reads, so the apply loop gets the store between them; once compactions
+/// have made it begin again twice, off the async workers as one long read.
 async fn hash_of(t: &Tenant, revision: i64) -> Result<(memstore::HashKv, i64), Error> {
+    for restarts in 0..HASH_RESTARTS {
+        let mut scan = t.replica.read().hash_kv_scan(revision)?;
+        loop {
+            let stepped = scan.step(&t.replica.read(), crate::kv::SCAN_STEP);
+            match stepped {
+                Ok(true) => {
+                    let at = scan.revision();
+                    return Ok((scan.finish(), at));
+                }
+                Ok(false) => tokio::task::yield_now().await,
+                Err(memstore::Error::Compacted) => {
+                    tracing::debug!(tenant = %t.name, restarts, "a compaction came into a hash; hashing again");
+                    break;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
     let replica = t.replica.clone();
     let hashed = tokio::task::spawn_blocking(move || {
         replica.read_long(|s| s.hash_kv(revision).map(|h| (h, s.revision())))
@@ -280,5 +304,34 @@ impl Maintenance for MaintenanceService {
         _req: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
         Err(handled(Error::DowngradeManaged))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// HashKV of a large store hashes in steps: a put made after it began is answered before
+    /// it, and the hash is the one of the revision it began at.
+    #[tokio::test]
+    async fn a_hash_of_a_large_store_does_not_hold_writes_back() {
+        use crate::kv::tests::{large_tenant, late_put};
+        let (t, before) = large_tenant(200_000);
+        let whole = t.replica.read().hash_kv(0).unwrap();
+        let hashing = {
+            let t = t.clone();
+            tokio::spawn(async move {
+                let hashed = super::hash_of(&t, 0).await.unwrap();
+                (hashed, std::time::Instant::now())
+            })
+        };
+        // Let the hash begin: it hashes its first step and yields.
+        tokio::task::yield_now().await;
+        let put_answered = late_put(&t).await;
+        let ((h, at), hash_answered) = hashing.await.unwrap();
+        assert_eq!((h, at), (whole, before));
+        assert!(
+            put_answered < hash_answered,
+            "the put waited for the hash ({:?} after it)",
+            put_answered - hash_answered
+        );
     }
 }

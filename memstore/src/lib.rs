@@ -27,7 +27,7 @@ pub use api::etcdserverpb::{
 pub use error::{Code, Error};
 pub use point::RangeView;
 pub use restore::{MAX_STAGE_BYTES, RestoreStep};
-pub use scan::{RangeScan, StepBudget};
+pub use scan::{HashScan, RangeScan, StepBudget};
 pub use store::MemStore;
 
 /// etcd's default `--max-txn-ops`: what frontends refuse above unless told otherwise.

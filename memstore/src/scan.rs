@@ -15,14 +15,15 @@
 //! [`Error::Compacted`], as the Range would have had it arrived after the compaction. A caller
 //! reading at the current revision can begin again (a later revision is just as linearizable).
 //!
-//! A scan run in one unlimited step is `MemStore::range` itself: both are this code.
+//! A scan run in one unlimited step is `MemStore::range` itself: both are this code. The same
+//! goes for `HashScan` and `MemStore::hash_kv`.
 
 use api::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader, range_request};
 use api::mvccpb::KeyValue;
 
 use crate::keyspace::live_at;
 use crate::store::{State, passes_filters};
-use crate::{Error, MemStore};
+use crate::{Error, HashKv, MemStore};
 
 use range_request::{SortOrder, SortTarget};
 
@@ -217,6 +218,114 @@ impl RangeScan {
             kvs: self.hits,
             more,
             count: self.count,
+        }
+    }
+}
+
+/// `MemStore::hash_kv` read in steps, as [`RangeScan`] reads a Range: the hash runs over the
+/// keys in order, each key's versions at or below the hashed revision, and resumes at the
+/// first key not yet hashed. Entries applied between two steps add only versions above that
+/// revision, which the hash leaves out; a compaction in between (at any revision) drops
+/// versions the hash counts, so the next step fails with [`Error::Compacted`] and the hash must
+/// begin again.
+#[derive(Debug)]
+pub struct HashScan {
+    rev: i64,
+    compact_revision: i64,
+    header_revision: i64,
+    hash: u32,
+    /// The first key not yet hashed (None: from the first key).
+    next: Option<Vec<u8>>,
+    done: bool,
+}
+
+impl MemStore {
+    /// Begins a step-by-step `hash_kv` of `revision` (0: the current one), checked as
+    /// `hash_kv` checks it.
+    pub fn hash_kv_scan(&self, revision: i64) -> Result<HashScan, Error> {
+        let state = &self.state;
+        let rev = if revision <= 0 {
+            state.revision
+        } else {
+            revision
+        };
+        if rev > state.revision {
+            return Err(Error::FutureRevision);
+        }
+        if rev < state.compact_revision {
+            return Err(Error::Compacted);
+        }
+        Ok(HashScan {
+            rev,
+            compact_revision: state.compact_revision,
+            header_revision: state.revision,
+            hash: 0,
+            next: None,
+            done: false,
+        })
+    }
+}
+
+impl HashScan {
+    /// The store's revision when the hash began.
+    pub fn revision(&self) -> i64 {
+        self.header_revision
+    }
+
+    /// Hashes on from where the last step stopped, within `budget` (at least one key);
+    /// `Ok(true)` once every key is hashed. Fails with [`Error::Compacted`] if `store` was
+    /// compacted since the hash began.
+    pub fn step(&mut self, store: &MemStore, budget: StepBudget) -> Result<bool, Error> {
+        if self.done {
+            return Ok(true);
+        }
+        let state = &store.state;
+        if state.compact_revision != self.compact_revision {
+            return Err(Error::Compacted);
+        }
+        let keys = match &self.next {
+            None => state.keys.iter_all(),
+            Some(k) => state.keys.iter_range(k, &[0]),
+        };
+        let (mut n, mut bytes) = (0usize, 0usize);
+        let mut resume = None;
+        let mut h = self.hash;
+        for (k, vs) in keys {
+            if n > 0 && (n >= budget.keys || bytes >= budget.bytes) {
+                resume = Some(k.to_vec());
+                break;
+            }
+            n += 1;
+            for v in vs.iter().take_while(|v| v.main <= self.rev) {
+                h = crc32c::crc32c_append(h, &(k.len() as u64).to_le_bytes());
+                h = crc32c::crc32c_append(h, k);
+                let mut meta = [0u8; 36];
+                meta[0..8].copy_from_slice(&v.main.to_le_bytes());
+                meta[8..12].copy_from_slice(&v.sub.to_le_bytes());
+                meta[12..20].copy_from_slice(&v.create.to_le_bytes());
+                meta[20..28].copy_from_slice(&v.version.to_le_bytes());
+                meta[28..36].copy_from_slice(&v.lease.to_le_bytes());
+                h = crc32c::crc32c_append(h, &meta);
+                h = crc32c::crc32c_append(h, &(v.value.len() as u64).to_le_bytes());
+                h = crc32c::crc32c_append(h, &v.value);
+                bytes += k.len() + v.value.len();
+            }
+        }
+        self.hash = h;
+        match resume {
+            Some(k) => self.next = Some(k),
+            None => self.done = true,
+        }
+        Ok(self.done)
+    }
+
+    /// The hash (call once [`step`](Self::step) has answered `true`).
+    pub fn finish(self) -> HashKv {
+        debug_assert!(self.done, "a hash answered before every key was hashed");
+        HashKv {
+            hash: self.hash,
+            compact_revision: self.compact_revision,
+            hash_revision: self.rev,
         }
     }
 }
@@ -424,6 +533,64 @@ mod tests {
         assert!(scan.step(&store, many_changes).unwrap());
         assert!(scan.counted, "1,100 changes since");
         assert_eq!(scan.into_response().count, 3_000);
+    }
+
+    /// Hashing in steps, with entries applied between them (overwrites, new keys, deletes),
+    /// gives the hash of the revision it began at, the one `hash_kv` gives at once; a
+    /// compaction between two steps fails the next one.
+    #[test]
+    fn a_hash_in_steps_is_the_hash_of_its_revision() {
+        let mut store = store_of(2_000);
+        for i in 0..500usize {
+            let key = format!("k{:05}", i * 3).into_bytes();
+            apply(&mut store, 3_000 + i as u64, put(key, b"again".to_vec()));
+        }
+        let at = store.revision();
+        let whole = store.hash_kv(0).unwrap();
+        let mut scan = store.hash_kv_scan(0).unwrap();
+        let few = StepBudget {
+            keys: 7,
+            bytes: usize::MAX,
+        };
+        let mut index = 10_000;
+        let mut steps = 0usize;
+        while !scan.step(&store, few).unwrap() {
+            steps += 1;
+            let key = |i: usize| format!("k{:05}", i % 2_000).into_bytes();
+            let delete = Request::DeleteRange(api::etcdserverpb::DeleteRangeRequest {
+                key: key(steps * 17 + 5),
+                ..Default::default()
+            });
+            let writes = [
+                put(key(steps * 13), b"later".to_vec()),
+                put([key(steps * 11), b"x".to_vec()].concat(), b"new".to_vec()),
+                delete,
+            ];
+            for request in writes {
+                index += 1;
+                apply(&mut store, index, request);
+            }
+        }
+        assert!(steps > 200, "{steps} steps");
+        assert_eq!(scan.revision(), at);
+        assert_eq!(scan.finish(), whole);
+        assert_eq!(store.hash_kv(at).unwrap(), whole);
+        assert_ne!(store.hash_kv(0).unwrap().hash, whole.hash);
+
+        let mut scan = store.hash_kv_scan(at).unwrap();
+        assert!(!scan.step(&store, few).unwrap());
+        let compaction = api::etcdserverpb::CompactionRequest {
+            revision: at - 100,
+            physical: true,
+        };
+        apply(&mut store, index + 1, Request::Compact(compaction));
+        assert_eq!(scan.step(&store, few), Err(Error::Compacted));
+        // Begun again, it hashes what the compaction left.
+        let mut scan = store.hash_kv_scan(at).unwrap();
+        while !scan.step(&store, few).unwrap() {}
+        let after = scan.finish();
+        assert_eq!(after, store.hash_kv(at).unwrap());
+        assert_eq!(after.compact_revision, at - 100);
     }
 
     /// A step reads at most its budget (and always at least one key), and the scan resumes at

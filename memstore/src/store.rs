@@ -1202,38 +1202,9 @@ impl MemStore {
     /// A crc32c over every stored version with mod revision <= `revision` (0 = current), in
     /// key then revision order: equal on every replica that applied the same entries.
     pub fn hash_kv(&self, revision: i64) -> Result<HashKv, Error> {
-        let rev = if revision <= 0 {
-            self.state.revision
-        } else {
-            revision
-        };
-        if rev > self.state.revision {
-            return Err(Error::FutureRevision);
-        }
-        if rev < self.state.compact_revision {
-            return Err(Error::Compacted);
-        }
-        let mut h = 0u32;
-        for (k, vs) in self.state.keys.iter_all() {
-            for v in vs.iter().take_while(|v| v.main <= rev) {
-                h = crc32c::crc32c_append(h, &(k.len() as u64).to_le_bytes());
-                h = crc32c::crc32c_append(h, k);
-                let mut meta = [0u8; 36];
-                meta[0..8].copy_from_slice(&v.main.to_le_bytes());
-                meta[8..12].copy_from_slice(&v.sub.to_le_bytes());
-                meta[12..20].copy_from_slice(&v.create.to_le_bytes());
-                meta[20..28].copy_from_slice(&v.version.to_le_bytes());
-                meta[28..36].copy_from_slice(&v.lease.to_le_bytes());
-                h = crc32c::crc32c_append(h, &meta);
-                h = crc32c::crc32c_append(h, &(v.value.len() as u64).to_le_bytes());
-                h = crc32c::crc32c_append(h, &v.value);
-            }
-        }
-        Ok(HashKv {
-            hash: h,
-            compact_revision: self.state.compact_revision,
-            hash_revision: rev,
-        })
+        let mut scan = self.hash_kv_scan(revision)?;
+        scan.step(self, StepBudget::UNLIMITED)?;
+        Ok(scan.finish())
     }
 }
 

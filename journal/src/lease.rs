@@ -66,8 +66,22 @@ impl LeaseClock {
         if !voters.contains(&me) {
             return None;
         }
-        // A majority counting me: this many of the others.
-        let need = voters.len() / 2;
+        self.majority_since(vote, voters, me, now)
+    }
+
+    /// The latest instant such that a majority of `voters` acknowledged a message sent at or
+    /// after it under `vote`, `me` counting as the newest acknowledgement if it is one of them
+    /// (a leader leaving the voters leads a joint configuration whose new half it is not in);
+    /// `None` if no majority has.
+    pub fn majority_since(
+        &self,
+        vote: &Vote<NodeId>,
+        voters: &BTreeSet<NodeId>,
+        me: NodeId,
+        now: Instant,
+    ) -> Option<Instant> {
+        // A majority: this many of the others, besides me if I am a voter.
+        let need = voters.len() / 2 + 1 - usize::from(voters.contains(&me));
         if need == 0 {
             return Some(now);
         }
@@ -84,35 +98,6 @@ impl LeaseClock {
         }
         times.sort_unstable_by(|a, b| b.cmp(a));
         Some(times[need - 1])
-    }
-
-    /// The latest instant such that a majority of `voters` acknowledged a message sent at or
-    /// after it under `vote`, `me` counting as acknowledging at `now` if it is one of them (a
-    /// leader leaving the voters leads a joint configuration whose new half it is not in);
-    /// `None` if no majority has.
-    pub fn majority_since(
-        &self,
-        vote: &Vote<NodeId>,
-        voters: &BTreeSet<NodeId>,
-        me: NodeId,
-        now: Instant,
-    ) -> Option<Instant> {
-        let majority = voters.len() / 2 + 1;
-        let acks = lock(&self.acks);
-        let mut times: Vec<Instant> = voters
-            .iter()
-            .filter_map(|id| {
-                if *id == me {
-                    return Some(now);
-                }
-                acks.get(id).filter(|(v, _)| v == vote).map(|(_, t)| *t)
-            })
-            .collect();
-        if times.len() < majority {
-            return None;
-        }
-        times.sort_unstable_by(|a, b| b.cmp(a));
-        Some(times[majority - 1])
     }
 }
 

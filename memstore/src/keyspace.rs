@@ -470,7 +470,7 @@ impl KeySpace {
                 self.get(key).is_some_and(|vs| live_at(vs, rev).is_some()),
             ));
         }
-        let changed: Vec<u32> = self
+        let mut changed: Vec<u32> = self
             .changes_from(rev + 1)
             .take(max_changes.saturating_add(1))
             .map(|c| c.slot)
@@ -487,7 +487,6 @@ impl KeySpace {
         };
         let mut n = self.order.count_live(from, to) as i64;
         // Each key changed since `rev` once: live then instead of live now.
-        let mut changed = changed;
         changed.sort_unstable();
         changed.dedup();
         for id in changed {

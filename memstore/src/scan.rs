@@ -30,7 +30,8 @@ use range_request::{SortOrder, SortTarget};
 /// How much one step of a scan may read before it hands the store back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepBudget {
-    /// Keys visited (live or not, copied or only counted).
+    /// Keys visited (live or not, copied or only counted); also the most changes a count from
+    /// the key space's live counts may look at (`KeySpace::count_live`).
     pub keys: usize,
     /// Bytes of keys and values copied into the answer.
     pub bytes: usize,
@@ -64,6 +65,9 @@ pub struct RangeScan {
     /// `count` is the whole range's (from the key space's live counts), so the scan may stop
     /// once it holds `fetch_limit` matches.
     counted: bool,
+    /// Counting from the live counts was tried (once: the changes since the scan's revision,
+    /// which it must look at, only grow).
+    count_tried: bool,
     hits: Vec<KeyValue>,
     done: bool,
 }
@@ -119,6 +123,7 @@ impl RangeScan {
             copy_values,
             count: 0,
             counted: false,
+            count_tried: false,
             hits: Vec::new(),
             done: false,
         }
@@ -150,7 +155,8 @@ impl RangeScan {
         }
         // A range that keeps only its first matches (a limit without a sort or filter, or a
         // count only) need not read past them when the count comes from the live counts.
-        if !self.counted && self.fetch_limit != usize::MAX {
+        if !self.count_tried && self.fetch_limit != usize::MAX {
+            self.count_tried = true;
             let max_changes = budget.keys.min(MAX_COUNT_CHANGES);
             let rest =
                 state

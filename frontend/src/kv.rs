@@ -97,16 +97,10 @@ async fn read_range(t: &Tenant, req: &RangeRequest) -> Result<RangeResponse, Err
     if req.range_end.is_empty() {
         return Ok(t.replica.read().range(req)?);
     }
-    let mut restarts = 0;
-    loop {
-        let budget = if restarts < SCAN_RESTARTS {
-            SCAN_STEP
-        } else {
-            StepBudget::UNLIMITED
-        };
+    for restarts in 0..SCAN_RESTARTS {
         let mut scan = t.replica.read().range_scan(req)?;
         loop {
-            let stepped = scan.step(&t.replica.read(), budget);
+            let stepped = scan.step(&t.replica.read(), SCAN_STEP);
             match stepped {
                 Ok(true) => return Ok(scan.into_response()),
                 Ok(false) => tokio::task::yield_now().await,
@@ -114,7 +108,6 @@ async fn read_range(t: &Tenant, req: &RangeRequest) -> Result<RangeResponse, Err
                 // again at a later one (as linearizable); one at a revision of its own fails as
                 // it would have, had it come after the compaction.
                 Err(memstore::Error::Compacted) if req.revision <= 0 => {
-                    restarts += 1;
                     tracing::debug!(tenant = %t.name, restarts, "a compaction overtook a range; reading it again");
                     break;
                 }
@@ -122,6 +115,8 @@ async fn read_range(t: &Tenant, req: &RangeRequest) -> Result<RangeResponse, Err
             }
         }
     }
+    // The whole range under one hold of the lock: `range` is the scan in one step.
+    Ok(t.replica.read().range(req)?)
 }
 
 /// What a Range checks and waits for before it reads the replica.
@@ -323,6 +318,49 @@ pub(crate) mod tests {
             put_answered < range_answered,
             "the put waited for the range ({:?} after it)",
             put_answered - range_answered
+        );
+    }
+
+    /// A compaction past the revision a large Range reads at, landing between two of its steps:
+    /// a Range at the current revision begins again (and sees what came before the compaction),
+    /// one pinned to that revision fails as compacted.
+    #[tokio::test]
+    async fn a_compaction_during_a_large_range_makes_it_begin_again() {
+        const KEYS: usize = 400_000;
+        let (t, before) = large_tenant(KEYS);
+        let all = |revision| RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            serializable: true,
+            // Not `count_only`: that is counted at once, with no steps to come between.
+            keys_only: true,
+            revision,
+            ..Default::default()
+        };
+        let ranges = [0, before].map(|revision| {
+            let t = t.clone();
+            tokio::spawn(async move { range(&t, all(revision)).await })
+        });
+        // Let both Ranges begin: each reads its first step and yields.
+        tokio::task::yield_now().await;
+        late_put(&t).await;
+        let compaction = CompactionRequest {
+            revision: before + 1,
+            ..Default::default()
+        };
+        compact(&t, RequestId::random(), compaction).await.unwrap();
+        let [latest, pinned] = ranges;
+        let latest = latest.await.unwrap().unwrap();
+        assert_eq!(
+            latest.count,
+            KEYS as i64 + 1,
+            "read again after the compaction"
+        );
+        assert!(latest.header.unwrap().revision > before);
+        let pinned = pinned.await.unwrap().unwrap_err();
+        assert!(
+            matches!(pinned, Error::Store(memstore::Error::Compacted)),
+            "{pinned:?}"
         );
     }
 

@@ -3,7 +3,7 @@
 //! ordered index for ranges, a revision-ordered change log for event replay, and the byte
 //! counters the stats and the quota read.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeSet, VecDeque};
 use std::hash::BuildHasher;
 use std::ops::Bound;
 
@@ -211,6 +211,59 @@ pub(crate) struct Change {
     pub main: i64,
     pub sub: u32,
     pub slot: u32,
+}
+
+/// Counting the keys of a range live at an older revision without reading the range: its
+/// count at the head, from the ordered index's live counts, corrected for each key changed
+/// since (from the change log: live then instead of as at the head), the changes looked at a
+/// budget at a time so a caller can let writes apply in between (`RangeScan`). Writes after
+/// the head it began at are left out; a compaction at or below `rev` drops no change it looks
+/// at (those are all above `rev`), and one above `rev` ends the caller's scan anyway.
+#[derive(Debug)]
+pub(crate) struct CountWalk {
+    key: Box<[u8]>,
+    range_end: Box<[u8]>,
+    rev: i64,
+    head: i64,
+    /// Live keys of the range at `head`.
+    at_head: i64,
+    /// Sum over the keys of the range changed since `rev` and looked at: live at `rev` minus
+    /// live at `head`.
+    correction: i64,
+    /// The next change to look at, as (main, sub).
+    next: (i64, u32),
+    /// Slots looked at (a key changed twice counts once).
+    seen: BTreeSet<u32>,
+}
+
+impl CountWalk {
+    /// Looks at up to `n` (at least one) more changes; the count once every change up to the
+    /// head has been looked at.
+    pub fn step(&mut self, ks: &KeySpace, n: usize) -> Option<u64> {
+        let bounds = bounds(&self.key, &self.range_end);
+        let start = ks.log.partition_point(|c| (c.main, c.sub) < self.next);
+        for (looked, c) in ks.log.range(start..).enumerate() {
+            if c.main > self.head {
+                break;
+            }
+            if looked >= n.max(1) {
+                self.next = (c.main, c.sub);
+                return None;
+            }
+            if !self.seen.insert(c.slot) {
+                continue;
+            }
+            let slot = ks.slab.get(c.slot);
+            let inside =
+                bounds.is_some_and(|(_, end)| slot.key[..] >= *self.key && below(&slot.key, end));
+            if inside {
+                self.correction += i64::from(live_at(&slot.versions, self.rev).is_some())
+                    - i64::from(live_at(&slot.versions, self.head).is_some());
+            }
+        }
+        self.next = (self.head + 1, 0);
+        Some((self.at_head + self.correction) as u64)
+    }
 }
 
 /// The slab of key slots, in fixed-size chunks (a slot id never moves).
@@ -451,32 +504,17 @@ impl KeySpace {
             .filter_map(move |(k, vs)| live_at(vs, rev).map(|v| (k, v)))
     }
 
-    /// The number of keys in etcd's range that are live at `rev` (at or above the compact
-    /// revision), from the ordered index's live counts at the head and, for an older `rev`, the
-    /// changes made since: None when more than `max_changes` were (counting key by key is then
-    /// the cheaper way).
-    pub fn count_live(
-        &self,
-        key: &[u8],
-        range_end: &[u8],
-        rev: i64,
-        max_changes: usize,
-    ) -> Option<u64> {
+    /// The number of keys in etcd's range whose newest version is a put, from the ordered
+    /// index's live counts: whole chunks by their counts, the two ends by their flags.
+    pub fn count_live_head(&self, key: &[u8], range_end: &[u8]) -> u64 {
         let Some((_, end)) = bounds(key, range_end) else {
-            return Some(0);
+            return 0;
         };
         if range_end.is_empty() {
-            return Some(u64::from(
-                self.get(key).is_some_and(|vs| live_at(vs, rev).is_some()),
-            ));
-        }
-        let mut changed: Vec<u32> = self
-            .changes_from(rev + 1)
-            .take(max_changes.saturating_add(1))
-            .map(|c| c.slot)
-            .collect();
-        if changed.len() > max_changes {
-            return None;
+            return u64::from(
+                self.get(key)
+                    .is_some_and(|vs| vs.last().is_some_and(|v| !v.is_tombstone())),
+            );
         }
         let slab = &self.slab;
         let key_of = |id: u32| &slab.get(id).key[..];
@@ -485,19 +523,31 @@ impl KeySpace {
             Bound::Excluded(e) => self.order.lower_bound(e, &key_of),
             _ => (self.order.chunks.len(), 0),
         };
-        let mut n = self.order.count_live(from, to) as i64;
-        // Each key changed since `rev` once: live then instead of live now.
-        changed.sort_unstable();
-        changed.dedup();
-        for id in changed {
-            let slot = slab.get(id);
-            if slot.key[..] < *key || !below(&slot.key, end) {
-                continue;
-            }
-            n += i64::from(live_at(&slot.versions, rev).is_some())
-                - i64::from(slot.versions.is_live());
+        self.order.count_live(from, to)
+    }
+
+    /// The number of changes logged above `rev`.
+    pub fn changes_since(&self, rev: i64) -> usize {
+        self.log.len() - self.log.partition_point(|c| c.main <= rev)
+    }
+
+    /// Begins counting the keys of etcd's range live at `rev` (at or above the compact
+    /// revision) from the live counts and the changes since `rev`; see [`CountWalk`].
+    pub fn count_walk(&self, key: &[u8], range_end: &[u8], rev: i64) -> CountWalk {
+        // The live counts reflect every logged change, a txn's own earlier operations
+        // included while it applies (at a revision the store has not reached yet): the head
+        // is the last change's revision, not the store's.
+        let head = self.log.back().map_or(rev, |c| c.main.max(rev));
+        CountWalk {
+            key: key.into(),
+            range_end: range_end.into(),
+            rev,
+            head,
+            at_head: self.count_live_head(key, range_end) as i64,
+            correction: 0,
+            next: (rev + 1, 0),
+            seen: BTreeSet::new(),
         }
-        Some(n as u64)
     }
 
     pub fn latest_live(&self, key: &[u8]) -> Option<&Version> {
@@ -885,7 +935,8 @@ mod tests {
         }
 
         /// Counting a range from the ordered index's live counts (at the head, and at older
-        /// revisions through the changes since) answers what a walk of its keys answers.
+        /// revisions by walking the changes since, three a step) answers what a walk of its
+        /// keys answers.
         fn assert_counts(ks: &KeySpace, compacted: i64, rev: i64) {
             let ranges: [(&[u8], &[u8]); 5] = [
                 (b"\0", b"\0"),
@@ -902,14 +953,20 @@ mod tests {
                     } else {
                         ks.live_in_range(k, e, at).count()
                     };
-                    let got = ks.count_live(k, e, at, usize::MAX);
+                    // Three changes a step.
+                    let mut walk = ks.count_walk(k, e, at);
+                    let got = std::iter::from_fn(|| Some(walk.step(ks, 3)))
+                        .flatten()
+                        .next();
                     assert_eq!(got, Some(want as u64), "{k:?}..{e:?} at {at} of {rev}");
                 }
+                let head = ks.live_in_range(k, e, rev).count() as u64;
+                assert_eq!(ks.count_live_head(k, e), head, "{k:?}..{e:?} at the head");
             }
-            let changed = ks.changes_from(compacted + 1).count();
-            if changed > 0 {
-                assert_eq!(ks.count_live(b"\0", b"\0", compacted, changed - 1), None);
-            }
+            assert_eq!(
+                ks.changes_since(compacted),
+                ks.changes_from(compacted + 1).count()
+            );
         }
 
         /// Keys with their versions, oldest first, in key order.

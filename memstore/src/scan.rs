@@ -21,7 +21,7 @@
 use api::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader, range_request};
 use api::mvccpb::KeyValue;
 
-use crate::keyspace::live_at;
+use crate::keyspace::{CountWalk, live_at};
 use crate::store::{State, passes_filters};
 use crate::{Error, HashKv, MemStore};
 
@@ -30,8 +30,8 @@ use range_request::{SortOrder, SortTarget};
 /// How much one step of a scan may read before it hands the store back.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StepBudget {
-    /// Keys visited (live or not, copied or only counted); also the most changes a count from
-    /// the key space's live counts may look at (`KeySpace::count_live`).
+    /// Keys visited (live or not, copied or only counted); also the changes a count from the
+    /// key space's live counts looks at in a step (`CountWalk`).
     pub keys: usize,
     /// Bytes of keys and values copied into the answer.
     pub bytes: usize,
@@ -62,19 +62,31 @@ pub struct RangeScan {
     /// Keep values even for `keys_only` (a sort by value needs them; dropped at the end).
     copy_values: bool,
     count: i64,
-    /// `count` is the whole range's (from the key space's live counts), so the scan may stop
-    /// once it holds `fetch_limit` matches.
-    counted: bool,
-    /// Counting from the live counts was tried (once: the changes since the scan's revision,
-    /// which it must look at, only grow).
-    count_tried: bool,
+    counting: Counting,
     hits: Vec<KeyValue>,
+    /// Every key the answer needs has been read (the count may still be walking).
+    keys_done: bool,
     done: bool,
 }
 
-/// The most changes since a scan's revision that counting its range from the key space's live
-/// counts may look at (each one a key read); beyond that the scan counts key by key.
-const MAX_COUNT_CHANGES: usize = 4_096;
+/// How a scan learns its count.
+#[derive(Debug)]
+enum Counting {
+    /// A range that keeps only its first matches: decided at the first step.
+    Undecided,
+    /// Key by key as the scan reads them (a sort or a filter reads every key anyway).
+    ByKeys,
+    /// From the key space's live counts and the changes since the scan's revision, walked a
+    /// step at a time beside the reading of the first matches.
+    Walking(Box<CountWalk>),
+    /// Known: `count` is the whole range's, so the scan stops at `fetch_limit` matches.
+    Known,
+}
+
+/// Changes since a scan's revision that counting from the live counts may always look at;
+/// beyond this, only as many as the range's live keys (each change looked at costs about what
+/// a key read does, so counting key by key is then as cheap).
+const MIN_COUNT_CHANGES: usize = 4_096;
 
 impl MemStore {
     /// Begins a step-by-step Range (checked as `range` checks it); read it with
@@ -122,9 +134,13 @@ impl RangeScan {
             fetch_limit,
             copy_values,
             count: 0,
-            counted: false,
-            count_tried: false,
+            counting: if fetch_limit == usize::MAX {
+                Counting::ByKeys
+            } else {
+                Counting::Undecided
+            },
             hits: Vec::new(),
+            keys_done: false,
             done: false,
         }
     }
@@ -155,22 +171,37 @@ impl RangeScan {
         }
         // A range that keeps only its first matches (a limit without a sort or filter, or a
         // count only) need not read past them when the count comes from the live counts.
-        if !self.count_tried && self.fetch_limit != usize::MAX {
-            self.count_tried = true;
-            let max_changes = budget.keys.min(MAX_COUNT_CHANGES);
-            let rest =
-                state
-                    .keys
-                    .count_live(&self.req.key, &self.req.range_end, self.rev, max_changes);
-            if let Some(rest) = rest {
-                self.count += rest as i64;
-                self.counted = true;
-            }
+        if matches!(self.counting, Counting::Undecided) {
+            let ks = &state.keys;
+            let at_head = ks.count_live_head(&self.req.key, &self.req.range_end);
+            let changes = ks.changes_since(self.rev);
+            self.counting = if changes <= MIN_COUNT_CHANGES.max(at_head as usize) {
+                let walk = ks.count_walk(&self.req.key, &self.req.range_end, self.rev);
+                Counting::Walking(Box::new(walk))
+            } else {
+                Counting::ByKeys
+            };
         }
+        if let Counting::Walking(walk) = &mut self.counting
+            && let Some(n) = walk.step(&state.keys, budget.keys)
+        {
+            self.count = n as i64;
+            self.counting = Counting::Known;
+        }
+        if !self.keys_done {
+            self.read_keys(state, budget);
+        }
+        self.done = self.keys_done && !matches!(self.counting, Counting::Walking(_));
+        Ok(self.done)
+    }
+
+    /// Reads keys on from where the last step stopped, within `budget`.
+    fn read_keys(&mut self, state: &State, budget: StepBudget) {
+        let by_keys = matches!(self.counting, Counting::ByKeys);
         let (mut keys, mut bytes) = (0usize, 0usize);
         let mut resume = None;
         for (k, vs) in state.keys.iter_range(&self.req.key, &self.req.range_end) {
-            if self.counted && self.hits.len() >= self.fetch_limit {
+            if !by_keys && self.hits.len() >= self.fetch_limit {
                 break;
             }
             // At least one key a step, so that every step makes progress.
@@ -182,7 +213,7 @@ impl RangeScan {
             let Some(v) = live_at(vs, self.rev) else {
                 continue;
             };
-            if !self.counted {
+            if by_keys {
                 self.count += 1;
             }
             if self.hits.len() < self.fetch_limit
@@ -196,9 +227,8 @@ impl RangeScan {
         }
         match resume {
             Some(k) => self.req.key = k,
-            None => self.done = true,
+            None => self.keys_done = true,
         }
-        Ok(self.done)
     }
 
     /// The Range's answer (header: the revision only). Call once [`step`](Self::step) has
@@ -461,11 +491,12 @@ mod tests {
     }
 
     /// A range that keeps only its first matches (a limit without a sort, a count only) takes
-    /// its count from the key space's live counts and stops reading once it has them, at the
-    /// head revision and at an older one; with more changes since its revision than it may
-    /// look at, it counts key by key, to the same answer.
+    /// its count from the key space's live counts and stops reading once it has its matches: at
+    /// the head at once; at an older revision by walking the changes since, a step's budget at
+    /// a time, even with a compaction (at or below its revision) in between; with more changes
+    /// since than the range has keys, key by key. Always the answer `range` gives.
     #[test]
-    fn a_limited_range_counts_from_the_index_and_stops_early() {
+    fn a_limited_range_counts_from_the_live_counts_and_stops_early() {
         let mut store = store_of(3_000);
         let at = store.revision();
         // 5,000 overwrites and 100 deletes after `at`.
@@ -481,11 +512,19 @@ mod tests {
             };
             apply(&mut store, 10_000 + i as u64, request);
         }
-        let few_keys = StepBudget {
+        let few = StepBudget {
             keys: 20,
             bytes: usize::MAX,
         };
-        for (revision, count) in [(0, 2_900), (at, 3_000)] {
+        // (revision, its count, how the first step counts): at the head nothing changed since;
+        // 1,100 changes since `at + 4000` walked 20 a step; 5,100 since `at`, more than the
+        // range's 2,900 live keys and than 4,096.
+        let cases = [
+            (0, 2_900, "known"),
+            (at + 4_000, 3_000, "walking"),
+            (at, 3_000, "by keys"),
+        ];
+        for (revision, count, first) in cases {
             for (limit, count_only) in [(10, false), (0, true)] {
                 let req = RangeRequest {
                     key: b"k".to_vec(),
@@ -496,10 +535,19 @@ mod tests {
                     ..Default::default()
                 };
                 let mut scan = store.range_scan(&req).unwrap();
-                let done = scan.step(&store, few_keys).unwrap();
-                // At `at`, 5,100 changes since: more than a step may look at.
-                assert_eq!(done, revision == 0, "revision {revision}, limit {limit}");
-                while !scan.step(&store, few_keys).unwrap() {}
+                let done = scan.step(&store, few).unwrap();
+                let counting = match scan.counting {
+                    Counting::Known => "known",
+                    Counting::Walking(_) => "walking",
+                    Counting::ByKeys => "by keys",
+                    Counting::Undecided => "undecided",
+                };
+                assert_eq!((done, counting), (first == "known", first), "at {revision}");
+                if first == "walking" {
+                    // The first matches were read at once; only the count goes on.
+                    assert!(scan.keys_done);
+                }
+                while !scan.step(&store, few).unwrap() {}
                 let resp = scan.into_response();
                 assert_eq!(resp.count, count);
                 assert_eq!(resp.kvs.len(), limit as usize);
@@ -508,37 +556,79 @@ mod tests {
                 assert_eq!((whole.count, whole.kvs), (resp.count, resp.kvs));
             }
         }
-        // With room to look at every change since, the older revision counts from the index too.
+        // A compaction at or below the walk's revision, between two of its steps, changes
+        // nothing it counts.
         let req = RangeRequest {
             key: b"k".to_vec(),
             range_end: b"l".to_vec(),
-            revision: at,
+            revision: at + 4_000,
             count_only: true,
             ..Default::default()
         };
         let mut scan = store.range_scan(&req).unwrap();
-        let many_changes = StepBudget {
-            keys: MAX_COUNT_CHANGES,
-            bytes: usize::MAX,
-        };
-        scan.step(&store, many_changes).unwrap();
-        assert!(
-            !scan.counted,
-            "5,100 changes are more than {MAX_COUNT_CHANGES}"
-        );
+        assert!(!scan.step(&store, few).unwrap());
         let compaction = api::etcdserverpb::CompactionRequest {
-            revision: at + 4_000,
+            revision: at + 3_000,
             physical: true,
         };
         apply(&mut store, 20_000, Request::Compact(compaction));
-        let req = RangeRequest {
-            revision: at + 4_000,
-            ..req
-        };
-        let mut scan = store.range_scan(&req).unwrap();
-        assert!(scan.step(&store, many_changes).unwrap());
-        assert!(scan.counted, "1,100 changes since");
+        while !scan.step(&store, few).unwrap() {}
         assert_eq!(scan.into_response().count, 3_000);
+        assert_eq!(store.range(&req).unwrap().count, 3_000);
+    }
+
+    /// A limited range inside a txn, after the txn's own deletes (already in the live counts,
+    /// at a revision the store has not reached yet), counts the revision it reads at: found by
+    /// the etcd differential test when the head of a count was the store's revision.
+    #[test]
+    fn a_txn_range_after_its_own_deletes_counts_its_revision() {
+        use api::etcdserverpb::{
+            DeleteRangeRequest, RequestOp, TxnRequest, request_op, response_op,
+        };
+        let mut store = store_of(3);
+        let at = store.revision();
+        let range = |revision| RangeRequest {
+            key: b"k".to_vec(),
+            range_end: b"l".to_vec(),
+            limit: 1,
+            revision,
+            ..Default::default()
+        };
+        let ops = vec![
+            request_op::Request::RequestDeleteRange(DeleteRangeRequest {
+                key: b"k".to_vec(),
+                range_end: b"l".to_vec(),
+                ..Default::default()
+            }),
+            request_op::Request::RequestRange(range(at)),
+            request_op::Request::RequestRange(range(0)),
+        ];
+        let txn = TxnRequest {
+            success: ops
+                .into_iter()
+                .map(|r| RequestOp { request: Some(r) })
+                .collect(),
+            ..Default::default()
+        };
+        let entry = Entry {
+            format_version: 1,
+            tenant: "t".into(),
+            request: Some(Request::Txn(txn)),
+            ..Default::default()
+        };
+        let applied = store.apply(100, &entry);
+        let crate::Outcome::Txn(resp) = applied.outcome else {
+            panic!("{:?}", applied.outcome);
+        };
+        let counts: Vec<i64> = resp
+            .responses
+            .iter()
+            .filter_map(|r| match &r.response {
+                Some(response_op::Response::ResponseRange(r)) => Some(r.count),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(counts, [3, 0], "at {at}, then at the txn's own revision");
     }
 
     /// Hashing in steps, with entries applied between them (overwrites, new keys, deletes),

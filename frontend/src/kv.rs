@@ -61,21 +61,22 @@ pub(crate) async fn range_message(t: &Tenant, req: RangeRequest) -> Result<Bytes
     if !req.range_end.is_empty() {
         let mut resp = read_range(t, &req).await?;
         resp.header = Some(t.header(revision_of(&resp.header, 0)));
-        let len = resp.encoded_len();
-        let mut buf = BytesMut::with_capacity(GRPC_HEADER_LEN + len);
-        buf.put_u8(0);
-        buf.put_u32(u32::try_from(len).map_err(|_| Error::ResponseTooLarge(len))?);
-        resp.encode_raw(&mut buf);
-        return Ok(buf.freeze());
+        return grpc_message(resp.encoded_len(), |buf| resp.encode_raw(buf));
     }
     let store = t.replica.read();
     let view = store.range_view(&req)?;
     let header = t.header(view.revision());
-    let len = view.encoded_len(&header);
+    grpc_message(view.encoded_len(&header), |buf| {
+        view.encode_raw(&header, buf)
+    })
+}
+
+/// One uncompressed gRPC message of `len` bytes, which `encode` writes after the prefix.
+fn grpc_message(len: usize, encode: impl FnOnce(&mut BytesMut)) -> Result<Bytes, Error> {
     let mut buf = BytesMut::with_capacity(GRPC_HEADER_LEN + len);
     buf.put_u8(0);
     buf.put_u32(u32::try_from(len).map_err(|_| Error::ResponseTooLarge(len))?);
-    view.encode_raw(&header, &mut buf);
+    encode(&mut buf);
     Ok(buf.freeze())
 }
 
@@ -87,35 +88,30 @@ pub(crate) const SCAN_STEP: StepBudget = StepBudget {
     keys: 4_096,
     bytes: 1 << 20,
 };
-/// How often a Range at the current revision begins again after a compaction overtook it,
-/// before it reads under one hold of the lock (which no compaction can overtake).
-const SCAN_RESTARTS: u32 = 2;
+/// How often a Range over keys is begun in steps after compactions came between its steps,
+/// before it reads under one hold of the lock. One at the current revision begins again at a
+/// later revision (as linearizable); one pinned to a revision a compaction passed fails as it
+/// would have had it come after the compaction.
+pub(crate) const SCAN_ATTEMPTS: u32 = 3;
 
 /// Reads a Range from the replica: a point read at once, a range over keys in steps
 /// (`MemStore::range_scan`), at the revision of the store when it began.
 async fn read_range(t: &Tenant, req: &RangeRequest) -> Result<RangeResponse, Error> {
-    if req.range_end.is_empty() {
-        return Ok(t.replica.read().range(req)?);
-    }
-    for restarts in 0..SCAN_RESTARTS {
-        let mut scan = t.replica.read().range_scan(req)?;
-        loop {
-            let stepped = scan.step(&t.replica.read(), SCAN_STEP);
-            match stepped {
-                Ok(true) => return Ok(scan.into_response()),
-                Ok(false) => tokio::task::yield_now().await,
-                // A compaction past the revision read at: one at the current revision begins
-                // again at a later one (as linearizable); one at a revision of its own fails as
-                // it would have, had it come after the compaction.
-                Err(memstore::Error::Compacted) if req.revision <= 0 => {
-                    tracing::debug!(tenant = %t.name, restarts, "a compaction overtook a range; reading it again");
-                    break;
-                }
-                Err(e) => return Err(e.into()),
-            }
+    if !req.range_end.is_empty() {
+        let scan = t
+            .replica
+            .in_steps(
+                SCAN_ATTEMPTS,
+                |s| s.range_scan(req),
+                |scan, s| scan.step(s, SCAN_STEP),
+            )
+            .await?;
+        if let Some(scan) = scan {
+            return Ok(scan.into_response());
         }
     }
-    // The whole range under one hold of the lock: `range` is the scan in one step.
+    // A point read, or the whole range under one hold of the lock: `range` is the scan in one
+    // step.
     Ok(t.replica.read().range(req)?)
 }
 

@@ -161,32 +161,22 @@ async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error
     })
 }
 
-/// How often a hash begins again after a compaction came between two of its steps, before
-/// it hashes the store as one long read (which no compaction can come into).
-const HASH_RESTARTS: u32 = 2;
-
 /// The hash of every key-value version up to `revision` (0: the current one), with the store's
-/// revision when the hash began. A read of the whole store, in steps (`MemStore::hash_kv_scan`)
-/// as a large Range reads, so the apply loop gets the store between them; once compactions
-/// have made it begin again twice, off the async workers as one long read.
+/// revision when the hash began. A read of the whole store, in steps (`MemStore::hash_kv_scan`,
+/// `Replica::in_steps`) as a large Range reads, so the apply loop gets the store between them
+/// (a compaction in between drops versions the hash counts, so it begins again); after
+/// `SCAN_ATTEMPTS` such beginnings, off the async workers as one long read.
 async fn hash_of(t: &Tenant, revision: i64) -> Result<(memstore::HashKv, i64), Error> {
-    for restarts in 0..HASH_RESTARTS {
-        let mut scan = t.replica.read().hash_kv_scan(revision)?;
-        loop {
-            let stepped = scan.step(&t.replica.read(), crate::kv::SCAN_STEP);
-            match stepped {
-                Ok(true) => {
-                    let at = scan.revision();
-                    return Ok((scan.finish(), at));
-                }
-                Ok(false) => tokio::task::yield_now().await,
-                Err(memstore::Error::Compacted) => {
-                    tracing::debug!(tenant = %t.name, restarts, "a compaction came into a hash; hashing again");
-                    break;
-                }
-                Err(e) => return Err(e.into()),
-            }
-        }
+    let attempts = crate::kv::SCAN_ATTEMPTS;
+    let step =
+        |scan: &mut memstore::HashScan, s: &memstore::MemStore| scan.step(s, crate::kv::SCAN_STEP);
+    let scan = t
+        .replica
+        .in_steps(attempts, |s| s.hash_kv_scan(revision), step)
+        .await?;
+    if let Some(scan) = scan {
+        let at = scan.revision();
+        return Ok((scan.finish(), at));
     }
     let replica = t.replica.clone();
     let hashed = tokio::task::spawn_blocking(move || {

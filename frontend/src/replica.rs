@@ -191,6 +191,37 @@ impl Replica {
         f(&self.read())
     }
 
+    /// Runs a read of the store in steps (`begin` starts it, `step` reads on and answers `true`
+    /// once done), taking the store's lock for each step only, so the apply loop (and every
+    /// reader queued behind it) gets the store between two steps (docs/frontend.md, "Large
+    /// ranges read in steps"). A step failing with `Compacted` means a compaction came between
+    /// two steps: the read begins again, `attempts` times in all; `None` then, and the caller
+    /// reads under one hold of the lock, which no compaction can come into. `begin` failing
+    /// (a revision compacted by now included) fails the read.
+    pub async fn in_steps<S>(
+        &self,
+        attempts: u32,
+        begin: impl Fn(&MemStore) -> Result<S, memstore::Error>,
+        mut step: impl FnMut(&mut S, &MemStore) -> Result<bool, memstore::Error>,
+    ) -> Result<Option<S>, memstore::Error> {
+        for attempt in 1..=attempts {
+            let mut read = begin(&self.read())?;
+            loop {
+                let stepped = step(&mut read, &self.read());
+                match stepped {
+                    Ok(true) => return Ok(Some(read)),
+                    Ok(false) => tokio::task::yield_now().await,
+                    Err(memstore::Error::Compacted) => {
+                        tracing::debug!(tenant = %self.tenant, attempt, "a compaction came between two steps of a read; reading again");
+                        break;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(None)
+    }
+
     fn lock_turns(&self) -> std::sync::MutexGuard<'_, Turns> {
         // Plain counters: nothing a panic could leave half-done.
         self.turns.lock().unwrap_or_else(|p| p.into_inner())

@@ -511,10 +511,7 @@ impl KeySpace {
             return 0;
         };
         if range_end.is_empty() {
-            return u64::from(
-                self.get(key)
-                    .is_some_and(|vs| vs.last().is_some_and(|v| !v.is_tombstone())),
-            );
+            return u64::from(self.latest_live(key).is_some());
         }
         let slab = &self.slab;
         let key_of = |id: u32| &slab.get(id).key[..];

@@ -150,11 +150,6 @@ impl RangeScan {
         self.header_revision
     }
 
-    /// Whether every key of the range has been read.
-    pub fn is_done(&self) -> bool {
-        self.done
-    }
-
     /// Reads on from where the last step stopped, within `budget`; `Ok(true)` once the range
     /// has been read whole. Fails with [`Error::Compacted`] if `store` has been compacted past
     /// the scan's revision (the scan cannot go on; nothing else about it changed).

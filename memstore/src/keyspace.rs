@@ -237,6 +237,11 @@ pub(crate) struct CountWalk {
 }
 
 impl CountWalk {
+    /// The range's live keys at the head the walk began at.
+    pub fn at_head(&self) -> u64 {
+        self.at_head as u64
+    }
+
     /// Looks at up to `n` (at least one) more changes; the count once every change up to the
     /// head has been looked at.
     pub fn step(&mut self, ks: &KeySpace, n: usize) -> Option<u64> {

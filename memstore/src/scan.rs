@@ -168,10 +168,9 @@ impl RangeScan {
         // count only) need not read past them when the count comes from the live counts.
         if matches!(self.counting, Counting::Undecided) {
             let ks = &state.keys;
-            let at_head = ks.count_live_head(&self.req.key, &self.req.range_end);
+            let walk = ks.count_walk(&self.req.key, &self.req.range_end, self.rev);
             let changes = ks.changes_since(self.rev);
-            self.counting = if changes <= MIN_COUNT_CHANGES.max(at_head as usize) {
-                let walk = ks.count_walk(&self.req.key, &self.req.range_end, self.rev);
+            self.counting = if changes <= MIN_COUNT_CHANGES.max(walk.at_head() as usize) {
                 Counting::Walking(Box::new(walk))
             } else {
                 Counting::ByKeys

@@ -151,12 +151,8 @@ async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error
     Ok(HashKvResponse {
         header: Some(t.header(revision)),
         hash: h.hash,
-        // etcd's store starts with compact revision -1 (never compacted).
-        compact_revision: if h.compact_revision == 0 {
-            -1
-        } else {
-            h.compact_revision
-        },
+        // -1 before any compaction, as etcd's (`memstore::NEVER_COMPACTED`).
+        compact_revision: h.compact_revision,
         hash_revision: h.hash_revision,
     })
 }

@@ -488,7 +488,8 @@ impl Replica {
         }
         let from = store.revision() + 1;
         let to = new.revision();
-        let replayable = from > new.compact_revision() || from > to;
+        // A watch may go on from the compact revision itself, as in etcd (`MemStore::events`).
+        let replayable = from >= new.compact_revision() || from > to;
         let index = new.applied_index();
         let compact = new.compact_revision();
         *store = new;

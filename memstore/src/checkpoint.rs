@@ -31,7 +31,10 @@ use crate::{Config, Error, MemStore};
 pub const MAGIC: [u8; 8] = *b"STRATACP";
 /// The format this build writes; `decode` reads it and every older one down to
 /// `FORMAT_VERSION_V1`.
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
+/// The fourth format: the same layout, but a store never compacted said compact revision 0
+/// (builds before format 5 refused `Compact(0)`, so 0 meant "never"); still read.
+pub const FORMAT_VERSION_V4: u32 = 4;
 /// The third format (the request-id window as records oldest first), still read.
 pub const FORMAT_VERSION_V3: u32 = 3;
 /// The second format (the request-id window as two archived maps), still read.
@@ -443,8 +446,25 @@ fn header(out: &mut Vec<u8>, version: u32, meta_bytes: &[u8]) {
 fn seal(out: &mut [u8], offset: usize) {
     let body_len = (out.len() - offset) as u64;
     out[20..28].copy_from_slice(&body_len.to_le_bytes());
-    let crc = crc32c::crc32c(&out[CRC_FROM..]);
+    let version = u32::from_le_bytes([out[8], out[9], out[10], out[11]]);
+    let crc = header_crc(
+        version,
+        crc32c::crc32c(&out[CRC_FROM..]),
+        out.len() - CRC_FROM,
+    );
     out[12..16].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// The crc a header of format `version` stores, from the CRC32C of the `len` bytes from
+/// `CRC_FROM` on. From format 5 it covers the version too (a flipped bit there could read a
+/// format 5 object as format 4, which means another thing by compact revision 0).
+fn header_crc(version: u32, rest_crc: u32, len: usize) -> u32 {
+    if version >= FORMAT_VERSION {
+        let head = crc32c::crc32c(&version.to_le_bytes());
+        crc32c::crc32c_combine(head, rest_crc, len)
+    } else {
+        rest_crc
+    }
 }
 
 /// Header, meta, padding and body, with the crc filled in.
@@ -471,7 +491,7 @@ pub struct DecodeOptions {
 /// Offset of the first byte the header's crc covers.
 pub const CRC_FROM: usize = 16;
 
-/// Reads a checkpoint object back (format 4, 3, 2 or 1). Every defect (magic, version, checksum,
+/// Reads a checkpoint object back (format 5, 4, 3, 2 or 1). Every defect (magic, version, checksum,
 /// lengths, archive validation, meta disagreeing with the state) is `Error::Corrupt`, never a
 /// panic. The store gets `Config::default()`; use `MemStore::set_config` to change it.
 pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
@@ -498,9 +518,10 @@ pub fn decode_with(
         )));
     }
     let crc = r.u32()?;
-    let actual = options
+    let rest_crc = options
         .precomputed_crc
         .unwrap_or_else(|| crc32c::crc32c(&bytes[CRC_FROM..]));
+    let actual = header_crc(version, rest_crc, bytes.len() - CRC_FROM);
     if crc != actual {
         return Err(Error::Corrupt(format!(
             "checksum mismatch: stored {crc:#010x}, computed {actual:#010x}"
@@ -530,7 +551,7 @@ pub fn decode_with(
         copy = aligned;
         &copy
     };
-    let state = if version == FORMAT_VERSION {
+    let mut state = if version == FORMAT_VERSION || version == FORMAT_VERSION_V4 {
         let archived = rkyv::access::<ArchivedBodyV4<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
         state_from_v4(archived)?
@@ -547,6 +568,9 @@ pub fn decode_with(
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
         state_from_v1(archived)?
     };
+    if version < FORMAT_VERSION && state.compact_revision == 0 {
+        state.compact_revision = crate::NEVER_COMPACTED;
+    }
     if state.applied_index != meta.index || state.revision != meta.revision {
         return Err(Error::Corrupt(format!(
             "meta says index {} revision {}, state holds index {} revision {}",
@@ -953,6 +977,44 @@ mod tests {
         }
         let (_, loaded4) = decode(&encode(&meta, &store)).unwrap();
         assert!(loaded4 == store);
+    }
+
+    /// Before format 5 a store never compacted said compact revision 0; loaded, it says -1 as
+    /// etcd's does, and takes a first `Compact(0)`. In format 5, 0 is a compaction at 0.
+    #[test]
+    fn a_format_4_compact_revision_of_0_means_never_compacted() {
+        let mut store = store_of_rounds(2, 20, |round, k| (vec![b'k', k as u8], vec![round; 4]));
+        assert_eq!(store.compact_revision(), crate::NEVER_COMPACTED);
+        let meta = meta_now(&store, "t", 0, 0);
+        let mut old = store.state.clone();
+        old.compact_revision = 0;
+        let body = rkyv::to_bytes::<rancor::Error>(&body_v4(&old)).unwrap();
+        let (_, loaded) = decode(&frame(&meta, FORMAT_VERSION_V4, &body)).unwrap();
+        assert!(loaded == store);
+        let (_, mut loaded) = decode(&encode(&meta, &store)).unwrap();
+        assert!(loaded == store);
+
+        let compact0 = || {
+            entry(Request::Compact(api::etcdserverpb::CompactionRequest {
+                revision: 0,
+                physical: false,
+            }))
+        };
+        let index = store.applied_index();
+        for s in [&mut store, &mut loaded] {
+            let first = s.apply(index + 1, &compact0());
+            assert!(
+                matches!(first.outcome, crate::Outcome::Compact(_)),
+                "{first:?}"
+            );
+            let second = s.apply(index + 2, &compact0());
+            assert_eq!(second.outcome, crate::Outcome::Failed(Error::Compacted));
+        }
+        assert_eq!(store.compact_revision(), 0);
+        let meta = meta_now(&store, "t", 0, 0);
+        let (_, reloaded) = decode(&encode(&meta, &store)).unwrap();
+        assert!(reloaded == store);
+        assert_eq!(reloaded.compact_revision(), 0);
     }
 
     /// `encode` archives the body in place after the header; the object is byte for byte the

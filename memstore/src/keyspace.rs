@@ -195,12 +195,12 @@ impl Versions {
 }
 
 /// Whether `versions` (oldest first) hold something a compaction at `compact_rev` drops: more
-/// than one version at or below it, or a tombstone there. Never true of a key space this code
-/// compacted; a loader notes such keys so the next compaction visits them (`unlogged`).
+/// than one version at or below it, or a tombstone below it. Never true of a key space this
+/// code compacted; a loader notes such keys so the next compaction visits them (`unlogged`).
 fn holds_compactable(versions: &[Version], compact_rev: i64) -> bool {
     match versions.partition_point(|v| v.main <= compact_rev) {
         0 => false,
-        1 => versions[0].is_tombstone(),
+        1 => versions[0].is_tombstone() && versions[0].main < compact_rev,
         _ => true,
     }
 }
@@ -640,26 +640,57 @@ impl KeySpace {
         id
     }
 
-    /// Drops history at or below `rev` as etcd's keyIndex.compact does: of the versions <= rev
-    /// only the newest survives, and only if it is a put; keys left empty disappear. The change
-    /// log forgets every change at or below `rev` (events are never replayed from there).
+    /// Drops history at or below `rev` as etcd's keyIndex.compact does (since etcd's fix of
+    /// its lost delete events, etcd-io/etcd#18274): of the versions <= rev only the newest
+    /// survives, if it is a put or a tombstone at `rev` itself; keys left empty disappear. The
+    /// change log forgets every change below `rev` and what was dropped at `rev`: a watch may
+    /// start at the compact revision itself, as in etcd, and sees every change made there.
     ///
     /// Only the keys the forgotten part of the log names are visited: every other key has at
     /// most one version at or below `rev`, a put the previous compaction kept, so there is
-    /// nothing to drop (the log holds every version above the previous compact revision). A
-    /// compaction therefore costs what was written since the last one, not the tenant's size.
+    /// nothing to drop (the log holds every version at or above the previous compact revision,
+    /// a tombstone kept there included). A compaction therefore costs what was written since
+    /// the last one, not the tenant's size.
     pub fn compact(&mut self, rev: i64) {
-        let gone = self.log.partition_point(|c| c.main <= rev);
-        let mut touched: Vec<u32> = self.log.drain(..gone).map(|c| c.slot).collect();
+        let (mut touched, at_rev) = self.forget_changes(rev);
         touched.append(&mut self.unlogged);
-        if self.log.capacity() > 2 * self.log.len() {
-            self.log.shrink_to_fit();
-        }
         // Each key once, in slab order (neighbouring slots share cache lines and pages).
         touched.sort_unstable();
         touched.dedup();
         let emptied = self.drop_history(touched.into_iter(), rev);
         self.remove_emptied(emptied);
+        self.relog_survivors(at_rev);
+    }
+
+    /// Takes the changes at or below `rev` out of the log: the slots they name, and those of
+    /// them made at `rev` itself (for [`KeySpace::relog_survivors`]).
+    fn forget_changes(&mut self, rev: i64) -> (Vec<u32>, Vec<Change>) {
+        let gone = self.log.partition_point(|c| c.main <= rev);
+        let below = self.log.partition_point(|c| c.main < rev);
+        let at_rev: Vec<Change> = self.log.range(below..gone).copied().collect();
+        let touched: Vec<u32> = self.log.drain(..gone).map(|c| c.slot).collect();
+        if self.log.capacity() > 2 * self.log.len() {
+            self.log.shrink_to_fit();
+        }
+        (touched, at_rev)
+    }
+
+    /// Logs again, at the front, the changes made at the compact revision whose versions the
+    /// compaction kept (after emptied keys left the slab).
+    fn relog_survivors(&mut self, at_rev: Vec<Change>) {
+        for c in at_rev.into_iter().rev() {
+            let Some(slot) = self.slab.place(c.slot) else {
+                continue;
+            };
+            let vs = &slot.versions[..];
+            let j = vs.partition_point(|v| (v.main, v.sub) < (c.main, c.sub));
+            if vs
+                .get(j)
+                .is_some_and(|v| (v.main, v.sub) == (c.main, c.sub))
+            {
+                self.log.push_front(c);
+            }
+        }
     }
 
     /// Drops the versions at or below `rev` that a compaction frees from each of `ids`; the
@@ -675,7 +706,14 @@ impl KeySpace {
             if n == 0 {
                 continue;
             }
-            let keep_from = if vs[n - 1].is_tombstone() { n } else { n - 1 };
+            // The newest version at or below `rev` stays, unless it is a tombstone below `rev`
+            // (one at `rev` stays for a watch from there, until a later compaction).
+            let newest = &vs[n - 1];
+            let keep_from = if newest.is_tombstone() && newest.main < rev {
+                n
+            } else {
+                n - 1
+            };
             if keep_from > 0 {
                 for v in &vs[..keep_from] {
                     freed_bytes += (slot.key.len() + v.value.len()) as u64;
@@ -729,8 +767,7 @@ impl KeySpace {
     /// in key order. The reference the log-driven one is tested against.
     #[cfg(test)]
     fn compact_every_key(&mut self, rev: i64) {
-        let gone = self.log.partition_point(|c| c.main <= rev);
-        self.log.drain(..gone);
+        let (_, at_rev) = self.forget_changes(rev);
         self.unlogged.clear();
         let ids: Vec<u32> = self
             .order
@@ -740,6 +777,7 @@ impl KeySpace {
             .collect();
         let emptied = self.drop_history(ids.into_iter(), rev);
         self.remove_emptied(emptied);
+        self.relog_survivors(at_rev);
     }
 
     /// The change log expressed in `other`'s slot ids (for equality across two key spaces).
@@ -754,7 +792,8 @@ impl KeySpace {
     }
 
     /// Builds a key space from keys in strictly ascending order, each with its versions oldest
-    /// first; the change log gets every version above `compact_rev`. Errors name the defect.
+    /// first; the change log gets every version at or above `compact_rev` (as a compaction
+    /// leaves it). Errors name the defect.
     pub fn from_sorted(
         keys: impl Iterator<Item = (Box<[u8]>, Vec<Version>)>,
         compact_rev: i64,
@@ -797,7 +836,7 @@ impl KeySpace {
                 ks.unlogged.push(id);
             }
             for v in ks.slab.get(id).versions.iter() {
-                if v.main > compact_rev {
+                if v.main >= compact_rev {
                     log.push(Change {
                         main: v.main,
                         sub: v.sub,
@@ -931,7 +970,10 @@ mod tests {
                 assert_eq!(ks.get(key).map(|vs| vs.len()), Some(versions.len()));
                 let old = versions.partition_point(|v| v.main <= rev);
                 assert!(old <= 1, "{old} versions at or below {rev}");
-                assert!(old == 0 || !versions[0].is_tombstone(), "a tombstone kept");
+                assert!(
+                    old == 0 || !versions[0].is_tombstone() || versions[0].main == rev,
+                    "a tombstone below the compact revision kept"
+                );
             }
             assert_eq!(keys, ks.len());
         }

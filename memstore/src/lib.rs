@@ -28,7 +28,7 @@ pub use error::{Code, Error};
 pub use point::RangeView;
 pub use restore::{MAX_STAGE_BYTES, RestoreStep};
 pub use scan::{HashScan, RangeScan, StepBudget};
-pub use store::MemStore;
+pub use store::{MemStore, NEVER_COMPACTED};
 
 /// etcd's default `--max-txn-ops`: what frontends refuse above unless told otherwise.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;

@@ -27,6 +27,9 @@ use crate::{Applied, Config, Error, HashKv, Outcome, RecordApplied, Stats, valid
 
 /// The revision of an empty store, as in etcd.
 pub(crate) const INITIAL_REVISION: i64 = 1;
+/// The compact revision of a store never compacted, as etcd's (`compactMainRev` starts at
+/// -1): a first `Compact(0)` is accepted, and HashKV answers it as `compact_revision`.
+pub const NEVER_COMPACTED: i64 = -1;
 
 /// Room for the tenant's auth state (users and roles as encoded authpb messages). This release
 /// keeps it empty and refuses auth changes; checkpoints already carry it.
@@ -62,7 +65,7 @@ impl State {
         State {
             applied_index: 0,
             revision: INITIAL_REVISION,
-            compact_revision: 0,
+            compact_revision: NEVER_COMPACTED,
             time_ms: 0,
             keys: KeySpace::default(),
             leases: LeaseTable::default(),
@@ -358,7 +361,7 @@ impl MemStore {
     pub fn is_pristine(&self) -> bool {
         let st = &self.state;
         st.revision == 1
-            && st.compact_revision == 0
+            && st.compact_revision == NEVER_COMPACTED
             && st.keys.versions == 0
             && st.leases.leases.is_empty()
             && st.alarms.is_empty()
@@ -1109,7 +1112,8 @@ impl MemStore {
     }
 
     /// Events with mod revision >= `from_rev` for keys in the range, oldest first; see the
-    /// crate docs.
+    /// crate docs. `from_rev` may be the compact revision itself, as in etcd (its puts are
+    /// kept, without their previous values; its deletes are gone with their tombstones).
     pub fn events(
         &self,
         from_rev: i64,
@@ -1117,7 +1121,7 @@ impl MemStore {
         range_end: &[u8],
         max: usize,
     ) -> Result<Vec<Event>, Error> {
-        if from_rev <= self.state.compact_revision {
+        if from_rev < self.state.compact_revision {
             return Err(Error::Compacted);
         }
         let ks = &self.state.keys;

@@ -10,7 +10,7 @@ mod common;
 use api::etcdserverpb::{LeaseGrantRequest, PutRequest, TxnRequest};
 use api::mvccpb::Event;
 use api::strata::entry::entry::Request;
-use common::{Harness, op_del, op_put};
+use common::{Harness, after_compaction, op_del, op_put};
 use memstore::{Error, MemStore};
 
 const DEFAULT_SEED: u64 = 0xe7e0_2026_1130_0002;
@@ -96,11 +96,12 @@ fn check(store: &MemStore, all: &[Event], rng: &mut Rng, what: &str) {
     let compact = store.compact_revision();
     let head = store.revision();
     assert_eq!(
-        store.events(compact, b"\0", b"\0", 10),
+        store.events(compact - 1, b"\0", b"\0", 10),
         Err(Error::Compacted),
         "{what}"
     );
-    let mut froms = vec![compact + 1, head, head + 1];
+    let kept = after_compaction(all, compact);
+    let mut froms = vec![compact, compact + 1, head, head + 1];
     for _ in 0..4 {
         froms.push(compact + 1 + rng.below((head - compact) as usize) as i64);
     }
@@ -108,7 +109,7 @@ fn check(store: &MemStore, all: &[Event], rng: &mut Rng, what: &str) {
         for (k, e) in ranges() {
             for max in MAXES {
                 let got = store.events(from, &k, &e, max).expect("events");
-                let want = reference(all, from, &k, &e, max);
+                let want = reference(&kept, from, &k, &e, max);
                 assert_eq!(
                     got, want,
                     "{what}: events from {from} in {k:?}..{e:?} max {max}"

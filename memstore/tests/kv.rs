@@ -428,7 +428,9 @@ fn key_index_compaction_worked_example() {
         ),
         (3, &[(3, None), (4, Some("r4")), (5, None)], true),
         (4, &[(4, Some("r4")), (5, None)], true),
-        (5, &[(5, None)], false),
+        // The tombstone at the compact revision stays until a later compaction, as in etcd
+        // since etcd-io/etcd#18274 (the example's "compact(5): {empty} {5.0(t)}").
+        (5, &[(5, None)], true),
         (6, &[(6, None)], false),
     ];
     for (compact_at, reads, key_kept) in rows {
@@ -942,8 +944,33 @@ fn events_replay_history_without_splitting_revisions() {
     assert_eq!(h.store.events(3, b"a", b"c", 1).unwrap().len(), 2);
     assert_eq!(h.store.events(3, b"b", b"", 10).unwrap().len(), 1);
     h.compact(3);
-    assert_eq!(h.store.events(3, b"a", b"c", 10), Err(Error::Compacted));
+    assert_eq!(h.store.events(2, b"a", b"c", 10), Err(Error::Compacted));
+    // From the compact revision itself, as etcd: its puts are kept, without the values before.
+    let from3 = h.store.events(3, b"a", b"c", 10).unwrap();
+    let revs: Vec<(i64, bool)> = from3
+        .iter()
+        .map(|e| (e.kv.as_ref().unwrap().mod_revision, e.prev_kv.is_some()))
+        .collect();
+    assert_eq!(revs, [(3, false), (3, false), (4, true)]);
     assert_eq!(h.store.events(4, b"a", b"c", 10).unwrap().len(), 1);
+    // A delete at the compact revision keeps its tombstone until a later compaction, so a
+    // watch from there sees it (etcd since etcd-io/etcd#18274; 3.4.23 lost it).
+    h.compact(4);
+    let from4 = h.store.events(4, b"a", b"c", 10).unwrap();
+    assert_eq!(from4.len(), 1);
+    assert_eq!(from4[0].r#type, EventType::Delete as i32);
+    assert_eq!(from4[0].kv.as_ref().unwrap().key, b"a");
+    assert!(from4[0].prev_kv.is_none());
+    assert_eq!(h.store.events(3, b"a", b"c", 10), Err(Error::Compacted));
+    assert!(h.get_at("a", 4).is_none());
+    assert_eq!(h.store.stats().versions, 3);
+    h.compact(5);
+    assert!(h.store.events(5, b"a", b"c", 10).unwrap().is_empty());
+    assert_eq!(
+        h.store.stats().versions,
+        2,
+        "a's tombstone went at the next compaction"
+    );
 }
 
 #[test]
@@ -1033,10 +1060,18 @@ fn stats_track_live_and_history_bytes() {
         (s.keys, s.live_bytes, s.total_bytes, s.versions),
         (0, 0, 12, 3)
     );
+    // Compacted at the delete's revision, the tombstone stays (a watch may start there).
     h.compact(h.store.revision());
     let s = h.store.stats();
     assert_eq!(
         (s.keys, s.live_bytes, s.total_bytes, s.versions),
-        (0, 0, 0, 0)
+        (0, 0, 2, 1)
+    );
+    h.put("c", "d");
+    h.compact(h.store.revision());
+    let s = h.store.stats();
+    assert_eq!(
+        (s.keys, s.live_bytes, s.total_bytes, s.versions),
+        (1, 2, 2, 1)
     );
 }

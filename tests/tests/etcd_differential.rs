@@ -351,7 +351,8 @@ impl Generator {
                 })
             }
             82..86 => Op::Compact(CompactionRequest {
-                revision: self.rng.random_range(1..=self.revision + 1),
+                // 0 too: etcd takes a first Compact(0) (its compact revision starts at -1).
+                revision: self.rng.random_range(0..=self.revision + 1),
                 physical: self.rng.random_bool(0.5),
             }),
             86..92 => match self.rng.random_range(0..10) {
@@ -382,7 +383,8 @@ impl Generator {
     }
 
     /// A watch: one key, a prefix, a range or everything from a key; from now, from a past
-    /// revision (compacted or not) or a future one; maybe filtered; maybe with previous values.
+    /// revision (compacted or not, or the compact revision) or a future one; maybe filtered; maybe
+    /// with previous values.
     fn watch(&mut self) -> WatchCreateRequest {
         let key = match self.key() {
             k if k.is_empty() => b"a".to_vec(),
@@ -392,8 +394,10 @@ impl Generator {
         WatchCreateRequest {
             key,
             range_end,
-            start_revision: match self.rng.random_range(0..4) {
+            start_revision: match self.rng.random_range(0..5) {
                 0 => 0,
+                // The compact revision itself (a watch may start there, as in etcd).
+                1 => self.compacted.max(1),
                 _ => self.rng.random_range(1..=self.revision + 3),
             },
             filters: match self.rng.random_range(0..6) {
@@ -418,6 +422,15 @@ impl Generator {
             _ => {}
         }
     }
+}
+
+/// A delete made at the compact revision, which a watch from there replays: etcd dropped its
+/// tombstone at compaction until etcd-io/etcd#18274 fixed that (etcd-io/etcd#18089), and
+/// Debian's etcd 3.4.23 predates the fix. Strata keeps it, as etcd does now; the comparison
+/// leaves it out of Strata's answers (the memstore's model test pins it).
+fn lost_by_etcd_3_4_23(e: &Event, compacted: i64) -> bool {
+    e.r#type == api::mvccpb::event::EventType::Delete as i32
+        && e.kv.as_ref().is_some_and(|kv| kv.mod_revision == compacted)
 }
 
 /// Every event from `start_revision` up to `last`, as one watch of all keys sees them.
@@ -634,6 +647,17 @@ async fn compare(
     };
     let mut pick = StdRng::seed_from_u64(seeds);
     let mut errors = 0;
+    // Before anything else, as a fresh etcd: the first Compact(0) is taken, the second refused.
+    for _ in 0..2 {
+        let op = Op::Compact(CompactionRequest {
+            revision: 0,
+            physical: false,
+        });
+        let want = send(&mut etcd, &op).await;
+        let got = send(&mut strata[0], &op).await;
+        assert_eq!(got, want, "a Compact(0) on a fresh store");
+        g.learn(&op, &want);
+    }
     for seed in 1..=seeds {
         g.rng = StdRng::seed_from_u64(seed);
         let mut up = strata.len();
@@ -695,14 +719,16 @@ async fn compare(
         g.compacted
     );
     assert!(errors > 0, "no failing request was compared");
-    let start = g.compacted + 1;
+    // From the compact revision itself: etcd replays what the compaction kept there.
+    let start = g.compacted.max(1);
     assert!(
-        start <= g.revision,
+        g.compacted < g.revision,
         "no revision after the last compaction to watch"
     );
     let want = history(&mut etcd, start, g.revision).await;
     for (f, s) in strata.iter_mut().enumerate() {
-        let got = history(s, start, g.revision).await;
+        let mut got = history(s, start, g.revision).await;
+        got.retain(|e| !lost_by_etcd_3_4_23(e, g.compacted));
         assert_eq!(
             got.len(),
             want.len(),
@@ -741,6 +767,9 @@ async fn compare(
     for (create, mut on_etcd, mut on_strata) in watches {
         on_etcd.read_to_progress(g.revision).await;
         on_strata.read_to_progress(g.revision).await;
+        on_strata
+            .told
+            .retain(|t| !matches!(t, Told::Event(e) if lost_by_etcd_3_4_23(e, g.compacted)));
         assert_eq!(
             on_strata.told, on_etcd.told,
             "what a watch told on Strata (left) and etcd (right): {create:#?}"

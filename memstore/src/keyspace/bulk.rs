@@ -76,7 +76,7 @@ impl KeySpaceBuilder {
             }
             last = Some((v.main, v.sub));
             ks.total_bytes += kl + v.value.len() as u64;
-            if v.main > self.compact_rev {
+            if v.main >= self.compact_rev {
                 self.log.push(Change {
                     main: v.main,
                     sub: v.sub,

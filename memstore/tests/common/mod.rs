@@ -239,3 +239,30 @@ pub fn seeded_runner(var: &str, default_seed: u64, default_cases: u32) -> (TestR
     let rng = TestRng::from_seed(RngAlgorithm::ChaCha, &bytes);
     (TestRunner::new_with_rng(config, rng), seed)
 }
+
+/// What a compaction at `compact` leaves of the events `all` (every event applied, in order)
+/// from it on, as etcd's since its fix of lost delete events (etcd-io/etcd#18274): at the
+/// compact revision, each key's newest change there, put or delete, without its previous value
+/// (the versions before it are gone); every event after it untouched.
+pub fn after_compaction(all: &[api::mvccpb::Event], compact: i64) -> Vec<api::mvccpb::Event> {
+    fn kv(e: &api::mvccpb::Event) -> &api::mvccpb::KeyValue {
+        e.kv.as_ref().expect("event kv")
+    }
+    all.iter()
+        .enumerate()
+        .filter(|&(_, e)| kv(e).mod_revision >= compact)
+        .filter_map(|(i, e)| {
+            if kv(e).mod_revision > compact {
+                return Some(e.clone());
+            }
+            let newest = !all[i + 1..]
+                .iter()
+                .take_while(|l| kv(l).mod_revision == compact)
+                .any(|l| kv(l).key == kv(e).key);
+            newest.then(|| api::mvccpb::Event {
+                prev_kv: None,
+                ..e.clone()
+            })
+        })
+        .collect()
+}

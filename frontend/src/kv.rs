@@ -178,14 +178,32 @@ pub(crate) async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<Tx
 }
 
 /// A txn whose every op is a Range: served on the read path like a Range (etcd's
-/// `isTxnReadonly`), compares and ranges at one revision of the local replica.
+/// `isTxnReadonly`), compares and ranges at one revision of the local replica, its ranges over
+/// keys read in steps as a lone Range's (`read_txn::TxnScan`).
 async fn read_only_txn(t: &Tenant, req: &TxnRequest) -> Result<TxnResponse, Error> {
     if !crate::read_txn::is_serializable(req) {
         t.barrier().await?;
     }
-    let store = t.replica.read();
-    let mut resp = crate::read_txn::execute(&store, req)?;
-    resp.header = Some(t.header(store.revision()));
+    let scan = t
+        .replica
+        .in_steps(
+            SCAN_ATTEMPTS,
+            |s| crate::read_txn::TxnScan::begin(s, req),
+            |scan, s| scan.step(s, SCAN_STEP),
+        )
+        .await?;
+    let (mut resp, revision) = match scan {
+        Some(scan) => {
+            let revision = scan.revision();
+            (scan.into_response(), revision)
+        }
+        None => {
+            // Compactions kept coming between the steps: under one hold of the lock.
+            let store = t.replica.read();
+            (crate::read_txn::execute(&store, req)?, store.revision())
+        }
+    };
+    resp.header = Some(t.header(revision));
     Ok(resp)
 }
 
@@ -337,6 +355,12 @@ pub(crate) mod tests {
             let t = t.clone();
             tokio::spawn(async move { range(&t, all(revision)).await })
         });
+        let reading = {
+            let t = t.clone();
+            tokio::spawn(
+                async move { txn(&t, RequestId::random(), read_only_txn_over_all()).await },
+            )
+        };
         // Let both Ranges begin: each reads its first step and yields.
         tokio::task::yield_now().await;
         late_put(&t).await;
@@ -357,6 +381,73 @@ pub(crate) mod tests {
         assert!(
             matches!(pinned, Error::Store(memstore::Error::Compacted)),
             "{pinned:?}"
+        );
+        // The txn began again too, its compare evaluated again: k~late exists by then.
+        let again = reading.await.unwrap().unwrap();
+        assert!(!again.succeeded);
+        assert!(again.header.unwrap().revision > before);
+        assert_eq!(range_count(&again, 0), KEYS as i64 + 1);
+    }
+
+    /// A read-only Txn: if `k~late` does not exist, a range over every `k…` key (keys only)
+    /// and a point read of `k~late`; else the same range alone.
+    fn read_only_txn_over_all() -> TxnRequest {
+        use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+        use api::etcdserverpb::{Compare, RequestOp, request_op};
+        let op = |key: &[u8], range_end: &[u8]| RequestOp {
+            request: Some(request_op::Request::RequestRange(RangeRequest {
+                key: key.to_vec(),
+                range_end: range_end.to_vec(),
+                serializable: true,
+                keys_only: true,
+                ..Default::default()
+            })),
+        };
+        TxnRequest {
+            compare: vec![Compare {
+                key: b"k~late".to_vec(),
+                target: CompareTarget::Version as i32,
+                result: CompareResult::Equal as i32,
+                target_union: Some(TargetUnion::Version(0)),
+                ..Default::default()
+            }],
+            success: vec![op(b"k", b"l"), op(b"k~late", b"")],
+            failure: vec![op(b"k", b"l")],
+        }
+    }
+
+    fn range_count(resp: &TxnResponse, i: usize) -> i64 {
+        match &resp.responses[i].response {
+            Some(api::etcdserverpb::response_op::Response::ResponseRange(r)) => r.count,
+            other => panic!("not a range: {other:?}"),
+        }
+    }
+
+    /// A read-only Txn's range over many keys reads in steps as a lone Range's: a put made
+    /// after the txn began is answered before it, and the txn answers the store as it was when
+    /// it began, its compare included.
+    #[tokio::test]
+    async fn a_large_read_only_txn_does_not_hold_writes_back() {
+        const KEYS: usize = 200_000;
+        let (t, before) = large_tenant(KEYS);
+        let reading = {
+            let t = t.clone();
+            tokio::spawn(async move {
+                let resp = txn(&t, RequestId::random(), read_only_txn_over_all()).await;
+                (resp.unwrap(), std::time::Instant::now())
+            })
+        };
+        tokio::task::yield_now().await;
+        let put_answered = late_put(&t).await;
+        let (resp, txn_answered) = reading.await.unwrap();
+        assert!(resp.succeeded, "k~late did not exist when the txn began");
+        assert_eq!(resp.header.unwrap().revision, before, "read at its start");
+        assert_eq!(range_count(&resp, 0), KEYS as i64);
+        assert_eq!(range_count(&resp, 1), 0, "k~late came after the txn began");
+        assert!(
+            put_answered < txn_answered,
+            "the put waited for the txn ({:?} after it)",
+            put_answered - txn_answered
         );
     }
 

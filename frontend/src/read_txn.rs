@@ -3,13 +3,18 @@
 //! replica, after a read barrier unless every range is serializable (`isTxnSerializable`).
 //! Nothing is journalled: a read-only txn changes nothing, so every replica would compute the
 //! same answer the journalled path computes.
+//!
+//! Its ranges over keys are read in steps, as a lone Range's are ([`TxnScan`], docs/frontend.md,
+//! "Large ranges read in steps"): compares and point reads when it begins, and every ranged op
+//! begun then too, so all of them read the revision the txn began at.
 
+use api::etcdserverpb::RangeResponse;
 use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use api::etcdserverpb::{
     Compare, RangeRequest, RequestOp, ResponseOp, TxnRequest, TxnResponse, request_op, response_op,
 };
 use api::mvccpb::KeyValue;
-use memstore::MemStore;
+use memstore::{MemStore, RangeScan, StepBudget};
 
 /// Whether every op of both branches is a Range (a nested Txn counts as a write, as in etcd).
 pub fn is_read_only(t: &TxnRequest) -> bool {
@@ -27,26 +32,100 @@ fn is_range(op: &RequestOp) -> bool {
     matches!(op.request, Some(request_op::Request::RequestRange(_)))
 }
 
-/// Evaluates a read-only `t` against `store` (the caller holds its read lock, so compares and
-/// ranges see one revision). The header is left for the caller; sub-responses carry the store's
-/// own range headers, as on the journalled path.
+/// Evaluates a read-only `t` against `store` under one hold of its lock: [`TxnScan`] in one
+/// unlimited step. The header is left for the caller; sub-responses carry the store's own range
+/// headers, as on the journalled path.
 pub fn execute(store: &MemStore, t: &TxnRequest) -> Result<TxnResponse, memstore::Error> {
-    debug_assert!(is_read_only(t));
-    let succeeded = t.compare.iter().all(|c| compare(store, c));
-    let ops = if succeeded { &t.success } else { &t.failure };
-    let mut responses = Vec::with_capacity(ops.len());
-    for op in ops {
-        if let Some(request_op::Request::RequestRange(r)) = &op.request {
-            responses.push(ResponseOp {
-                response: Some(response_op::Response::ResponseRange(store.range(r)?)),
-            });
+    let mut scan = TxnScan::begin(store, t)?;
+    scan.step(store, StepBudget::UNLIMITED)?;
+    Ok(scan.into_response())
+}
+
+/// A read-only txn read step by step: the compares, the point reads and the beginning of every
+/// ranged op of the branch taken at [`TxnScan::begin`] (one revision, the store's then), the
+/// ranged ops a step's budget at a time after. A compaction past that revision between two steps
+/// fails the step with `Compacted`: the txn must begin again (`Replica::in_steps`).
+#[derive(Debug)]
+pub struct TxnScan {
+    revision: i64,
+    succeeded: bool,
+    ops: Vec<OpRead>,
+}
+
+#[derive(Debug)]
+enum OpRead {
+    Read(RangeResponse),
+    Scan(RangeScan),
+}
+
+impl TxnScan {
+    /// Evaluates the compares and begins the ops of the branch they choose; a range's own
+    /// error (a revision compacted or in the future) fails the txn, as on the journalled path.
+    pub fn begin(store: &MemStore, t: &TxnRequest) -> Result<TxnScan, memstore::Error> {
+        debug_assert!(is_read_only(t));
+        let succeeded = t.compare.iter().all(|c| compare(store, c));
+        let ops = if succeeded { &t.success } else { &t.failure };
+        let ops = ops
+            .iter()
+            .filter_map(|op| match &op.request {
+                Some(request_op::Request::RequestRange(r)) => Some(r),
+                _ => None,
+            })
+            .map(|r| {
+                if r.range_end.is_empty() {
+                    store.range(r).map(OpRead::Read)
+                } else {
+                    store.range_scan(r).map(OpRead::Scan)
+                }
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TxnScan {
+            revision: store.revision(),
+            succeeded,
+            ops,
+        })
+    }
+
+    /// The store's revision when the txn began: its answer's header revision.
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// Reads on within `budget` (the first unfinished ranged op gets it); `Ok(true)` once every
+    /// op has been read.
+    pub fn step(&mut self, store: &MemStore, budget: StepBudget) -> Result<bool, memstore::Error> {
+        // A finished scan answers `Ok(true)` at once, whatever happened to the store since.
+        for op in &mut self.ops {
+            if let OpRead::Scan(scan) = op
+                && !scan.step(store, budget)?
+            {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// The txn's answer (no header). Call once [`step`](Self::step) has answered `Ok(true)`.
+    pub fn into_response(self) -> TxnResponse {
+        let responses = self
+            .ops
+            .into_iter()
+            .map(|op| {
+                let resp = match op {
+                    OpRead::Read(r) => r,
+                    OpRead::Scan(scan) => scan.into_response(),
+                };
+                ResponseOp {
+                    response: Some(response_op::Response::ResponseRange(resp)),
+                }
+            })
+            .collect();
+        TxnResponse {
+            header: None,
+            succeeded: self.succeeded,
+            responses,
         }
     }
-    Ok(TxnResponse {
-        header: None,
-        succeeded,
-        responses,
-    })
 }
 
 /// etcd's applyCompare: every live key of the compare's range must satisfy it; with no key,
@@ -210,6 +289,35 @@ mod tests {
         }
     }
 
+    /// `t` read in steps of one key, with a put or a delete applied between every two steps
+    /// (compactions stay below the txn's revision): it must answer what the store held when it
+    /// began.
+    fn stepped(
+        m: &mut Model,
+        rng: &mut StdRng,
+        t: &TxnRequest,
+    ) -> Result<TxnResponse, memstore::Error> {
+        let mut scan = TxnScan::begin(&m.store, t)?;
+        let one = StepBudget { keys: 1, bytes: 1 };
+        while !scan.step(&m.store, one)? {
+            let k = key(rng);
+            if rng.random_bool(0.7) {
+                m.apply(Request::Put(PutRequest {
+                    key: k,
+                    value: b"later".to_vec(),
+                    ..Default::default()
+                }));
+            } else {
+                m.apply(Request::DeleteRange(DeleteRangeRequest {
+                    range_end: range_end(rng, &k),
+                    key: k,
+                    ..Default::default()
+                }));
+            }
+        }
+        Ok(scan.into_response())
+    }
+
     fn run(seed: u64) {
         let mut rng = StdRng::seed_from_u64(seed);
         let mut m = Model {
@@ -255,6 +363,12 @@ mod tests {
                         rev,
                         "a read-only txn moved the revision"
                     );
+                    let stepped = stepped(&mut m, &mut rng, &t);
+                    match (&read, &stepped) {
+                        (Ok(r), Ok(s)) => assert_eq!(r, s, "seed {seed} round {round}: {t:?}"),
+                        (Err(e), Err(f)) => assert_eq!(e, f, "seed {seed} round {round}"),
+                        _ => panic!("seed {seed} round {round}: {read:?} vs in steps {stepped:?}"),
+                    }
                     match (read, journalled) {
                         (Ok(mut r), Outcome::Txn(j)) => {
                             r.header = j.header;

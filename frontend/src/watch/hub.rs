@@ -4,7 +4,7 @@
 //! full is moved to unsynced at the first revision it did not get, as etcd's watchable store
 //! moves slow watchers aside.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -151,6 +151,75 @@ struct HubState {
     revision: i64,
     streams: HashMap<StreamId, StreamSlot>,
     next_stream: StreamId,
+    index: WatchIndex,
+    /// Streams with a deferred progress request (`StreamSlot::progress_deferred`).
+    deferred: BTreeSet<StreamId>,
+}
+
+/// Which watchers an event may concern, so that `notify` visits those and not every watcher
+/// of the tenant: single-key watchers by their key, the others (ranges, prefixes, every key
+/// from one) in one set looked at for every revision. etcd keeps the same split (a map of
+/// single keys, an interval tree of ranges); a tenant's ranged watchers are few in practice
+/// (kube-apiserver watches one prefix per resource), its single-key ones can be thousands
+/// (leader-election observers, per-node keys).
+#[derive(Default)]
+struct WatchIndex {
+    by_key: HashMap<Vec<u8>, Vec<(StreamId, i64)>>,
+    /// With their specs, so that a range holding none of a revision's keys is passed over
+    /// without looking its watcher up.
+    ranged: Vec<(StreamId, i64, Arc<WatchSpec>)>,
+}
+
+impl WatchIndex {
+    fn insert(&mut self, spec: &Arc<WatchSpec>, id: (StreamId, i64)) {
+        if spec.range_end.is_empty() {
+            self.by_key.entry(spec.key.clone()).or_default().push(id);
+        } else {
+            self.ranged.push((id.0, id.1, spec.clone()));
+        }
+    }
+
+    fn remove(&mut self, spec: &WatchSpec, id: (StreamId, i64)) {
+        if !spec.range_end.is_empty() {
+            if let Some(at) = self.ranged.iter().position(|r| (r.0, r.1) == id) {
+                self.ranged.swap_remove(at);
+            }
+        } else if let Some(ids) = self.by_key.get_mut(&spec.key) {
+            ids.retain(|&x| x != id);
+            if ids.is_empty() {
+                self.by_key.remove(&spec.key);
+            }
+        }
+    }
+
+    /// Watchers indexed.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_key.values().map(Vec::len).sum::<usize>() + self.ranged.len()
+    }
+
+    /// The watchers whose range holds a key of `group` (one revision's events). A key changed
+    /// twice in one revision (a txn) names its single-key watchers twice; `notify` skips the
+    /// second visit, the watcher's position being past the revision by then.
+    fn candidates(&self, group: &[Event]) -> Vec<(StreamId, i64)> {
+        let keys = || {
+            group
+                .iter()
+                .filter_map(|e| e.kv.as_ref().map(|kv| &kv.key[..]))
+        };
+        let mut out: Vec<(StreamId, i64)> = self
+            .ranged
+            .iter()
+            .filter(|(_, _, spec)| keys().any(|k| spec.contains(k)))
+            .map(|&(stream, id, _)| (stream, id))
+            .collect();
+        for k in keys() {
+            if let Some(ids) = self.by_key.get(k) {
+                out.extend(ids);
+            }
+        }
+        out
+    }
 }
 
 /// A tenant's watchers. Shared by the replica's apply loop (`notify`) and every watch stream of
@@ -205,6 +274,8 @@ impl WatchHub {
                 revision: 0,
                 streams: HashMap::new(),
                 next_stream: 1,
+                index: WatchIndex::default(),
+                deferred: BTreeSet::new(),
             }),
             stream_buffer: stream_buffer.max(1),
             stream_bytes,
@@ -265,66 +336,84 @@ impl WatchHub {
             wake_waiters = self.advanced.receiver_count() > 0;
         }
         let hub_rev = st.revision;
-        let groups = group_by_revision(events);
         let mut newly_unsynced = 0usize;
-        for slot in st.streams.values_mut() {
-            let mut wake = false;
-            for (&watch_id, w) in slot.watchers.iter_mut() {
-                if !w.synced {
+        let mut woken: Vec<StreamId> = Vec::new();
+        let HubState {
+            streams,
+            index,
+            deferred,
+            ..
+        } = &mut *st;
+        for (rev, group) in group_by_revision(events) {
+            for (stream, watch_id) in index.candidates(group) {
+                let Some(slot) = streams.get_mut(&stream) else {
+                    continue;
+                };
+                let Some(w) = slot.watchers.get_mut(&watch_id) else {
+                    continue;
+                };
+                if !w.synced || rev < w.next_rev {
                     continue;
                 }
-                for &(rev, group) in &groups {
-                    if rev < w.next_rev {
-                        continue;
+                let selected: Vec<Event> = group
+                    .iter()
+                    .filter(|e| w.spec.selects(e))
+                    .map(|e| w.spec.shape(e))
+                    .collect();
+                if selected.is_empty() {
+                    continue;
+                }
+                let d = Delivery::Events {
+                    watch_id,
+                    revision: rev,
+                    events: selected,
+                };
+                // Counted before the send, so the stream never takes off more than was put on;
+                // a queue holding bytes takes no more past the bound.
+                let size = d.bytes();
+                let before = slot.queued_bytes.fetch_add(size, Ordering::AcqRel);
+                let sent = if before > 0 && before + size > self.stream_bytes {
+                    Err(mpsc::error::TrySendError::Full(d))
+                } else {
+                    slot.tx.try_send(d)
+                };
+                if sent.is_err() {
+                    slot.queued_bytes.fetch_sub(size, Ordering::AcqRel);
+                }
+                match sent {
+                    Ok(()) => w.next_rev = rev + 1,
+                    Err(mpsc::error::TrySendError::Full(_)) => {
+                        // Everything below `rev` is queued; `rev` and later come from history
+                        // once the stream has room again (later revisions skip it: unsynced).
+                        w.next_rev = rev;
+                        w.synced = false;
+                        newly_unsynced += 1;
+                        woken.push(stream);
                     }
-                    let selected: Vec<Event> = group
-                        .iter()
-                        .filter(|e| w.spec.selects(e))
-                        .map(|e| w.spec.shape(e))
-                        .collect();
-                    if selected.is_empty() {
-                        continue;
-                    }
-                    let d = Delivery::Events {
-                        watch_id,
-                        revision: rev,
-                        events: selected,
-                    };
-                    // Counted before the send, so the stream never takes off more than was put
-                    // on; a queue holding bytes takes no more past the bound.
-                    let size = d.bytes();
-                    let before = slot.queued_bytes.fetch_add(size, Ordering::AcqRel);
-                    let sent = if before > 0 && before + size > self.stream_bytes {
-                        Err(mpsc::error::TrySendError::Full(d))
-                    } else {
-                        slot.tx.try_send(d)
-                    };
-                    if sent.is_err() {
-                        slot.queued_bytes.fetch_sub(size, Ordering::AcqRel);
-                    }
-                    match sent {
-                        Ok(()) => w.next_rev = rev + 1,
-                        Err(mpsc::error::TrySendError::Full(_)) => {
-                            // Everything below `rev` is queued; `rev` and later come from
-                            // history once the stream has room again.
-                            w.next_rev = rev;
-                            w.synced = false;
-                            newly_unsynced += 1;
-                            wake = true;
-                            break;
-                        }
-                        // The stream is going away; its drop guard removes it.
-                        Err(mpsc::error::TrySendError::Closed(_)) => break,
-                    }
+                    // The stream is going away; its drop guard removes it.
+                    Err(mpsc::error::TrySendError::Closed(_)) => {}
                 }
             }
-            if wake {
+        }
+        woken.sort_unstable();
+        woken.dedup();
+        for stream in woken {
+            if let Some(slot) = streams.get(&stream) {
                 slot.wake.notify_one();
             }
-            if slot.progress_deferred && slot.try_progress_all(hub_rev) {
-                slot.progress_deferred = false;
-            }
         }
+        // Streams waiting to answer a progress request (entries whose slot answered elsewhere
+        // or went away leave here).
+        deferred.retain(|stream| match streams.get_mut(stream) {
+            Some(slot) if slot.progress_deferred => {
+                let answered = slot.try_progress_all(hub_rev);
+                if answered {
+                    slot.progress_deferred = false;
+                }
+                !answered
+            }
+            _ => false,
+        });
         drop(st);
         // Outside the hub's lock: a waiter's check reads the revision under it while holding
         // the channel's.
@@ -398,7 +487,13 @@ impl WatchHub {
 
     /// Closes a stream and drops all its watchers.
     pub fn close_stream(&self, stream: StreamId) {
-        self.lock().streams.remove(&stream);
+        let mut st = self.lock();
+        if let Some(slot) = st.streams.remove(&stream) {
+            for (id, w) in slot.watchers {
+                st.index.remove(&w.spec, (stream, id));
+            }
+        }
+        st.deferred.remove(&stream);
     }
 
     /// Registers a watcher on `stream`. `watch_id` 0 asks for a generated id (etcd's
@@ -438,10 +533,11 @@ impl WatchHub {
         // As etcd: synced when starting now or in the future, else caught up from history.
         let synced = start_rev == 0 || start_rev > now;
         let next_rev = if start_rev == 0 { now + 1 } else { start_rev };
+        let spec = Arc::new(spec);
         slot.watchers.insert(
             id,
             Watcher {
-                spec: Arc::new(spec),
+                spec: spec.clone(),
                 next_rev,
                 synced,
             },
@@ -449,6 +545,7 @@ impl WatchHub {
         if !synced {
             slot.wake.notify_one();
         }
+        st.index.insert(&spec, (stream, id));
         Ok(Registered {
             watch_id: id,
             revision: now,
@@ -458,11 +555,16 @@ impl WatchHub {
 
     /// Removes a watcher; false if the stream has no such watcher.
     pub fn cancel(&self, stream: StreamId, watch_id: i64) -> bool {
-        self.lock()
+        let mut st = self.lock();
+        let Some(w) = st
             .streams
             .get_mut(&stream)
             .and_then(|s| s.watchers.remove(&watch_id))
-            .is_some()
+        else {
+            return false;
+        };
+        st.index.remove(&w.spec, (stream, watch_id));
+        true
     }
 
     /// The stream's unsynced watchers, lowest position first.
@@ -520,6 +622,7 @@ impl WatchHub {
             && !slot.try_progress_all(rev)
         {
             slot.progress_deferred = true;
+            st.deferred.insert(stream);
         }
     }
 
@@ -623,6 +726,132 @@ mod tests {
         assert!(
             matches!(d2, Delivery::Events { revision: 5, ref events, .. } if events.len() == 2)
         );
+    }
+
+    /// `notify` reaches watchers through the index (single keys by key, ranges in a set): over
+    /// random opens, registrations of single-key and ranged watchers (filters included),
+    /// cancels, stream closes and revisions of one to three puts and deletes (one key twice,
+    /// as a txn may), every stream receives exactly what a walk of every watcher selects.
+    #[test]
+    fn notify_through_the_index_reaches_exactly_the_selecting_watchers() {
+        use rand::rngs::StdRng;
+        use rand::{Rng, SeedableRng};
+        let mut rng = StdRng::seed_from_u64(0x1de_c0de);
+        let hub = WatchHub::with_buffer("t", 1 << 16);
+        let mut streams: Vec<StreamHandle> = Vec::new();
+        // Every live watcher: (stream, watch id, spec).
+        let mut live: Vec<(StreamId, i64, WatchSpec)> = Vec::new();
+        let key = |rng: &mut StdRng| format!("k{}", rng.random_range(0..12)).into_bytes();
+        let mut rev = 1;
+        for _ in 0..3_000 {
+            match rng.random_range(0..10) {
+                0 => streams.push(hub.open_stream()),
+                1..=4 if !streams.is_empty() => {
+                    let stream = streams[rng.random_range(0..streams.len())].id;
+                    let k = key(&mut rng);
+                    let mut spec = match rng.random_range(0..4) {
+                        0 => WatchSpec::range(&k, b"\0"),
+                        1 => WatchSpec::range(b"k", b"l"),
+                        _ => WatchSpec::range(&k, b""),
+                    };
+                    spec.no_delete = rng.random_bool(0.2);
+                    let r = hub.register(stream, 0, spec.clone(), 0, rev).unwrap();
+                    live.push((stream, r.watch_id, spec));
+                }
+                5 if !live.is_empty() => {
+                    let (stream, id, _) = live.swap_remove(rng.random_range(0..live.len()));
+                    assert!(hub.cancel(stream, id));
+                    assert!(!hub.cancel(stream, id), "cancelled twice");
+                }
+                6 if !streams.is_empty() => {
+                    let gone = streams.swap_remove(rng.random_range(0..streams.len()));
+                    hub.close_stream(gone.id);
+                    live.retain(|(s, _, _)| *s != gone.id);
+                }
+                _ => {
+                    rev += 1;
+                    let mut events: Vec<Event> = (0..rng.random_range(1..4))
+                        .map(|_| {
+                            let mut e = put(std::str::from_utf8(&key(&mut rng)).unwrap(), rev);
+                            if rng.random_bool(0.3) {
+                                e.r#type = EventType::Delete as i32;
+                            }
+                            e
+                        })
+                        .collect();
+                    if rng.random_bool(0.2) {
+                        let again = events[0].clone();
+                        events.push(again);
+                    }
+                    hub.notify(rev, &events);
+                    for s in &mut streams {
+                        let mut got: Vec<(i64, usize)> = Vec::new();
+                        while let Ok(d) = s.deliveries.try_recv() {
+                            match d {
+                                Delivery::Events {
+                                    watch_id,
+                                    revision,
+                                    events,
+                                } => {
+                                    assert_eq!(revision, rev);
+                                    got.push((watch_id, events.len()));
+                                }
+                                other => panic!("{other:?}"),
+                            }
+                        }
+                        s.queued_bytes.store(0, Ordering::Release);
+                        got.sort_unstable();
+                        let mut want: Vec<(i64, usize)> = live
+                            .iter()
+                            .filter(|(stream, _, _)| *stream == s.id)
+                            .map(|(_, id, spec)| {
+                                (*id, events.iter().filter(|e| spec.selects(e)).count())
+                            })
+                            .filter(|&(_, n)| n > 0)
+                            .collect();
+                        want.sort_unstable();
+                        assert_eq!(got, want, "stream {} at revision {rev}", s.id);
+                    }
+                }
+            }
+        }
+        assert_eq!(hub.watcher_count(), live.len());
+        let st = hub.lock();
+        assert_eq!(
+            st.index.len(),
+            live.len(),
+            "the index holds exactly the live watchers"
+        );
+    }
+
+    /// A progress request that found the stream's queue full waits, and the next entry
+    /// notified (with or without events for the stream) answers it once the queue has room.
+    #[test]
+    fn a_progress_request_deferred_by_a_full_queue_is_answered_by_a_later_notify() {
+        let hub = WatchHub::with_buffer("t", 1);
+        let mut s = hub.open_stream();
+        let r = hub
+            .register(s.id, 0, WatchSpec::range(b"a", b""), 0, 1)
+            .unwrap();
+        hub.notify(2, &[put("a", 2)]);
+        hub.request_progress(s.id);
+        assert!(matches!(
+            s.deliveries.try_recv().unwrap(),
+            Delivery::Events { revision: 2, .. }
+        ));
+        assert!(s.deliveries.try_recv().is_err(), "the progress had no room");
+        hub.notify(3, &[put("b", 3)]);
+        assert_eq!(
+            s.deliveries.try_recv().unwrap(),
+            Delivery::Progress {
+                watch_id: INVALID_WATCH_ID,
+                revision: 3
+            }
+        );
+        // Answered once: the next entry brings nothing.
+        hub.notify(4, &[put("b", 4)]);
+        assert!(s.deliveries.try_recv().is_err());
+        assert!(hub.cancel(s.id, r.watch_id));
     }
 
     /// A stream's queue takes events up to about its byte bound (always one delivery), then

@@ -8,12 +8,9 @@
 //! "Large ranges read in steps"): compares and point reads when it begins, and every ranged op
 //! begun then too, so all of them read the revision the txn began at.
 
-use api::etcdserverpb::RangeResponse;
-use api::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
 use api::etcdserverpb::{
-    Compare, RangeRequest, RequestOp, ResponseOp, TxnRequest, TxnResponse, request_op, response_op,
+    RangeResponse, RequestOp, ResponseOp, TxnRequest, TxnResponse, request_op, response_op,
 };
-use api::mvccpb::KeyValue;
 use memstore::{MemStore, RangeScan, StepBudget};
 
 /// Whether every op of both branches is a Range (a nested Txn counts as a write, as in etcd).
@@ -63,7 +60,7 @@ impl TxnScan {
     /// error (a revision compacted or in the future) fails the txn, as on the journalled path.
     pub fn begin(store: &MemStore, t: &TxnRequest) -> Result<TxnScan, memstore::Error> {
         debug_assert!(is_read_only(t));
-        let succeeded = t.compare.iter().all(|c| compare(store, c));
+        let succeeded = t.compare.iter().all(|c| store.compare(c));
         let ops = if succeeded { &t.success } else { &t.failure };
         let ops = ops
             .iter()
@@ -128,86 +125,11 @@ impl TxnScan {
     }
 }
 
-/// etcd's applyCompare: every live key of the compare's range must satisfy it; with no key,
-/// a value compare fails and the others compare against zero.
-fn compare(store: &MemStore, c: &Compare) -> bool {
-    let req = RangeRequest {
-        key: c.key.clone(),
-        range_end: c.range_end.clone(),
-        ..Default::default()
-    };
-    let Ok(found) = store.range(&req) else {
-        return false;
-    };
-    if found.kvs.is_empty() {
-        if c.target == CompareTarget::Value as i32 {
-            return false;
-        }
-        return compare_kv(c, None);
-    }
-    found.kvs.iter().all(|kv| compare_kv(c, Some(kv)))
-}
-
-/// etcd's compareKV; `None` is a missing key (every field zero).
-fn compare_kv(c: &Compare, kv: Option<&KeyValue>) -> bool {
-    let ord = match CompareTarget::try_from(c.target) {
-        Ok(CompareTarget::Value) => {
-            let want: &[u8] = match &c.target_union {
-                Some(TargetUnion::Value(x)) => x,
-                _ => &[],
-            };
-            kv.map_or(&[][..], |kv| &kv.value).cmp(want)
-        }
-        Ok(target) => {
-            let field = |f: fn(&KeyValue) -> i64| kv.map_or(0, f);
-            let (have, want) = match (target, &c.target_union) {
-                (CompareTarget::Version, u) => (
-                    field(|kv| kv.version),
-                    match u {
-                        Some(TargetUnion::Version(x)) => *x,
-                        _ => 0,
-                    },
-                ),
-                (CompareTarget::Create, u) => (
-                    field(|kv| kv.create_revision),
-                    match u {
-                        Some(TargetUnion::CreateRevision(x)) => *x,
-                        _ => 0,
-                    },
-                ),
-                (CompareTarget::Mod, u) => (
-                    field(|kv| kv.mod_revision),
-                    match u {
-                        Some(TargetUnion::ModRevision(x)) => *x,
-                        _ => 0,
-                    },
-                ),
-                (CompareTarget::Lease | CompareTarget::Value, u) => (
-                    field(|kv| kv.lease),
-                    match u {
-                        Some(TargetUnion::Lease(x)) => *x,
-                        _ => 0,
-                    },
-                ),
-            };
-            have.cmp(&want)
-        }
-        // An unknown target compares nothing (etcd's switch falls through with result 0).
-        Err(_) => std::cmp::Ordering::Equal,
-    };
-    match CompareResult::try_from(c.result) {
-        Ok(CompareResult::Equal) => ord.is_eq(),
-        Ok(CompareResult::NotEqual) => ord.is_ne(),
-        Ok(CompareResult::Greater) => ord.is_gt(),
-        Ok(CompareResult::Less) => ord.is_lt(),
-        Err(_) => true,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use api::etcdserverpb::{DeleteRangeRequest, PutRequest};
+    use api::etcdserverpb::compare::TargetUnion;
+    use api::etcdserverpb::{Compare, DeleteRangeRequest, PutRequest, RangeRequest};
     use api::strata::entry::{Entry, entry::Request};
     use memstore::Outcome;
     use rand::rngs::StdRng;

@@ -977,8 +977,10 @@ impl MemStore {
         }
     }
 
-    /// etcd's applyCompare against the state before the txn.
-    fn compare(&self, c: &Compare) -> bool {
+    /// etcd's applyCompare against the store as it is (for a txn: the state before it): every
+    /// live key of the compare's range must satisfy it; with no key, a value compare fails and
+    /// the others compare against zero. Reads no value it does not compare.
+    pub fn compare(&self, c: &Compare) -> bool {
         let rev = self.state.revision;
         let mut any = false;
         for (_, v) in self.state.keys.live_in_range(&c.key, &c.range_end, rev) {

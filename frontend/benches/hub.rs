@@ -1,7 +1,7 @@
 //! What `WatchHub::notify` costs the apply loop per applied put, by the watchers a tenant has:
 //! thousands of single-key watchers on keys the put does not touch (leader-election observers,
-//! per-node keys), prefix watchers on other prefixes, and watchers of the key put (a delivery
-//! each). `notify` runs once per applied entry, under the hub's lock, on the replica's apply
+//! per-node keys), prefix watchers on other prefixes, ranges between two keys elsewhere, and
+//! watchers of the key put (a delivery each). `notify` runs once per applied entry, under the hub's lock, on the replica's apply
 //! path. Figures: docs/benchmarks/frontend.md, "Session 16".
 //!
 //! `cargo bench -p strata-frontend --bench hub`
@@ -27,6 +27,9 @@ fn put(key: &[u8], rev: i64) -> Event {
     }
 }
 
+/// The spec of watcher `i` of a bench.
+type SpecOf = fn(usize) -> WatchSpec;
+
 /// A hub with `n` watchers from `spec(i)`, 100 to a stream.
 fn hub_with(n: usize, spec: impl Fn(usize) -> WatchSpec) -> (WatchHub, Vec<StreamHandle>) {
     let hub = WatchHub::with_buffer("bench", 1 << 20);
@@ -43,36 +46,37 @@ fn hub_with(n: usize, spec: impl Fn(usize) -> WatchSpec) -> (WatchHub, Vec<Strea
 
 fn notify(c: &mut Criterion) {
     let mut g = c.benchmark_group("notify_one_put");
-    for n in [100usize, 1_000, 10_000] {
+    let elsewhere: [(&str, SpecOf); 3] = [
         // Single-key watchers, none on the key put.
-        let (hub, _streams) = hub_with(n, |i| {
+        ("key_watchers_elsewhere", |i| {
             WatchSpec::range(format!("/election/{i:06}").as_bytes(), b"")
-        });
-        let mut rev = 1;
-        g.bench_with_input(BenchmarkId::new("key_watchers_elsewhere", n), &n, |b, _| {
-            b.iter(|| {
-                rev += 1;
-                hub.notify(rev, &[put(b"/registry/pods/a", rev)]);
-            })
-        });
+        }),
         // Prefix watchers on other prefixes.
-        let (hub, _streams) = hub_with(n, |i| {
+        ("prefix_watchers_elsewhere", |i| {
             let p = format!("/node/{i:06}/");
             let mut end = p.clone().into_bytes();
             *end.last_mut().expect("not empty") += 1;
             WatchSpec::range(p.as_bytes(), &end)
-        });
-        let mut rev = 1;
-        g.bench_with_input(
-            BenchmarkId::new("prefix_watchers_elsewhere", n),
-            &n,
-            |b, _| {
+        }),
+        // Ranges between two keys (not prefixes) elsewhere: still looked at one by one.
+        ("range_watchers_elsewhere", |i| {
+            WatchSpec::range(
+                format!("/node/{i:06}/a").as_bytes(),
+                format!("/node/{i:06}/m").as_bytes(),
+            )
+        }),
+    ];
+    for n in [100usize, 1_000, 10_000] {
+        for (name, spec) in elsewhere {
+            let (hub, _streams) = hub_with(n, spec);
+            let mut rev = 1;
+            g.bench_with_input(BenchmarkId::new(name, n), &n, |b, _| {
                 b.iter(|| {
                     rev += 1;
                     hub.notify(rev, &[put(b"/registry/pods/a", rev)]);
                 })
-            },
-        );
+            });
+        }
     }
     // Watchers of the key put: one delivery each, drained after every put.
     let (hub, mut streams) = hub_with(100, |_| WatchSpec::range(b"/registry/pods/a", b""));

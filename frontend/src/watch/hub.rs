@@ -157,37 +157,108 @@ struct HubState {
 }
 
 /// Which watchers an event may concern, so that `notify` visits those and not every watcher
-/// of the tenant: single-key watchers by their key, the others (ranges, prefixes, every key
-/// from one) in one set looked at for every revision. etcd keeps the same split (a map of
-/// single keys, an interval tree of ranges); a tenant's ranged watchers are few in practice
-/// (kube-apiserver watches one prefix per resource), its single-key ones can be thousands
-/// (leader-election observers, per-node keys).
+/// of the tenant (etcd keeps a map of single keys and an interval tree of ranges):
+/// - single-key watchers by their key;
+/// - prefix watchers (a range from `p` to etcd's prefix end of `p`, which holds exactly the
+///   keys starting with `p`) by their prefix, looked up for each prefix length in use;
+/// - the others (ranges between two keys, every key from one) in a list with their specs,
+///   checked against a revision's keys before the watcher is looked up.
+///
+/// A tenant's single-key watchers can be thousands (leader-election observers, per-node
+/// keys), and so can its prefix watchers (per-node prefixes); kube-apiserver watches one
+/// prefix per resource.
 #[derive(Default)]
 struct WatchIndex {
     by_key: HashMap<Vec<u8>, Vec<(StreamId, i64)>>,
-    /// With their specs, so that a range holding none of a revision's keys is passed over
-    /// without looking its watcher up.
+    by_prefix: HashMap<Vec<u8>, Vec<(StreamId, i64)>>,
+    /// The prefix lengths `by_prefix` holds, with how many prefixes of each.
+    prefix_lens: std::collections::BTreeMap<usize, usize>,
     ranged: Vec<(StreamId, i64, Arc<WatchSpec>)>,
+}
+
+/// Where the index keeps a watcher of `spec`.
+#[derive(Debug, PartialEq, Eq)]
+enum Place {
+    Key,
+    Prefix,
+    Ranged,
+}
+
+fn place(spec: &WatchSpec) -> Place {
+    if spec.range_end.is_empty() {
+        Place::Key
+    } else if spec.range_end != [0] && prefix_end(&spec.key) == spec.range_end {
+        Place::Prefix
+    } else {
+        Place::Ranged
+    }
+}
+
+/// etcd's prefix range end (clientv3 `GetPrefixRangeEnd`): the prefix with its last byte below
+/// 0xff incremented and what follows dropped; `"\0"` when every byte is 0xff.
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|&b| b < 0xff) {
+        Some(i) => {
+            let mut end = prefix[..=i].to_vec();
+            end[i] += 1;
+            end
+        }
+        None => vec![0],
+    }
+}
+
+/// Removes `id` from the list under `key`, and the list once empty; true if it was the last.
+fn remove_id(
+    map: &mut HashMap<Vec<u8>, Vec<(StreamId, i64)>>,
+    key: &[u8],
+    id: (StreamId, i64),
+) -> bool {
+    let Some(ids) = map.get_mut(key) else {
+        return false;
+    };
+    ids.retain(|&x| x != id);
+    if ids.is_empty() {
+        map.remove(key);
+        return true;
+    }
+    false
 }
 
 impl WatchIndex {
     fn insert(&mut self, spec: &Arc<WatchSpec>, id: (StreamId, i64)) {
-        if spec.range_end.is_empty() {
-            self.by_key.entry(spec.key.clone()).or_default().push(id);
-        } else {
-            self.ranged.push((id.0, id.1, spec.clone()));
+        match place(spec) {
+            Place::Key => self.by_key.entry(spec.key.clone()).or_default().push(id),
+            Place::Prefix => {
+                let ids = self.by_prefix.entry(spec.key.clone()).or_default();
+                if ids.is_empty() {
+                    *self.prefix_lens.entry(spec.key.len()).or_default() += 1;
+                }
+                ids.push(id);
+            }
+            Place::Ranged => self.ranged.push((id.0, id.1, spec.clone())),
         }
     }
 
     fn remove(&mut self, spec: &WatchSpec, id: (StreamId, i64)) {
-        if !spec.range_end.is_empty() {
-            if let Some(at) = self.ranged.iter().position(|r| (r.0, r.1) == id) {
-                self.ranged.swap_remove(at);
+        match place(spec) {
+            Place::Key => {
+                remove_id(&mut self.by_key, &spec.key, id);
             }
-        } else if let Some(ids) = self.by_key.get_mut(&spec.key) {
-            ids.retain(|&x| x != id);
-            if ids.is_empty() {
-                self.by_key.remove(&spec.key);
+            Place::Prefix => {
+                let len = spec.key.len();
+                if remove_id(&mut self.by_prefix, &spec.key, id)
+                    && let Some(n) = self.prefix_lens.get_mut(&len)
+                {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.prefix_lens.remove(&len);
+                    }
+                }
+            }
+            Place::Ranged => {
+                if let Some(at) = self.ranged.iter().position(|r| (r.0, r.1) == id) {
+                    self.ranged.swap_remove(at);
+                }
             }
         }
     }
@@ -195,12 +266,14 @@ impl WatchIndex {
     /// Watchers indexed.
     #[cfg(test)]
     fn len(&self) -> usize {
-        self.by_key.values().map(Vec::len).sum::<usize>() + self.ranged.len()
+        let listed =
+            |m: &HashMap<Vec<u8>, Vec<(StreamId, i64)>>| m.values().map(Vec::len).sum::<usize>();
+        listed(&self.by_key) + listed(&self.by_prefix) + self.ranged.len()
     }
 
-    /// The watchers whose range holds a key of `group` (one revision's events). A key changed
-    /// twice in one revision (a txn) names its single-key watchers twice; `notify` skips the
-    /// second visit, the watcher's position being past the revision by then.
+    /// The watchers whose range holds a key of `group` (one revision's events). Two keys of
+    /// one revision under one watcher (a txn) name it twice; `notify` skips the second visit,
+    /// the watcher's position being past the revision by then.
     fn candidates(&self, group: &[Event]) -> Vec<(StreamId, i64)> {
         let keys = || {
             group
@@ -216,6 +289,11 @@ impl WatchIndex {
         for k in keys() {
             if let Some(ids) = self.by_key.get(k) {
                 out.extend(ids);
+            }
+            for (&len, _) in self.prefix_lens.range(..=k.len()) {
+                if let Some(ids) = self.by_prefix.get(&k[..len]) {
+                    out.extend(ids);
+                }
             }
         }
         out
@@ -749,11 +827,19 @@ mod tests {
                 1..=4 if !streams.is_empty() => {
                     let stream = streams[rng.random_range(0..streams.len())].id;
                     let k = key(&mut rng);
-                    let mut spec = match rng.random_range(0..4) {
+                    let mut spec = match rng.random_range(0..6) {
                         0 => WatchSpec::range(&k, b"\0"),
-                        1 => WatchSpec::range(b"k", b"l"),
+                        // A prefix: "", "k", "k1" or the whole key.
+                        1 | 2 => {
+                            let p = &k[..rng.random_range(0..=k.len())];
+                            WatchSpec::range(p, &prefix_end(p))
+                        }
+                        3 => WatchSpec::range(&k, &key(&mut rng)),
                         _ => WatchSpec::range(&k, b""),
                     };
+                    if spec.is_empty() {
+                        continue;
+                    }
                     spec.no_delete = rng.random_bool(0.2);
                     let r = hub.register(stream, 0, spec.clone(), 0, rev).unwrap();
                     live.push((stream, r.watch_id, spec));
@@ -822,6 +908,36 @@ mod tests {
             live.len(),
             "the index holds exactly the live watchers"
         );
+    }
+
+    #[test]
+    fn prefix_ranges_are_told_from_other_ranges() {
+        assert_eq!(prefix_end(b"abc"), b"abd");
+        assert_eq!(prefix_end(b"a\xff"), b"b");
+        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
+        let cases: [(&[u8], &[u8], Place); 5] = [
+            (b"a", b"", Place::Key),
+            (b"a\xff", b"b", Place::Prefix),
+            (b"a", b"c", Place::Ranged),
+            (b"a", b"\0", Place::Ranged),
+            // All 0xff: its "prefix end" is every key from it, not a prefix.
+            (b"\xff", b"\0", Place::Ranged),
+        ];
+        for (key, end, want) in cases {
+            assert_eq!(place(&WatchSpec::range(key, end)), want, "{key:?} {end:?}");
+        }
+        // What a prefix range holds is exactly the keys starting with the prefix.
+        let spec = WatchSpec::range(b"a\xff", &prefix_end(b"a\xff"));
+        for k in [
+            &b"a\xff"[..],
+            b"a\xff\x00",
+            b"a\xff\xff\xff",
+            b"a\xfe",
+            b"b",
+            b"a",
+        ] {
+            assert_eq!(spec.contains(k), k.starts_with(b"a\xff"), "{k:?}");
+        }
     }
 
     /// A progress request that found the stream's queue full waits, and the next entry

@@ -33,6 +33,20 @@ pub mod strata {
 pub mod manifest;
 pub mod record;
 
+/// etcd's prefix range end (clientv3 `GetPrefixRangeEnd`): the smallest key greater than every
+/// key starting with `prefix`, i.e. the prefix with its last byte below 0xff incremented and
+/// what follows dropped; `"\0"` (every key from the start) when there is no such byte.
+pub fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
+    match prefix.iter().rposition(|&b| b < 0xff) {
+        Some(i) => {
+            let mut end = prefix[..=i].to_vec();
+            end[i] += 1;
+            end
+        }
+        None => vec![0],
+    }
+}
+
 /// The envelope format this build writes; readers accept every version up to this one.
 pub const ENTRY_FORMAT_VERSION: u32 = 1;
 
@@ -44,3 +58,16 @@ pub const ENTRY_FORMAT_VERSION: u32 = 1;
 /// about 136 frames, which one stream of keep-alives waiting for the journal reached, and
 /// every stream on the connection died. 8 MiB of budget is about 35,000 such frames.
 pub const HTTP2_CONNECTION_WINDOW: u32 = 16 * 1024 * 1024;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn prefix_range_ends_follow_etcd() {
+        use super::prefix_range_end;
+        assert_eq!(prefix_range_end(b"abc"), b"abd");
+        assert_eq!(prefix_range_end(b"a\xff"), b"b");
+        assert_eq!(prefix_range_end(b"a\xff\xff"), b"b");
+        assert_eq!(prefix_range_end(b"\xff\xff"), b"\0");
+        assert_eq!(prefix_range_end(b""), b"\0");
+    }
+}

@@ -449,7 +449,7 @@ async fn run_closed_loop(
         Workload::Range(a) => {
             let key = a.key.as_bytes().to_vec();
             let range_end = if a.prefix {
-                keys::prefix_range_end(&key)
+                api::prefix_range_end(&key)
             } else {
                 a.end.clone().map(String::into_bytes).unwrap_or_default()
             };

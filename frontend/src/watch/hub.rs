@@ -187,23 +187,10 @@ enum Place {
 fn place(spec: &WatchSpec) -> Place {
     if spec.range_end.is_empty() {
         Place::Key
-    } else if spec.range_end != [0] && prefix_end(&spec.key) == spec.range_end {
+    } else if spec.range_end != [0] && api::prefix_range_end(&spec.key) == spec.range_end {
         Place::Prefix
     } else {
         Place::Ranged
-    }
-}
-
-/// etcd's prefix range end (clientv3 `GetPrefixRangeEnd`): the prefix with its last byte below
-/// 0xff incremented and what follows dropped; `"\0"` when every byte is 0xff.
-fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    match prefix.iter().rposition(|&b| b < 0xff) {
-        Some(i) => {
-            let mut end = prefix[..=i].to_vec();
-            end[i] += 1;
-            end
-        }
-        None => vec![0],
     }
 }
 
@@ -832,7 +819,7 @@ mod tests {
                         // A prefix: "", "k", "k1" or the whole key.
                         1 | 2 => {
                             let p = &k[..rng.random_range(0..=k.len())];
-                            WatchSpec::range(p, &prefix_end(p))
+                            WatchSpec::range(p, &api::prefix_range_end(p))
                         }
                         3 => WatchSpec::range(&k, &key(&mut rng)),
                         _ => WatchSpec::range(&k, b""),
@@ -912,9 +899,6 @@ mod tests {
 
     #[test]
     fn prefix_ranges_are_told_from_other_ranges() {
-        assert_eq!(prefix_end(b"abc"), b"abd");
-        assert_eq!(prefix_end(b"a\xff"), b"b");
-        assert_eq!(prefix_end(b"\xff\xff"), b"\0");
         let cases: [(&[u8], &[u8], Place); 5] = [
             (b"a", b"", Place::Key),
             (b"a\xff", b"b", Place::Prefix),
@@ -927,7 +911,7 @@ mod tests {
             assert_eq!(place(&WatchSpec::range(key, end)), want, "{key:?} {end:?}");
         }
         // What a prefix range holds is exactly the keys starting with the prefix.
-        let spec = WatchSpec::range(b"a\xff", &prefix_end(b"a\xff"));
+        let spec = WatchSpec::range(b"a\xff", &api::prefix_range_end(b"a\xff"));
         for k in [
             &b"a\xff"[..],
             b"a\xff\x00",

@@ -114,19 +114,6 @@ pub fn value(size: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
-/// The smallest key greater than every key with `prefix` (etcd's `GetPrefixRangeEnd`):
-/// the prefix with its last non-0xff byte incremented; "\0" (every key) if there is none.
-pub fn prefix_range_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -183,9 +170,5 @@ mod tests {
         assert_eq!(v.len(), 256);
         assert_eq!(v, value(256, 7));
         assert!(v.iter().all(u8::is_ascii_alphanumeric));
-        assert_eq!(prefix_range_end(b"abc"), b"abd");
-        assert_eq!(prefix_range_end(b"a\xff"), b"b");
-        assert_eq!(prefix_range_end(b"\xff\xff"), b"\0");
-        assert_eq!(prefix_range_end(b""), b"\0");
     }
 }

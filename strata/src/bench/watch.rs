@@ -103,7 +103,7 @@ impl WatchPlan {
 
     fn create_request(&self, start_revision: i64) -> WatchCreateRequest {
         let (key, range_end) = if self.watch_prefix {
-            (self.prefix.clone(), keys::prefix_range_end(&self.prefix))
+            (self.prefix.clone(), api::prefix_range_end(&self.prefix))
         } else {
             (self.key(0), Vec::new())
         };
@@ -386,7 +386,7 @@ pub async fn run(pool: &Pool, plan: &WatchPlan) -> Result<WatchRun, BenchError> 
         .kv(0)
         .range(pool.request(RangeRequest {
             key: plan.prefix.clone(),
-            range_end: keys::prefix_range_end(&plan.prefix),
+            range_end: api::prefix_range_end(&plan.prefix),
             count_only: true,
             ..Default::default()
         }))

@@ -1114,8 +1114,9 @@ impl MemStore {
     }
 
     /// Events with mod revision >= `from_rev` for keys in the range, oldest first; see the
-    /// crate docs. `from_rev` may be the compact revision itself, as in etcd (its puts are
-    /// kept, without their previous values; its deletes are gone with their tombstones).
+    /// crate docs. `from_rev` may be the compact revision itself, as in etcd: each key's newest
+    /// change there is kept (a delete's tombstone too, until a later compaction), without its
+    /// previous value.
     pub fn events(
         &self,
         from_rev: i64,

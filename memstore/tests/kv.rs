@@ -945,7 +945,7 @@ fn events_replay_history_without_splitting_revisions() {
     assert_eq!(h.store.events(3, b"b", b"", 10).unwrap().len(), 1);
     h.compact(3);
     assert_eq!(h.store.events(2, b"a", b"c", 10), Err(Error::Compacted));
-    // From the compact revision itself, as etcd: its puts are kept, without the values before.
+    // From the compact revision itself, as etcd: its changes are kept, without the values before.
     let from3 = h.store.events(3, b"a", b"c", 10).unwrap();
     let revs: Vec<(i64, bool)> = from3
         .iter()

@@ -1,6 +1,8 @@
 //! The etcd `Cluster` service: MemberList lists the frontends serving the tenant (this one and
 //! its configured peers) so clients spread over them; membership changes are refused, since the
-//! service manages membership.
+//! service manages membership. A change naming an id the list does not hold gets etcd's "member
+//! not found", and promoting a listed (voting) member etcd's "can only promote a learner
+//! member", so tools that handle those answers from etcd handle Strata's alike.
 
 use std::sync::Arc;
 
@@ -48,6 +50,16 @@ impl Members {
         }
         Self { members }
     }
+
+    /// Refuses a change to member `id` as etcd refuses it: an id it does not report is not
+    /// found; a reported one is the service's to change.
+    fn refuse_change(&self, id: u64) -> Error {
+        if self.members.iter().any(|m| m.id == id) {
+            Error::MembershipManaged
+        } else {
+            Error::MemberNotFound(id)
+        }
+    }
 }
 
 pub struct ClusterService {
@@ -72,16 +84,16 @@ impl Cluster for ClusterService {
 
     async fn member_remove(
         &self,
-        _req: Request<MemberRemoveRequest>,
+        req: Request<MemberRemoveRequest>,
     ) -> Result<Response<MemberRemoveResponse>, Status> {
-        Err(handled(Error::MembershipManaged))
+        Err(handled(self.members.refuse_change(req.get_ref().id)))
     }
 
     async fn member_update(
         &self,
-        _req: Request<MemberUpdateRequest>,
+        req: Request<MemberUpdateRequest>,
     ) -> Result<Response<MemberUpdateResponse>, Status> {
-        Err(handled(Error::MembershipManaged))
+        Err(handled(self.members.refuse_change(req.get_ref().id)))
     }
 
     async fn member_list(
@@ -102,9 +114,14 @@ impl Cluster for ClusterService {
 
     async fn member_promote(
         &self,
-        _req: Request<MemberPromoteRequest>,
+        req: Request<MemberPromoteRequest>,
     ) -> Result<Response<MemberPromoteResponse>, Status> {
-        Err(handled(Error::MembershipManaged))
+        // Every member Strata reports votes; etcd refuses to promote a voting member.
+        let id = req.get_ref().id;
+        Err(handled(match self.members.refuse_change(id) {
+            Error::MembershipManaged => Error::MemberNotLearner(id),
+            e => e,
+        }))
     }
 }
 
@@ -124,5 +141,9 @@ mod tests {
         assert_eq!(m.members[0].id, 7);
         assert_eq!(m.members[1].id, stable_id("http://127.0.0.1:2"));
         assert_eq!(m.members[1].client_ur_ls, vec!["http://127.0.0.1:2"]);
+        assert!(matches!(m.refuse_change(7), Error::MembershipManaged));
+        let other = stable_id("http://127.0.0.1:2");
+        assert!(matches!(m.refuse_change(other), Error::MembershipManaged));
+        assert!(matches!(m.refuse_change(8), Error::MemberNotFound(8)));
     }
 }

@@ -41,6 +41,14 @@ pub enum Error {
     /// Cluster.MemberAdd/Remove/Update/Promote.
     #[error("membership is managed by the service")]
     MembershipManaged,
+    /// Cluster.MemberRemove/Update/Promote of an id MemberList does not report (etcd's
+    /// ErrGRPCMemberNotFound).
+    #[error("member {0:x} not found")]
+    MemberNotFound(u64),
+    /// Cluster.MemberPromote of a listed member: every listed member votes (etcd's
+    /// ErrGRPCMemberNotLearner).
+    #[error("member {0:x} is not a learner")]
+    MemberNotLearner(u64),
     /// Maintenance.MoveLeader.
     #[error("leadership is managed by the journal")]
     LeadershipManaged,
@@ -81,6 +89,8 @@ pub mod msg {
     pub const TIMEOUT: &str = "etcdserver: request timed out";
     pub const CORRUPT: &str = "etcdserver: corrupt cluster";
     pub const UNHEALTHY: &str = "etcdserver: unhealthy cluster";
+    pub const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
+    pub const MEMBER_NOT_LEARNER: &str = "etcdserver: can only promote a learner member";
 }
 
 /// The gRPC code and message a memstore error is answered with: memstore keeps etcd's code
@@ -125,6 +135,8 @@ impl From<Error> for Status {
                 Code::NotFound,
                 &format!("tenant {t:?} is not served by this frontend"),
             ),
+            Error::MemberNotFound(_) => Status::not_found(msg::MEMBER_NOT_FOUND),
+            Error::MemberNotLearner(_) => Status::failed_precondition(msg::MEMBER_NOT_LEARNER),
             Error::MembershipManaged => own(
                 Code::FailedPrecondition,
                 "membership is managed by the service; member add, remove, update and promote are not available",

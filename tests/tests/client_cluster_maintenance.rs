@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{rev, start, status};
+use common::{assert_status, rev, start, status};
 use etcd_client::{AlarmAction, AlarmOptions, AlarmType};
 use strata_tests::target::TargetKind;
 use tonic::Code;
@@ -106,6 +106,43 @@ async fn hash_and_hash_kv_are_stable_at_a_revision() {
     assert_ne!(c.hash().await.unwrap().hash(), h, "a write changes Hash");
 }
 
+/// A membership change naming an id no member has, and the promotion of a voting member, get
+/// etcd's own answers (NotFound "member not found", FailedPrecondition "can only promote a
+/// learner member"); neither changes anything, so the test runs against etcd as well.
+#[tokio::test]
+async fn membership_changes_of_unknown_or_voting_members_get_etcds_answers() {
+    let (_t, mut c) = start().await;
+    let members = c.member_list().await.unwrap().members().to_vec();
+    let own = members[0].id();
+    // An id no member has: one more than the largest listed.
+    const NOT_FOUND: &str = "etcdserver: member not found";
+    let unknown = members
+        .iter()
+        .map(|m| m.id())
+        .max()
+        .unwrap()
+        .wrapping_add(1);
+    assert_status(c.member_remove(unknown).await, Code::NotFound, NOT_FOUND);
+    assert_status(
+        c.member_update(unknown, vec!["http://127.0.0.1:1".to_string()])
+            .await,
+        Code::NotFound,
+        NOT_FOUND,
+    );
+    assert_status(c.member_promote(unknown).await, Code::NotFound, NOT_FOUND);
+    assert_status(
+        c.member_promote(own).await,
+        Code::FailedPrecondition,
+        "etcdserver: can only promote a learner member",
+    );
+    let after = c.member_list().await.unwrap().members().to_vec();
+    assert_eq!(
+        after.iter().map(|m| m.id()).collect::<Vec<_>>(),
+        members.iter().map(|m| m.id()).collect::<Vec<_>>(),
+        "nothing changed"
+    );
+}
+
 /// Membership, leadership and auth are the service's business: Strata refuses them clearly.
 /// (Against etcd these RPCs change a real member, so the test only runs against Strata.)
 #[tokio::test]
@@ -128,8 +165,6 @@ async fn strata_refuses_membership_leadership_and_auth_changes_clearly() {
         c.member_update(id, vec!["http://127.0.0.1:1".to_string()])
             .await,
     );
-    assert_eq!(code, Code::FailedPrecondition);
-    let (code, _) = status(c.member_promote(id).await);
     assert_eq!(code, Code::FailedPrecondition);
     let (code, _) = status(c.auth_enable().await);
     assert_eq!(code, Code::Unimplemented);

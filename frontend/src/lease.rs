@@ -89,13 +89,31 @@ async fn revoke(
 }
 
 /// One keep-alive: journalled, answered from the outcome. A lease that does not exist (any
-/// more) is answered with TTL 0, as etcd does, not with an error.
+/// more) is answered with TTL 0, as etcd does, not with an error. One the replica does not hold
+/// is looked for again after a read barrier, and answered without a journal entry if it is still
+/// missing: a client renewing leases that are gone (a revoked session, a stale id) costs a read
+/// round, not an fsynced entry on every journal replica. A grant committed after the barrier is
+/// later than the keep-alive, which is then answered as etcd answers one that precedes it.
 async fn keep_alive(
     t: &Tenant,
     id: RequestId,
     req: LeaseKeepAliveRequest,
 ) -> Result<LeaseKeepAliveResponse, Error> {
     let lease = req.id;
+    if !t.replica.read().has_lease(lease) {
+        t.barrier().await?;
+        let (known, revision) = {
+            let store = t.replica.read();
+            (store.has_lease(lease), store.revision())
+        };
+        if !known {
+            return Ok(LeaseKeepAliveResponse {
+                header: Some(t.header(revision)),
+                id: lease,
+                ttl: 0,
+            });
+        }
+    }
     let applied = t.propose(&id, Intent::LeaseKeepAlive(req)).await?;
     match applied.outcome {
         Outcome::LeaseKeepAlive(mut r) => {
@@ -299,6 +317,78 @@ mod tests {
                 member_id: 9,
             },
         )
+    }
+
+    /// A keep-alive of a lease that exists is journalled; one of a lease that never existed
+    /// or was revoked is answered TTL 0 after a read barrier, with nothing journalled; one of a
+    /// lease another frontend granted is found after the barrier even if this replica had not
+    /// applied the grant yet.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn keep_alives_of_missing_leases_are_answered_without_a_journal_entry() {
+        let log = MemLog::new();
+        let t = tenant(&log);
+        let keep = |t: Arc<Tenant>, id: i64| async move {
+            keep_alive(&t, RequestId::random(), LeaseKeepAliveRequest { id })
+                .await
+                .unwrap()
+        };
+        let granted = grant(
+            &t,
+            RequestId::random(),
+            LeaseGrantRequest { ttl: 30, id: 0 },
+        )
+        .await
+        .unwrap()
+        .id;
+        let before = log.last_index();
+        let live = keep(t.clone(), granted).await;
+        assert_eq!((live.id, live.ttl), (granted, 30));
+        assert_eq!(
+            log.last_index(),
+            before + 1,
+            "a live lease's keep-alive is journalled"
+        );
+
+        let (before, reads) = (log.last_index(), log.read_index_calls());
+        let missing = keep(t.clone(), granted + 1).await;
+        assert_eq!((missing.id, missing.ttl), (granted + 1, 0));
+        assert_eq!(
+            missing.header.unwrap().revision,
+            t.replica.read().revision()
+        );
+        assert_eq!(
+            log.last_index(),
+            before,
+            "nothing journalled for a missing lease"
+        );
+        assert_eq!(
+            log.read_index_calls(),
+            reads + 1,
+            "looked for after a barrier"
+        );
+
+        revoke(&t, RequestId::random(), LeaseRevokeRequest { id: granted })
+            .await
+            .unwrap();
+        let before = log.last_index();
+        assert_eq!(keep(t.clone(), granted).await.ttl, 0);
+        assert_eq!(
+            log.last_index(),
+            before,
+            "nothing journalled for a revoked lease"
+        );
+
+        let other = tenant(&log);
+        let elsewhere = grant(
+            &other,
+            RequestId::random(),
+            LeaseGrantRequest { ttl: 40, id: 0 },
+        )
+        .await
+        .unwrap()
+        .id;
+        let renewed = keep(t.clone(), elsewhere).await;
+        assert_eq!((renewed.id, renewed.ttl), (elsewhere, 40));
     }
 
     /// Keep-alives on one stream are journalled without waiting for each other's outcome: while

@@ -1167,6 +1167,11 @@ impl MemStore {
         Ok(cut_events(changes, max))
     }
 
+    /// Whether lease `id` exists (granted, neither revoked nor expired by an applied entry).
+    pub fn has_lease(&self, id: i64) -> bool {
+        self.state.leases.get(id).is_some()
+    }
+
     /// Remaining TTL (whole seconds, truncated, as etcd) against `time_ms()`.
     pub fn lease_time_to_live(
         &self,

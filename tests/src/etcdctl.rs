@@ -1,6 +1,6 @@
 //! Running etcd's own command-line client (`etcdctl`, API v3) against a target: one-shot
-//! commands, commands fed on stdin (`txn -i`), and long-running `watch` whose output is read
-//! line by line with a deadline.
+//! commands, commands fed on stdin (`txn -i`), and long-running `watch`, `lock` or `elect`
+//! whose output is read line by line with a deadline.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -148,6 +148,16 @@ impl Drop for LineReader {
 }
 
 impl LineReader {
+    /// Sends SIGTERM (etcdctl's `lock` and `elect` then unlock or resign before they exit) and
+    /// waits for the process to exit; true if it exited successfully.
+    pub fn terminate(&mut self) -> bool {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .stderr(Stdio::null())
+            .status();
+        self.child.wait().is_ok_and(|s| s.success())
+    }
+
     /// Reads exactly `n` lines, panicking with what was read if they do not come by `timeout`.
     pub fn take(&self, n: usize, timeout: Duration) -> Vec<String> {
         let deadline = Instant::now() + timeout;

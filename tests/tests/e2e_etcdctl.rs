@@ -368,6 +368,108 @@ async fn watch_prefix_live_and_historical_revision() {
     }
 }
 
+/// The keys under `prefix`, in key order.
+fn keys_under(ctl: &Etcdctl, prefix: &str) -> Vec<String> {
+    ctl.ok(&["get", "--prefix", prefix, "--keys-only"])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// Polls until `n` keys exist under `prefix` (a contender's key is written before it waits).
+fn wait_for_keys(ctl: &Etcdctl, prefix: &str, n: usize) -> Vec<String> {
+    let deadline = Instant::now() + WATCH_TIMEOUT;
+    loop {
+        let keys = keys_under(ctl, prefix);
+        if keys.len() == n {
+            return keys;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "expected {n} keys under {prefix}, got {keys:?}"
+        );
+        pause();
+    }
+}
+
+/// etcd's lock recipe (`etcdctl lock`, clientv3's `concurrency.Mutex`: a key per session under
+/// the lock's prefix, the holder the one created first, each waiter watching the deletion of the
+/// key created just before its own). A second locker waits while the first holds the lock; a
+/// third queues behind it. The first is killed, so its key goes only when its 2 s session lease
+/// expires, and the second takes the lock then. The second is stopped with SIGTERM, which
+/// unlocks: the third takes the lock at once, long before the second's 60 s lease could expire.
+#[tokio::test]
+async fn lock_queues_waiters_and_passes_on_at_expiry_or_unlock() {
+    let (_t, ctl) = start().await;
+    let first = ctl.spawn_lines(&["lock", "--ttl=2", "lk"]);
+    let held = first.take(1, WATCH_TIMEOUT).remove(0);
+    assert!(held.starts_with("lk/"), "{held}");
+    let mut second = ctl.spawn_lines(&["lock", "--ttl=60", "lk"]);
+    let waiting = wait_for_keys(&ctl, "lk/", 2);
+    let second_key = waiting.iter().find(|k| **k != held).unwrap().clone();
+    let third = ctl.spawn_lines(&["lock", "--ttl=60", "lk"]);
+    wait_for_keys(&ctl, "lk/", 3);
+    assert_eq!(
+        second.drain_for(Duration::from_secs(1)),
+        Vec::<String>::new()
+    );
+
+    drop(first); // SIGKILL: no unlock, the session's lease runs out
+    let expired_at = Instant::now();
+    assert_eq!(second.take(1, LEASE_EXPIRY_DEADLINE), [second_key]);
+    assert!(
+        !keys_under(&ctl, "lk/").contains(&held),
+        "the expired holder's key is gone"
+    );
+    assert_eq!(
+        third.drain_for(Duration::from_millis(500)),
+        Vec::<String>::new(),
+        "the third waits for the second"
+    );
+
+    assert!(second.terminate(), "etcdctl lock exits cleanly on SIGTERM");
+    let third_key = third.take(1, WATCH_TIMEOUT).remove(0);
+    assert!(
+        expired_at.elapsed() < Duration::from_secs(55),
+        "handed over by the unlock, not by the second's lease expiring"
+    );
+    assert_eq!(keys_under(&ctl, "lk/"), [third_key]);
+}
+
+/// etcd's election recipe (`etcdctl elect`, clientv3's `concurrency.Election`): an observer
+/// started before any candidate sees each leader in turn; the second candidate waits while the
+/// first leads and takes over when the first resigns (SIGTERM).
+#[tokio::test]
+async fn elect_observes_leaders_and_hands_over_on_resignation() {
+    let (_t, ctl) = start().await;
+    let observer = ctl.spawn_lines(&["elect", "-l", "el"]);
+    // The observer has nothing to print until a candidate wins.
+    assert_eq!(
+        observer.drain_for(Duration::from_millis(500)),
+        Vec::<String>::new()
+    );
+    let mut p1 = ctl.spawn_lines(&["elect", "el", "p1"]);
+    let led = p1.take(2, WATCH_TIMEOUT);
+    assert!(led[0].starts_with("el/") && led[1] == "p1", "{led:?}");
+    assert_eq!(observer.take(2, WATCH_TIMEOUT), led);
+
+    let p2 = ctl.spawn_lines(&["elect", "el", "p2"]);
+    wait_for_keys(&ctl, "el/", 2);
+    assert_eq!(p2.drain_for(Duration::from_secs(1)), Vec::<String>::new());
+    assert!(
+        p1.terminate(),
+        "etcdctl elect resigns and exits cleanly on SIGTERM"
+    );
+    let next = p2.take(2, WATCH_TIMEOUT);
+    assert!(
+        next[0].starts_with("el/") && next[0] != led[0] && next[1] == "p2",
+        "{next:?}"
+    );
+    assert_eq!(observer.take(2, WATCH_TIMEOUT), next);
+    assert_eq!(keys_under(&ctl, "el/"), [next[0].clone()]);
+}
+
 #[tokio::test]
 async fn lease_grant_keepalive_timetolive_revoke() {
     let (_t, ctl) = start().await;

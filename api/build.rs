@@ -28,6 +28,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|f| f.strip_prefix(root).map(Path::to_path_buf))
         .collect::<Result<_, _>>()?;
     let fds = protox::compile(&relative, [root])?;
+    // etcd's JSON gateway (`/v3/...`): serde for etcd's own packages, with the proto field
+    // names etcd's gateway prints (`create_revision`, `ID`, `dbSize`) and unknown fields
+    // ignored, as it ignores them.
+    let descriptors = prost::Message::encode_to_vec(&fds);
+    let out = PathBuf::from(std::env::var("OUT_DIR")?);
+    pbjson_build::Builder::new()
+        .register_descriptors(&descriptors)?
+        .out_dir(&out)
+        .preserve_proto_field_names()
+        .ignore_unknown_fields()
+        .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -20,6 +20,8 @@ install_deps() {
   [ -f /usr/include/google/protobuf/descriptor.proto ] || apt_pkgs+=(libprotobuf-dev)
   command -v etcdctl >/dev/null 2>&1 || apt_pkgs+=(etcd-client)
   command -v etcd >/dev/null 2>&1 || apt_pkgs+=(etcd-server)
+  # etcd's JSON gateway is tested with curl, as etcd's documentation drives it.
+  command -v curl >/dev/null 2>&1 || apt_pkgs+=(curl)
   if [ ${#apt_pkgs[@]} -gt 0 ]; then
     log "installing Debian packages: ${apt_pkgs[*]}"
     local sudo=""

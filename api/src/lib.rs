@@ -1,21 +1,25 @@
 //! Strata's protobuf types and gRPC stubs. Owns: the etcd v3 API (`etcdserverpb`, `mvccpb`,
-//! `authpb`, wire-identical to etcd 3.5), the journal entry envelope (`strata::entry`) and
+//! `authpb`, wire-identical to etcd 3.5, with the JSON mapping etcd's gateway uses), the journal
+//! entry envelope (`strata::entry`) and
 //! Strata's own RPCs. May not touch: anything with behaviour; this crate is generated types plus
 //! small helpers for them.
 
 #[allow(clippy::all, clippy::pedantic)] // generated code
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
+    include!(concat!(env!("OUT_DIR"), "/mvccpb.serde.rs"));
 }
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod authpb {
     tonic::include_proto!("authpb");
+    include!(concat!(env!("OUT_DIR"), "/authpb.serde.rs"));
 }
 
 #[allow(clippy::all, clippy::pedantic)]
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
+    include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
 }
 
 /// Strata's own packages. Module nesting mirrors the protobuf package names, so that generated

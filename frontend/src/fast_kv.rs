@@ -55,17 +55,25 @@ pub struct FastKvLayer {
     tenants: Arc<Tenants>,
     max_decode: usize,
     http: axum::Router,
+    gateway: Arc<crate::gateway::Gateway>,
 }
 
 impl FastKvLayer {
     /// `max_decode`: the largest request message accepted (the KV service's
     /// `max_decoding_message_size`); `http`: the router that answers plain GETs of
-    /// `crate::http::CLIENT_PORT_PATHS` on the client port, as an etcd member does.
-    pub fn new(tenants: Arc<Tenants>, max_decode: usize, http: axum::Router) -> Self {
+    /// `crate::http::CLIENT_PORT_PATHS` on the client port, as an etcd member does; `gateway`:
+    /// etcd's JSON gateway (`/v3/...`), served there too.
+    pub fn new(
+        tenants: Arc<Tenants>,
+        max_decode: usize,
+        http: axum::Router,
+        gateway: Arc<crate::gateway::Gateway>,
+    ) -> Self {
         Self {
             tenants,
             max_decode,
             http,
+            gateway,
         }
     }
 }
@@ -79,6 +87,7 @@ impl<S> tower_layer::Layer<S> for FastKvLayer {
             tenants: self.tenants.clone(),
             max_decode: self.max_decode,
             http: self.http.clone(),
+            gateway: self.gateway.clone(),
         }
     }
 }
@@ -89,6 +98,7 @@ pub struct FastKv<S> {
     tenants: Arc<Tenants>,
     max_decode: usize,
     http: axum::Router,
+    gateway: Arc<crate::gateway::Gateway>,
 }
 
 impl<S> tower_service::Service<::http::Request<Body>> for FastKv<S>
@@ -120,6 +130,13 @@ where
                     Err(never) => match never {},
                 };
                 Ok(resp.map(Body::new))
+            }));
+        }
+        if crate::gateway::route(&req).is_some() {
+            // etcd's JSON gateway: a plain HTTP POST of JSON.
+            let gateway = self.gateway.clone();
+            return Either::Right(Box::pin(async move {
+                Ok(gateway.serve(req).await.map(Body::new))
             }));
         }
         let Some(rpc) = fast_rpc(&req) else {

@@ -40,6 +40,33 @@ impl LeaseService {
     fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
         self.tenants.resolve(req.metadata()).map_err(handled)
     }
+
+    /// A keep-alive stream over any source of requests: the gRPC call's, or the JSON
+    /// gateway's (`crate::gateway`).
+    pub fn keep_alives<S>(
+        &self,
+        metadata: &tonic::metadata::MetadataMap,
+        incoming: S,
+    ) -> Result<KeepAliveStream, Status>
+    where
+        S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
+    {
+        let t = self.tenants.resolve(metadata).map_err(handled)?;
+        let require_leader = crate::watch::requires_leader(metadata);
+        if require_leader && !t.has_leader() {
+            return Err(crate::watch::no_leader());
+        }
+        let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
+        if require_leader {
+            let t = t.clone();
+            crate::watch::end_without_leader(&tx, move || t.has_leader());
+        }
+        let stream_id = RequestId::random();
+        let span =
+            tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);
+        tokio::spawn(serve_keep_alives(t, incoming, tx).instrument(span));
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
 }
 
 /// A server-chosen lease id, as etcd picks one: random, positive, never 0.
@@ -222,7 +249,7 @@ async fn serve_keep_alives<S>(
     }
 }
 
-type KeepAliveStream =
+pub type KeepAliveStream =
     Pin<Box<dyn Stream<Item = Result<LeaseKeepAliveResponse, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
@@ -251,22 +278,8 @@ impl Lease for LeaseService {
         &self,
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        let t = self.tenant(&req)?;
-        let require_leader = crate::watch::requires_leader(req.metadata());
-        if require_leader && !t.has_leader() {
-            return Err(crate::watch::no_leader());
-        }
-        let incoming = req.into_inner();
-        let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
-        if require_leader {
-            let t = t.clone();
-            crate::watch::end_without_leader(&tx, move || t.has_leader());
-        }
-        let stream_id = RequestId::random();
-        let span =
-            tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);
-        tokio::spawn(serve_keep_alives(t, incoming, tx).instrument(span));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let (metadata, _, incoming) = req.into_parts();
+        self.keep_alives(&metadata, incoming).map(Response::new)
     }
 
     async fn lease_time_to_live(

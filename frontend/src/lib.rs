@@ -10,6 +10,7 @@ pub mod coalesce;
 pub mod config;
 pub mod errors;
 pub mod fast_kv;
+pub mod gateway;
 pub mod http;
 pub mod journal_log;
 pub mod kv;

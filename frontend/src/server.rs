@@ -155,18 +155,40 @@ impl Frontend {
             etcd_version: config.etcd_version.clone(),
             draining: draining.clone(),
         });
+        // etcd's JSON gateway hands requests to services of its own, configured as the gRPC
+        // ones below.
+        let watch_config = WatchConfig {
+            progress_notify_interval: config.watch_progress_notify_interval,
+            ..WatchConfig::default()
+        };
+        let gateway = Arc::new(crate::gateway::Gateway {
+            kv: KvService::new(tenants.clone()),
+            watch: WatchService::with_config(tenants.clone(), watch_config.clone()),
+            lease: LeaseService::new(tenants.clone()),
+            maintenance: MaintenanceService::new(
+                tenants.clone(),
+                log.clone(),
+                config.etcd_version.clone(),
+            )
+            .with_members(&members),
+            cluster: ClusterService::new(tenants.clone(), members.clone()),
+            auth: AuthService,
+            max_body: 2 * max_decode,
+        });
         let grpc = tonic::transport::Server::builder()
             .tcp_nodelay(true)
             .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
             .max_concurrent_streams(MAX_CONCURRENT_STREAMS)
             // HTTP/1.1 too, as an etcd member's client port: `/health`, `/version` and
-            // `/metrics` answer there (fast_kv.rs hands them to the side port's router).
+            // `/metrics` answer there (fast_kv.rs hands them to the side port's router), and
+            // etcd's JSON gateway (`/v3/...`, gateway.rs).
             .accept_http1(true)
             // Range, Put, DeleteRange and Txn skip tonic's router and codec (fast_kv.rs).
             .layer(crate::fast_kv::FastKvLayer::new(
                 tenants.clone(),
                 max_decode,
                 side_port.clone(),
+                gateway,
             ))
             .add_service(health)
             .add_service(
@@ -174,14 +196,8 @@ impl Frontend {
                     .max_decoding_message_size(max_decode),
             )
             .add_service(
-                WatchServer::new(WatchService::with_config(
-                    tenants.clone(),
-                    WatchConfig {
-                        progress_notify_interval: config.watch_progress_notify_interval,
-                        ..WatchConfig::default()
-                    },
-                ))
-                .max_decoding_message_size(max_decode),
+                WatchServer::new(WatchService::with_config(tenants.clone(), watch_config))
+                    .max_decoding_message_size(max_decode),
             )
             .add_service(
                 LeaseServer::new(LeaseService::new(tenants.clone()))

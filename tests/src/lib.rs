@@ -2,10 +2,12 @@
 //! binary, free loopback ports, and child processes that are killed when dropped, so every test
 //! stops what it starts.
 
+pub mod curl;
 pub mod deployment;
 pub mod etcd;
 pub mod etcdctl;
 pub mod journal;
+pub mod lines;
 pub mod process;
 pub mod procstat;
 pub mod readiness;

@@ -4,6 +4,7 @@
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use strata_tests::curl::b64;
 use strata_tests::etcdctl::Etcdctl;
 use strata_tests::target::Target;
 
@@ -29,29 +30,6 @@ fn header_revision(v: &Value) -> i64 {
     v["header"]["revision"]
         .as_i64()
         .unwrap_or_else(|| panic!("no header.revision in {v}"))
-}
-
-/// Standard base64 (what etcdctl's JSON uses for bytes).
-fn b64(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::new();
-    for chunk in bytes.chunks(3) {
-        let n = chunk.len();
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let v = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= n {
-                out.push(ALPHABET[((v >> (18 - 6 * i)) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
 }
 
 fn lines(out: &str) -> Vec<&str> {

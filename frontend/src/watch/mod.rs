@@ -21,7 +21,7 @@ pub use hub::{
     DEFAULT_STREAM_BUFFER, DEFAULT_STREAM_BYTES, Delivery, INVALID_WATCH_ID, Registered,
     StreamHandle, StreamId, SyncOutcome, Unsynced, WatchHub,
 };
-pub use service::WatchService;
+pub use service::{ResponseStream, WatchService};
 pub use spec::{WatchSpec, event_revision};
 pub use stream::run_stream;
 

@@ -9,6 +9,7 @@ use api::etcdserverpb::{WatchRequest, WatchResponse};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
+use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::{
@@ -34,7 +35,30 @@ impl<S: WatchSource> WatchService<S> {
     }
 }
 
-type ResponseStream = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
+pub type ResponseStream =
+    Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send + 'static>>;
+
+impl<S: WatchSource> WatchService<S> {
+    /// A watch stream over any source of requests: the gRPC call's, or the JSON gateway's
+    /// (`crate::gateway`).
+    pub fn open<I>(&self, metadata: MetadataMap, input: I) -> Result<ResponseStream, Status>
+    where
+        I: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
+    {
+        let target = self.source.resolve(&metadata)?;
+        let require_leader = requires_leader(&metadata);
+        if require_leader && !self.source.has_leader(&metadata) {
+            return Err(no_leader());
+        }
+        let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
+        if require_leader {
+            let source = self.source.clone();
+            end_without_leader(&tx, move || source.has_leader(&metadata));
+        }
+        tokio::spawn(run_stream(target, self.config.clone(), input, tx));
+        Ok(Box::pin(ReceiverStream::new(rx)))
+    }
+}
 
 #[tonic::async_trait]
 impl<S: WatchSource> Watch for WatchService<S> {
@@ -44,19 +68,7 @@ impl<S: WatchSource> Watch for WatchService<S> {
         &self,
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let target = self.source.resolve(request.metadata())?;
-        let require_leader = requires_leader(request.metadata());
-        if require_leader && !self.source.has_leader(request.metadata()) {
-            return Err(no_leader());
-        }
-        let metadata = request.metadata().clone();
-        let input = request.into_inner();
-        let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
-        if require_leader {
-            let source = self.source.clone();
-            end_without_leader(&tx, move || source.has_leader(&metadata));
-        }
-        tokio::spawn(run_stream(target, self.config.clone(), input, tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        let (metadata, _, input) = request.into_parts();
+        self.open(metadata, input).map(Response::new)
     }
 }

@@ -1,0 +1,482 @@
+//! etcd's JSON gateway on the client port: `POST /v3/<service>/<method>` with a JSON body,
+//! answered in JSON, as etcd's grpc-gateway answers it (etcd 3.4 also serves the same paths under
+//! `/v3beta/`). For clients without gRPC: `curl`, shell scripts, Patroni's and OpenStack's etcd3
+//! drivers. Owns the translation only; every request is handed to the same service the gRPC call
+//! reaches, so answers and errors are the same. May not touch the services' behaviour.
+//!
+//! The JSON mapping is protobuf's, as etcd's gateway prints it (generated in `api`): the proto
+//! field names (`create_revision`, `ID`, `dbSize`), 64-bit integers as strings, bytes in base64,
+//! enum values by name, default values left out; requests take proto or JSON names and numbers
+//! or strings, and unknown fields are ignored. An empty body is an empty message. An error is
+//! `{"error": m, "message": m, "code": c}` with the HTTP status grpc-gateway maps the code to.
+//! Streams (Watch, LeaseKeepAlive) read a sequence of JSON requests from the body and answer one
+//! `{"result": ...}` line per response; Snapshot answers its chunks the same way.
+
+use std::pin::Pin;
+
+use api::etcdserverpb::auth_server::Auth;
+use api::etcdserverpb::cluster_server::Cluster;
+use api::etcdserverpb::kv_server::Kv;
+use api::etcdserverpb::lease_server::Lease;
+use api::etcdserverpb::maintenance_server::Maintenance;
+use axum::body::Body as HttpBody;
+use bytes::{Buf, Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use http::{HeaderValue, Method, StatusCode, header};
+use http_body::Body as _;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::body::Body;
+use tonic::metadata::MetadataMap;
+use tonic::{Code, Request, Response, Status};
+
+use crate::auth::AuthService;
+use crate::cluster::ClusterService;
+use crate::kv::KvService;
+use crate::lease::LeaseService;
+use crate::maintenance::MaintenanceService;
+use crate::tenants::Tenants;
+use crate::watch::WatchService;
+
+/// The path prefixes etcd's gateway serves (3.4: `/v3/` and the older `/v3beta/`).
+pub const PREFIXES: [&str; 2] = ["/v3/", "/v3beta/"];
+
+/// JSON requests of one stream queued before the body is read further.
+const STREAM_INPUT_QUEUE: usize = 16;
+
+/// The services a gateway request is handed to: the same ones gRPC calls reach.
+pub struct Gateway {
+    pub kv: KvService,
+    pub watch: WatchService<Tenants>,
+    pub lease: LeaseService,
+    pub maintenance: MaintenanceService,
+    pub cluster: ClusterService,
+    pub auth: AuthService,
+    /// The largest body accepted: a request's JSON is its protobuf's bytes in base64 and more.
+    pub max_body: usize,
+}
+
+/// The method path of a gateway request (after its prefix), if `req` is one: an HTTP request
+/// for a `/v3/` path that is not gRPC.
+pub fn route(req: &http::Request<Body>) -> Option<&str> {
+    let grpc = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"));
+    if grpc {
+        return None;
+    }
+    let path = req.uri().path();
+    PREFIXES.iter().find_map(|p| path.strip_prefix(p))
+}
+
+type Answer = http::Response<HttpBody>;
+
+impl Gateway {
+    /// Answers one gateway request (`route(&req)` is `Some`).
+    pub async fn serve(&self, req: http::Request<Body>) -> Answer {
+        let Some(method) = route(&req).map(str::to_owned) else {
+            return plain(StatusCode::NOT_FOUND, "Not Found");
+        };
+        if req.method() != Method::POST {
+            return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
+        }
+        let (parts, body) = req.into_parts();
+        let md = MetadataMap::from_headers(parts.headers);
+        let max = self.max_body;
+        match method.as_str() {
+            "kv/range" => unary(md, body, max, |r| self.kv.range(r)).await,
+            "kv/put" => unary(md, body, max, |r| self.kv.put(r)).await,
+            "kv/deleterange" => unary(md, body, max, |r| self.kv.delete_range(r)).await,
+            "kv/txn" => unary(md, body, max, |r| self.kv.txn(r)).await,
+            "kv/compaction" => unary(md, body, max, |r| self.kv.compact(r)).await,
+            "watch" => bidi(md, body, |md, input| self.watch.open(md, input)),
+            "lease/grant" => unary(md, body, max, |r| self.lease.lease_grant(r)).await,
+            "lease/revoke" | "kv/lease/revoke" => {
+                unary(md, body, max, |r| self.lease.lease_revoke(r)).await
+            }
+            "lease/keepalive" => bidi(md, body, |md, input| self.lease.keep_alives(&md, input)),
+            "lease/timetolive" | "kv/lease/timetolive" => {
+                unary(md, body, max, |r| self.lease.lease_time_to_live(r)).await
+            }
+            "lease/leases" | "kv/lease/leases" => {
+                unary(md, body, max, |r| self.lease.lease_leases(r)).await
+            }
+            "cluster/member/add" => unary(md, body, max, |r| self.cluster.member_add(r)).await,
+            "cluster/member/remove" => {
+                unary(md, body, max, |r| self.cluster.member_remove(r)).await
+            }
+            "cluster/member/update" => {
+                unary(md, body, max, |r| self.cluster.member_update(r)).await
+            }
+            "cluster/member/list" => unary(md, body, max, |r| self.cluster.member_list(r)).await,
+            "cluster/member/promote" => {
+                unary(md, body, max, |r| self.cluster.member_promote(r)).await
+            }
+            "maintenance/alarm" => unary(md, body, max, |r| self.maintenance.alarm(r)).await,
+            "maintenance/status" => unary(md, body, max, |r| self.maintenance.status(r)).await,
+            "maintenance/defragment" => {
+                unary(md, body, max, |r| self.maintenance.defragment(r)).await
+            }
+            "maintenance/hash" => unary(md, body, max, |r| self.maintenance.hash(r)).await,
+            // etcd 3.4 and 3.5 declare HashKV on Hash's path, so only Hash answers there; 3.6
+            // gives HashKV its own path, served here.
+            "maintenance/hashkv" => unary(md, body, max, |r| self.maintenance.hash_kv(r)).await,
+            "maintenance/snapshot" => self.snapshot(md, body).await,
+            "maintenance/transfer-leadership" => {
+                unary(md, body, max, |r| self.maintenance.move_leader(r)).await
+            }
+            "maintenance/downgrade" => {
+                unary(md, body, max, |r| self.maintenance.downgrade(r)).await
+            }
+            "auth/enable" => unary(md, body, max, |r| self.auth.auth_enable(r)).await,
+            "auth/disable" => unary(md, body, max, |r| self.auth.auth_disable(r)).await,
+            "auth/status" => unary(md, body, max, |r| self.auth.auth_status(r)).await,
+            "auth/authenticate" => unary(md, body, max, |r| self.auth.authenticate(r)).await,
+            "auth/user/add" => unary(md, body, max, |r| self.auth.user_add(r)).await,
+            "auth/user/get" => unary(md, body, max, |r| self.auth.user_get(r)).await,
+            "auth/user/list" => unary(md, body, max, |r| self.auth.user_list(r)).await,
+            "auth/user/delete" => unary(md, body, max, |r| self.auth.user_delete(r)).await,
+            "auth/user/changepw" => {
+                unary(md, body, max, |r| self.auth.user_change_password(r)).await
+            }
+            "auth/user/grant" => unary(md, body, max, |r| self.auth.user_grant_role(r)).await,
+            "auth/user/revoke" => unary(md, body, max, |r| self.auth.user_revoke_role(r)).await,
+            "auth/role/add" => unary(md, body, max, |r| self.auth.role_add(r)).await,
+            "auth/role/get" => unary(md, body, max, |r| self.auth.role_get(r)).await,
+            "auth/role/list" => unary(md, body, max, |r| self.auth.role_list(r)).await,
+            "auth/role/delete" => unary(md, body, max, |r| self.auth.role_delete(r)).await,
+            "auth/role/grant" => unary(md, body, max, |r| self.auth.role_grant_permission(r)).await,
+            "auth/role/revoke" => {
+                unary(md, body, max, |r| self.auth.role_revoke_permission(r)).await
+            }
+            _ => plain(StatusCode::NOT_FOUND, "Not Found"),
+        }
+    }
+
+    /// Snapshot streams its chunks as `{"result": ...}` lines, as the gateway streams a
+    /// server-streaming call.
+    async fn snapshot(&self, md: MetadataMap, body: Body) -> Answer {
+        let req = match read_message(body, self.max_body).await {
+            Ok(r) => r,
+            Err(status) => return error(&status),
+        };
+        match self.maintenance.snapshot(request(md, req)).await {
+            Ok(answers) => streamed(answers.into_inner()),
+            Err(status) => error(&status),
+        }
+    }
+}
+
+fn request<T>(metadata: MetadataMap, message: T) -> Request<T> {
+    Request::from_parts(metadata, Default::default(), message)
+}
+
+/// One request, one answer.
+async fn unary<Req, Resp, F, Fut>(md: MetadataMap, body: Body, max_body: usize, call: F) -> Answer
+where
+    Req: DeserializeOwned + Default,
+    Resp: Serialize,
+    F: FnOnce(Request<Req>) -> Fut,
+    Fut: Future<Output = Result<Response<Resp>, Status>>,
+{
+    let req = match read_message(body, max_body).await {
+        Ok(r) => r,
+        Err(status) => return error(&status),
+    };
+    match call(request(md, req)).await {
+        Ok(answer) => json(StatusCode::OK, &answer.into_inner()),
+        Err(status) => error(&status),
+    }
+}
+
+type Answers<Resp> = Pin<Box<dyn Stream<Item = Result<Resp, Status>> + Send + 'static>>;
+
+/// A bidirectional stream: the body's JSON requests in, one line per answer out.
+fn bidi<Req, Resp, F>(md: MetadataMap, body: Body, open: F) -> Answer
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    F: FnOnce(MetadataMap, ReceiverStream<Result<Req, Status>>) -> Result<Answers<Resp>, Status>,
+{
+    let (tx, rx) = mpsc::channel(STREAM_INPUT_QUEUE);
+    match open(md, ReceiverStream::new(rx)) {
+        Ok(answers) => {
+            tokio::spawn(read_messages(body, tx));
+            streamed(answers)
+        }
+        Err(status) => error(&status),
+    }
+}
+
+/// The body read whole (up to `max_body` bytes) and parsed as one message; an empty body is
+/// the empty message.
+async fn read_message<T: DeserializeOwned + Default>(
+    mut body: Body,
+    max_body: usize,
+) -> Result<T, Status> {
+    let mut buf = BytesMut::new();
+    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
+        if buf.len() + data.len() > max_body {
+            return Err(Status::invalid_argument(
+                crate::errors::msg::REQUEST_TOO_LARGE,
+            ));
+        }
+        buf.extend_from_slice(&data);
+    }
+    if buf.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&buf).map_err(|e| Status::invalid_argument(e.to_string()))
+}
+
+/// Feeds a stream's JSON requests to `tx` as they arrive in the body (whitespace between them
+/// or not). Malformed JSON ends the requests, as the gateway stops reading there; the answers
+/// go on (a watch keeps watching).
+async fn read_messages<T: DeserializeOwned + Send>(
+    mut body: Body,
+    tx: mpsc::Sender<Result<T, Status>>,
+) {
+    let mut buf = BytesMut::new();
+    loop {
+        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
+        let ended = match frame {
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    buf.extend_from_slice(&data);
+                }
+                false
+            }
+            Some(Err(_)) | None => true,
+        };
+        let (parsed, used, malformed) = complete_messages::<T>(&buf, ended);
+        buf.advance(used);
+        for message in parsed {
+            if tx.send(Ok(message)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(e) = malformed {
+            tracing::debug!(error = %e, "gateway stream: malformed request; reading stops");
+            return;
+        }
+        if ended {
+            return;
+        }
+    }
+}
+
+/// The complete JSON messages at the start of `buf`, how many bytes they used, and the error
+/// that stopped the parse if it was not the end of the data so far (at the end of the body an
+/// unfinished message is an error too).
+fn complete_messages<T: DeserializeOwned>(
+    buf: &[u8],
+    ended: bool,
+) -> (Vec<T>, usize, Option<serde_json::Error>) {
+    let mut messages = serde_json::Deserializer::from_slice(buf).into_iter::<T>();
+    let mut parsed = Vec::new();
+    let mut used = 0;
+    loop {
+        match messages.next() {
+            Some(Ok(m)) => {
+                parsed.push(m);
+                used = messages.byte_offset();
+            }
+            Some(Err(e)) if e.is_eof() && !ended => return (parsed, used, None),
+            Some(Err(e)) => return (parsed, used, Some(e)),
+            None => return (parsed, buf.len(), None),
+        }
+    }
+}
+
+/// A stream of answers as the gateway sends it: `{"result": ...}` per answer, one per line;
+/// an error ends it as `{"error": {...}}`.
+fn streamed<Resp, S>(answers: S) -> Answer
+where
+    Resp: Serialize + Send + 'static,
+    S: Stream<Item = Result<Resp, Status>> + Send + 'static,
+{
+    #[derive(Serialize)]
+    struct Result_<'a, R> {
+        result: &'a R,
+    }
+    let lines = answers
+        .map(|answer| {
+            let mut line = match &answer {
+                Ok(r) => serde_json::to_vec(&Result_ { result: r }),
+                Err(status) => serde_json::to_vec(&StreamError::of(status)),
+            }
+            .expect("invariant: answers serialize to JSON");
+            line.push(b'\n');
+            (Bytes::from(line), answer.is_err())
+        })
+        // An error is the last line.
+        .scan(false, |done, (line, is_err)| {
+            if *done {
+                return std::future::ready(None);
+            }
+            *done = is_err;
+            std::future::ready(Some(Ok::<_, std::convert::Infallible>(line)))
+        });
+    respond(
+        StatusCode::OK,
+        "application/json",
+        HttpBody::from_stream(lines),
+    )
+}
+
+/// grpc-gateway's error object inside a stream.
+#[derive(Serialize)]
+struct StreamError {
+    error: StreamErrorBody,
+}
+
+#[derive(Serialize)]
+struct StreamErrorBody {
+    grpc_code: i32,
+    http_code: u16,
+    message: String,
+    http_status: &'static str,
+}
+
+impl StreamError {
+    fn of(status: &Status) -> Self {
+        let http = http_status(status.code());
+        Self {
+            error: StreamErrorBody {
+                grpc_code: status.code() as i32,
+                http_code: http.as_u16(),
+                message: status.message().to_string(),
+                http_status: http.canonical_reason().unwrap_or(""),
+            },
+        }
+    }
+}
+
+/// grpc-gateway's error body for a unary call.
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: &'a str,
+    message: &'a str,
+    code: i32,
+}
+
+fn error(status: &Status) -> Answer {
+    json(
+        http_status(status.code()),
+        &ErrorBody {
+            error: status.message(),
+            message: status.message(),
+            code: status.code() as i32,
+        },
+    )
+}
+
+/// grpc-gateway's `HTTPStatusFromCode` (v1.16, the one etcd 3.5 builds with; 3.4's older
+/// gateway answered 412 for FailedPrecondition).
+pub fn http_status(code: Code) -> StatusCode {
+    match code {
+        Code::Ok => StatusCode::OK,
+        Code::Cancelled => StatusCode::REQUEST_TIMEOUT,
+        Code::InvalidArgument | Code::FailedPrecondition | Code::OutOfRange => {
+            StatusCode::BAD_REQUEST
+        }
+        Code::DeadlineExceeded => StatusCode::GATEWAY_TIMEOUT,
+        Code::NotFound => StatusCode::NOT_FOUND,
+        Code::AlreadyExists | Code::Aborted => StatusCode::CONFLICT,
+        Code::PermissionDenied => StatusCode::FORBIDDEN,
+        Code::Unauthenticated => StatusCode::UNAUTHORIZED,
+        Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+        Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
+        Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        Code::Unknown | Code::Internal | Code::DataLoss => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Answer {
+    let body = serde_json::to_vec(value).expect("invariant: answers serialize to JSON");
+    respond(status, "application/json", HttpBody::from(body))
+}
+
+fn plain(status: StatusCode, text: &'static str) -> Answer {
+    respond(status, "text/plain; charset=utf-8", HttpBody::from(text))
+}
+
+/// An answer with etcd's CORS headers (its client port allows every origin by default).
+fn respond(status: StatusCode, content_type: &'static str, body: HttpBody) -> Answer {
+    let mut answer = http::Response::new(body);
+    *answer.status_mut() = status;
+    let h = answer.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_METHODS,
+        HeaderValue::from_static("POST, GET, OPTIONS, PUT, DELETE"),
+    );
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        HeaderValue::from_static("accept, content-type, authorization"),
+    );
+    answer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use api::etcdserverpb::WatchRequest;
+
+    #[test]
+    fn stream_requests_are_parsed_as_they_complete() {
+        let first = br#"{"create_request":{"key":"YQ=="}} {"cancel_req"#;
+        let (parsed, used, err) = complete_messages::<WatchRequest>(first, false);
+        assert_eq!(parsed.len(), 1);
+        assert!(err.is_none(), "an unfinished message waits for more");
+        assert_eq!(&first[used..], br#" {"cancel_req"#);
+        let rest = br#" {"cancel_request":{"watch_id":"3"}}"#;
+        let (parsed, used, err) = complete_messages::<WatchRequest>(rest, true);
+        assert_eq!((parsed.len(), used, err.is_none()), (1, rest.len(), true));
+        let (parsed, _, err) = complete_messages::<WatchRequest>(br#"{"progress_re"#, true);
+        assert!(parsed.is_empty() && err.is_some(), "cut short at the end");
+        let (parsed, _, err) =
+            complete_messages::<WatchRequest>(br#"{"create_request":{}} garbage"#, false);
+        assert!(
+            parsed.len() == 1 && err.is_some(),
+            "malformed stops the reading"
+        );
+    }
+
+    #[test]
+    fn codes_map_to_grpc_gateways_statuses() {
+        assert_eq!(http_status(Code::InvalidArgument), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            http_status(Code::FailedPrecondition),
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(http_status(Code::OutOfRange), StatusCode::BAD_REQUEST);
+        assert_eq!(http_status(Code::NotFound), StatusCode::NOT_FOUND);
+        assert_eq!(
+            http_status(Code::ResourceExhausted),
+            StatusCode::TOO_MANY_REQUESTS
+        );
+        assert_eq!(
+            http_status(Code::Unavailable),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(
+            http_status(Code::Unimplemented),
+            StatusCode::NOT_IMPLEMENTED
+        );
+        assert_eq!(
+            http_status(Code::DataLoss),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+}

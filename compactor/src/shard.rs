@@ -74,6 +74,15 @@ struct Tenant {
     published: Vec<CheckpointRef>,
 }
 
+impl Tenant {
+    /// A tenant's replica as the compactor keeps it: nobody watches it, so its applies build
+    /// no watch events (`MemStore::set_emit_events`).
+    fn new(mut store: MemStore, published: Vec<CheckpointRef>) -> Self {
+        store.set_emit_events(false);
+        Self { store, published }
+    }
+}
+
 /// Manifests read at once when a trim checks what the store's newest manifests cover.
 const TRIM_MANIFEST_READS: usize = 16;
 
@@ -181,10 +190,7 @@ impl<J: Journal> ShardWorker<J> {
                 None if configured_here => {
                     tenants.insert(
                         name,
-                        Tenant {
-                            store: MemStore::new(memstore::Config::default()),
-                            published: Vec::new(),
-                        },
+                        Tenant::new(MemStore::new(memstore::Config::default()), Vec::new()),
                     );
                     continue;
                 }
@@ -213,13 +219,7 @@ impl<J: Journal> ShardWorker<J> {
                         .cloned()
                         .collect();
                     info!(shard = self.shard, tenant = %name, index = loaded.meta.index, revision = loaded.meta.revision, "tenant loaded from checkpoint");
-                    tenants.insert(
-                        name,
-                        Tenant {
-                            store: loaded.store,
-                            published,
-                        },
-                    );
+                    tenants.insert(name, Tenant::new(loaded.store, published));
                 }
                 Err(e) if e.is_retryable() => return Err(e),
                 Err(e) => {
@@ -231,10 +231,7 @@ impl<J: Journal> ShardWorker<J> {
                     warn!(shard = self.shard, tenant = %name, error = %e, "no usable checkpoint; rebuilding from the whole journal");
                     tenants.insert(
                         name,
-                        Tenant {
-                            store: MemStore::new(memstore::Config::default()),
-                            published: Vec::new(),
-                        },
+                        Tenant::new(MemStore::new(memstore::Config::default()), Vec::new()),
                     );
                 }
             }
@@ -677,10 +674,7 @@ fn apply(
             info!(tenant = %o, index = record.index, "new tenant on shard");
             tenants.insert(
                 o.clone(),
-                Tenant {
-                    store: MemStore::new(memstore::Config::default()),
-                    published: Vec::new(),
-                },
+                Tenant::new(MemStore::new(memstore::Config::default()), Vec::new()),
             );
         } else {
             error!(tenant = ?o, index = record.index, "tenant name cannot name objects: its entries are not checkpointed and the journal will not be trimmed");
@@ -869,10 +863,10 @@ mod tests {
         let mut tenants = BTreeMap::new();
         tenants.insert(
             "acme".to_string(),
-            Tenant {
-                store: MemStore::new(memstore::Config::default()),
-                published: vec![reference(20), reference(10)],
-            },
+            Tenant::new(
+                MemStore::new(memstore::Config::default()),
+                vec![reference(20), reference(10)],
+            ),
         );
         // The other compactor's manifest, newer than this one's, covers less.
         catalog

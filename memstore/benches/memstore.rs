@@ -233,20 +233,29 @@ fn one_off_figures() {
         );
         drop(s);
         type EntryOf = fn(usize) -> Entry;
-        let shapes: [(&str, EntryOf); 2] = [
+        // (what, entries, whether the store builds watch events)
+        let shapes: [(&str, EntryOf, bool); 3] = [
             (
                 "apply 1M puts of new keys from journal records with apply_record (the replica's path: the put read in place)",
                 put_entry,
+                true,
             ),
             (
                 "apply 1M puts of new keys from journal records with 16-byte request ids, apply_record",
                 put_entry_with_id,
+                true,
+            ),
+            (
+                "the same without building watch events (the compactor's replica)",
+                put_entry_with_id,
+                false,
             ),
         ];
-        for (what, entry) in shapes {
+        for (what, entry, emit) in shapes {
             let records = records_at_one_time(BIG, entry);
             let s = timed(what, BIG, || {
                 let mut s = MemStore::new(Config::default());
+                s.set_emit_events(emit);
                 for r in records {
                     black_box(s.apply_record(r, "bench").expect("bench record"));
                 }

@@ -114,7 +114,8 @@ pub struct Applied {
     pub revision: i64,
     pub outcome: Outcome,
     /// Every event the entry produced (lease expiries first), in revision and sub-revision
-    /// order, prev_kv filled whenever the key existed before.
+    /// order, prev_kv filled whenever the key existed before; none from a store that does not
+    /// emit events (`MemStore::set_emit_events`).
     pub events: Vec<mvccpb::Event>,
 }
 

@@ -218,7 +218,7 @@ impl MemStore {
                 .leases
                 .grant(id, ttl, now.saturating_add(ttl.saturating_mul(1000)));
         }
-        let mut w = Writer::new(&mut self.state, events);
+        let mut w = Writer::new(&mut self.state, events, self.emit_events);
         let mut written = 0u64;
         for (key, k) in keys {
             if k.delete {

@@ -79,10 +79,19 @@ impl State {
 
 /// One tenant's whole MVCC state. Pure and deterministic: the same entries applied in the same
 /// order give the same state on every replica.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct MemStore {
     config: Config,
     pub(crate) state: State,
+    /// Whether applies build their watch events (`set_emit_events`). Not state: two stores
+    /// that differ only here are equal.
+    pub(crate) emit_events: bool,
+}
+
+impl PartialEq for MemStore {
+    fn eq(&self, other: &Self) -> bool {
+        self.config == other.config && self.state == other.state
+    }
 }
 
 fn header(revision: i64) -> Option<ResponseHeader> {
@@ -98,16 +107,23 @@ pub(crate) struct Writer<'a> {
     rev: i64,
     sub: u32,
     events: &'a mut Vec<Event>,
+    /// False when the store does not build events (`MemStore::set_emit_events`).
+    emit: bool,
 }
 
 impl Writer<'_> {
-    pub(crate) fn new<'a>(state: &'a mut State, events: &'a mut Vec<Event>) -> Writer<'a> {
+    pub(crate) fn new<'a>(
+        state: &'a mut State,
+        events: &'a mut Vec<Event>,
+        emit: bool,
+    ) -> Writer<'a> {
         let rev = state.revision + 1;
         Writer {
             state,
             rev,
             sub: 0,
             events,
+            emit,
         }
     }
 
@@ -140,7 +156,7 @@ impl Writer<'_> {
         K: AsRef<[u8]> + Into<Box<[u8]>>,
         V: Into<Box<[u8]>>,
     {
-        let (rev, sub) = (self.rev, self.sub);
+        let (rev, sub, emit) = (self.rev, self.sub, self.emit);
         let mut old_lease = 0;
         let mut prev_event = None;
         let mut prev_resp = None;
@@ -155,9 +171,11 @@ impl Writer<'_> {
             let prev = versions
                 .and_then(|vs| vs.last())
                 .filter(|v| !v.is_tombstone());
-            prev_event = versions
-                .and_then(|vs| live_at(vs, rev - 1))
-                .map(|v| v.to_kv(k, false));
+            if emit {
+                prev_event = versions
+                    .and_then(|vs| live_at(vs, rev - 1))
+                    .map(|v| v.to_kv(k, false));
+            }
             if flags.prev_kv {
                 prev_resp = prev.map(|p| p.to_kv(k, false));
             }
@@ -183,6 +201,13 @@ impl Writer<'_> {
         if lease != 0 && lease != old_lease {
             self.state.leases.attach(lease, &slot.key);
         }
+        self.sub += 1;
+        if !emit {
+            return PutResponse {
+                header: header(self.rev),
+                prev_kv: prev_resp,
+            };
+        }
         let kv = slot.versions.last().map(|v| match event_bytes {
             Some(EventBytes { key, value }) => {
                 debug_assert!(key == *slot.key && value == *v.value);
@@ -190,7 +215,6 @@ impl Writer<'_> {
             }
             None => v.to_kv(&slot.key, false),
         });
-        self.sub += 1;
         if self.events.capacity() == 0 {
             // Most entries are one put: room for its one event, not the four a first push
             // would make.
@@ -213,12 +237,14 @@ impl Writer<'_> {
         if lease != 0 {
             self.state.leases.detach(lease, key);
         }
-        let (rev, sub) = (self.rev, self.sub);
+        let (rev, sub, emit) = (self.rev, self.sub, self.emit);
         let mut prev_event = None;
         self.state.keys.upsert(key, |_, versions| {
-            prev_event = versions
-                .and_then(|vs| live_at(vs, rev - 1))
-                .map(|v| v.to_kv(key, false));
+            if emit {
+                prev_event = versions
+                    .and_then(|vs| live_at(vs, rev - 1))
+                    .map(|v| v.to_kv(key, false));
+            }
             Version {
                 main: rev,
                 sub,
@@ -229,6 +255,9 @@ impl Writer<'_> {
             }
         });
         self.sub += 1;
+        if !emit {
+            return;
+        }
         self.events.push(Event {
             r#type: EventType::Delete as i32,
             kv: Some(KeyValue {
@@ -340,10 +369,15 @@ struct Path {
 
 impl MemStore {
     pub fn new(config: Config) -> Self {
-        MemStore {
-            config,
-            state: State::new(),
-        }
+        Self::from_state(config, State::new())
+    }
+
+    /// Whether applies build the watch events of what they change (`Applied::events`; on by
+    /// default). A replica nobody watches (the compactor's) turns them off: the copies of every
+    /// changed key and value, and of its previous version, are then not made. The state, the
+    /// outcomes and every read are the same either way.
+    pub fn set_emit_events(&mut self, on: bool) {
+        self.emit_events = on;
     }
 
     /// The store of a tenant that has no entry at or below journal index `applied_index`:
@@ -371,7 +405,11 @@ impl MemStore {
     }
 
     pub(crate) fn from_state(config: Config, state: State) -> Self {
-        MemStore { config, state }
+        MemStore {
+            config,
+            state,
+            emit_events: true,
+        }
     }
 
     pub fn config(&self) -> &Config {
@@ -544,7 +582,7 @@ impl MemStore {
                 // wasted only on a duplicate or a failed put) and the id's copy handed back.
                 let value: Box<[u8]> = v.value.into();
                 let flags = PutFlags::of_view(&v);
-                let event_bytes = (!flags.ignore_value).then(|| EventBytes {
+                let event_bytes = (self.emit_events && !flags.ignore_value).then(|| EventBytes {
                     key: v.key.to_vec(),
                     value: v.value.to_vec(),
                 });
@@ -673,7 +711,7 @@ impl MemStore {
         let Some(lease) = self.state.leases.remove(id) else {
             return self.state.revision;
         };
-        let mut w = Writer::new(&mut self.state, events);
+        let mut w = Writer::new(&mut self.state, events, self.emit_events);
         for key in &lease.keys {
             if let Some(lease) = w.state.keys.latest_live(key).map(|v| v.lease) {
                 w.delete_key(key, lease);
@@ -809,7 +847,7 @@ impl MemStore {
         self.check_space((k.len() + v.len()) as u64 + self.version_charge())?;
         self.check_put_lease(flags)?;
         self.check_put_previous(k, flags)?;
-        let mut w = Writer::new(&mut self.state, events);
+        let mut w = Writer::new(&mut self.state, events, self.emit_events);
         let mut resp = w.put_bytes(key, value, flags, event_bytes);
         resp.header = header(w.finish());
         Ok(resp)
@@ -821,7 +859,7 @@ impl MemStore {
         events: &mut Vec<Event>,
     ) -> Result<DeleteRangeResponse, Error> {
         validate::delete_range(d)?;
-        let mut w = Writer::new(&mut self.state, events);
+        let mut w = Writer::new(&mut self.state, events, self.emit_events);
         let mut resp = w.delete_range(d);
         resp.header = header(w.finish());
         Ok(resp)
@@ -955,7 +993,7 @@ impl MemStore {
         }
         let path = self.txn_path(t);
         self.check_txn_ops(t, &path)?;
-        let mut w = Writer::new(&mut self.state, events);
+        let mut w = Writer::new(&mut self.state, events, self.emit_events);
         let mut resp = execute_txn(&mut w, t, &path);
         resp.header = header(w.finish());
         Ok(resp)

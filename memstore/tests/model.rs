@@ -883,6 +883,10 @@ fn run_case(steps: &[Step]) -> Result<(), TestCaseError> {
     // And the same entries as journal records through `apply_record` (the replica's path, which
     // reads a put in place).
     let mut recorded = MemStore::new(config.clone());
+    // And the same records through a store that builds no events (the compactor's replica):
+    // the same outcomes and state, no events.
+    let mut silent = MemStore::new(config.clone());
+    silent.set_emit_events(false);
     let mut model = Model::new();
     let mut restored: Option<MemStore> = None;
     let mut now = model.now;
@@ -934,6 +938,18 @@ fn run_case(steps: &[Step]) -> Result<(), TestCaseError> {
             time_ms: now,
             kind: Some(Kind::Data(api::record::encode_entry(&entry(now, &req, id)))),
         };
+        let quietly = silent
+            .apply_record_ref(&record, "t")
+            .map_err(|e| TestCaseError::fail(e.to_string()))?
+            .applied;
+        prop_assert_eq!(
+            &quietly.outcome,
+            &applied.outcome,
+            "silent store, step {}",
+            i
+        );
+        prop_assert_eq!(quietly.revision, applied.revision);
+        prop_assert!(quietly.events.is_empty(), "a silent store built events");
         let by_record = recorded
             .apply_record(record, "t")
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -964,6 +980,11 @@ fn run_case(steps: &[Step]) -> Result<(), TestCaseError> {
     step_scans(&mut scans, &store, &model, true)?;
     prop_assert!(owned == store, "apply_owned left a different state");
     prop_assert!(recorded == store, "apply_record left a different state");
+    prop_assert!(
+        silent == store,
+        "a store without events left a different state"
+    );
+    prop_assert_eq!(silent.hash_kv(0).unwrap(), store.hash_kv(0).unwrap());
     if let Some(r) = restored {
         prop_assert!(r == store);
         prop_assert_eq!(r.hash_kv(0).unwrap(), store.hash_kv(0).unwrap());

@@ -52,15 +52,10 @@ impl LeaseService {
         S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
     {
         let t = self.tenants.resolve(metadata).map_err(handled)?;
-        let require_leader = crate::watch::requires_leader(metadata);
-        if require_leader && !t.has_leader() {
-            return Err(crate::watch::no_leader());
-        }
-        let (tx, rx) = mpsc::channel(KEEPALIVE_QUEUE);
-        if require_leader {
-            let t = t.clone();
-            crate::watch::end_without_leader(&tx, move || t.has_leader());
-        }
+        let leader_of = t.clone();
+        let (tx, rx) = crate::watch::output_channel(metadata, KEEPALIVE_QUEUE, move || {
+            leader_of.has_leader()
+        })?;
         let stream_id = RequestId::random();
         let span =
             tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);

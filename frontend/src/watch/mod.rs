@@ -130,6 +130,31 @@ pub fn end_without_leader<T: Send + 'static>(
     });
 }
 
+/// The output channel of a stream (a watch, a keep-alive stream): for a stream that requires a
+/// leader (clientv3's `WithRequireLeader`), refused at once without one and ended later, with
+/// etcd's "no leader", when `has_leader` turns false.
+pub type OutputChannel<T> = (
+    tokio::sync::mpsc::Sender<Result<T, tonic::Status>>,
+    tokio::sync::mpsc::Receiver<Result<T, tonic::Status>>,
+);
+
+/// See [`OutputChannel`]; `buffer` answers are queued before the stream waits for the client.
+pub fn output_channel<T: Send + 'static>(
+    metadata: &tonic::metadata::MetadataMap,
+    buffer: usize,
+    has_leader: impl Fn() -> bool + Send + 'static,
+) -> Result<OutputChannel<T>, tonic::Status> {
+    let require_leader = requires_leader(metadata);
+    if require_leader && !has_leader() {
+        return Err(no_leader());
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel(buffer);
+    if require_leader {
+        end_without_leader(&tx, has_leader);
+    }
+    Ok((tx, rx))
+}
+
 /// etcd's `ErrGRPCNoLeader`.
 pub fn no_leader() -> tonic::Status {
     tonic::Status::unavailable(crate::errors::msg::NO_LEADER)

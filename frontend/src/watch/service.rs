@@ -7,15 +7,11 @@ use std::sync::Arc;
 use api::etcdserverpb::watch_server::Watch;
 use api::etcdserverpb::{WatchRequest, WatchResponse};
 use futures::Stream;
-use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{
-    OUTPUT_BUFFER, WatchConfig, WatchSource, end_without_leader, no_leader, requires_leader,
-    run_stream,
-};
+use super::{OUTPUT_BUFFER, WatchConfig, WatchSource, output_channel, run_stream};
 
 /// etcd's `Watch` service over the frontend's tenants.
 pub struct WatchService<S: WatchSource> {
@@ -46,15 +42,8 @@ impl<S: WatchSource> WatchService<S> {
         I: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     {
         let target = self.source.resolve(&metadata)?;
-        let require_leader = requires_leader(&metadata);
-        if require_leader && !self.source.has_leader(&metadata) {
-            return Err(no_leader());
-        }
-        let (tx, rx) = mpsc::channel(OUTPUT_BUFFER);
-        if require_leader {
-            let source = self.source.clone();
-            end_without_leader(&tx, move || source.has_leader(&metadata));
-        }
+        let (source, md) = (self.source.clone(), metadata.clone());
+        let (tx, rx) = output_channel(&metadata, OUTPUT_BUFFER, move || source.has_leader(&md))?;
         tokio::spawn(run_stream(target, self.config.clone(), input, tx));
         Ok(Box::pin(ReceiverStream::new(rx)))
     }

@@ -345,9 +345,7 @@ fn check_prefix(head: &[u8], max_decode: usize) -> Result<usize, Status> {
     if len > max_decode {
         // grpc-go's refusal, which etcd's clients get (tonic's own is OutOfRange, "Error,
         // decoded message length too large").
-        return Err(Status::resource_exhausted(format!(
-            "grpc: received message larger than max ({len} vs. {max_decode})"
-        )));
+        return Err(crate::rpc::message_too_large(len, max_decode));
     }
     Ok(len)
 }

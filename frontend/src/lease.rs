@@ -228,7 +228,9 @@ async fn serve_keep_alives<S>(
             msg = incoming.next(), if reading && in_flight.len() < KEEPALIVE_PIPELINE => match msg {
                 Some(Ok(req)) => in_flight.push_back(one(req)),
                 Some(Err(e)) => {
-                    tracing::debug!(error = %e, "keep-alive stream ended by client");
+                    // As etcd's LeaseKeepAlive: the stream ends with the error its receive met.
+                    tracing::debug!(error = %e, "keep-alive stream receive failed");
+                    let _ = tx.send(Err(crate::rpc::receive_error(e))).await;
                     return;
                 }
                 None => reading = false,
@@ -397,6 +399,30 @@ mod tests {
         .id;
         let renewed = keep(t.clone(), elsewhere).await;
         assert_eq!((renewed.id, renewed.ttl), (elsewhere, 40));
+    }
+
+    /// A keep-alive stream whose receive fails ends with that error, as etcd's does; tonic's
+    /// refusal of an oversized message is answered as grpc-go's.
+    #[tokio::test]
+    async fn a_failed_receive_ends_the_keep_alive_stream_with_its_error() {
+        let log = MemLog::new();
+        let t = tenant(&log);
+        let oversized = Status::out_of_range(
+            "Error, decoded message length too large: found 3000000 bytes, the limit is: 2097152 bytes",
+        );
+        let (tx, mut answers) = mpsc::channel(KEEPALIVE_QUEUE);
+        serve_keep_alives(t, futures::stream::iter([Err(oversized)]), tx).await;
+        let end = answers
+            .recv()
+            .await
+            .expect("an answer")
+            .expect_err("an error");
+        assert_eq!(end.code(), tonic::Code::ResourceExhausted);
+        assert_eq!(
+            end.message(),
+            "grpc: received message larger than max (3000000 vs. 2097152)"
+        );
+        assert!(answers.recv().await.is_none(), "and nothing after it");
     }
 
     /// Keep-alives on one stream are journalled without waiting for each other's outcome: while

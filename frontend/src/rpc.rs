@@ -82,6 +82,31 @@ pub fn handled(e: Error) -> Status {
     status
 }
 
+/// grpc-go's refusal of a message over the server's receive limit, which etcd's clients get:
+/// ResourceExhausted "grpc: received message larger than max (N vs. M)".
+pub fn message_too_large(len: usize, limit: usize) -> Status {
+    Status::resource_exhausted(format!(
+        "grpc: received message larger than max ({len} vs. {limit})"
+    ))
+}
+
+/// A request stream's receive error as the client gets it back, the status the stream ends
+/// with (etcd's Watch and LeaseKeepAlive return the error their `Recv` met). tonic refuses an
+/// oversized message with OutOfRange "Error, decoded message length too large: found N bytes,
+/// the limit is: M bytes"; that becomes grpc-go's [`message_too_large`].
+pub fn receive_error(status: Status) -> Status {
+    let sizes = status
+        .message()
+        .strip_prefix("Error, decoded message length too large: found ")
+        .and_then(|rest| rest.strip_suffix(" bytes"))
+        .and_then(|rest| rest.split_once(" bytes, the limit is: "))
+        .and_then(|(len, limit)| Some((len.parse().ok()?, limit.parse().ok()?)));
+    match sizes {
+        Some((len, limit)) if status.code() == Code::OutOfRange => message_too_large(len, limit),
+        _ => status,
+    }
+}
+
 /// (rpc, tenant) pairs whose metric handles are kept; past this, requests resolve their
 /// handles in the registry each time (correct, only slower).
 pub const MAX_CACHED_RPC_LABELS: usize = 4096;
@@ -220,5 +245,33 @@ mod tests {
         assert_eq!(r.unwrap_err().code(), Code::Unavailable);
         let r = unary("Put", "t", RequestId::random(), async { Ok(5) }).await;
         assert_eq!(r.unwrap().into_inner(), 5);
+    }
+}
+
+#[cfg(test)]
+mod receive_tests {
+    use super::*;
+
+    #[test]
+    fn tonics_oversize_refusal_becomes_grpc_gos() {
+        let tonic = Status::out_of_range(
+            "Error, decoded message length too large: found 3145738 bytes, the limit is: 2097152 bytes",
+        );
+        let s = receive_error(tonic);
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(
+            s.message(),
+            "grpc: received message larger than max (3145738 vs. 2097152)"
+        );
+        let other = receive_error(Status::cancelled("gone"));
+        assert_eq!((other.code(), other.message()), (Code::Cancelled, "gone"));
+        let unlike = receive_error(Status::out_of_range(
+            "Error, decoded message length too large",
+        ));
+        assert_eq!(
+            unlike.code(),
+            Code::OutOfRange,
+            "left as it is when unparsed"
+        );
     }
 }

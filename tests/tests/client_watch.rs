@@ -489,3 +489,44 @@ async fn lease_revoke_produces_delete_events() {
     );
     assert!(got.iter().all(|e| e.5.is_some()), "prev_kv on deletes");
 }
+
+/// A watch request over gRPC's receive limit (etcd's --max-request-bytes plus 512 KiB) ends the
+/// stream with grpc-go's refusal, as etcd's Watch returns the error its receive met, instead of
+/// an end without a status.
+#[tokio::test]
+async fn an_oversized_watch_request_ends_the_stream_with_grpc_gos_refusal() {
+    use api::etcdserverpb::watch_client::WatchClient;
+    use api::etcdserverpb::watch_request::RequestUnion;
+    use api::etcdserverpb::{WatchCreateRequest, WatchRequest};
+
+    let (t, _c) = start().await;
+    let mut client = WatchClient::connect(t.endpoint().to_string())
+        .await
+        .unwrap();
+    let create = WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key: vec![b'k'; 2_200_000],
+            ..Default::default()
+        })),
+    };
+    let status = tokio::time::timeout(WATCH_TIMEOUT, async {
+        let mut stream = match client.watch(futures::stream::iter([create])).await {
+            Ok(answer) => answer.into_inner(),
+            Err(status) => return status,
+        };
+        loop {
+            match stream.message().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the stream ended without a status"),
+                Err(status) => return status,
+            }
+        }
+    })
+    .await
+    .expect("an answer within the timeout");
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "grpc: received message larger than max (2200010 vs. 2097152)"
+    );
+}

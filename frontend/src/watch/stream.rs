@@ -120,7 +120,9 @@ async fn serve<S>(
             r = input.next(), if input_open => match r {
                 Some(Ok(req)) => task.handle_request(req).await,
                 Some(Err(status)) => {
+                    // As etcd's Watch: the stream ends with the error its receive met.
                     tracing::debug!(%status, "watch stream receive failed");
+                    let _ = task.out.send(Err(crate::rpc::receive_error(status))).await;
                     Err(Closed)
                 }
                 // The client closed its side: as etcd, keep sending until it goes away.

@@ -84,7 +84,7 @@ impl Gateway {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
         }
         let (parts, body) = req.into_parts();
-        let md = MetadataMap::from_headers(parts.headers);
+        let md = metadata_of(parts.headers);
         let max = self.max_body;
         match method.as_str() {
             "kv/range" => unary(md, body, max, |r| self.kv.range(r)).await,
@@ -92,12 +92,14 @@ impl Gateway {
             "kv/deleterange" => unary(md, body, max, |r| self.kv.delete_range(r)).await,
             "kv/txn" => unary(md, body, max, |r| self.kv.txn(r)).await,
             "kv/compaction" => unary(md, body, max, |r| self.kv.compact(r)).await,
-            "watch" => bidi(md, body, |md, input| self.watch.open(md, input)),
+            "watch" => bidi(md, body, max, |md, input| self.watch.open(md, input)),
             "lease/grant" => unary(md, body, max, |r| self.lease.lease_grant(r)).await,
             "lease/revoke" | "kv/lease/revoke" => {
                 unary(md, body, max, |r| self.lease.lease_revoke(r)).await
             }
-            "lease/keepalive" => bidi(md, body, |md, input| self.lease.keep_alives(&md, input)),
+            "lease/keepalive" => bidi(md, body, max, |md, input| {
+                self.lease.keep_alives(&md, input)
+            }),
             "lease/timetolive" | "kv/lease/timetolive" => {
                 unary(md, body, max, |r| self.lease.lease_time_to_live(r)).await
             }
@@ -170,6 +172,27 @@ impl Gateway {
     }
 }
 
+/// The gRPC metadata of a gateway request: its HTTP headers, and as grpc-gateway passes them,
+/// a `Grpc-Metadata-<name>` header under `<name>` too (so `Grpc-Metadata-Hasleader: true`
+/// asks for etcd's require-leader behaviour, as through etcd's gateway).
+fn metadata_of(headers: http::HeaderMap) -> MetadataMap {
+    let mut extra = http::HeaderMap::new();
+    for (name, value) in &headers {
+        if let Some(inner) = name.as_str().strip_prefix("grpc-metadata-")
+            && let Ok(inner) = http::HeaderName::from_bytes(inner.as_bytes())
+        {
+            extra.append(inner, value.clone());
+        }
+    }
+    let mut all = headers;
+    for (name, value) in extra {
+        if let Some(name) = name {
+            all.append(name, value);
+        }
+    }
+    MetadataMap::from_headers(all)
+}
+
 fn request<T>(metadata: MetadataMap, message: T) -> Request<T> {
     Request::from_parts(metadata, Default::default(), message)
 }
@@ -194,8 +217,9 @@ where
 
 type Answers<Resp> = Pin<Box<dyn Stream<Item = Result<Resp, Status>> + Send + 'static>>;
 
-/// A bidirectional stream: the body's JSON requests in, one line per answer out.
-fn bidi<Req, Resp, F>(md: MetadataMap, body: Body, open: F) -> Answer
+/// A bidirectional stream: the body's JSON requests in (each at most `max_body` bytes), one
+/// line per answer out.
+fn bidi<Req, Resp, F>(md: MetadataMap, body: Body, max_body: usize, open: F) -> Answer
 where
     Req: DeserializeOwned + Send + 'static,
     Resp: Serialize + Send + 'static,
@@ -204,7 +228,7 @@ where
     let (tx, rx) = mpsc::channel(STREAM_INPUT_QUEUE);
     match open(md, ReceiverStream::new(rx)) {
         Ok(answers) => {
-            tokio::spawn(read_messages(body, tx));
+            tokio::spawn(read_messages(body, max_body, tx));
             streamed(answers)
         }
         Err(status) => error(&status),
@@ -236,10 +260,11 @@ async fn read_message<T: DeserializeOwned + Default>(
 }
 
 /// Feeds a stream's JSON requests to `tx` as they arrive in the body (whitespace between them
-/// or not). Malformed JSON ends the requests, as the gateway stops reading there; the answers
-/// go on (a watch keeps watching).
+/// or not). Malformed JSON, or a request longer than `max_body`, ends the requests, as the
+/// gateway stops reading there; the answers go on (a watch keeps watching).
 async fn read_messages<T: DeserializeOwned + Send>(
     mut body: Body,
+    max_body: usize,
     tx: mpsc::Sender<Result<T, Status>>,
 ) {
     let mut buf = BytesMut::new();
@@ -263,6 +288,13 @@ async fn read_messages<T: DeserializeOwned + Send>(
         }
         if let Some(e) = malformed {
             tracing::debug!(error = %e, "gateway stream: malformed request; reading stops");
+            return;
+        }
+        if buf.len() > max_body {
+            tracing::debug!(
+                bytes = buf.len(),
+                "gateway stream: request too large; reading stops"
+            );
             return;
         }
         if ended {
@@ -451,6 +483,17 @@ mod tests {
             parsed.len() == 1 && err.is_some(),
             "malformed stops the reading"
         );
+    }
+
+    #[test]
+    fn grpc_metadata_headers_are_passed_under_their_own_names() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert("grpc-metadata-hasleader", HeaderValue::from_static("true"));
+        headers.insert("x-strata-tenant", HeaderValue::from_static("acme"));
+        let md = metadata_of(headers);
+        assert_eq!(md.get("hasleader").unwrap(), "true");
+        assert_eq!(md.get("x-strata-tenant").unwrap(), "acme");
+        assert!(crate::watch::requires_leader(&md));
     }
 
     #[test]

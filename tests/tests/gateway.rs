@@ -147,7 +147,9 @@ async fn kv_requests_and_errors_as_etcds_gateway_answers_them() {
     );
     // Only POST; unknown methods are not found.
     assert_eq!(request(t.endpoint(), "GET", "/v3/kv/range", "").0, 405);
+    assert_eq!(request(t.endpoint(), "PUT", "/v3/kv/range", "{}").0, 405);
     assert_eq!(post(t.endpoint(), "/v3/kv/nothing", "{}").0, 404);
+    assert_eq!(request(t.endpoint(), "GET", "/v3/kv/nothing", "").0, 404);
     // etcd 3.4 serves the same under /v3beta/.
     let beta = ok(&t, "/v3beta/kv/range", json!({"key": b64(b"gw/a")}));
     assert!(beta.get("kvs").is_none(), "deleted: {beta}");

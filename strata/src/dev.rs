@@ -185,14 +185,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
-    // host:port rather than a URL: etcdctl 3.4 sends a URL endpoint as the HTTP/2 authority for
-    // `endpoint status` and `defrag`, which Strata's HTTP/2 stack refuses (docs/e2e.md).
+    // Either endpoint form works with etcdctl (the frontend normalises the URL etcdctl 3.4
+    // sends as the HTTP/2 authority; docs/frontend.md); host:port is the shorter.
     println!("ready. Try:");
     println!("  export ETCDCTL_API=3");
     println!("  etcdctl --endpoints={} put greeting hello", args.listen);
     println!("  etcdctl --endpoints={} get greeting", args.listen);
     println!(
         "  etcdctl --endpoints={} endpoint status -w table",
+        args.listen
+    );
+    println!(
+        "  curl -s -X POST http://{}/v3/kv/range -d '{{\"key\": \"Z3JlZXRpbmc=\"}}'   # etcd's JSON gateway",
         args.listen
     );
     println!("Ctrl-C stops everything.");

@@ -5,6 +5,7 @@
 mod conn;
 mod driver;
 mod grpc;
+mod idle;
 mod keys;
 mod kv;
 mod report;
@@ -130,6 +131,13 @@ pub struct PutArgs {
     pub total: u64,
     #[command(flatten)]
     pub keys: KeyArgs,
+    /// Watchers of keys the puts never write, held open during the run (what idle watchers
+    /// cost the server per put).
+    #[arg(long, default_value_t = 0)]
+    pub idle_watchers: usize,
+    /// What each idle watcher watches: its own key, prefix or (non-prefix) range.
+    #[arg(long, value_enum, default_value = "prefix")]
+    pub idle_watch_kind: idle::IdleKind,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -401,7 +409,34 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             common.request_timeout,
         )
         .await?;
-        return run_closed_loop(&pool, &common, &workload).await;
+        let idle = match &workload {
+            Workload::Put(a) if a.idle_watchers > 0 => {
+                let watch_pool = Pool::connect(
+                    &common.endpoints,
+                    common.conns,
+                    common.tenant.as_deref(),
+                    common.request_timeout,
+                )
+                .await?;
+                let idle =
+                    idle::IdleWatchers::open(&watch_pool, a.idle_watchers, a.idle_watch_kind)
+                        .await?;
+                tracing::info!(
+                    watchers = a.idle_watchers,
+                    kind = ?a.idle_watch_kind,
+                    "idle watchers open"
+                );
+                Some(idle)
+            }
+            _ => None,
+        };
+        let result = run_closed_loop(&pool, &common, &workload).await;
+        if let Some(mut idle) = idle {
+            idle.close()
+                .await
+                .map_err(|e| anyhow::anyhow!("an idle watcher failed during the run: {e}"))?;
+        }
+        return result;
     }
     let pool = Pool::connect(
         &common.endpoints,

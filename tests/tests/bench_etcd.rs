@@ -131,6 +131,32 @@ fn every_workload_runs_against_etcd() {
     assert!(lat["p50"].as_f64().unwrap() <= lat["p99"].as_f64().unwrap());
     assert!(lat["p99"].as_f64().unwrap() <= lat["max"].as_f64().unwrap());
 
+    // The same with idle watchers held open (created before the puts, never sent an event:
+    // the run fails otherwise), of each kind.
+    for kind in ["key", "prefix", "range"] {
+        let idle = bench_json(
+            &etcd,
+            &[
+                "put",
+                "--clients",
+                "8",
+                "--conns",
+                "2",
+                "--total",
+                "200",
+                "--idle-watchers",
+                "250",
+                "--idle-watch-kind",
+                kind,
+            ],
+        );
+        assert_eq!(
+            (idle["ok"].clone(), idle["errors"].clone()),
+            (200.into(), 0.into()),
+            "{idle}"
+        );
+    }
+
     for consistency in ["l", "s"] {
         let range = bench_json(
             &etcd,

@@ -1,6 +1,10 @@
-//! The etcd `Auth` service, until the auth model (users, roles, permissions, tokens) lands:
-//! every RPC answers `Unimplemented` with a message saying so. Never a fake success: a client
-//! that enables auth must learn that nothing is enforced.
+//! The etcd `Auth` service, until the auth model (users, roles, permissions, tokens) lands
+//! (docs/design/auth.md). Reads answer the true state, as etcd answers them with auth
+//! disabled and no user or role: AuthStatus says disabled, Authenticate "authentication is not
+//! enabled" (on which clientv3 and etcdctl go on without a token, so a client configured with
+//! credentials works as against such an etcd), the lists are empty, a get finds nothing, and
+//! disabling what is disabled succeeds. Every change answers `Unimplemented`: never a fake
+//! success, so a client that enables auth or adds a user learns that nothing is enforced.
 
 use api::etcdserverpb::auth_server::Auth;
 use api::etcdserverpb::{
@@ -15,14 +19,47 @@ use api::etcdserverpb::{
     AuthUserListRequest, AuthUserListResponse, AuthUserRevokeRoleRequest,
     AuthUserRevokeRoleResponse, AuthenticateRequest, AuthenticateResponse,
 };
+use std::sync::Arc;
+
 use tonic::{Request, Response, Status};
 
 use crate::errors::Error;
-use crate::rpc::{handled, observe};
+use crate::rpc::{RequestId, handled, observe, unary};
+use crate::tenant::Tenant;
+use crate::tenants::Tenants;
 
-/// Answers every Auth RPC with `Unimplemented`.
-#[derive(Debug, Default)]
-pub struct AuthService;
+/// etcd's auth revision before any auth change (its store starts at 1).
+pub const INITIAL_AUTH_REVISION: u64 = 1;
+
+/// The Auth service of a frontend whose tenants have auth disabled and no users or roles.
+pub struct AuthService {
+    tenants: Arc<Tenants>,
+}
+
+impl AuthService {
+    pub fn new(tenants: Arc<Tenants>) -> Self {
+        Self { tenants }
+    }
+
+    /// Answers a read of the auth state with `answer(header)`, the header at the tenant's
+    /// current revision (etcd answers its auth reads from its member's state).
+    async fn read<T, F>(
+        &self,
+        rpc: &'static str,
+        req: &Request<impl Sized>,
+        answer: F,
+    ) -> Result<Response<T>, Status>
+    where
+        F: FnOnce(api::etcdserverpb::ResponseHeader) -> Result<T, Error>,
+    {
+        let t: Arc<Tenant> = self.tenants.resolve(req.metadata()).map_err(handled)?;
+        unary(rpc, &t.name, RequestId::random(), async {
+            let revision = t.replica.read().revision();
+            answer(t.header(revision))
+        })
+        .await
+    }
+}
 
 fn refuse<T>(rpc: &'static str) -> Result<Response<T>, Status> {
     let start = std::time::Instant::now();
@@ -42,23 +79,37 @@ impl Auth for AuthService {
 
     async fn auth_disable(
         &self,
-        _req: Request<AuthDisableRequest>,
+        req: Request<AuthDisableRequest>,
     ) -> Result<Response<AuthDisableResponse>, Status> {
-        refuse("AuthDisable")
+        // Disabling what is disabled succeeds, as in etcd.
+        self.read("AuthDisable", &req, |header| {
+            Ok(AuthDisableResponse {
+                header: Some(header),
+            })
+        })
+        .await
     }
 
     async fn auth_status(
         &self,
-        _req: Request<AuthStatusRequest>,
+        req: Request<AuthStatusRequest>,
     ) -> Result<Response<AuthStatusResponse>, Status> {
-        refuse("AuthStatus")
+        self.read("AuthStatus", &req, |header| {
+            Ok(AuthStatusResponse {
+                header: Some(header),
+                enabled: false,
+                auth_revision: INITIAL_AUTH_REVISION,
+            })
+        })
+        .await
     }
 
     async fn authenticate(
         &self,
-        _req: Request<AuthenticateRequest>,
+        req: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        refuse("Authenticate")
+        self.read("Authenticate", &req, |_| Err(Error::AuthNotEnabled))
+            .await
     }
 
     async fn user_add(
@@ -70,16 +121,23 @@ impl Auth for AuthService {
 
     async fn user_get(
         &self,
-        _req: Request<AuthUserGetRequest>,
+        req: Request<AuthUserGetRequest>,
     ) -> Result<Response<AuthUserGetResponse>, Status> {
-        refuse("UserGet")
+        self.read("UserGet", &req, |_| Err(Error::AuthUserNotFound))
+            .await
     }
 
     async fn user_list(
         &self,
-        _req: Request<AuthUserListRequest>,
+        req: Request<AuthUserListRequest>,
     ) -> Result<Response<AuthUserListResponse>, Status> {
-        refuse("UserList")
+        self.read("UserList", &req, |header| {
+            Ok(AuthUserListResponse {
+                header: Some(header),
+                users: Vec::new(),
+            })
+        })
+        .await
     }
 
     async fn user_delete(
@@ -119,16 +177,23 @@ impl Auth for AuthService {
 
     async fn role_get(
         &self,
-        _req: Request<AuthRoleGetRequest>,
+        req: Request<AuthRoleGetRequest>,
     ) -> Result<Response<AuthRoleGetResponse>, Status> {
-        refuse("RoleGet")
+        self.read("RoleGet", &req, |_| Err(Error::AuthRoleNotFound))
+            .await
     }
 
     async fn role_list(
         &self,
-        _req: Request<AuthRoleListRequest>,
+        req: Request<AuthRoleListRequest>,
     ) -> Result<Response<AuthRoleListResponse>, Status> {
-        refuse("RoleList")
+        self.read("RoleList", &req, |header| {
+            Ok(AuthRoleListResponse {
+                header: Some(header),
+                roles: Vec::new(),
+            })
+        })
+        .await
     }
 
     async fn role_delete(
@@ -156,25 +221,92 @@ impl Auth for AuthService {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::errors::msg;
+    use crate::log::MemLog;
+    use crate::tenant::{Identity, Limits};
+    use tonic::Code;
 
+    fn service() -> AuthService {
+        let tenant = Tenant::start(
+            "t",
+            0,
+            memstore::MemStore::new(memstore::Config::default()),
+            None,
+            Arc::new(MemLog::new()),
+            Limits {
+                max_request_bytes: 1 << 20,
+                max_txn_ops: 128,
+                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
+            },
+            Identity {
+                cluster_id: 7,
+                member_id: 9,
+            },
+        );
+        AuthService::new(Arc::new(Tenants::new(tenant)))
+    }
+
+    /// Reads answer what etcd answers with auth disabled and no user or role; changes are
+    /// refused as not available.
     #[tokio::test]
-    async fn every_auth_rpc_is_unimplemented() {
-        let a = AuthService;
+    async fn reads_answer_the_disabled_state_and_changes_are_unimplemented() {
+        let a = service();
+        let status = a
+            .auth_status(Request::new(AuthStatusRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!status.enabled);
+        assert_eq!(status.auth_revision, INITIAL_AUTH_REVISION);
+        assert_eq!(status.header.unwrap().member_id, 9);
+        let s = a
+            .authenticate(Request::new(AuthenticateRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::FailedPrecondition, msg::AUTH_NOT_ENABLED)
+        );
+        let users = a.user_list(Request::new(AuthUserListRequest {})).await;
+        assert!(users.unwrap().into_inner().users.is_empty());
+        let roles = a.role_list(Request::new(AuthRoleListRequest {})).await;
+        assert!(roles.unwrap().into_inner().roles.is_empty());
+        let s = a
+            .user_get(Request::new(AuthUserGetRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::FailedPrecondition, msg::USER_NOT_FOUND)
+        );
+        let s = a
+            .role_get(Request::new(AuthRoleGetRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::FailedPrecondition, msg::ROLE_NOT_FOUND)
+        );
+        assert!(
+            a.auth_disable(Request::new(AuthDisableRequest {}))
+                .await
+                .is_ok()
+        );
         let s = a
             .auth_enable(Request::new(AuthEnableRequest {}))
             .await
             .unwrap_err();
-        assert_eq!(s.code(), tonic::Code::Unimplemented);
+        assert_eq!(s.code(), Code::Unimplemented);
         assert!(s.message().contains("auth"), "{}", s.message());
-        let s = a
-            .auth_status(Request::new(AuthStatusRequest {}))
-            .await
-            .unwrap_err();
-        assert_eq!(s.code(), tonic::Code::Unimplemented);
         let s = a
             .user_add(Request::new(AuthUserAddRequest::default()))
             .await
             .unwrap_err();
-        assert_eq!(s.code(), tonic::Code::Unimplemented);
+        assert_eq!(s.code(), Code::Unimplemented);
+        let s = a
+            .role_add(Request::new(AuthRoleAddRequest::default()))
+            .await
+            .unwrap_err();
+        assert_eq!(s.code(), Code::Unimplemented);
     }
 }

@@ -55,9 +55,18 @@ pub enum Error {
     /// Maintenance.Downgrade.
     #[error("downgrade is managed by the service")]
     DowngradeManaged,
-    /// Any Auth RPC, until the auth model lands.
+    /// Any change of the auth state, until the auth model lands.
     #[error("auth is not available yet")]
     AuthUnavailable,
+    /// Authenticate while auth is disabled (etcd's ErrGRPCAuthNotEnabled).
+    #[error("authentication is not enabled")]
+    AuthNotEnabled,
+    /// UserGet of a user that does not exist (etcd's ErrGRPCUserNotFound).
+    #[error("user not found")]
+    AuthUserNotFound,
+    /// RoleGet of a role that does not exist (etcd's ErrGRPCRoleNotFound).
+    #[error("role not found")]
+    AuthRoleNotFound,
     /// The replica produced an outcome of another kind than the request (an invariant breach).
     #[error("unexpected outcome for {0}")]
     UnexpectedOutcome(&'static str),
@@ -90,6 +99,9 @@ pub mod msg {
     pub const CORRUPT: &str = "etcdserver: corrupt cluster";
     pub const UNHEALTHY: &str = "etcdserver: unhealthy cluster";
     pub const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
+    pub const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
+    pub const USER_NOT_FOUND: &str = "etcdserver: user name not found";
+    pub const ROLE_NOT_FOUND: &str = "etcdserver: role name not found";
     pub const MEMBER_NOT_LEARNER: &str = "etcdserver: can only promote a learner member";
 }
 
@@ -149,6 +161,9 @@ impl From<Error> for Status {
                 Code::FailedPrecondition,
                 "versions are managed by the service; downgrade is not available",
             ),
+            Error::AuthNotEnabled => Status::failed_precondition(msg::AUTH_NOT_ENABLED),
+            Error::AuthUserNotFound => Status::failed_precondition(msg::USER_NOT_FOUND),
+            Error::AuthRoleNotFound => Status::failed_precondition(msg::ROLE_NOT_FOUND),
             Error::AuthUnavailable => own(
                 Code::Unimplemented,
                 "auth (users, roles, permissions, tokens) comes with a later release; nothing was changed",

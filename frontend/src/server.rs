@@ -172,7 +172,7 @@ impl Frontend {
             )
             .with_members(&members),
             cluster: ClusterService::new(tenants.clone(), members.clone()),
-            auth: AuthService,
+            auth: AuthService::new(tenants.clone()),
             max_body: 2 * max_decode,
         });
         let grpc = tonic::transport::Server::builder()
@@ -211,7 +211,7 @@ impl Frontend {
                 tenants.clone(),
                 members,
             )))
-            .add_service(AuthServer::new(AuthService));
+            .add_service(AuthServer::new(AuthService::new(tenants.clone())));
 
         let (shutdown, stop) = oneshot::channel::<()>();
         let stop = futures::FutureExt::shared(async move {

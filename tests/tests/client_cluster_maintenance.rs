@@ -143,6 +143,49 @@ async fn membership_changes_of_unknown_or_voting_members_get_etcds_answers() {
     );
 }
 
+/// With no auth model yet, Strata's auth state is etcd's with auth disabled and no user or
+/// role, and its reads say so as etcd's do: Authenticate "authentication is not enabled" (what
+/// lets clientv3 go on without a token), empty lists, nothing found, and disabling succeeds.
+/// AuthStatus (etcd 3.5 on) is checked against Strata only.
+#[tokio::test]
+async fn auth_reads_answer_as_etcd_with_auth_disabled() {
+    let (t, mut c) = start().await;
+    let mut auth = c.auth_client();
+    assert_status(
+        auth.authenticate("root".into(), "pw".into()).await,
+        Code::FailedPrecondition,
+        "etcdserver: authentication is not enabled",
+    );
+    assert!(c.user_list().await.unwrap().users().is_empty());
+    assert!(c.role_list().await.unwrap().roles().is_empty());
+    assert_status(
+        c.user_get("root").await,
+        Code::FailedPrecondition,
+        "etcdserver: user name not found",
+    );
+    assert_status(
+        c.role_get("root").await,
+        Code::FailedPrecondition,
+        "etcdserver: role name not found",
+    );
+    c.auth_disable().await.unwrap();
+    if t.kind() == TargetKind::Strata {
+        let mut raw = api::etcdserverpb::auth_client::AuthClient::connect(t.endpoint().to_string())
+            .await
+            .unwrap();
+        let status = raw
+            .auth_status(api::etcdserverpb::AuthStatusRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!status.enabled);
+        assert_eq!(
+            status.auth_revision, 1,
+            "etcd's auth store starts at revision 1"
+        );
+    }
+}
+
 /// Membership, leadership and auth are the service's business: Strata refuses them clearly.
 /// (Against etcd these RPCs change a real member, so the test only runs against Strata.)
 #[tokio::test]

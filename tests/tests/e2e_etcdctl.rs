@@ -346,6 +346,30 @@ async fn watch_prefix_live_and_historical_revision() {
     }
 }
 
+/// A client configured with credentials works against a cluster with auth disabled, as
+/// etcdctl does against etcd: its Authenticate is answered "authentication is not enabled" and
+/// it goes on without a token.
+#[tokio::test]
+async fn a_user_and_password_are_ignored_while_auth_is_disabled() {
+    let (_t, ctl) = start().await;
+    ctl.ok(&["--user", "root:secret", "put", "cred/k", "v"]);
+    assert_eq!(
+        ctl.ok(&[
+            "--user",
+            "root:secret",
+            "get",
+            "cred/k",
+            "--print-value-only"
+        ]),
+        "v\n"
+    );
+    assert_eq!(ctl.ok(&["user", "list"]), "");
+    assert!(
+        ctl.fails(&["user", "get", "root"])
+            .contains("etcdserver: user name not found")
+    );
+}
+
 /// The keys under `prefix`, in key order.
 fn keys_under(ctl: &Etcdctl, prefix: &str) -> Vec<String> {
     ctl.ok(&["get", "--prefix", prefix, "--keys-only"])

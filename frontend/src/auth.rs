@@ -223,26 +223,11 @@ mod tests {
     use super::*;
     use crate::errors::msg;
     use crate::log::MemLog;
-    use crate::tenant::{Identity, Limits};
     use tonic::Code;
 
     fn service() -> AuthService {
-        let tenant = Tenant::start(
-            "t",
-            0,
-            memstore::MemStore::new(memstore::Config::default()),
-            None,
-            Arc::new(MemLog::new()),
-            Limits {
-                max_request_bytes: 1 << 20,
-                max_txn_ops: 128,
-                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
-            },
-            Identity {
-                cluster_id: 7,
-                member_id: 9,
-            },
-        );
+        let store = memstore::MemStore::new(memstore::Config::default());
+        let tenant = crate::tenant::test_tenant(store, Arc::new(MemLog::new()), 7, 9);
         AuthService::new(Arc::new(Tenants::new(tenant)))
     }
 

@@ -277,26 +277,16 @@ impl Kv for KvService {
 pub(crate) mod tests {
     use super::*;
     use crate::log::MemLog;
-    use crate::tenant::{Identity, Limits};
     use api::etcdserverpb::range_request::{SortOrder, SortTarget};
     use memstore::MemStore;
 
     fn tenant() -> Arc<Tenant> {
-        Tenant::start(
-            "t",
-            0,
-            MemStore::new(memstore::Config::default()),
-            None,
+        let store = MemStore::new(memstore::Config::default());
+        crate::tenant::test_tenant(
+            store,
             Arc::new(MemLog::new()),
-            Limits {
-                max_request_bytes: 1 << 20,
-                max_txn_ops: 128,
-                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
-            },
-            Identity {
-                cluster_id: u64::MAX - 7,
-                member_id: 0x1234_5678_9abc,
-            },
+            u64::MAX - 7,
+            0x1234_5678_9abc,
         )
     }
 
@@ -497,22 +487,7 @@ pub(crate) mod tests {
         for _ in 0..txns {
             log.tick();
         }
-        let t = Tenant::start(
-            "t",
-            0,
-            store,
-            None,
-            log,
-            Limits {
-                max_request_bytes: 1 << 20,
-                max_txn_ops: 128,
-                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
-            },
-            Identity {
-                cluster_id: 1,
-                member_id: 2,
-            },
-        );
+        let t = crate::tenant::test_tenant(store, log, 1, 2);
         (t, before)
     }
 

@@ -308,25 +308,10 @@ impl Lease for LeaseService {
 mod tests {
     use super::*;
     use crate::log::MemLog;
-    use crate::tenant::{Identity, Limits};
 
     fn tenant(log: &MemLog) -> Arc<Tenant> {
-        Tenant::start(
-            "t",
-            0,
-            memstore::MemStore::new(memstore::Config::default()),
-            None,
-            Arc::new(log.clone()),
-            Limits {
-                max_request_bytes: 1 << 20,
-                max_txn_ops: 128,
-                no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
-            },
-            Identity {
-                cluster_id: 7,
-                member_id: 9,
-            },
-        )
+        let store = memstore::MemStore::new(memstore::Config::default());
+        crate::tenant::test_tenant(store, Arc::new(log.clone()), 7, 9)
     }
 
     /// A keep-alive of a lease that exists is journalled; one of a lease that never existed

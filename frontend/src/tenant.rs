@@ -183,3 +183,30 @@ impl Tenant {
         }
     }
 }
+
+/// Unit tests' tenant: "t" on shard 0 over `log`, starting from `store`, with requests up to
+/// 1 MiB and etcd's 128 ops per txn.
+#[cfg(test)]
+pub fn test_tenant(
+    store: MemStore,
+    log: Arc<dyn Log>,
+    cluster_id: u64,
+    member_id: u64,
+) -> Arc<Tenant> {
+    Tenant::start(
+        "t",
+        0,
+        store,
+        None,
+        log,
+        Limits {
+            max_request_bytes: 1 << 20,
+            max_txn_ops: 128,
+            no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
+        },
+        Identity {
+            cluster_id,
+            member_id,
+        },
+    )
+}

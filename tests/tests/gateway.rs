@@ -296,6 +296,15 @@ async fn leases_cluster_and_maintenance_over_json() {
         400
     };
     assert_eq!(precondition, expected, "FailedPrecondition's HTTP status");
+    // Auth is disabled: Authenticate says so, and there is no user.
+    let login = json!({"name": "root", "password": "pw"}).to_string();
+    const NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
+    assert_eq!(
+        fails(&t, "/v3/auth/authenticate", &login, 9, NOT_ENABLED),
+        expected
+    );
+    let users = ok(&t, "/v3/auth/user/list", json!({}));
+    assert!(users.get("users").is_none(), "{users}");
 
     // The snapshot, as chunks: the last one is the SHA-256 of the others (32 bytes).
     let chunks: Vec<Value> = post_lines(t.endpoint(), "/v3/maintenance/snapshot", "")

@@ -106,22 +106,23 @@ fn bench_json(etcd: &Etcd, args: &[&str]) -> serde_json::Value {
 fn every_workload_runs_against_etcd() {
     let etcd = start_etcd();
 
+    // Eight clients over two connections, as every put run here.
+    const PUT: [&str; 5] = ["put", "--clients", "8", "--conns", "2"];
     let put = bench_json(
         &etcd,
         &[
-            "put",
-            "--clients",
-            "8",
-            "--conns",
-            "2",
-            "--total",
-            "400",
-            "--val-size",
-            "64",
-            "--key-space-size",
-            "100",
-            "--sequential-keys",
-        ],
+            &PUT[..],
+            &[
+                "--total",
+                "400",
+                "--val-size",
+                "64",
+                "--key-space-size",
+                "100",
+                "--sequential-keys",
+            ],
+        ]
+        .concat(),
     );
     assert_eq!(put["workload"], "put");
     assert_eq!(put["ok"], 400, "{put}");
@@ -137,18 +138,17 @@ fn every_workload_runs_against_etcd() {
         let idle = bench_json(
             &etcd,
             &[
-                "put",
-                "--clients",
-                "8",
-                "--conns",
-                "2",
-                "--total",
-                "200",
-                "--idle-watchers",
-                "250",
-                "--idle-watch-kind",
-                kind,
-            ],
+                &PUT[..],
+                &[
+                    "--total",
+                    "200",
+                    "--idle-watchers",
+                    "250",
+                    "--idle-watch-kind",
+                    kind,
+                ],
+            ]
+            .concat(),
         );
         assert_eq!(
             (idle["ok"].clone(), idle["errors"].clone()),

@@ -132,11 +132,11 @@ where
                 Ok(resp.map(Body::new))
             }));
         }
-        if crate::gateway::route(&req).is_some() {
+        if let Some(route) = crate::gateway::route(&req) {
             // etcd's JSON gateway: a plain HTTP POST of JSON.
             let gateway = self.gateway.clone();
             return Either::Right(Box::pin(async move {
-                Ok(gateway.serve(req).await.map(Body::new))
+                Ok(gateway.serve(route, req).await.map(Body::new))
             }));
         }
         let Some(rpc) = fast_rpc(&req) else {

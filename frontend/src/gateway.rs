@@ -13,6 +13,7 @@
 //! `{"result": ...}` line per response; Snapshot answers its chunks the same way.
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use api::etcdserverpb::auth_server::Auth;
 use api::etcdserverpb::cluster_server::Cluster;
@@ -94,21 +95,25 @@ pub const METHODS: &[&str] = &[
 /// JSON requests of one stream queued before the body is read further.
 const STREAM_INPUT_QUEUE: usize = 16;
 
-/// The services a gateway request is handed to: the same ones gRPC calls reach.
+/// The services a gateway request is handed to: the very instances gRPC calls reach.
 pub struct Gateway {
-    pub kv: KvService,
-    pub watch: WatchService<Tenants>,
-    pub lease: LeaseService,
-    pub maintenance: MaintenanceService,
-    pub cluster: ClusterService,
-    pub auth: AuthService,
+    pub kv: Arc<KvService>,
+    pub watch: Arc<WatchService<Tenants>>,
+    pub lease: Arc<LeaseService>,
+    pub maintenance: Arc<MaintenanceService>,
+    pub cluster: Arc<ClusterService>,
+    pub auth: Arc<AuthService>,
     /// The largest body accepted: a request's JSON is its protobuf's bytes in base64 and more.
     pub max_body: usize,
 }
 
-/// The method path of a gateway request (after its prefix), if `req` is one: an HTTP request
-/// for a `/v3/` path that is not gRPC.
-pub fn route(req: &http::Request<Body>) -> Option<&str> {
+/// Where a gateway request goes: one of [`METHODS`], or none (404).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Route(Option<&'static str>);
+
+/// The route of `req` if it is a gateway request: an HTTP request for a `/v3/` path that is
+/// not gRPC.
+pub fn route(req: &http::Request<Body>) -> Option<Route> {
     let grpc = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -117,27 +122,25 @@ pub fn route(req: &http::Request<Body>) -> Option<&str> {
         return None;
     }
     let path = req.uri().path();
-    PREFIXES.iter().find_map(|p| path.strip_prefix(p))
+    let method = PREFIXES.iter().find_map(|p| path.strip_prefix(p))?;
+    Some(Route(METHODS.iter().copied().find(|m| *m == method)))
 }
 
 type Answer = http::Response<HttpBody>;
 
 impl Gateway {
-    /// Answers one gateway request (`route(&req)` is `Some`).
-    pub async fn serve(&self, req: http::Request<Body>) -> Answer {
-        let Some(method) = route(&req).map(str::to_owned) else {
+    /// Answers one gateway request, `route` being `route(&req)`.
+    pub async fn serve(&self, route: Route, req: http::Request<Body>) -> Answer {
+        let Route(Some(method)) = route else {
             return plain(StatusCode::NOT_FOUND, "Not Found");
         };
-        if !METHODS.contains(&method.as_str()) {
-            return plain(StatusCode::NOT_FOUND, "Not Found");
-        }
         if req.method() != Method::POST {
             return plain(StatusCode::METHOD_NOT_ALLOWED, "Method Not Allowed");
         }
         let (parts, body) = req.into_parts();
         let md = metadata_of(parts.headers);
         let max = self.max_body;
-        match method.as_str() {
+        match method {
             "kv/range" => unary(md, body, max, |r| self.kv.range(r)).await,
             "kv/put" => unary(md, body, max, |r| self.kv.put(r)).await,
             "kv/deleterange" => unary(md, body, max, |r| self.kv.delete_range(r)).await,
@@ -542,12 +545,35 @@ mod tests {
     #[test]
     fn every_listed_method_is_routed() {
         let source = include_str!("gateway.rs");
-        let body = &source[source.find("match method.as_str() {").unwrap()..];
+        let body = &source[source.find("match method {").unwrap()..];
         let body = &body[..body.find("// Not reached").unwrap()];
         for m in METHODS {
             assert!(body.contains(&format!("\"{m}\"")), "{m} has no arm");
         }
         assert_eq!(METHODS.len(), 44);
+    }
+
+    #[test]
+    fn routes_are_found_once_for_v3_paths_that_are_not_grpc() {
+        let req = |path: &str, content_type: &str| {
+            http::Request::builder()
+                .uri(path)
+                .header(header::CONTENT_TYPE, content_type)
+                .body(Body::empty())
+                .unwrap()
+        };
+        let json = "application/json";
+        assert_eq!(
+            route(&req("/v3/kv/range", json)),
+            Some(Route(Some("kv/range")))
+        );
+        assert_eq!(
+            route(&req("/v3beta/watch", json)),
+            Some(Route(Some("watch")))
+        );
+        assert_eq!(route(&req("/v3/kv/nothing", json)), Some(Route(None)));
+        assert_eq!(route(&req("/v3/kv/range", "application/grpc+proto")), None);
+        assert_eq!(route(&req("/etcdserverpb.KV/Range", json)), None);
     }
 
     #[test]

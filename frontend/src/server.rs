@@ -155,24 +155,23 @@ impl Frontend {
             etcd_version: config.etcd_version.clone(),
             draining: draining.clone(),
         });
-        // etcd's JSON gateway hands requests to services of its own, configured as the gRPC
-        // ones below.
-        let watch_config = WatchConfig {
-            progress_notify_interval: config.watch_progress_notify_interval,
-            ..WatchConfig::default()
-        };
+        // One instance of each service, shared by the gRPC routes and etcd's JSON gateway.
         let gateway = Arc::new(crate::gateway::Gateway {
-            kv: KvService::new(tenants.clone()),
-            watch: WatchService::with_config(tenants.clone(), watch_config.clone()),
-            lease: LeaseService::new(tenants.clone()),
-            maintenance: MaintenanceService::new(
+            kv: Arc::new(KvService::new(tenants.clone())),
+            watch: Arc::new(WatchService::with_config(
                 tenants.clone(),
-                log.clone(),
-                config.etcd_version.clone(),
-            )
-            .with_members(&members),
-            cluster: ClusterService::new(tenants.clone(), members.clone()),
-            auth: AuthService::new(tenants.clone()),
+                WatchConfig {
+                    progress_notify_interval: config.watch_progress_notify_interval,
+                    ..WatchConfig::default()
+                },
+            )),
+            lease: Arc::new(LeaseService::new(tenants.clone())),
+            maintenance: Arc::new(
+                MaintenanceService::new(tenants.clone(), log.clone(), config.etcd_version.clone())
+                    .with_members(&members),
+            ),
+            cluster: Arc::new(ClusterService::new(tenants.clone(), members)),
+            auth: Arc::new(AuthService::new(tenants.clone())),
             max_body: 2 * max_decode,
         });
         let grpc = tonic::transport::Server::builder()
@@ -188,30 +187,21 @@ impl Frontend {
                 tenants.clone(),
                 max_decode,
                 side_port.clone(),
-                gateway,
+                gateway.clone(),
             ))
             .add_service(health)
             .add_service(
-                KvServer::new(KvService::new(tenants.clone()))
-                    .max_decoding_message_size(max_decode),
+                KvServer::from_arc(gateway.kv.clone()).max_decoding_message_size(max_decode),
             )
             .add_service(
-                WatchServer::new(WatchService::with_config(tenants.clone(), watch_config))
-                    .max_decoding_message_size(max_decode),
+                WatchServer::from_arc(gateway.watch.clone()).max_decoding_message_size(max_decode),
             )
             .add_service(
-                LeaseServer::new(LeaseService::new(tenants.clone()))
-                    .max_decoding_message_size(max_decode),
+                LeaseServer::from_arc(gateway.lease.clone()).max_decoding_message_size(max_decode),
             )
-            .add_service(MaintenanceServer::new(
-                MaintenanceService::new(tenants.clone(), log.clone(), config.etcd_version.clone())
-                    .with_members(&members),
-            ))
-            .add_service(ClusterServer::new(ClusterService::new(
-                tenants.clone(),
-                members,
-            )))
-            .add_service(AuthServer::new(AuthService::new(tenants.clone())));
+            .add_service(MaintenanceServer::from_arc(gateway.maintenance.clone()))
+            .add_service(ClusterServer::from_arc(gateway.cluster.clone()))
+            .add_service(AuthServer::from_arc(gateway.auth.clone()));
 
         let (shutdown, stop) = oneshot::channel::<()>();
         let stop = futures::FutureExt::shared(async move {

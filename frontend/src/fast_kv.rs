@@ -250,15 +250,27 @@ fn encoded<T: Message>(resp: Response<T>) -> Result<Bytes, Status> {
 /// Reads the request body to its end and answers its one message (without the prefix), with
 /// tonic's statuses for what it refuses. A message over the limit is refused as soon as its
 /// prefix arrives, before the rest is buffered; bytes after the message are not kept.
+/// The next data of a request body (trailers and other frames skipped); None at its end.
+pub(crate) async fn next_data(body: &mut Body) -> Option<Result<Bytes, Status>> {
+    loop {
+        match std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await? {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    return Some(Ok(data));
+                }
+            }
+            Err(e) => return Some(Err(e)),
+        }
+    }
+}
+
 async fn read_message(mut body: Body, max_decode: usize) -> Result<Bytes, Status> {
     let mut received = Received::Nothing;
     // Bytes of prefix + message once the prefix is in: what a client sends after the one
     // message is read (so the stream ends as the client meant it) but not kept.
     let mut whole = None;
-    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
+    while let Some(data) = next_data(&mut body).await {
+        let data = data?;
         if whole.is_some_and(|w| received.bytes().len() >= w) {
             continue;
         }

@@ -24,7 +24,6 @@ use axum::body::Body as HttpBody;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use http::{HeaderValue, Method, StatusCode, header};
-use http_body::Body as _;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
@@ -35,6 +34,7 @@ use tonic::{Code, Request, Response, Status};
 
 use crate::auth::AuthService;
 use crate::cluster::ClusterService;
+use crate::fast_kv::next_data;
 use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::maintenance::MaintenanceService;
@@ -297,10 +297,8 @@ async fn read_message<T: DeserializeOwned + Default>(
     max_body: usize,
 ) -> Result<T, Status> {
     let mut buf = BytesMut::new();
-    while let Some(frame) = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
-        let Ok(data) = frame?.into_data() else {
-            continue;
-        };
+    while let Some(data) = next_data(&mut body).await {
+        let data = data?;
         if buf.len() + data.len() > max_body {
             return Err(Status::invalid_argument(
                 crate::errors::msg::REQUEST_TOO_LARGE,
@@ -324,12 +322,9 @@ async fn read_messages<T: DeserializeOwned + Send>(
 ) {
     let mut buf = BytesMut::new();
     loop {
-        let frame = std::future::poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await;
-        let ended = match frame {
-            Some(Ok(frame)) => {
-                if let Ok(data) = frame.into_data() {
-                    buf.extend_from_slice(&data);
-                }
+        let ended = match next_data(&mut body).await {
+            Some(Ok(data)) => {
+                buf.extend_from_slice(&data);
                 false
             }
             Some(Err(_)) | None => true,

@@ -3,7 +3,8 @@
 //! what a server pays per write for watchers that have nothing to receive (every put is offered
 //! to the tenant's watchers; an unindexed hub walks them all).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use api::etcdserverpb::watch_request::RequestUnion;
 use api::etcdserverpb::{WatchCreateRequest, WatchRequest};
@@ -13,11 +14,10 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::BenchError;
 use super::conn::Pool;
+use super::watch::{CREATE_TIMEOUT, Shared};
 
 /// Watchers per stream (as the watch workload's default spreads them).
 pub const WATCHERS_PER_STREAM: usize = 100;
-/// How long the watchers may take to be created.
-pub const CREATE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What each idle watcher watches, under a run-unique prefix no workload writes.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,7 @@ impl IdleWatchers {
     pub async fn open(pool: &Pool, n: usize, kind: IdleKind) -> Result<Self, BenchError> {
         let prefix = format!("bench-idle/{:016x}/", rand::random::<u64>());
         let (stop, stopped) = watch::channel(false);
-        let (created_tx, mut created) = mpsc::unbounded_channel::<usize>();
+        let shared = Arc::new(Shared::default());
         let mut streams = JoinSet::new();
         for (s, first) in (0..n).step_by(WATCHERS_PER_STREAM).enumerate() {
             let count = WATCHERS_PER_STREAM.min(n - first);
@@ -80,53 +80,29 @@ impl IdleWatchers {
             }
             let request = pool.stream_request(ReceiverStream::new(rx));
             let mut client = pool.watch(s);
-            let (created_tx, mut stopped) = (created_tx.clone(), stopped.clone());
+            let (shared, mut stopped) = (shared.clone(), stopped.clone());
             streams.spawn(async move {
                 let _keep_open = tx;
-                let mut inbound = client
-                    .watch(request)
-                    .await
-                    .map_err(|s| s.message().to_string())?
-                    .into_inner();
-                loop {
-                    tokio::select! {
-                        _ = stopped.changed() => return Ok(()),
-                        msg = inbound.message() => match msg {
-                            Ok(Some(r)) if r.canceled => {
-                                return Err(format!("idle watch cancelled: {}", r.cancel_reason))
-                            }
-                            Ok(Some(r)) if !r.events.is_empty() => {
-                                return Err("an idle watcher received an event".into())
-                            }
-                            Ok(Some(r)) => {
-                                if r.created {
-                                    let _ = created_tx.send(1);
-                                }
-                            }
-                            Ok(None) => return Err("idle watch stream closed".into()),
-                            Err(s) => return Err(s.message().to_string()),
-                        },
-                    }
+                let watched = watch_idle(&mut client, request, &shared, &mut stopped).await;
+                if watched.is_err() {
+                    shared.failed_streams.fetch_add(1, Ordering::Relaxed);
+                    shared.notify.notify_one();
                 }
+                watched
             });
         }
-        drop(created_tx);
-        let mut total = 0;
-        let all = tokio::time::timeout(CREATE_TIMEOUT, async {
-            while total < n {
-                match created.recv().await {
-                    Some(c) => total += c,
-                    None => return false,
-                }
-            }
-            true
-        })
-        .await;
+        let all = shared
+            .wait_until(CREATE_TIMEOUT, || {
+                shared.created.load(Ordering::Relaxed) == n
+                    || shared.failed_streams.load(Ordering::Relaxed) > 0
+            })
+            .await;
         let mut idle = Self { stop, streams };
-        if all != Ok(true) {
+        let created = shared.created.load(Ordering::Relaxed);
+        if !all || created != n {
             let errors = idle.close().await.err().unwrap_or_default();
             return Err(BenchError::Setup(format!(
-                "only {total} of {n} idle watchers were created within {CREATE_TIMEOUT:?} {errors}"
+                "only {created} of {n} idle watchers were created within {CREATE_TIMEOUT:?} {errors}"
             )));
         }
         Ok(idle)
@@ -147,6 +123,42 @@ impl IdleWatchers {
             Ok(())
         } else {
             Err(format!("{errors:?}"))
+        }
+    }
+}
+
+/// One stream of idle watchers, until `stopped` changes: counts its creations into `shared`;
+/// an error if a watcher is cancelled, receives an event, or the stream ends.
+async fn watch_idle(
+    client: &mut api::etcdserverpb::watch_client::WatchClient<tonic::transport::Channel>,
+    request: tonic::Request<ReceiverStream<WatchRequest>>,
+    shared: &Shared,
+    stopped: &mut watch::Receiver<bool>,
+) -> Result<(), String> {
+    let mut inbound = client
+        .watch(request)
+        .await
+        .map_err(|s| s.message().to_string())?
+        .into_inner();
+    loop {
+        tokio::select! {
+            _ = stopped.changed() => return Ok(()),
+            msg = inbound.message() => match msg {
+                Ok(Some(r)) if r.canceled => {
+                    return Err(format!("idle watch cancelled: {}", r.cancel_reason))
+                }
+                Ok(Some(r)) if !r.events.is_empty() => {
+                    return Err("an idle watcher received an event".into())
+                }
+                Ok(Some(r)) => {
+                    if r.created {
+                        shared.created.fetch_add(1, Ordering::Relaxed);
+                        shared.notify.notify_one();
+                    }
+                }
+                Ok(None) => return Err("idle watch stream closed".into()),
+                Err(s) => return Err(s.message().to_string()),
+            },
         }
     }
 }

@@ -226,16 +226,16 @@ pub fn verify(acks: &[Ack], received: &[Vec<(i64, Instant)>]) -> (Verdict, Sampl
 
 /// Progress shared by the streams and the writers.
 #[derive(Default)]
-struct Shared {
-    created: AtomicUsize,
-    failed_streams: AtomicUsize,
+pub(super) struct Shared {
+    pub(super) created: AtomicUsize,
+    pub(super) failed_streams: AtomicUsize,
     delivered: AtomicU64,
-    notify: Notify,
+    pub(super) notify: Notify,
 }
 
 impl Shared {
     /// Waits until `done()` holds, up to `timeout`; returns whether it holds.
-    async fn wait_until(&self, timeout: Duration, done: impl Fn() -> bool) -> bool {
+    pub(super) async fn wait_until(&self, timeout: Duration, done: impl Fn() -> bool) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             if done() {

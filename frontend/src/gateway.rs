@@ -114,6 +114,10 @@ pub struct Route(Option<&'static str>);
 /// The route of `req` if it is a gateway request: an HTTP request for a `/v3/` path that is
 /// not gRPC.
 pub fn route(req: &http::Request<Body>) -> Option<Route> {
+    // The path first: every gRPC call's path (`/etcdserverpb.KV/Range`) fails this at its
+    // first bytes, so the hot path pays no header lookup.
+    let path = req.uri().path();
+    let method = PREFIXES.iter().find_map(|p| path.strip_prefix(p))?;
     let grpc = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -121,8 +125,6 @@ pub fn route(req: &http::Request<Body>) -> Option<Route> {
     if grpc {
         return None;
     }
-    let path = req.uri().path();
-    let method = PREFIXES.iter().find_map(|p| path.strip_prefix(p))?;
     Some(Route(METHODS.iter().copied().find(|m| *m == method)))
 }
 

@@ -117,6 +117,8 @@ fn store_status(e: &memstore::Error) -> (Code, String) {
         C::ResourceExhausted => Code::ResourceExhausted,
         C::Unimplemented => Code::Unimplemented,
         C::DataLoss => Code::DataLoss,
+        C::PermissionDenied => Code::PermissionDenied,
+        C::Unknown => Code::Unknown,
     };
     (code, e.grpc_message())
 }

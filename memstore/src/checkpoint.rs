@@ -20,11 +20,12 @@ use rkyv::rancor;
 use rkyv::util::AlignedVec;
 use rkyv::with::{Inline, InlineAsBox};
 
+use crate::auth::AuthState;
 use crate::dedup::{Dedup, Key, Remembered, Slot, key_of};
 use crate::keyspace::{KeySpace, KeySpaceBuilder, Version};
 use crate::lease::LeaseTable;
 use crate::restore::Stage;
-use crate::store::{AuthState, State};
+use crate::store::State;
 use crate::{Config, Error, MemStore};
 
 /// First bytes of every checkpoint object.

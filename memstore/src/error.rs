@@ -12,6 +12,9 @@ pub enum Code {
     ResourceExhausted,
     Unimplemented,
     DataLoss,
+    PermissionDenied,
+    /// What grpc-go answers for an error etcd does not map to a code.
+    Unknown,
 }
 
 /// Why a request (or a checkpoint) was refused. A request that fails changes nothing.
@@ -49,7 +52,38 @@ pub enum Error {
     /// revoke, and compaction) until it is disarmed (`applierV3Corrupt`: ErrCorrupt).
     #[error("etcdserver: corrupt cluster")]
     CorruptAlarm,
-    /// A request kind this release does not apply (auth and tenant changes).
+    /// Auth: enabling needs a user `root` ...
+    #[error("etcdserver: root user does not exist")]
+    RootUserNotExist,
+    /// ... that holds the role `root`.
+    #[error("etcdserver: root user does not have root role")]
+    RootRoleNotExist,
+    #[error("etcdserver: user name already exists")]
+    UserAlreadyExists,
+    #[error("etcdserver: user name is empty")]
+    UserEmpty,
+    #[error("etcdserver: user name not found")]
+    UserNotFound,
+    #[error("etcdserver: role name already exists")]
+    RoleAlreadyExists,
+    #[error("etcdserver: role name not found")]
+    RoleNotFound,
+    #[error("etcdserver: role name is empty")]
+    RoleEmpty,
+    #[error("etcdserver: role is not granted to the user")]
+    RoleNotGranted,
+    #[error("etcdserver: permission is not granted to the role")]
+    PermissionNotGranted,
+    /// Deleting `root`, its role, or revoking the role from it while auth is enabled.
+    #[error("etcdserver: invalid auth management")]
+    InvalidAuthManagement,
+    /// A grant without a permission (etcd has no gRPC code for it: Unknown, its own text).
+    #[error("auth: permission not given")]
+    PermissionNotGiven,
+    /// A password hash that is not base64 (etcd's `selectPassword` failing: Unknown).
+    #[error("auth: authentication failed, password was given for no password user")]
+    NoPasswordUser,
+    /// A request kind this release does not apply (tenant changes).
     #[error("etcdserver: not capable: {0}")]
     Unsupported(String),
     /// A checkpoint failed its checks (magic, version, checksum, archive validation).
@@ -73,6 +107,18 @@ impl Error {
             Error::NoSpace => Code::ResourceExhausted,
             Error::Unsupported(_) => Code::Unimplemented,
             Error::Corrupt(_) | Error::CorruptAlarm => Code::DataLoss,
+            Error::UserEmpty | Error::RoleEmpty | Error::InvalidAuthManagement => {
+                Code::InvalidArgument
+            }
+            Error::RootUserNotExist
+            | Error::RootRoleNotExist
+            | Error::UserAlreadyExists
+            | Error::UserNotFound
+            | Error::RoleAlreadyExists
+            | Error::RoleNotFound
+            | Error::RoleNotGranted
+            | Error::PermissionNotGranted => Code::FailedPrecondition,
+            Error::PermissionNotGiven | Error::NoPasswordUser => Code::Unknown,
         }
     }
 

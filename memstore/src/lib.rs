@@ -1,6 +1,7 @@
 //! The in-memory MVCC state machine of one tenant: etcd's key-value, lease and alarm semantics,
 //! applied deterministically from journal entries (see the crate README and docs/memstore.md).
 
+mod auth;
 mod dedup;
 mod error;
 mod keyspace;
@@ -24,6 +25,7 @@ use api::mvccpb;
 pub use api::etcdserverpb::{
     AlarmMember, LeaseLeasesResponse, LeaseTimeToLiveResponse, RangeRequest, RangeResponse,
 };
+pub use auth::{INITIAL_AUTH_REVISION, ROOT, root_permission};
 pub use error::{Code, Error};
 pub use point::RangeView;
 pub use restore::{MAX_STAGE_BYTES, RestoreStep};
@@ -138,6 +140,8 @@ pub enum Outcome {
     LeaseRevoke(LeaseRevokeResponse),
     LeaseKeepAlive(LeaseKeepAliveResponse),
     Alarm(AlarmResponse),
+    /// An auth change was applied (the frontend answers it with the response its RPC names).
+    Auth,
     /// A step of a staged restore (`RestoreBegin`, `RestoreChunk`, `RestoreCommit`).
     Restore(RestoreStep),
     /// The request id was applied before (within the window); nothing changed. `revision` is

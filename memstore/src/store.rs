@@ -2,7 +2,7 @@
 //! reads (range, events, leases, hash) served from it.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
+use std::collections::{BTreeSet, BinaryHeap};
 
 use api::etcdserverpb::{
     AlarmMember, AlarmRequest, AlarmResponse, AlarmType, CompactionRequest, CompactionResponse,
@@ -17,6 +17,7 @@ use api::record::{DecodeError, FastRecord, PutView};
 use api::strata::entry::{Entry, entry::Request};
 use api::strata::journal::Record;
 
+use crate::auth::AuthState;
 use crate::dedup::Dedup;
 use crate::keyspace::{KeySpace, Slot, Version, below, bounds, live_at};
 use crate::lease::LeaseTable;
@@ -30,18 +31,6 @@ pub(crate) const INITIAL_REVISION: i64 = 1;
 /// The compact revision of a store never compacted, as etcd's (`compactMainRev` starts at
 /// -1): a first `Compact(0)` is accepted, and HashKV answers it as `compact_revision`.
 pub const NEVER_COMPACTED: i64 = -1;
-
-/// Room for the tenant's auth state (users and roles as encoded authpb messages). This release
-/// keeps it empty and refuses auth changes; checkpoints already carry it.
-#[derive(
-    Debug, Clone, Default, PartialEq, Eq, rkyv::Archive, rkyv::Serialize, rkyv::Deserialize,
-)]
-pub(crate) struct AuthState {
-    pub enabled: bool,
-    pub revision: u64,
-    pub users: BTreeMap<String, Vec<u8>>,
-    pub roles: BTreeMap<String, Vec<u8>>,
-}
 
 /// Everything a checkpoint holds (`checkpoint` archives it with the keys flattened).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -463,6 +452,46 @@ impl MemStore {
         }
     }
 
+    /// Whether the tenant's auth is enabled.
+    pub fn auth_enabled(&self) -> bool {
+        self.state.auth.enabled
+    }
+
+    /// The tenant's auth revision (etcd's: 1 before any change, one more per change).
+    pub fn auth_revision(&self) -> u64 {
+        self.state.auth.revision()
+    }
+
+    /// A user, roles sorted (etcd's UserGet), or None.
+    pub fn auth_user(&self, name: &str) -> Option<api::authpb::User> {
+        self.state.auth.user(name)
+    }
+
+    /// Every user's name, sorted (etcd's UserList).
+    pub fn auth_users(&self) -> Vec<String> {
+        self.state.auth.users.keys().cloned().collect()
+    }
+
+    /// A role's permissions, sorted by key (etcd's RoleGet; the root role answers read and
+    /// write on every key), or None.
+    pub fn auth_role(&self, name: &str) -> Option<Vec<api::authpb::Permission>> {
+        let role = self.state.auth.role(name)?;
+        if name == crate::ROOT {
+            return Some(vec![crate::root_permission()]);
+        }
+        Some(role.key_permission)
+    }
+
+    /// Every role's name, sorted (etcd's RoleList).
+    pub fn auth_roles(&self) -> Vec<String> {
+        self.state.auth.roles.keys().cloned().collect()
+    }
+
+    /// Why enabling auth would be refused now (etcd's checks), if it would.
+    pub fn auth_check_enable(&self) -> Result<(), Error> {
+        self.state.auth.check_enable()
+    }
+
     pub fn alarms(&self) -> Vec<AlarmMember> {
         self.state
             .alarms
@@ -787,7 +816,7 @@ impl MemStore {
             Request::LeaseRevoke(r) => self.apply_lease_revoke(r, events).map(Outcome::LeaseRevoke),
             Request::LeaseKeepAlive(k) => self.apply_keep_alive(k).map(Outcome::LeaseKeepAlive),
             Request::Alarm(a) => Ok(Outcome::Alarm(self.apply_alarm(a))),
-            Request::Auth(_) => Err(Error::Unsupported("auth changes".into())),
+            Request::Auth(a) => self.state.auth.apply(a).map(|()| Outcome::Auth),
             Request::TenantChange(_) => Err(Error::Unsupported("tenant changes".into())),
             Request::RestoreBegin(b) => Ok(self.apply_restore_begin(b)),
             Request::RestoreChunk(c) => Ok(self.apply_restore_chunk(c)),

@@ -30,6 +30,12 @@ fn sample() -> (CheckpointMeta, MemStore) {
     h.del("k05", "k08");
     h.compact(10);
     h.apply_with_id(Request::Put(put("dedup", "1")), vec![9; 16]);
+    for change in sample_auth() {
+        let a = h.apply(Request::Auth(api::strata::entry::AuthChange {
+            change: Some(change),
+        }));
+        assert_eq!(a.outcome, Outcome::Auth);
+    }
     let meta = CheckpointMeta {
         tenant: "tenant-a".into(),
         shard: 3,
@@ -38,6 +44,37 @@ fn sample() -> (CheckpointMeta, MemStore) {
         created_ms: h.now_ms,
     };
     (meta, h.store)
+}
+
+/// A user with a role that holds a permission.
+fn sample_auth() -> Vec<api::strata::entry::auth_change::Change> {
+    use api::etcdserverpb::{
+        AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
+        AuthUserGrantRoleRequest,
+    };
+    use api::strata::entry::auth_change::Change;
+    vec![
+        Change::UserAdd(AuthUserAddRequest {
+            name: "alice".into(),
+            hashed_password: "JDJhJDEwJGhhc2g=".into(),
+            ..Default::default()
+        }),
+        Change::RoleAdd(AuthRoleAddRequest {
+            name: "reader".into(),
+        }),
+        Change::RoleGrantPermission(AuthRoleGrantPermissionRequest {
+            name: "reader".into(),
+            perm: Some(api::authpb::Permission {
+                perm_type: 0,
+                key: "k".into(),
+                range_end: "l".into(),
+            }),
+        }),
+        Change::UserGrantRole(AuthUserGrantRoleRequest {
+            user: "alice".into(),
+            role: "reader".into(),
+        }),
+    ]
 }
 
 #[test]
@@ -50,6 +87,10 @@ fn round_trip_is_indistinguishable() {
     assert!(loaded == store);
     assert_eq!(loaded.stats(), store.stats());
     assert_eq!(loaded.hash_kv(0), store.hash_kv(0));
+    assert_eq!(loaded.auth_revision(), 5);
+    assert_eq!(loaded.auth_user("alice"), store.auth_user("alice"));
+    assert_eq!(loaded.auth_user("alice").unwrap().roles, ["reader"]);
+    assert_eq!(loaded.auth_role("reader").unwrap().len(), 1);
     assert_eq!(
         loaded.lease_time_to_live(7, true),
         store.lease_time_to_live(7, true)

@@ -77,6 +77,78 @@ fn messages_and_codes_match_etcd() {
             "etcdserver: mvcc: database space exceeded",
             Code::ResourceExhausted,
         ),
+        (
+            Error::RootUserNotExist,
+            "etcdserver: root user does not exist",
+            "etcdserver: root user does not exist",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::RootRoleNotExist,
+            "etcdserver: root user does not have root role",
+            "etcdserver: root user does not have root role",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::UserAlreadyExists,
+            "etcdserver: user name already exists",
+            "etcdserver: user name already exists",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::UserEmpty,
+            "etcdserver: user name is empty",
+            "etcdserver: user name is empty",
+            Code::InvalidArgument,
+        ),
+        (
+            Error::UserNotFound,
+            "etcdserver: user name not found",
+            "etcdserver: user name not found",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::RoleAlreadyExists,
+            "etcdserver: role name already exists",
+            "etcdserver: role name already exists",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::RoleNotFound,
+            "etcdserver: role name not found",
+            "etcdserver: role name not found",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::RoleEmpty,
+            "etcdserver: role name is empty",
+            "etcdserver: role name is empty",
+            Code::InvalidArgument,
+        ),
+        (
+            Error::RoleNotGranted,
+            "etcdserver: role is not granted to the user",
+            "etcdserver: role is not granted to the user",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::PermissionNotGranted,
+            "etcdserver: permission is not granted to the role",
+            "etcdserver: permission is not granted to the role",
+            Code::FailedPrecondition,
+        ),
+        (
+            Error::InvalidAuthManagement,
+            "etcdserver: invalid auth management",
+            "etcdserver: invalid auth management",
+            Code::InvalidArgument,
+        ),
+        (
+            Error::PermissionNotGiven,
+            "auth: permission not given",
+            "auth: permission not given",
+            Code::Unknown,
+        ),
     ];
     for (err, display, grpc, code) in cases {
         assert_eq!(err.to_string(), display);
@@ -85,7 +157,7 @@ fn messages_and_codes_match_etcd() {
     }
     assert_eq!(Error::Corrupt("x".into()).grpc_code(), Code::DataLoss);
     assert_eq!(
-        Error::Unsupported("auth".into()).grpc_code(),
+        Error::Unsupported("tenant changes".into()).grpc_code(),
         Code::Unimplemented
     );
 }

@@ -338,7 +338,8 @@ fn quota_charges_each_version_besides_its_bytes() {
 #[test]
 fn unsupported_requests_fail_cleanly() {
     let mut h = Harness::new();
-    let a = h.apply(Request::Auth(api::strata::entry::AuthChange {
+    let a = h.apply(Request::TenantChange(api::strata::entry::TenantChange {
+        name: "t".into(),
         change: None,
     }));
     assert!(matches!(failed(&a), Some(Error::Unsupported(_))));

@@ -72,6 +72,11 @@ pub struct Config {
     #[arg(long, default_value_t = DEFAULT_MAX_TXN_OPS)]
     pub max_txn_ops: usize,
 
+    /// bcrypt cost of the password hashes of UserAdd and UserChangePassword (etcd's
+    /// --bcrypt-cost, 4 to 31).
+    #[arg(long, default_value_t = crate::auth::DEFAULT_BCRYPT_COST)]
+    pub bcrypt_cost: u32,
+
     /// Client URLs of the other frontends serving this tenant, comma separated, listed by
     /// Cluster.MemberList so clients spread over them.
     #[arg(long, value_delimiter = ',')]
@@ -122,6 +127,8 @@ pub enum ConfigError {
     NoLeaderAfter(Duration),
     #[error("--max-txn-ops must be between 1 and the apply-time limit {limit}, got {got}")]
     MaxTxnOps { got: usize, limit: usize },
+    #[error("--bcrypt-cost must be 4 to 31, got {0}")]
+    BcryptCost(u32),
     #[error("--etcd-version must look like 3.5.17, got {0:?}")]
     EtcdVersion(String),
     #[error("client URL {0:?} must start with http:// or https://")]
@@ -143,6 +150,7 @@ impl Config {
             etcd_version: DEFAULT_ETCD_VERSION.into(),
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
+            bcrypt_cost: crate::auth::DEFAULT_BCRYPT_COST,
             peer_frontends: Vec::new(),
             object_store: None,
             watch_progress_notify_interval: crate::watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL,
@@ -171,6 +179,9 @@ impl Config {
                 got: self.max_txn_ops,
                 limit,
             });
+        }
+        if !crate::auth::BCRYPT_COSTS.contains(&self.bcrypt_cost) {
+            return Err(ConfigError::BcryptCost(self.bcrypt_cost));
         }
         let parts: Vec<&str> = self.etcd_version.split('.').collect();
         if parts.len() != 3 || parts.iter().any(|p| p.parse::<u32>().is_err()) {
@@ -227,6 +238,11 @@ mod tests {
         let mut c = ok.clone();
         c.max_txn_ops = 0;
         assert!(matches!(c.validate(), Err(ConfigError::MaxTxnOps { .. })));
+        for cost in [3, 32] {
+            let mut c = ok.clone();
+            c.bcrypt_cost = cost;
+            assert!(matches!(c.validate(), Err(ConfigError::BcryptCost(_))));
+        }
         let mut c = ok.clone();
         c.etcd_version = "3.5".into();
         assert!(matches!(c.validate(), Err(ConfigError::EtcdVersion(_))));

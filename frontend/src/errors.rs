@@ -55,18 +55,16 @@ pub enum Error {
     /// Maintenance.Downgrade.
     #[error("downgrade is managed by the service")]
     DowngradeManaged,
-    /// Any change of the auth state, until the auth model lands.
-    #[error("auth is not available yet")]
+    /// AuthEnable (and so Authenticate) until tokens and permission checks land: users and
+    /// roles can be managed, but nothing would enforce them (docs/design/auth.md).
+    #[error("auth enforcement is not available yet")]
     AuthUnavailable,
     /// Authenticate while auth is disabled (etcd's ErrGRPCAuthNotEnabled).
     #[error("authentication is not enabled")]
     AuthNotEnabled,
-    /// UserGet of a user that does not exist (etcd's ErrGRPCUserNotFound).
-    #[error("user not found")]
-    AuthUserNotFound,
-    /// RoleGet of a role that does not exist (etcd's ErrGRPCRoleNotFound).
-    #[error("role not found")]
-    AuthRoleNotFound,
+    /// A password bcrypt cannot hash whole (Go's bcrypt refuses more than 72 bytes).
+    #[error("password of {0} bytes")]
+    PasswordTooLong(usize),
     /// The replica produced an outcome of another kind than the request (an invariant breach).
     #[error("unexpected outcome for {0}")]
     UnexpectedOutcome(&'static str),
@@ -100,8 +98,7 @@ pub mod msg {
     pub const UNHEALTHY: &str = "etcdserver: unhealthy cluster";
     pub const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
     pub const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
-    pub const USER_NOT_FOUND: &str = "etcdserver: user name not found";
-    pub const ROLE_NOT_FOUND: &str = "etcdserver: role name not found";
+    pub const PASSWORD_TOO_LONG: &str = "bcrypt: password length exceeds 72 bytes";
     pub const MEMBER_NOT_LEARNER: &str = "etcdserver: can only promote a learner member";
 }
 
@@ -164,12 +161,11 @@ impl From<Error> for Status {
                 "versions are managed by the service; downgrade is not available",
             ),
             Error::AuthNotEnabled => Status::failed_precondition(msg::AUTH_NOT_ENABLED),
-            Error::AuthUserNotFound => Status::failed_precondition(msg::USER_NOT_FOUND),
-            Error::AuthRoleNotFound => Status::failed_precondition(msg::ROLE_NOT_FOUND),
             Error::AuthUnavailable => own(
                 Code::Unimplemented,
-                "auth (users, roles, permissions, tokens) comes with a later release; nothing was changed",
+                "auth enforcement (tokens and permission checks) comes with a later release: users and roles can be managed, auth cannot be enabled yet",
             ),
+            Error::PasswordTooLong(_) => Status::unknown(msg::PASSWORD_TOO_LONG),
             Error::UnexpectedOutcome(_) | Error::ResponseTooLarge(_) | Error::Task(_) => {
                 own(Code::Internal, &e.to_string())
             }

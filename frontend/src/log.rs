@@ -106,6 +106,15 @@ impl MemLog {
         index
     }
 
+    /// Whether any record, as encoded, contains `needle` (what a journal would hold on disk).
+    pub fn holds_bytes(&self, needle: &[u8]) -> bool {
+        use prost::Message;
+        self.lock()
+            .records
+            .iter()
+            .any(|r| r.encode_to_vec().windows(needle.len()).any(|w| w == needle))
+    }
+
     /// Moves the leader's clock forward (lease expiry happens at the next record).
     pub fn advance_time(&self, ms: i64) {
         self.lock().time_ms += ms;

@@ -171,7 +171,10 @@ impl Frontend {
                     .with_members(&members),
             ),
             cluster: Arc::new(ClusterService::new(tenants.clone(), members)),
-            auth: Arc::new(AuthService::new(tenants.clone())),
+            auth: Arc::new(AuthService::with_bcrypt_cost(
+                tenants.clone(),
+                config.bcrypt_cost,
+            )),
             max_body: 2 * max_decode,
         });
         let grpc = tonic::transport::Server::builder()

@@ -38,6 +38,10 @@ async fn frontend_starts_from_checkpoint_after_trim() {
     let mut c = Client::connect([d.frontend(0).endpoint()], None)
         .await
         .unwrap();
+    // Auth state too, written before the trim: only the checkpoint holds it then.
+    c.user_add("alice", "pw", None).await.unwrap();
+    c.role_add("reader").await.unwrap();
+    c.user_grant_role("alice", "reader").await.unwrap();
     for i in 0..KEYS {
         c.put(format!("ck/{i:04}"), format!("v{i}"), None)
             .await
@@ -117,6 +121,8 @@ async fn frontend_starts_from_checkpoint_after_trim() {
         c.hash_kv(rev).await.unwrap().hash(),
         "the checkpoint-started replica differs at revision {rev}"
     );
+    assert_eq!(n.user_list().await.unwrap().users(), ["alice"]);
+    assert_eq!(n.user_get("alice").await.unwrap().roles(), ["reader"]);
 
     // Without --object-store: the journal's start is gone, so it must not serve; it exits.
     let listen = format!("127.0.0.1:{}", free_port());

@@ -305,6 +305,22 @@ async fn leases_cluster_and_maintenance_over_json() {
     );
     let users = ok(&t, "/v3/auth/user/list", json!({}));
     assert!(users.get("users").is_none(), "{users}");
+    // Users are managed through the gateway as through gRPC.
+    ok(
+        &t,
+        "/v3/auth/user/add",
+        json!({"name": "gw", "password": "pw"}),
+    );
+    ok(&t, "/v3/auth/role/add", json!({"name": "gw-role"}));
+    ok(
+        &t,
+        "/v3/auth/user/grant",
+        json!({"user": "gw", "role": "gw-role"}),
+    );
+    let user = ok(&t, "/v3/auth/user/get", json!({"name": "gw"}));
+    assert_eq!(user["roles"], json!(["gw-role"]), "{user}");
+    let users = ok(&t, "/v3/auth/user/list", json!({}));
+    assert_eq!(users["users"], json!(["gw"]), "{users}");
 
     // The snapshot, as chunks: the last one is the SHA-256 of the others (32 bytes).
     let chunks: Vec<Value> = post_lines(t.endpoint(), "/v3/maintenance/snapshot", "")

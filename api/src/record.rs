@@ -65,6 +65,7 @@ fn shard_wide(time_ms: i64, request: Request) -> Entry {
         request_id: Vec::new(),
         time_ms,
         request: Some(request),
+        ..Entry::default()
     }
 }
 
@@ -285,6 +286,7 @@ mod tests {
                 value: b"v".to_vec(),
                 ..Default::default()
             })),
+            ..Entry::default()
         }
     }
 

@@ -58,6 +58,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 value: vec![b'v'; value_bytes],
                 ..Default::default()
             })),
+            ..Default::default()
         };
         store.apply(i as u64 + 1, &e);
     }

@@ -225,6 +225,7 @@ mod tests {
             request_id,
             time_ms: 1_000 + n as i64,
             request: Some(request),
+            ..Default::default()
         }
     }
 

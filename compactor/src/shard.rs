@@ -433,6 +433,7 @@ impl<J: Journal> ShardWorker<J> {
                     revision: at,
                     physical: false,
                 })),
+                ..Default::default()
             };
             let payload = api::record::encode_entry(&entry);
             let journal = self.journal.clone();

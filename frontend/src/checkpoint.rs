@@ -594,6 +594,7 @@ pub(crate) mod fixtures {
                 request: Some(api::strata::entry::entry::Request::Tick(
                     api::strata::entry::Tick {},
                 )),
+                ..Default::default()
             };
             mem.apply(i, &tick);
         }
@@ -844,6 +845,7 @@ mod tests {
                         ..Default::default()
                     },
                 )),
+                ..Default::default()
             };
             mem.apply(i as u64 + 1, &e);
         }

@@ -154,6 +154,7 @@ mod tests {
                 request_id: self.index.to_le_bytes().to_vec(),
                 time_ms: 1_000 + self.index as i64,
                 request: Some(request),
+                ..Default::default()
             };
             self.store.apply(self.index, &entry).outcome
         }

@@ -729,6 +729,7 @@ mod tests {
             request_id: index.to_le_bytes().to_vec(),
             time_ms: 1_000 + index as i64,
             request: Some(request),
+            ..Default::default()
         };
         store.apply(index, &entry);
     }
@@ -769,6 +770,7 @@ mod tests {
                 value: b"v".to_vec(),
                 ..Default::default()
             })),
+            ..Default::default()
         };
         api::strata::journal::Record {
             index,

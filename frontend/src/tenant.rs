@@ -148,6 +148,7 @@ impl Tenant {
             request_id: id.bytes().to_vec(),
             time_ms: 0,
             request: Some(request),
+            ..Default::default()
         };
         let payload = api::record::encode_entry(&entry);
         // Registered before the append, so the outcome cannot slip past us.

@@ -786,6 +786,7 @@ async fn a_stopped_replica_fails_liveness() {
         request: Some(api::strata::entry::entry::Request::Tick(
             api::strata::entry::Tick {},
         )),
+        ..Default::default()
     };
     log.append(0, vec![api::record::encode_entry(&newer)])
         .await

@@ -91,6 +91,7 @@ fn put_entry(i: usize) -> Entry {
             value: value(i),
             ..Default::default()
         })),
+        ..Default::default()
     }
 }
 
@@ -448,6 +449,7 @@ fn one_off_figures() {
                 revision: rev,
                 physical: true,
             })),
+            ..Default::default()
         },
     );
     let used = ALLOCATED.load(Ordering::Relaxed) - before;

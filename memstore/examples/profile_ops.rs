@@ -47,6 +47,7 @@ fn put_entry(i: usize, fill: u8, request_id: Vec<u8>) -> Entry {
             value: vec![fill; 256],
             ..Default::default()
         })),
+        ..Default::default()
     }
 }
 
@@ -376,6 +377,7 @@ fn compact_entry(revision: i64) -> Entry {
             revision,
             physical: true,
         })),
+        ..Default::default()
     }
 }
 

@@ -280,6 +280,182 @@ fn decode_hash(hashed: &str) -> Result<Vec<u8>, Error> {
         .map_err(|_| Error::NoPasswordUser)
 }
 
+/// Who sent a request, as its entry says (etcd's `AuthInfo`): the user the frontend's verified
+/// token named and the auth revision it was minted at; `""` and 0 without a token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Caller<'a> {
+    pub user: &'a str,
+    pub revision: u64,
+}
+
+/// What a request does to a range of keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Read,
+    Write,
+}
+
+/// `[start, end)`; no end: every key from `start` on.
+type Interval = (Vec<u8>, Option<Vec<u8>>);
+
+/// One user's permissions: whether it holds the root role, and the union of its roles'
+/// grants, merged into sorted disjoint intervals per access (etcd's `unifiedRangePermissions`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct UserPerms {
+    root: bool,
+    read: Vec<Interval>,
+    write: Vec<Interval>,
+}
+
+/// Every user's permissions, derived from the auth state (not state itself: rebuilt after
+/// each change and when a store is loaded), so a check is a lookup and a binary search.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Perms {
+    users: std::collections::HashMap<String, UserPerms>,
+}
+
+/// The keys a permission or a request names, as etcd reads them: no range end is the key
+/// alone, `"\0"` every key from it on.
+fn interval(key: &[u8], range_end: &[u8]) -> Interval {
+    match range_end {
+        [] => {
+            let mut end = key.to_vec();
+            end.push(0);
+            (key.to_vec(), Some(end))
+        }
+        [0] => (key.to_vec(), None),
+        end => (key.to_vec(), Some(end.to_vec())),
+    }
+}
+
+/// Sorts and merges intervals that overlap or touch; empty ones are dropped.
+fn merge(mut all: Vec<Interval>) -> Vec<Interval> {
+    all.retain(|(s, e)| e.as_ref().is_none_or(|e| e > s));
+    all.sort();
+    let mut out: Vec<Interval> = Vec::with_capacity(all.len());
+    for (s, e) in all {
+        if let Some((_, last)) = out.last_mut() {
+            let touches = last.as_ref().is_none_or(|l| *l >= s);
+            if touches {
+                if last.is_some() && e.as_ref().is_none_or(|e| Some(e) > last.as_ref()) {
+                    *last = e;
+                }
+                continue;
+            }
+        }
+        out.push((s, e));
+    }
+    out
+}
+
+/// Whether the merged `granted` hold every key of `[key, range_end)` (etcd's request forms).
+/// A request whose range end is not above its key names no key beyond it: it needs the key.
+fn covers(granted: &[Interval], key: &[u8], range_end: &[u8]) -> bool {
+    let (start, mut end) = interval(key, range_end);
+    if end.as_ref().is_some_and(|e| *e <= start) {
+        end = interval(key, b"").1;
+    }
+    // The last interval starting at or before the key is the only one that can hold it.
+    let at = granted.partition_point(|(s, _)| *s <= start);
+    let Some((_, held)) = at.checked_sub(1).map(|i| &granted[i]) else {
+        return false;
+    };
+    match (held, end) {
+        (None, _) => true,
+        (Some(_), None) => false,
+        (Some(h), Some(e)) => e <= *h,
+    }
+}
+
+impl Perms {
+    pub(crate) fn build(auth: &AuthState) -> Self {
+        let mut users = std::collections::HashMap::new();
+        for name in auth.users.keys() {
+            let Some(user) = auth.user(name) else {
+                continue;
+            };
+            let (mut read, mut write) = (Vec::new(), Vec::new());
+            for role in user.roles.iter().filter_map(|r| auth.role(r)) {
+                for p in &role.key_permission {
+                    let ivl = interval(&p.key, &p.range_end);
+                    match PermType::try_from(p.perm_type) {
+                        Ok(PermType::Read) => read.push(ivl),
+                        Ok(PermType::Write) => write.push(ivl),
+                        Ok(PermType::Readwrite) => {
+                            read.push(ivl.clone());
+                            write.push(ivl);
+                        }
+                        Err(_) => {}
+                    }
+                }
+            }
+            let perms = UserPerms {
+                root: has_root_role(&user),
+                read: merge(read),
+                write: merge(write),
+            };
+            users.insert(name.clone(), perms);
+        }
+        Perms { users }
+    }
+
+    /// etcd's `isOpPermitted`: with auth enabled, a request needs a token (else "user name is
+    /// empty"), one not older than the auth state ("revision of auth store is old", on which
+    /// clients authenticate again), a user that still exists, and the root role or a grant of
+    /// `access` over every key of the range.
+    pub(crate) fn check(
+        &self,
+        auth: &AuthState,
+        caller: Caller<'_>,
+        key: &[u8],
+        range_end: &[u8],
+        access: Access,
+    ) -> Result<(), Error> {
+        if !auth.enabled {
+            return Ok(());
+        }
+        if caller.revision == 0 {
+            return Err(Error::UserEmpty);
+        }
+        if caller.revision < auth.revision() {
+            return Err(Error::AuthOldRevision);
+        }
+        let Some(user) = self.users.get(caller.user) else {
+            return Err(Error::PermissionDenied);
+        };
+        let granted = match access {
+            Access::Read => &user.read,
+            Access::Write => &user.write,
+        };
+        if user.root || covers(granted, key, range_end) {
+            Ok(())
+        } else {
+            Err(Error::PermissionDenied)
+        }
+    }
+
+    /// etcd's `IsAdminPermitted`: with auth enabled, the caller must hold the root role.
+    pub(crate) fn check_admin(&self, auth: &AuthState, user: &str) -> Result<(), Error> {
+        if !auth.enabled {
+            return Ok(());
+        }
+        if user.is_empty() {
+            return Err(Error::UserEmpty);
+        }
+        match self.users.get(user) {
+            None => Err(Error::UserNotFound),
+            Some(u) if !u.root => Err(Error::PermissionDenied),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Whether `user` holds `role` (etcd's `HasRole`).
+    pub(crate) fn has_role(auth: &AuthState, user: &str, role: &str) -> bool {
+        auth.user(user)
+            .is_some_and(|u| u.roles.iter().any(|r| r == role))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -892,6 +892,7 @@ mod tests {
             request_id: Vec::new(),
             time_ms: 1_000,
             request: Some(request),
+            ..Default::default()
         }
     }
 

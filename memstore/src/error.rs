@@ -74,6 +74,13 @@ pub enum Error {
     RoleNotGranted,
     #[error("etcdserver: permission is not granted to the role")]
     PermissionNotGranted,
+    /// The request's user lacks the permission it needs.
+    #[error("etcdserver: permission denied")]
+    PermissionDenied,
+    /// The request's token was minted before the latest auth change: the client
+    /// authenticates again and retries.
+    #[error("etcdserver: revision of auth store is old")]
+    AuthOldRevision,
     /// Deleting `root`, its role, or revoking the role from it while auth is enabled.
     #[error("etcdserver: invalid auth management")]
     InvalidAuthManagement,
@@ -107,9 +114,11 @@ impl Error {
             Error::NoSpace => Code::ResourceExhausted,
             Error::Unsupported(_) => Code::Unimplemented,
             Error::Corrupt(_) | Error::CorruptAlarm => Code::DataLoss,
-            Error::UserEmpty | Error::RoleEmpty | Error::InvalidAuthManagement => {
-                Code::InvalidArgument
-            }
+            Error::UserEmpty
+            | Error::RoleEmpty
+            | Error::InvalidAuthManagement
+            | Error::AuthOldRevision => Code::InvalidArgument,
+            Error::PermissionDenied => Code::PermissionDenied,
             Error::RootUserNotExist
             | Error::RootRoleNotExist
             | Error::UserAlreadyExists

@@ -25,7 +25,7 @@ use api::mvccpb;
 pub use api::etcdserverpb::{
     AlarmMember, LeaseLeasesResponse, LeaseTimeToLiveResponse, RangeRequest, RangeResponse,
 };
-pub use auth::{INITIAL_AUTH_REVISION, ROOT, root_permission};
+pub use auth::{Access, Caller, INITIAL_AUTH_REVISION, ROOT, root_permission};
 pub use error::{Code, Error};
 pub use point::RangeView;
 pub use restore::{MAX_STAGE_BYTES, RestoreStep};

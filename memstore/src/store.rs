@@ -17,7 +17,7 @@ use api::record::{DecodeError, FastRecord, PutView};
 use api::strata::entry::{Entry, entry::Request};
 use api::strata::journal::Record;
 
-use crate::auth::AuthState;
+use crate::auth::{Access, AuthState, Caller, Perms};
 use crate::dedup::Dedup;
 use crate::keyspace::{KeySpace, Slot, Version, below, bounds, live_at};
 use crate::lease::LeaseTable;
@@ -75,6 +75,9 @@ pub struct MemStore {
     /// Whether applies build their watch events (`set_emit_events`). Not state: two stores
     /// that differ only here are equal.
     pub(crate) emit_events: bool,
+    /// Every user's merged permissions, derived from `state.auth` (rebuilt after each auth
+    /// change and on load; not state).
+    auth_perms: Perms,
 }
 
 impl PartialEq for MemStore {
@@ -396,6 +399,7 @@ impl MemStore {
     pub(crate) fn from_state(config: Config, state: State) -> Self {
         MemStore {
             config,
+            auth_perms: Perms::build(&state.auth),
             state,
             emit_events: true,
         }
@@ -503,13 +507,20 @@ impl MemStore {
     /// Applies the entry at journal `index` (see the crate docs for the order of effects).
     pub fn apply(&mut self, index: u64, entry: &Entry) -> Applied {
         let request = entry.request.as_ref();
+        let caller = Caller {
+            user: &entry.user,
+            revision: entry.auth_revision,
+        };
         self.apply_parts(
             index,
             entry.time_ms,
             &entry.request_id,
             Carried::of(request),
             |s, events| match request {
-                Some(req) => s.apply_request(index, req, events),
+                Some(req) => match s.check_request(caller, req) {
+                    Ok(()) => s.apply_request(index, req, events),
+                    Err(e) => Outcome::Failed(e),
+                },
                 None => Outcome::Nothing,
             },
         )
@@ -568,21 +579,34 @@ impl MemStore {
     /// `apply_owned` of an entry whose request id the caller took out (`request_id`).
     fn apply_entry_without_id(&mut self, index: u64, entry: Entry, request_id: &[u8]) -> Applied {
         let Entry {
-            time_ms, request, ..
+            time_ms,
+            request,
+            user,
+            auth_revision,
+            ..
         } = entry;
+        let caller = Caller {
+            user: &user,
+            revision: auth_revision,
+        };
         self.apply_parts(
             index,
             time_ms,
             request_id,
             Carried::of(request.as_ref()),
-            |s, events| match request {
-                Some(Request::Put(p)) => {
-                    let flags = PutFlags::of(&p);
-                    s.apply_put_with(p.key, p.value, flags, None, events)
-                        .map_or_else(Outcome::Failed, Outcome::Put)
+            |s, events| {
+                if let Some(Err(e)) = request.as_ref().map(|r| s.check_request(caller, r)) {
+                    return Outcome::Failed(e);
                 }
-                Some(other) => s.apply_request(index, &other, events),
-                None => Outcome::Nothing,
+                match request {
+                    Some(Request::Put(p)) => {
+                        let flags = PutFlags::of(&p);
+                        s.apply_put_with(p.key, p.value, flags, None, events)
+                            .map_or_else(Outcome::Failed, Outcome::Put)
+                    }
+                    Some(other) => s.apply_request(index, &other, events),
+                    None => Outcome::Nothing,
+                }
             },
         )
     }
@@ -604,6 +628,8 @@ impl MemStore {
     fn apply_record_fast(&mut self, record: &Record, tenant: &str) -> Option<RecordApplied> {
         let (index, time_ms) = (record.index, record.time_ms);
         Some(match api::record::put_view(record, tenant)? {
+            // With auth enabled a put is checked against its entry's caller: decoded whole.
+            FastRecord::Put(_) if self.state.auth.enabled => return None,
             FastRecord::Put(v) => {
                 self.prefetch_put(v.request_id, v.key);
                 // Done while those lines come in, as none waits for them: the value's copy
@@ -791,6 +817,144 @@ impl MemStore {
                 .any(|&(_, a)| a == AlarmType::Corrupt as i32)
     }
 
+    /// The permissions `req` needs, checked against `caller` as etcd's auth applier checks a
+    /// request it applies (nothing while auth is disabled): puts and deletes need WRITE on their
+    /// keys and READ too with `prev_kv`, a put with a lease WRITE on the keys already attached
+    /// to it, a txn READ on its compares and the needs of every op of both branches, a lease
+    /// revoke WRITE on every attached key unless the caller holds the root role, an auth change
+    /// the root role. Compactions, lease grants and keep-alives, alarms, restores and journal
+    /// entries need nothing. The frontend runs the same check before it journals a request (so
+    /// a denied one costs no entry) and for the reads it serves; the check at apply counts.
+    pub fn check_request(&self, caller: Caller<'_>, req: &Request) -> Result<(), Error> {
+        let auth = &self.state.auth;
+        if !auth.enabled {
+            return Ok(());
+        }
+        match req {
+            Request::Put(p) => self.check_put(caller, &p.key, p.lease, p.prev_kv),
+            Request::DeleteRange(d) => self.check_delete(caller, &d.key, &d.range_end, d.prev_kv),
+            Request::Txn(t) => self.check_txn(caller, t),
+            Request::LeaseRevoke(r) => {
+                if self.auth_perms.check_admin(auth, caller.user).is_ok() {
+                    return Ok(());
+                }
+                self.check_lease_keys(caller, r.id)
+            }
+            Request::Auth(_) => self.auth_perms.check_admin(auth, caller.user),
+            _ => Ok(()),
+        }
+    }
+
+    /// READ on `[key, range_end)` (a Range, a watch), as `check_request` checks.
+    pub fn check_read(
+        &self,
+        caller: Caller<'_>,
+        key: &[u8],
+        range_end: &[u8],
+    ) -> Result<(), Error> {
+        self.access(caller, key, range_end, Access::Read)
+    }
+
+    /// The root role (the admin RPCs: auth management, snapshots, hashes, defragmentation).
+    pub fn check_admin(&self, user: &str) -> Result<(), Error> {
+        self.auth_perms.check_admin(&self.state.auth, user)
+    }
+
+    /// etcd's UserGet and RoleGet rule: the root role, or oneself, or one's own role.
+    pub fn check_admin_or(&self, user: &str, own: impl FnOnce(&str) -> bool) -> Result<(), Error> {
+        match self.check_admin(user) {
+            Err(_) if own(user) => Ok(()),
+            r => r,
+        }
+    }
+
+    /// Whether `user` holds `role`.
+    pub fn auth_has_role(&self, user: &str, role: &str) -> bool {
+        Perms::has_role(&self.state.auth, user, role)
+    }
+
+    /// A txn's needs (etcd's `checkTxnAuth`): READ on each compare's range, then every op of
+    /// both branches, nested txns included, whichever branch would run.
+    pub fn check_txn(&self, caller: Caller<'_>, t: &TxnRequest) -> Result<(), Error> {
+        if !self.state.auth.enabled {
+            return Ok(());
+        }
+        for c in &t.compare {
+            self.access(caller, &c.key, &c.range_end, Access::Read)?;
+        }
+        for op in t.success.iter().chain(&t.failure) {
+            match &op.request {
+                Some(request_op::Request::RequestRange(r)) => {
+                    self.access(caller, &r.key, &r.range_end, Access::Read)?;
+                }
+                Some(request_op::Request::RequestPut(p)) => {
+                    self.access(caller, &p.key, b"", Access::Write)?;
+                    if p.prev_kv {
+                        self.access(caller, &p.key, b"", Access::Read)?;
+                    }
+                }
+                Some(request_op::Request::RequestDeleteRange(d)) => {
+                    self.check_delete(caller, &d.key, &d.range_end, d.prev_kv)?;
+                }
+                Some(request_op::Request::RequestTxn(inner)) => self.check_txn(caller, inner)?,
+                None => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn access(
+        &self,
+        caller: Caller<'_>,
+        key: &[u8],
+        end: &[u8],
+        access: Access,
+    ) -> Result<(), Error> {
+        self.auth_perms
+            .check(&self.state.auth, caller, key, end, access)
+    }
+
+    /// etcd's Put check: WRITE on the key, WRITE on every key the lease already holds (a user
+    /// who could not revoke the lease may not attach to it), READ with `prev_kv`.
+    fn check_put(
+        &self,
+        caller: Caller<'_>,
+        key: &[u8],
+        lease: i64,
+        prev_kv: bool,
+    ) -> Result<(), Error> {
+        self.access(caller, key, b"", Access::Write)?;
+        self.check_lease_keys(caller, lease)?;
+        if prev_kv {
+            self.access(caller, key, b"", Access::Read)?;
+        }
+        Ok(())
+    }
+
+    fn check_delete(
+        &self,
+        caller: Caller<'_>,
+        key: &[u8],
+        end: &[u8],
+        prev_kv: bool,
+    ) -> Result<(), Error> {
+        if prev_kv {
+            self.access(caller, key, end, Access::Read)?;
+        }
+        self.access(caller, key, end, Access::Write)
+    }
+
+    /// WRITE on every key attached to lease `id` (none if it does not exist).
+    fn check_lease_keys(&self, caller: Caller<'_>, id: i64) -> Result<(), Error> {
+        if id == 0 {
+            return Ok(());
+        }
+        for key in self.state.leases.get(id).iter().flat_map(|l| &l.keys) {
+            self.access(caller, key, b"", Access::Write)?;
+        }
+        Ok(())
+    }
+
     fn apply_request(&mut self, index: u64, req: &Request, events: &mut Vec<Event>) -> Outcome {
         // While CORRUPT is raised etcd refuses these before anything else (its corrupt applier
         // wraps the others, the NOSPACE one included); keep-alives and alarms go on. Puts check
@@ -816,7 +980,10 @@ impl MemStore {
             Request::LeaseRevoke(r) => self.apply_lease_revoke(r, events).map(Outcome::LeaseRevoke),
             Request::LeaseKeepAlive(k) => self.apply_keep_alive(k).map(Outcome::LeaseKeepAlive),
             Request::Alarm(a) => Ok(Outcome::Alarm(self.apply_alarm(a))),
-            Request::Auth(a) => self.state.auth.apply(a).map(|()| Outcome::Auth),
+            Request::Auth(a) => self.state.auth.apply(a).map(|()| {
+                self.auth_perms = Perms::build(&self.state.auth);
+                Outcome::Auth
+            }),
             Request::TenantChange(_) => Err(Error::Unsupported("tenant changes".into())),
             Request::RestoreBegin(b) => Ok(self.apply_restore_begin(b)),
             Request::RestoreChunk(c) => Ok(self.apply_restore_chunk(c)),

@@ -104,6 +104,7 @@ fn round_trip_is_indistinguishable() {
         request_id: vec![9; 16],
         time_ms: a.time_ms(),
         request: Some(Request::Put(put("dedup", "2"))),
+        ..Default::default()
     };
     let idx = a.applied_index() + 1;
     assert_eq!(a.apply(idx, &e), b.apply(idx, &e));
@@ -227,6 +228,7 @@ fn the_request_id_window_ends_at_its_edge_and_checkpoints_keep_it() {
         request_id: id,
         time_ms: h.now_ms,
         request: Some(Request::Put(put("a", "3"))),
+        ..Default::default()
     };
     let idx = h.index + 1;
     let on_store = h.store.apply(idx, &e);
@@ -423,6 +425,7 @@ fn dedup_window_cost() {
             // 1M requests within one minute of journal time: all inside the window.
             time_ms: 1_000_000 + (i * 60_000 / n) as i64,
             request: Some(Request::Alarm(api::etcdserverpb::AlarmRequest::default())),
+            ..Default::default()
         })
         .collect();
     let before = rss_bytes();
@@ -478,6 +481,7 @@ fn dedup_window_steady_state() {
         request_id: pseudo_random_id(i),
         time_ms,
         request: Some(Request::Alarm(api::etcdserverpb::AlarmRequest::default())),
+        ..Default::default()
     };
     assert!(
         time_of(n - 1) - time_of(0) > 2 * window_ms,
@@ -567,6 +571,7 @@ fn decode_cost_of_a_large_tenant() {
                 value: vec![b'v'; 256],
                 ..Default::default()
             })),
+            ..Default::default()
         };
         store.apply(i + 1, &e);
     }

@@ -983,6 +983,7 @@ fn stale_index_is_ignored() {
         request_id: vec![],
         time_ms: h.now_ms,
         request: Some(Request::Put(put("a", "2"))),
+        ..Default::default()
     };
     let a = h.store.apply(1, &entry);
     assert_eq!(a.outcome, Outcome::Nothing);

@@ -651,6 +651,7 @@ fn entry(now: i64, req: &Request, id: &Option<Vec<u8>>) -> Entry {
         request_id: id.clone().unwrap_or_default(),
         time_ms: now,
         request: Some(req.clone()),
+        ..Default::default()
     }
 }
 

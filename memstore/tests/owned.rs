@@ -39,6 +39,7 @@ impl Pair {
             request_id: request_id.to_vec(),
             time_ms: self.now_ms,
             request: Some(request),
+            ..Default::default()
         };
         let a = self.borrowed.apply(self.index, &entry);
         let b = self.owned.apply_owned(self.index, entry.clone());
@@ -172,6 +173,7 @@ fn owned_apply_remembers_and_refuses_duplicate_request_ids() {
         request_id: Vec::new(),
         time_ms: s.now_ms,
         request: Some(Request::Put(put("a", "3"))),
+        ..Default::default()
     };
     assert_eq!(s.owned.apply_owned(1, stale).outcome, Outcome::Nothing);
     assert!(s.borrowed == s.owned);

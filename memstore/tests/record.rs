@@ -416,6 +416,7 @@ fn a_frontend_put_is_read_in_place_with_every_field() {
             ignore_value: false,
             ignore_lease: false,
         })),
+        ..Default::default()
     };
     let record = Record {
         index: 1,

@@ -240,6 +240,7 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
                 request_id: rand::random::<[u8; 16]>().to_vec(),
                 time_ms: 0,
                 request: Some(req.clone()),
+                ..Default::default()
             });
             batch_bytes += payload.len();
             batch.push(payload);

@@ -36,6 +36,7 @@ fn entry(request: Request) -> Vec<u8> {
         request_id: rand::random::<[u8; 16]>().to_vec(),
         time_ms: 0,
         request: Some(request),
+        ..Default::default()
     })
 }
 

@@ -77,6 +77,7 @@ async fn a_large_checkpoint_goes_up_in_parts_and_loads_back() {
                 value: vec![b'v'; LARGE_VALUE],
                 ..Default::default()
             })),
+            ..Default::default()
         };
         s.apply(i as u64 + 1, &e);
     }

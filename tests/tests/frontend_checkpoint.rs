@@ -243,6 +243,7 @@ async fn ready_timing_on_a_large_tenant() {
                 value: vec![b'v'; 256],
                 ..Default::default()
             })),
+            ..Default::default()
         })
     };
     let t = Instant::now();

@@ -74,6 +74,7 @@ impl History {
             request_id,
             time_ms: 0,
             request: Some(request),
+            ..Default::default()
         }))
     }
 

@@ -68,6 +68,7 @@ impl Harness {
             request_id: self.index.to_be_bytes().repeat(2),
             time_ms: 1_000 + self.index as i64,
             request: Some(request),
+            ..Default::default()
         };
         self.store.write().unwrap().apply(self.index, &entry)
     }
@@ -571,6 +572,7 @@ async fn catch_up_stops_at_the_hubs_revision() {
             value: b"2".to_vec(),
             ..Default::default()
         })),
+        ..Default::default()
     };
     let unpublished = h.store.write().unwrap().apply(h.index, &entry);
     let mut c = h.open(WatchConfig::default(), 16);
@@ -979,6 +981,7 @@ async fn watch_fanout_figure() {
                 value: vec![b'v'; 100],
                 ..Default::default()
             })),
+            ..Default::default()
         };
         let applied = h.store.write().unwrap().apply(h.index, &entry);
         let t = std::time::Instant::now();

@@ -42,6 +42,7 @@ impl Harness {
             request_id,
             time_ms: self.now_ms,
             request: Some(request),
+            ..Default::default()
         };
         self.store.apply(self.index, &entry)
     }

@@ -1,15 +1,12 @@
-//! The etcd `Auth` service. Users, roles and key permissions are the tenant's state: every
-//! change is journalled as an `AuthChange` and applied by each replica's memstore with etcd's
-//! checks and errors (docs/design/auth.md, A1), and every read answers the replica's state
-//! after a read barrier (etcd serves its auth reads through raft, so they are linearizable).
-//! Passwords are hashed here with bcrypt, as etcd 3.5's server does before proposing, and only
-//! the hash enters the journal (A2).
-//!
-//! Enforcement (tokens, permission checks on every request) is the next step of the design;
-//! until it lands, AuthEnable answers etcd's refusals (no root user, no root role) and
-//! otherwise `Unimplemented`: auth is never reported enabled while nothing checks it.
-//! Authenticate answers "authentication is not enabled", on which clientv3 and etcdctl go on
-//! without a token, so a client configured with credentials works as against such an etcd.
+//! The etcd `Auth` service, and `Caller`, who a request comes from. Users, roles and key
+//! permissions are the tenant's state: every change is journalled as an `AuthChange` and
+//! applied by each replica's memstore with etcd's checks and errors (docs/design/auth.md, A1),
+//! and every read answers the replica's state after a read barrier (etcd serves its auth reads
+//! through raft, so they are linearizable). Passwords are hashed here with bcrypt, as etcd
+//! 3.5's server does before proposing, and only the hash enters the journal (A2).
+//! Authenticate checks a password against the replica and signs a token (`crate::token`) that
+//! every frontend of the deployment accepts (A3); `Tenants::caller` turns a request's token
+//! back into its caller, whose permissions the services check (A4 to A6).
 
 use std::sync::Arc;
 
@@ -44,6 +41,23 @@ pub const BCRYPT_COSTS: std::ops::RangeInclusive<u32> = 4..=31;
 /// The longest password bcrypt hashes whole; Go's bcrypt refuses longer ones.
 const MAX_PASSWORD_BYTES: usize = 72;
 
+/// Who sent a request: the user and auth revision its verified token names (etcd's
+/// `AuthInfo`), or nobody (no token, or the tenant's auth disabled). See `Tenants::caller`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Caller {
+    pub user: String,
+    pub revision: u64,
+}
+
+impl Caller {
+    pub fn as_store(&self) -> memstore::Caller<'_> {
+        memstore::Caller {
+            user: &self.user,
+            revision: self.revision,
+        }
+    }
+}
+
 /// The Auth service of a frontend's tenants.
 pub struct AuthService {
     tenants: Arc<Tenants>,
@@ -67,7 +81,8 @@ impl AuthService {
         self.tenants.resolve(req.metadata()).map_err(handled)
     }
 
-    /// Answers a read of the auth state with `answer(replica, header)` after a read barrier.
+    /// Answers a read of the auth state with `answer(replica, caller, request, header)` after
+    /// a read barrier.
     async fn read<R, T, F>(
         &self,
         rpc: &'static str,
@@ -75,19 +90,21 @@ impl AuthService {
         answer: F,
     ) -> Result<Response<T>, Status>
     where
-        F: FnOnce(&MemStore, R, ResponseHeader) -> Result<T, Error>,
+        F: FnOnce(&MemStore, &Caller, R, ResponseHeader) -> Result<T, Error>,
     {
         let t = self.tenant(&req)?;
-        let req = req.into_inner();
+        let (metadata, _, req) = req.into_parts();
         unary(rpc, &t.name, RequestId::random(), async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
             t.barrier().await?;
             let store = t.replica.read();
-            answer(&store, req, t.header(store.revision()))
+            answer(&store, &caller, req, t.header(store.revision()))
         })
         .await
     }
 
-    /// Journals `change` and answers `answer(header)` once this replica applied it.
+    /// Journals `change` and answers `answer(header)` once this replica applied it (the
+    /// change needs the root role while auth is enabled: checked when it is applied).
     async fn change<R, T, F>(
         &self,
         rpc: &'static str,
@@ -99,9 +116,38 @@ impl AuthService {
         F: FnOnce(ResponseHeader) -> T,
     {
         let t = self.tenant(&req)?;
-        let change = change(req.into_inner());
+        let (metadata, _, req) = req.into_parts();
+        let change = change(req);
         let id = RequestId::random();
-        unary(rpc, &t.name, id, apply(&t, id, change, answer)).await
+        unary(rpc, &t.name, id, async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
+            apply(&t, id, &caller, change, answer).await
+        })
+        .await
+    }
+
+    /// A change carrying a password: hashed here first, as etcd 3.5's server does, but only
+    /// for a caller allowed to make it (bcrypt's CPU is not spent for a refused request).
+    async fn change_with_password<R, T>(
+        &self,
+        rpc: &'static str,
+        req: Request<R>,
+        hash_into: impl FnOnce(&mut R) -> Option<&mut String>,
+        change: impl FnOnce(R) -> Change,
+        answer: impl FnOnce(ResponseHeader) -> T,
+    ) -> Result<Response<T>, Status> {
+        let t = self.tenant(&req)?;
+        let (metadata, _, mut req) = req.into_parts();
+        let id = RequestId::random();
+        unary(rpc, &t.name, id, async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
+            t.replica.read().check_admin(&caller.user)?;
+            if let Some(password) = hash_into(&mut req) {
+                *password = self.hash(std::mem::take(password)).await?;
+            }
+            apply(&t, id, &caller, change(req), answer).await
+        })
+        .await
     }
 
     /// Hashes `password` as etcd 3.5's server does before proposing: bcrypt at the configured
@@ -120,19 +166,60 @@ impl AuthService {
         .map_err(|e| Error::Task(format!("hashing a password: {e}")))?;
         Ok(base64::engine::general_purpose::STANDARD.encode(hashed))
     }
+
+    /// etcd's Authenticate: the user exists, has a password, and it matches (bcrypt, on the
+    /// blocking pool); then a token minted at the auth revision the password was read at.
+    /// No journal entry: any frontend verifies the token by its signature (A3).
+    async fn authenticate_user(
+        &self,
+        t: &Tenant,
+        name: String,
+        password: String,
+    ) -> Result<AuthenticateResponse, Error> {
+        t.barrier().await?;
+        let (user, revision) = {
+            let store = t.replica.read();
+            if !store.auth_enabled() {
+                return Err(Error::AuthNotEnabled);
+            }
+            (store.auth_user(&name), store.auth_revision())
+        };
+        let tokens = self.tenants.tokens().ok_or(Error::NoTokenKey)?;
+        let user = user.ok_or(Error::AuthFailed)?;
+        if user.options.is_some_and(|o| o.no_password) {
+            return Err(memstore::Error::NoPasswordUser.into());
+        }
+        let hash = String::from_utf8(user.password).map_err(|_| Error::AuthFailed)?;
+        let matches = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
+            .await
+            .map_err(|e| Error::Task(format!("checking a password: {e}")))?;
+        if !matches.unwrap_or(false) {
+            tracing::info!(user = %name, "invalid password");
+            return Err(Error::AuthFailed);
+        }
+        let (store_revision, now_ms) = {
+            let store = t.replica.read();
+            (store.revision(), store.time_ms())
+        };
+        Ok(AuthenticateResponse {
+            header: Some(t.header(store_revision)),
+            token: tokens.sign(&t.name, &name, revision, now_ms),
+        })
+    }
 }
 
 /// Proposes one auth change and answers with its outcome.
 async fn apply<T>(
     t: &Tenant,
     id: RequestId,
+    caller: &Caller,
     change: Change,
     answer: impl FnOnce(ResponseHeader) -> T,
 ) -> Result<T, Error> {
     let intent = Intent::Auth(AuthChange {
         change: Some(change),
     });
-    let applied = t.propose(&id, intent).await?;
+    let applied = t.propose(&id, caller, intent).await?;
     match applied.outcome {
         Outcome::Auth => Ok(answer(t.header(applied.revision))),
         Outcome::Failed(e) => Err(e.into()),
@@ -146,11 +233,28 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthEnableRequest>,
     ) -> Result<Response<AuthEnableResponse>, Status> {
-        // etcd's refusals first (so `etcdctl auth enable` adds the root role when it is
-        // missing, as against etcd); then the honest one.
-        self.read("AuthEnable", req, |store, _, _| {
-            store.auth_check_enable()?;
-            Err(Error::AuthUnavailable)
+        let t = self.tenant(&req)?;
+        let (metadata, _, r) = req.into_parts();
+        let id = RequestId::random();
+        unary("AuthEnable", &t.name, id, async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
+            t.barrier().await?;
+            {
+                let store = t.replica.read();
+                if !store.auth_enabled() {
+                    // etcd's refusals first (on which `etcdctl auth enable` adds and grants the
+                    // root role by itself), then ours: a frontend that could not verify the
+                    // tokens of an enabled tenant must not enable it.
+                    store.auth_check_enable()?;
+                    self.tenants.tokens().ok_or(Error::NoTokenKey)?;
+                }
+            }
+            apply(&t, id, &caller, Change::Enable(r), |header| {
+                AuthEnableResponse {
+                    header: Some(header),
+                }
+            })
+            .await
         })
         .await
     }
@@ -171,7 +275,8 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthStatusRequest>,
     ) -> Result<Response<AuthStatusResponse>, Status> {
-        self.read("AuthStatus", req, |store, _, header| {
+        self.read("AuthStatus", req, |store, caller, _, header| {
+            store.check_admin(&caller.user)?;
             Ok(AuthStatusResponse {
                 header: Some(header),
                 enabled: store.auth_enabled(),
@@ -185,13 +290,14 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        self.read("Authenticate", req, |store, _, _| {
-            if store.auth_enabled() {
-                // Enabled by a newer release sharing this journal: this one cannot mint tokens.
-                return Err(Error::AuthUnavailable);
-            }
-            Err(Error::AuthNotEnabled)
-        })
+        let t = self.tenant(&req)?;
+        let r = req.into_inner();
+        unary(
+            "Authenticate",
+            &t.name,
+            RequestId::random(),
+            self.authenticate_user(&t, r.name, r.password),
+        )
         .await
     }
 
@@ -199,23 +305,24 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthUserAddRequest>,
     ) -> Result<Response<AuthUserAddResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let mut r = req.into_inner();
-        let id = RequestId::random();
-        unary("UserAdd", &t.name, id, async {
-            let no_password = r.options.is_some_and(|o| o.no_password);
-            // An empty name is refused at apply; refuse it before paying for a hash.
-            if !r.name.is_empty() && !no_password {
-                r.hashed_password = self.hash(std::mem::take(&mut r.password)).await?;
-            } else {
-                r.hashed_password.clear();
-            }
-            r.password.clear();
-            apply(&t, id, Change::UserAdd(r), |header| AuthUserAddResponse {
+        self.change_with_password(
+            "UserAdd",
+            req,
+            |r| {
+                let no_password = r.options.is_some_and(|o| o.no_password);
+                r.hashed_password = std::mem::take(&mut r.password);
+                // An empty name is refused at apply: no hash is paid for it.
+                if r.name.is_empty() || no_password {
+                    r.hashed_password.clear();
+                    return None;
+                }
+                Some(&mut r.hashed_password)
+            },
+            Change::UserAdd,
+            |header| AuthUserAddResponse {
                 header: Some(header),
-            })
-            .await
-        })
+            },
+        )
         .await
     }
 
@@ -223,7 +330,8 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthUserGetRequest>,
     ) -> Result<Response<AuthUserGetResponse>, Status> {
-        self.read("UserGet", req, |store, r, header| {
+        self.read("UserGet", req, |store, caller, r, header| {
+            store.check_admin_or(&caller.user, |me| me == r.name)?;
             let user = store
                 .auth_user(&r.name)
                 .ok_or(memstore::Error::UserNotFound)?;
@@ -239,7 +347,8 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthUserListRequest>,
     ) -> Result<Response<AuthUserListResponse>, Status> {
-        self.read("UserList", req, |store, _, header| {
+        self.read("UserList", req, |store, caller, _, header| {
+            store.check_admin(&caller.user)?;
             Ok(AuthUserListResponse {
                 header: Some(header),
                 users: store.auth_users(),
@@ -264,20 +373,20 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthUserChangePasswordRequest>,
     ) -> Result<Response<AuthUserChangePasswordResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let mut r = req.into_inner();
-        let id = RequestId::random();
-        unary("UserChangePassword", &t.name, id, async {
-            // etcd hashes whatever the user's options: a user without a password keeps none
-            // at apply.
-            r.hashed_password = self.hash(std::mem::take(&mut r.password)).await?;
-            apply(&t, id, Change::UserChangePassword(r), |header| {
-                AuthUserChangePasswordResponse {
-                    header: Some(header),
-                }
-            })
-            .await
-        })
+        // etcd hashes whatever the user's options: a user without a password keeps none at
+        // apply.
+        self.change_with_password(
+            "UserChangePassword",
+            req,
+            |r| {
+                r.hashed_password = std::mem::take(&mut r.password);
+                Some(&mut r.hashed_password)
+            },
+            Change::UserChangePassword,
+            |header| AuthUserChangePasswordResponse {
+                header: Some(header),
+            },
+        )
         .await
     }
 
@@ -321,7 +430,8 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthRoleGetRequest>,
     ) -> Result<Response<AuthRoleGetResponse>, Status> {
-        self.read("RoleGet", req, |store, r, header| {
+        self.read("RoleGet", req, |store, caller, r, header| {
+            store.check_admin_or(&caller.user, |me| store.auth_has_role(me, &r.role))?;
             let perm = store
                 .auth_role(&r.role)
                 .ok_or(memstore::Error::RoleNotFound)?;
@@ -337,7 +447,8 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthRoleListRequest>,
     ) -> Result<Response<AuthRoleListResponse>, Status> {
-        self.read("RoleList", req, |store, _, header| {
+        self.read("RoleList", req, |store, caller, _, header| {
+            store.check_admin(&caller.user)?;
             Ok(AuthRoleListResponse {
                 header: Some(header),
                 roles: store.auth_roles(),
@@ -538,49 +649,148 @@ mod tests {
         );
     }
 
-    /// AuthEnable answers etcd's refusals, then refuses to enable what nothing would enforce;
-    /// Authenticate says auth is not enabled; disabling what is disabled succeeds.
+    /// A service whose frontend has a token key.
+    fn service_with_tokens() -> (AuthService, Arc<Tenant>) {
+        let store = memstore::MemStore::new(memstore::Config::default());
+        let log = MemLog::new();
+        let tenant = crate::tenant::test_tenant(store, Arc::new(log), 7, 9);
+        let tokens = crate::token::Tokens::new(&[7; 32], crate::token::DEFAULT_TOKEN_TTL);
+        let tenants = Tenants::new(tenant.clone()).with_tokens(Some(Arc::new(tokens)));
+        (AuthService::with_bcrypt_cost(Arc::new(tenants), 4), tenant)
+    }
+
+    fn with_token<T>(message: T, token: &str) -> Request<T> {
+        let mut r = Request::new(message);
+        r.metadata_mut().insert("token", token.parse().unwrap());
+        r
+    }
+
+    /// AuthEnable answers etcd's refusals, then needs the frontend's token key; enabled,
+    /// Authenticate checks the password and hands out a token, and the auth RPCs need the
+    /// root role (a user may read itself and its own roles).
     #[tokio::test]
-    async fn auth_is_never_enabled_while_nothing_enforces_it() {
-        let (a, _, _) = service();
+    async fn enabling_authenticating_and_the_root_role() {
+        let (bare, _, _) = service();
         let enable = || Request::new(AuthEnableRequest {});
         assert_eq!(
-            refused(a.auth_enable(enable()).await),
+            refused(bare.auth_enable(enable()).await),
             failed("etcdserver: root user does not exist")
         );
-        let add = Request::new(AuthUserAddRequest {
-            name: "root".into(),
-            password: "pw".into(),
-            ..Default::default()
-        });
-        a.user_add(add).await.unwrap();
+        let user = |name: &str, password: &str| {
+            Request::new(AuthUserAddRequest {
+                name: name.into(),
+                password: password.into(),
+                ..Default::default()
+            })
+        };
+        bare.user_add(user("root", "pw")).await.unwrap();
         assert_eq!(
-            refused(a.auth_enable(enable()).await),
+            refused(bare.auth_enable(enable()).await),
             failed("etcdserver: root user does not have root role")
         );
-        let grant = Request::new(AuthUserGrantRoleRequest {
-            user: "root".into(),
-            role: "root".into(),
-        });
-        a.user_grant_role(grant).await.unwrap();
-        let (code, message) = refused(a.auth_enable(enable()).await);
-        assert_eq!(code, Code::Unimplemented);
-        assert!(message.contains("auth cannot be enabled yet"), "{message}");
-        assert_eq!(revision(&a).await, 3);
-        let auth = Request::new(AuthenticateRequest {
-            name: "root".into(),
-            password: "pw".into(),
-        });
+        let to_root = || {
+            Request::new(AuthUserGrantRoleRequest {
+                user: "root".into(),
+                role: "root".into(),
+            })
+        };
+        bare.user_grant_role(to_root()).await.unwrap();
+        let (code, message) = refused(bare.auth_enable(enable()).await);
+        assert_eq!(code, Code::FailedPrecondition);
+        assert!(message.contains("--auth-token-key-file"), "{message}");
+        let auth = |name: &str, password: &str| {
+            Request::new(AuthenticateRequest {
+                name: name.into(),
+                password: password.into(),
+            })
+        };
         assert_eq!(
-            refused(a.authenticate(auth).await),
+            refused(bare.authenticate(auth("root", "pw")).await),
             failed(msg::AUTH_NOT_ENABLED)
         );
-        let disable = a.auth_disable(Request::new(AuthDisableRequest {})).await;
-        assert!(disable.is_ok());
+
+        let (a, t) = service_with_tokens();
+        a.user_add(user("root", "pw")).await.unwrap();
+        a.user_add(user("alice", "alice-pw")).await.unwrap();
+        a.user_grant_role(to_root()).await.unwrap();
+        a.auth_enable(enable()).await.unwrap();
+        assert!(t.replica.read().auth_enabled());
+        let bad = (Code::InvalidArgument, msg::AUTH_FAILED.to_string());
+        assert_eq!(refused(a.authenticate(auth("root", "nope")).await), bad);
+        assert_eq!(refused(a.authenticate(auth("nobody", "pw")).await), bad);
+        let root = a.authenticate(auth("root", "pw")).await.unwrap();
+        let root = root.into_inner().token;
+        let alice = a.authenticate(auth("alice", "alice-pw")).await.unwrap();
+        let alice = alice.into_inner().token;
+
+        // Without a token, with a forged one, as a user without the root role, as root.
         assert_eq!(
-            revision(&a).await,
-            3,
-            "disabling what is disabled is no change"
+            refused(a.user_list(Request::new(AuthUserListRequest {})).await),
+            (
+                Code::InvalidArgument,
+                "etcdserver: user name is empty".into()
+            )
+        );
+        let forged = format!("{}x", &root[..root.len() - 1]);
+        assert_eq!(
+            refused(
+                a.user_list(with_token(AuthUserListRequest {}, &forged))
+                    .await
+            ),
+            (Code::Unauthenticated, msg::INVALID_AUTH_TOKEN.into())
+        );
+        assert_eq!(
+            refused(
+                a.user_list(with_token(AuthUserListRequest {}, &alice))
+                    .await
+            ),
+            (
+                Code::PermissionDenied,
+                "etcdserver: permission denied".into()
+            )
+        );
+        let users = a.user_list(with_token(AuthUserListRequest {}, &root)).await;
+        assert_eq!(users.unwrap().into_inner().users, ["alice", "root"]);
+        // alice may read herself, not root.
+        let get = |name: &str| AuthUserGetRequest { name: name.into() };
+        assert!(a.user_get(with_token(get("alice"), &alice)).await.is_ok());
+        assert_eq!(
+            refused(a.user_get(with_token(get("root"), &alice)).await).0,
+            Code::PermissionDenied
+        );
+        // Changes need the root role too, checked as they are applied.
+        let role = AuthRoleAddRequest { name: "r".into() };
+        assert_eq!(
+            refused(a.role_add(with_token(role.clone(), &alice)).await).0,
+            Code::PermissionDenied
+        );
+        a.role_add(with_token(role, &root)).await.unwrap();
+        // The change made every earlier token old for key access (admin checks, as etcd's,
+        // look at the user alone); a fresh token is current.
+        let old = crate::tenants::tests_caller(&a.tenants, &t, &root).await;
+        assert_eq!(
+            t.replica.read().check_read(old.as_store(), b"k", b""),
+            Err(memstore::Error::AuthOldRevision)
+        );
+        let root = a.authenticate(auth("root", "pw")).await.unwrap();
+        let root = root.into_inner().token;
+        let fresh = crate::tenants::tests_caller(&a.tenants, &t, &root).await;
+        assert_eq!(
+            t.replica.read().check_read(fresh.as_store(), b"k", b""),
+            Ok(())
+        );
+        let status = a.auth_status(with_token(AuthStatusRequest {}, &root)).await;
+        let status = status.unwrap().into_inner();
+        assert!(status.enabled);
+        a.auth_disable(with_token(AuthDisableRequest {}, &root))
+            .await
+            .unwrap();
+        assert!(!t.replica.read().auth_enabled());
+        // Disabled, tokens are ignored and nothing is checked.
+        assert!(
+            a.user_list(with_token(AuthUserListRequest {}, "garbage"))
+                .await
+                .is_ok()
         );
     }
 }

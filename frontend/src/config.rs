@@ -77,6 +77,16 @@ pub struct Config {
     #[arg(long, default_value_t = crate::auth::DEFAULT_BCRYPT_COST)]
     pub bcrypt_cost: u32,
 
+    /// The key auth tokens are signed and verified with (at least 32 bytes, read as they are;
+    /// the same file on every frontend of the deployment, e.g. a Kubernetes Secret). Without
+    /// it this frontend cannot enable auth or verify tokens (docs/design/auth.md, A3).
+    #[arg(long)]
+    pub auth_token_key_file: Option<std::path::PathBuf>,
+
+    /// How long an auth token is valid (etcd's --auth-token-ttl).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub auth_token_ttl: Duration,
+
     /// Client URLs of the other frontends serving this tenant, comma separated, listed by
     /// Cluster.MemberList so clients spread over them.
     #[arg(long, value_delimiter = ',')]
@@ -151,6 +161,8 @@ impl Config {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             bcrypt_cost: crate::auth::DEFAULT_BCRYPT_COST,
+            auth_token_key_file: None,
+            auth_token_ttl: crate::token::DEFAULT_TOKEN_TTL,
             peer_frontends: Vec::new(),
             object_store: None,
             watch_progress_notify_interval: crate::watch::DEFAULT_PROGRESS_NOTIFY_INTERVAL,

@@ -59,6 +59,16 @@ pub enum Error {
     /// roles can be managed, but nothing would enforce them (docs/design/auth.md).
     #[error("auth enforcement is not available yet")]
     AuthUnavailable,
+    /// A token that is not this deployment's, names another tenant, or expired (etcd's
+    /// ErrGRPCInvalidAuthToken: clients authenticate again).
+    #[error("invalid auth token")]
+    InvalidAuthToken,
+    /// Authenticate with a wrong name or password (etcd's ErrGRPCAuthFailed).
+    #[error("authentication failed")]
+    AuthFailed,
+    /// Enabling auth (or authenticating) on a frontend that has no token key.
+    #[error("no --auth-token-key-file")]
+    NoTokenKey,
     /// Authenticate while auth is disabled (etcd's ErrGRPCAuthNotEnabled).
     #[error("authentication is not enabled")]
     AuthNotEnabled,
@@ -99,6 +109,8 @@ pub mod msg {
     pub const MEMBER_NOT_FOUND: &str = "etcdserver: member not found";
     pub const AUTH_NOT_ENABLED: &str = "etcdserver: authentication is not enabled";
     pub const PASSWORD_TOO_LONG: &str = "bcrypt: password length exceeds 72 bytes";
+    pub const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+    pub const AUTH_FAILED: &str = "etcdserver: authentication failed, invalid user ID or password";
     pub const MEMBER_NOT_LEARNER: &str = "etcdserver: can only promote a learner member";
 }
 
@@ -166,6 +178,12 @@ impl From<Error> for Status {
                 "auth enforcement (tokens and permission checks) comes with a later release: users and roles can be managed, auth cannot be enabled yet",
             ),
             Error::PasswordTooLong(_) => Status::unknown(msg::PASSWORD_TOO_LONG),
+            Error::InvalidAuthToken => Status::unauthenticated(msg::INVALID_AUTH_TOKEN),
+            Error::AuthFailed => Status::invalid_argument(msg::AUTH_FAILED),
+            Error::NoTokenKey => own(
+                Code::FailedPrecondition,
+                "this frontend has no auth token key (--auth-token-key-file): it cannot sign or verify tokens",
+            ),
             Error::UnexpectedOutcome(_) | Error::ResponseTooLarge(_) | Error::Task(_) => {
                 own(Code::Internal, &e.to_string())
             }

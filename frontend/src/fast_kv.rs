@@ -195,37 +195,41 @@ async fn answer(
             let req = RangeRequest::decode(message).map_err(decode_error)?;
             let t = tenants.resolve(metadata).map_err(handled)?;
             let id = RequestId::random();
-            Ok(
-                unary("Range", &t.name, id, crate::kv::range_message(&t, req))
-                    .await?
-                    .into_inner(),
-            )
+            let read = async {
+                let caller = tenants.caller(&t, metadata).await?;
+                crate::kv::range_message(&t, &caller, req).await
+            };
+            Ok(unary("Range", &t.name, id, read).await?.into_inner())
         }
         Rpc::Put => {
             let req = PutRequest::decode(message).map_err(decode_error)?;
             let t = tenants.resolve(metadata).map_err(handled)?;
             let id = RequestId::random();
-            encoded(unary("Put", &t.name, id, crate::kv::put(&t, id, req)).await?)
+            let put = async {
+                let caller = tenants.caller(&t, metadata).await?;
+                crate::kv::put(&t, id, &caller, req).await
+            };
+            encoded(unary("Put", &t.name, id, put).await?)
         }
         Rpc::DeleteRange => {
             let req = DeleteRangeRequest::decode(message).map_err(decode_error)?;
             let t = tenants.resolve(metadata).map_err(handled)?;
             let id = RequestId::random();
-            encoded(
-                unary(
-                    "DeleteRange",
-                    &t.name,
-                    id,
-                    crate::kv::delete_range(&t, id, req),
-                )
-                .await?,
-            )
+            let delete = async {
+                let caller = tenants.caller(&t, metadata).await?;
+                crate::kv::delete_range(&t, id, &caller, req).await
+            };
+            encoded(unary("DeleteRange", &t.name, id, delete).await?)
         }
         Rpc::Txn => {
             let req = TxnRequest::decode(message).map_err(decode_error)?;
             let t = tenants.resolve(metadata).map_err(handled)?;
             let id = RequestId::random();
-            encoded(unary("Txn", &t.name, id, crate::kv::txn(&t, id, req)).await?)
+            let txn = async {
+                let caller = tenants.caller(&t, metadata).await?;
+                crate::kv::txn(&t, id, &caller, req).await
+            };
+            encoded(unary("Txn", &t.name, id, txn).await?)
         }
     }
 }

@@ -16,6 +16,7 @@ use memstore::{Outcome, StepBudget};
 use prost::Message;
 use tonic::{Request, Response, Status};
 
+use crate::auth::Caller;
 use crate::errors::Error;
 use crate::fast_kv::GRPC_HEADER_LEN;
 use crate::rpc::{RequestId, unary};
@@ -31,10 +32,28 @@ impl KvService {
         Self { tenants }
     }
 
-    fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants
+    /// One unary RPC: the tenant, a request id and the caller its token names, then `body`.
+    async fn serve<R, T, Fut>(
+        &self,
+        rpc: &'static str,
+        req: Request<R>,
+        body: impl FnOnce(Arc<Tenant>, RequestId, Caller, R) -> Fut,
+    ) -> Result<Response<T>, Status>
+    where
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        let t = self
+            .tenants
             .resolve(req.metadata())
-            .map_err(crate::rpc::handled)
+            .map_err(crate::rpc::handled)?;
+        let (metadata, _, r) = req.into_parts();
+        let id = RequestId::random();
+        let name = t.name.clone();
+        unary(rpc, &name, id, async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
+            body(t, id, caller, r).await
+        })
+        .await
     }
 }
 
@@ -43,8 +62,12 @@ fn revision_of(h: &Option<ResponseHeader>, fallback: i64) -> i64 {
     h.as_ref().map_or(fallback, |h| h.revision)
 }
 
-pub(crate) async fn range(t: &Tenant, req: RangeRequest) -> Result<RangeResponse, Error> {
-    range_ready(t, &req).await?;
+pub(crate) async fn range(
+    t: &Tenant,
+    caller: &Caller,
+    req: RangeRequest,
+) -> Result<RangeResponse, Error> {
+    range_ready(t, caller, &req).await?;
     let mut resp = read_range(t, &req).await?;
     let rev = revision_of(&resp.header, 0);
     resp.header = Some(t.header(rev));
@@ -56,8 +79,12 @@ pub(crate) async fn range(t: &Tenant, req: RangeRequest) -> Result<RangeResponse
 /// buffer, with no response structs in between); a range over keys is read in steps
 /// ([`read_range`]) and encoded once read. Same answer, byte for byte, as [`range`] encoded by
 /// prost.
-pub(crate) async fn range_message(t: &Tenant, req: RangeRequest) -> Result<Bytes, Error> {
-    range_ready(t, &req).await?;
+pub(crate) async fn range_message(
+    t: &Tenant,
+    caller: &Caller,
+    req: RangeRequest,
+) -> Result<Bytes, Error> {
+    range_ready(t, caller, &req).await?;
     if !req.range_end.is_empty() {
         let mut resp = read_range(t, &req).await?;
         resp.header = Some(t.header(revision_of(&resp.header, 0)));
@@ -115,22 +142,33 @@ async fn read_range(t: &Tenant, req: &RangeRequest) -> Result<RangeResponse, Err
     Ok(t.replica.read().range(req)?)
 }
 
-/// What a Range checks and waits for before it reads the replica.
-async fn range_ready(t: &Tenant, req: &RangeRequest) -> Result<(), Error> {
+/// What a Range checks and waits for before it reads the replica: its form, the read point,
+/// then (with the tenant's auth enabled) READ on its keys, against the auth state at that point.
+async fn range_ready(t: &Tenant, caller: &Caller, req: &RangeRequest) -> Result<(), Error> {
     // No size check: etcd checks the size of what it proposes to Raft, and a Range is served
     // from a read index (gRPC's own limit, `--max-request-bytes` + 512 KiB, still holds).
     memstore::validate::range(req)?;
     if !req.serializable {
         t.barrier().await?;
     }
+    if t.replica.auth_enabled() {
+        t.replica
+            .read()
+            .check_read(caller.as_store(), &req.key, &req.range_end)?;
+    }
     Ok(())
 }
 
-pub(crate) async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<PutResponse, Error> {
+pub(crate) async fn put(
+    t: &Tenant,
+    id: RequestId,
+    caller: &Caller,
+    req: PutRequest,
+) -> Result<PutResponse, Error> {
     // etcd's gRPC layer validates the request before the server sizes its Raft proposal.
     memstore::validate::put(&req)?;
     t.check_size(req.encoded_len())?;
-    let applied = t.propose(&id, Intent::Put(req)).await?;
+    let applied = t.propose(&id, caller, Intent::Put(req)).await?;
     match applied.outcome {
         Outcome::Put(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -144,11 +182,12 @@ pub(crate) async fn put(t: &Tenant, id: RequestId, req: PutRequest) -> Result<Pu
 pub(crate) async fn delete_range(
     t: &Tenant,
     id: RequestId,
+    caller: &Caller,
     req: DeleteRangeRequest,
 ) -> Result<DeleteRangeResponse, Error> {
     memstore::validate::delete_range(&req)?;
     t.check_size(req.encoded_len())?;
-    let applied = t.propose(&id, Intent::DeleteRange(req)).await?;
+    let applied = t.propose(&id, caller, Intent::DeleteRange(req)).await?;
     match applied.outcome {
         Outcome::DeleteRange(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -159,14 +198,19 @@ pub(crate) async fn delete_range(
     }
 }
 
-pub(crate) async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<TxnResponse, Error> {
+pub(crate) async fn txn(
+    t: &Tenant,
+    id: RequestId,
+    caller: &Caller,
+    req: TxnRequest,
+) -> Result<TxnResponse, Error> {
     memstore::validate::txn(&req, t.limits.max_txn_ops)?;
     if crate::read_txn::is_read_only(&req) {
         // Served from a read index, as etcd serves it: no proposal to size.
-        return read_only_txn(t, &req).await;
+        return read_only_txn(t, caller, &req).await;
     }
     t.check_size(req.encoded_len())?;
-    let applied = t.propose(&id, Intent::Txn(req)).await?;
+    let applied = t.propose(&id, caller, Intent::Txn(req)).await?;
     match applied.outcome {
         Outcome::Txn(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -180,9 +224,16 @@ pub(crate) async fn txn(t: &Tenant, id: RequestId, req: TxnRequest) -> Result<Tx
 /// A txn whose every op is a Range: served on the read path like a Range (etcd's
 /// `isTxnReadonly`), compares and ranges at one revision of the local replica, its ranges over
 /// keys read in steps as a lone Range's (`read_txn::TxnScan`).
-async fn read_only_txn(t: &Tenant, req: &TxnRequest) -> Result<TxnResponse, Error> {
+async fn read_only_txn(
+    t: &Tenant,
+    caller: &Caller,
+    req: &TxnRequest,
+) -> Result<TxnResponse, Error> {
     if !crate::read_txn::is_serializable(req) {
         t.barrier().await?;
+    }
+    if t.replica.auth_enabled() {
+        t.replica.read().check_txn(caller.as_store(), req)?;
     }
     let scan = t
         .replica
@@ -210,6 +261,7 @@ async fn read_only_txn(t: &Tenant, req: &TxnRequest) -> Result<TxnResponse, Erro
 async fn compact(
     t: &Tenant,
     id: RequestId,
+    caller: &Caller,
     req: CompactionRequest,
 ) -> Result<CompactionResponse, Error> {
     t.check_size(req.encoded_len())?;
@@ -217,7 +269,7 @@ async fn compact(
     // revision that exists is never refused as a future one.
     t.barrier().await?;
     memstore::validate::compact(&req, &t.replica.read())?;
-    let applied = t.propose(&id, Intent::Compact(req)).await?;
+    let applied = t.propose(&id, caller, Intent::Compact(req)).await?;
     match applied.outcome {
         Outcome::Compact(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -231,45 +283,44 @@ async fn compact(
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let id = RequestId::random();
-        unary("Range", &t.name, id, range(&t, req.into_inner())).await
+        self.serve("Range", req, |t, _, caller, r| async move {
+            range(&t, &caller, r).await
+        })
+        .await
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let id = RequestId::random();
-        unary("Put", &t.name, id, put(&t, id, req.into_inner())).await
+        self.serve("Put", req, |t, id, caller, r| async move {
+            put(&t, id, &caller, r).await
+        })
+        .await
     }
 
     async fn delete_range(
         &self,
         req: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let id = RequestId::random();
-        unary(
-            "DeleteRange",
-            &t.name,
-            id,
-            delete_range(&t, id, req.into_inner()),
-        )
+        self.serve("DeleteRange", req, |t, id, caller, r| async move {
+            delete_range(&t, id, &caller, r).await
+        })
         .await
     }
 
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let id = RequestId::random();
-        unary("Txn", &t.name, id, txn(&t, id, req.into_inner())).await
+        self.serve("Txn", req, |t, id, caller, r| async move {
+            txn(&t, id, &caller, r).await
+        })
+        .await
     }
 
     async fn compact(
         &self,
         req: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let id = RequestId::random();
-        unary("Compact", &t.name, id, compact(&t, id, req.into_inner())).await
+        self.serve("Compact", req, |t, id, caller, r| async move {
+            compact(&t, id, &caller, r).await
+        })
+        .await
     }
 }
 
@@ -307,7 +358,7 @@ pub(crate) mod tests {
         let listing = {
             let t = t.clone();
             tokio::spawn(async move {
-                let resp = range(&t, all).await.unwrap();
+                let resp = range(&t, &Caller::default(), all).await.unwrap();
                 (resp, std::time::Instant::now())
             })
         };
@@ -343,13 +394,19 @@ pub(crate) mod tests {
         };
         let ranges = [0, before].map(|revision| {
             let t = t.clone();
-            tokio::spawn(async move { range(&t, all(revision)).await })
+            tokio::spawn(async move { range(&t, &Caller::default(), all(revision)).await })
         });
         let reading = {
             let t = t.clone();
-            tokio::spawn(
-                async move { txn(&t, RequestId::random(), read_only_txn_over_all()).await },
-            )
+            tokio::spawn(async move {
+                txn(
+                    &t,
+                    RequestId::random(),
+                    &Caller::default(),
+                    read_only_txn_over_all(),
+                )
+                .await
+            })
         };
         // Let both Ranges begin: each reads its first step and yields.
         tokio::task::yield_now().await;
@@ -358,7 +415,9 @@ pub(crate) mod tests {
             revision: before + 1,
             ..Default::default()
         };
-        compact(&t, RequestId::random(), compaction).await.unwrap();
+        compact(&t, RequestId::random(), &Caller::default(), compaction)
+            .await
+            .unwrap();
         let [latest, pinned] = ranges;
         let latest = latest.await.unwrap().unwrap();
         assert_eq!(
@@ -423,7 +482,13 @@ pub(crate) mod tests {
         let reading = {
             let t = t.clone();
             tokio::spawn(async move {
-                let resp = txn(&t, RequestId::random(), read_only_txn_over_all()).await;
+                let resp = txn(
+                    &t,
+                    RequestId::random(),
+                    &Caller::default(),
+                    read_only_txn_over_all(),
+                )
+                .await;
                 (resp.unwrap(), std::time::Instant::now())
             })
         };
@@ -448,7 +513,9 @@ pub(crate) mod tests {
             value: b"w".to_vec(),
             ..Default::default()
         };
-        put(t, RequestId::random(), late).await.unwrap();
+        put(t, RequestId::random(), &Caller::default(), late)
+            .await
+            .unwrap();
         std::time::Instant::now()
     }
 
@@ -509,7 +576,9 @@ pub(crate) mod tests {
                 value: vec![b'v'; i * 100],
                 ..Default::default()
             };
-            put(&t, RequestId::random(), req).await.unwrap();
+            put(&t, RequestId::random(), &Caller::default(), req)
+                .await
+                .unwrap();
         }
         let req = |key: &str, end: &str| RangeRequest {
             key: key.as_bytes().to_vec(),
@@ -546,8 +615,10 @@ pub(crate) mod tests {
             },
         ];
         for case in cases {
-            let expected = framed(&range(&t, case.clone()).await.unwrap());
-            let ours = range_message(&t, case.clone()).await.unwrap();
+            let expected = framed(&range(&t, &Caller::default(), case.clone()).await.unwrap());
+            let ours = range_message(&t, &Caller::default(), case.clone())
+                .await
+                .unwrap();
             assert_eq!(ours, expected, "{case:?}");
         }
         // Errors are the same errors: a future revision, and a compacted one.
@@ -555,14 +626,22 @@ pub(crate) mod tests {
             revision: 3,
             ..Default::default()
         };
-        compact(&t, RequestId::random(), compaction).await.unwrap();
+        compact(&t, RequestId::random(), &Caller::default(), compaction)
+            .await
+            .unwrap();
         for revision in [99, 2] {
             let case = RangeRequest {
                 revision,
                 ..req("a", "")
             };
-            let a = range(&t, case.clone()).await.unwrap_err().to_string();
-            let b = range_message(&t, case).await.unwrap_err().to_string();
+            let a = range(&t, &Caller::default(), case.clone())
+                .await
+                .unwrap_err()
+                .to_string();
+            let b = range_message(&t, &Caller::default(), case)
+                .await
+                .unwrap_err()
+                .to_string();
             assert_eq!(a, b);
         }
     }

@@ -20,6 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 use tracing::Instrument;
 
+use crate::auth::Caller;
 use crate::errors::Error;
 use crate::rpc::{RequestId, handled, observe, unary};
 use crate::tenant::Tenant;
@@ -77,13 +78,14 @@ fn new_lease_id() -> i64 {
 async fn grant(
     t: &Tenant,
     id: RequestId,
+    caller: &Caller,
     mut req: LeaseGrantRequest,
 ) -> Result<LeaseGrantResponse, Error> {
     if req.id == 0 {
         req.id = new_lease_id();
     }
     memstore::validate::lease_grant(&req, &memstore::Config::default())?;
-    let applied = t.propose(&id, Intent::LeaseGrant(req)).await?;
+    let applied = t.propose(&id, caller, Intent::LeaseGrant(req)).await?;
     match applied.outcome {
         Outcome::LeaseGrant(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -97,9 +99,10 @@ async fn grant(
 async fn revoke(
     t: &Tenant,
     id: RequestId,
+    caller: &Caller,
     req: LeaseRevokeRequest,
 ) -> Result<LeaseRevokeResponse, Error> {
-    let applied = t.propose(&id, Intent::LeaseRevoke(req)).await?;
+    let applied = t.propose(&id, caller, Intent::LeaseRevoke(req)).await?;
     match applied.outcome {
         Outcome::LeaseRevoke(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -136,7 +139,10 @@ async fn keep_alive(
             });
         }
     }
-    let applied = t.propose(&id, Intent::LeaseKeepAlive(req)).await?;
+    // Keep-alives need no permission (etcd renews any lease for any client).
+    let applied = t
+        .propose(&id, &Caller::default(), Intent::LeaseKeepAlive(req))
+        .await?;
     match applied.outcome {
         Outcome::LeaseKeepAlive(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -256,8 +262,13 @@ impl Lease for LeaseService {
         req: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
         let t = self.tenant(&req)?;
+        let (metadata, _, req) = req.into_parts();
         let id = RequestId::random();
-        unary("LeaseGrant", &t.name, id, grant(&t, id, req.into_inner())).await
+        unary("LeaseGrant", &t.name, id, async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
+            grant(&t, id, &caller, req).await
+        })
+        .await
     }
 
     async fn lease_revoke(
@@ -265,8 +276,13 @@ impl Lease for LeaseService {
         req: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
         let t = self.tenant(&req)?;
+        let (metadata, _, req) = req.into_parts();
         let id = RequestId::random();
-        unary("LeaseRevoke", &t.name, id, revoke(&t, id, req.into_inner())).await
+        unary("LeaseRevoke", &t.name, id, async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
+            revoke(&t, id, &caller, req).await
+        })
+        .await
     }
 
     type LeaseKeepAliveStream = KeepAliveStream;
@@ -330,6 +346,7 @@ mod tests {
         let granted = grant(
             &t,
             RequestId::random(),
+            &Caller::default(),
             LeaseGrantRequest { ttl: 30, id: 0 },
         )
         .await
@@ -362,9 +379,14 @@ mod tests {
             "looked for after a barrier"
         );
 
-        revoke(&t, RequestId::random(), LeaseRevokeRequest { id: granted })
-            .await
-            .unwrap();
+        revoke(
+            &t,
+            RequestId::random(),
+            &Caller::default(),
+            LeaseRevokeRequest { id: granted },
+        )
+        .await
+        .unwrap();
         let before = log.last_index();
         assert_eq!(keep(t.clone(), granted).await.ttl, 0);
         assert_eq!(
@@ -377,6 +399,7 @@ mod tests {
         let elsewhere = grant(
             &other,
             RequestId::random(),
+            &Caller::default(),
             LeaseGrantRequest { ttl: 40, id: 0 },
         )
         .await
@@ -420,7 +443,9 @@ mod tests {
         let mut leases = Vec::new();
         for ttl in [30, 40, 50, 60, 70] {
             let req = LeaseGrantRequest { ttl, id: 0 };
-            let granted = grant(&t, RequestId::random(), req).await.unwrap();
+            let granted = grant(&t, RequestId::random(), &Caller::default(), req)
+                .await
+                .unwrap();
             leases.push((granted.id, ttl));
         }
         let before = log.last_index();

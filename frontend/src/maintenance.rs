@@ -20,6 +20,7 @@ use futures::Stream;
 use memstore::Outcome;
 use tonic::{Request, Response, Status};
 
+use crate::auth::Caller;
 use crate::errors::Error;
 use crate::log::Log;
 use crate::replica::ReplicaState;
@@ -57,9 +58,33 @@ impl MaintenanceService {
     fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
         self.tenants.resolve(req.metadata()).map_err(handled)
     }
+
+    /// The tenant, if the request's caller may use the RPCs etcd keeps for the root role
+    /// (Snapshot, Defragment, Hash, HashKV, MoveLeader, Downgrade: 3.5's
+    /// `authMaintenanceServer`, which answers PermissionDenied otherwise).
+    async fn admin<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
+        let t = self.tenant(req)?;
+        let caller = self
+            .tenants
+            .caller(&t, req.metadata())
+            .await
+            .map_err(handled)?;
+        if t.replica.auth_enabled() {
+            t.replica
+                .read()
+                .check_admin(&caller.user)
+                .map_err(|e| handled(e.into()))?;
+        }
+        Ok(t)
+    }
 }
 
-async fn alarm(t: &Tenant, id: RequestId, req: AlarmRequest) -> Result<AlarmResponse, Error> {
+async fn alarm(
+    t: &Tenant,
+    id: RequestId,
+    caller: &Caller,
+    req: AlarmRequest,
+) -> Result<AlarmResponse, Error> {
     if req.action == AlarmAction::Get as i32 {
         t.barrier().await?;
         let (alarms, revision) = {
@@ -71,7 +96,7 @@ async fn alarm(t: &Tenant, id: RequestId, req: AlarmRequest) -> Result<AlarmResp
             alarms,
         });
     }
-    let applied = t.propose(&id, Intent::Alarm(req)).await?;
+    let applied = t.propose(&id, caller, Intent::Alarm(req)).await?;
     match applied.outcome {
         Outcome::Alarm(mut r) => {
             r.header = Some(t.header(applied.revision));
@@ -199,8 +224,13 @@ type SnapshotStream =
 impl Maintenance for MaintenanceService {
     async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
         let t = self.tenant(&req)?;
+        let (metadata, _, req) = req.into_parts();
         let id = RequestId::random();
-        unary("Alarm", &t.name, id, alarm(&t, id, req.into_inner())).await
+        unary("Alarm", &t.name, id, async {
+            let caller = self.tenants.caller(&t, &metadata).await?;
+            alarm(&t, id, &caller, req).await
+        })
+        .await
     }
 
     async fn status(
@@ -221,7 +251,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<DefragmentRequest>,
     ) -> Result<Response<DefragmentResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.admin(&req).await?;
         unary("Defragment", &t.name, RequestId::random(), async {
             // The store lives in memory: compaction already frees history; nothing to rewrite.
             // etcd (3.4 to 3.6) answers an empty response, without a header.
@@ -231,7 +261,7 @@ impl Maintenance for MaintenanceService {
     }
 
     async fn hash(&self, req: Request<HashRequest>) -> Result<Response<HashResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.admin(&req).await?;
         unary("Hash", &t.name, RequestId::random(), hash(&t)).await
     }
 
@@ -239,7 +269,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<HashKvRequest>,
     ) -> Result<Response<HashKvResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.admin(&req).await?;
         unary(
             "HashKV",
             &t.name,
@@ -255,7 +285,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.admin(&req).await?;
         crate::snapshot::snapshot(t).await.map(Response::new)
     }
 
@@ -267,7 +297,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<MoveLeaderRequest>,
     ) -> Result<Response<MoveLeaderResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.admin(&req).await?;
         let target = req.into_inner().target_id;
         if target == t.identity.member_id {
             let revision = t.replica.read().revision();
@@ -285,8 +315,9 @@ impl Maintenance for MaintenanceService {
 
     async fn downgrade(
         &self,
-        _req: Request<DowngradeRequest>,
+        req: Request<DowngradeRequest>,
     ) -> Result<Response<DowngradeResponse>, Status> {
+        self.admin(&req).await?;
         Err(handled(Error::DowngradeManaged))
     }
 }

@@ -4,7 +4,7 @@
 //! past the replica's position.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -46,6 +46,10 @@ pub struct Replica {
     applied: watch::Sender<u64>,
     state: watch::Sender<ReplicaState>,
     term: AtomicU64,
+    /// Whether the store's auth is enabled, as of the last apply: lets a request skip token
+    /// verification without the store's lock when it is not (the checks themselves run
+    /// against the store).
+    auth_enabled: AtomicBool,
     /// When the replica last received journal records (ms since `started`): the journal stamps
     /// an idle shard every 500 ms, so silence means it has no leader or cannot be reached.
     heard_at_ms: AtomicU64,
@@ -105,6 +109,7 @@ impl Replica {
         checkpoints: Option<crate::checkpoint::Store>,
     ) -> Arc<Self> {
         let applied_index = store.applied_index();
+        let auth_enabled = AtomicBool::new(store.auth_enabled());
         let hub = WatchHub::for_store_at(tenant, store.revision());
         Arc::new(Self {
             tenant: tenant.to_string(),
@@ -114,6 +119,7 @@ impl Replica {
             applied: watch::channel(applied_index).0,
             state: watch::channel(ReplicaState::CatchingUp).0,
             term: AtomicU64::new(0),
+            auth_enabled,
             heard_at_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
             waiters: Mutex::new(HashMap::new()),
@@ -144,6 +150,11 @@ impl Replica {
 
     pub fn applied_index(&self) -> u64 {
         *self.applied.borrow()
+    }
+
+    /// Whether the tenant's auth was enabled at the last apply (see the field).
+    pub fn auth_enabled(&self) -> bool {
+        self.auth_enabled.load(Ordering::Relaxed)
     }
 
     pub fn state(&self) -> ReplicaState {
@@ -493,6 +504,8 @@ impl Replica {
         let index = new.applied_index();
         let compact = new.compact_revision();
         *store = new;
+        self.auth_enabled
+            .store(store.auth_enabled(), Ordering::Relaxed);
         if !replayable {
             // The revisions from `from` on are compacted in the checkpoint: watchers that still
             // need them are canceled with compact_revision set, as etcd does after a compaction.
@@ -599,6 +612,8 @@ impl Replica {
                 };
                 self.term.fetch_max(term, Ordering::Relaxed);
                 expected = index + 1;
+                self.auth_enabled
+                    .store(store.auth_enabled(), Ordering::Relaxed);
                 applied.push((out.request_id, out.applied));
             }
         }

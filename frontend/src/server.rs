@@ -65,6 +65,8 @@ pub enum ServeError {
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("the replica stopped: {0}")]
     ReplicaFailed(String),
+    #[error(transparent)]
+    TokenKey(#[from] crate::token::KeyError),
 }
 
 /// A running frontend.
@@ -134,7 +136,13 @@ impl Frontend {
             limits,
             identity,
         );
-        let tenants = Arc::new(Tenants::new(tenant.clone()));
+        let tokens = config
+            .auth_token_key_file
+            .as_deref()
+            .map(|path| crate::token::Tokens::from_file(path, config.auth_token_ttl))
+            .transpose()?
+            .map(Arc::new);
+        let tenants = Arc::new(Tenants::new(tenant.clone()).with_tokens(tokens));
 
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter

@@ -10,6 +10,7 @@ use api::etcdserverpb::ResponseHeader;
 use api::strata::entry::{Entry, entry::Request};
 use memstore::{Applied, MemStore, Outcome};
 
+use crate::auth::Caller;
 use crate::errors::Error;
 use crate::log::Log;
 use crate::read_index::ReadIndexer;
@@ -139,16 +140,30 @@ impl Tenant {
         }
     }
 
-    /// Journals `request` as an intent and answers the outcome this replica computed for it.
-    pub async fn propose(&self, id: &RequestId, request: Request) -> Result<Applied, Error> {
+    /// Journals `request`, sent by `caller`, as an intent and answers the outcome this replica
+    /// computed for it. With the tenant's auth enabled the request's permissions are checked
+    /// against the replica first (a denied request costs no entry), and again where it counts:
+    /// when every replica applies it.
+    pub async fn propose(
+        &self,
+        id: &RequestId,
+        caller: &Caller,
+        request: Request,
+    ) -> Result<Applied, Error> {
         self.check_replica()?;
+        if self.replica.auth_enabled() {
+            self.replica
+                .read()
+                .check_request(caller.as_store(), &request)?;
+        }
         let entry = Entry {
             format_version: ENTRY_FORMAT_VERSION,
             tenant: self.name.clone(),
             request_id: id.bytes().to_vec(),
             time_ms: 0,
             request: Some(request),
-            ..Default::default()
+            user: caller.user.clone(),
+            auth_revision: caller.revision,
         };
         let payload = api::record::encode_entry(&entry);
         // Registered before the append, so the outcome cannot slip past us.

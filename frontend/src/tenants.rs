@@ -7,21 +7,80 @@ use std::sync::Arc;
 
 use tonic::metadata::MetadataMap;
 
+use crate::auth::Caller;
 use crate::errors::Error;
 use crate::tenant::Tenant;
+use crate::token::Tokens;
 use crate::watch::{WatchSource, WatchTarget};
 
 /// Metadata header naming the tenant of a request.
 pub const TENANT_HEADER: &str = "x-strata-tenant";
 
+/// The metadata keys a token travels in: clientv3's, and the one etcd's JSON gateway makes of
+/// an HTTP `Authorization` header.
+const TOKEN_KEYS: [&str; 2] = ["token", "authorization"];
+
 /// The tenants this frontend serves.
 pub struct Tenants {
     default: Arc<Tenant>,
+    /// Signs and verifies auth tokens; None without `--auth-token-key-file` (auth cannot be
+    /// enabled through this frontend then, and tokens are not accepted).
+    tokens: Option<Arc<Tokens>>,
 }
 
 impl Tenants {
     pub fn new(default: Arc<Tenant>) -> Self {
-        Self { default }
+        Self {
+            default,
+            tokens: None,
+        }
+    }
+
+    /// Tenants whose auth tokens `tokens` signs and verifies.
+    pub fn with_tokens(mut self, tokens: Option<Arc<Tokens>>) -> Self {
+        self.tokens = tokens;
+        self
+    }
+
+    pub fn tokens(&self) -> Option<&Arc<Tokens>> {
+        self.tokens.as_ref()
+    }
+
+    /// Who sent a request of tenant `t` (etcd's `AuthInfoFromCtx`): nobody while the tenant's
+    /// auth is disabled (a token is then ignored, as etcd ignores it) or when the request
+    /// carries no token; else the user its token names, if the token is this deployment's,
+    /// for this tenant and not expired ("etcdserver: invalid auth token" otherwise, on which
+    /// clients authenticate again). A token minted after a change this replica has not applied
+    /// yet waits for the replica to catch up, as a read does.
+    pub async fn caller(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Caller, Error> {
+        let caller = self.identify(t, metadata)?;
+        if caller.revision > t.replica.read().auth_revision() {
+            t.barrier().await?;
+        }
+        Ok(caller)
+    }
+
+    /// `caller` without waiting for the replica (a watch stream's: its checks run at each
+    /// create, against the store as it then is).
+    pub fn identify(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Caller, Error> {
+        if !t.replica.auth_enabled() {
+            return Ok(Caller::default());
+        }
+        let Some(token) = TOKEN_KEYS.iter().find_map(|k| metadata.get(*k)) else {
+            return Ok(Caller::default());
+        };
+        let token = token.to_str().map_err(|_| Error::InvalidAuthToken)?;
+        // The gateway's `Authorization` may say `Bearer <token>`.
+        let token = token.strip_prefix("Bearer ").unwrap_or(token);
+        let tokens = self.tokens.as_ref().ok_or(Error::InvalidAuthToken)?;
+        let now_ms = t.replica.read().time_ms();
+        let claims = tokens
+            .verify(token, &t.name, now_ms)
+            .ok_or(Error::InvalidAuthToken)?;
+        Ok(Caller {
+            user: claims.username,
+            revision: claims.revision,
+        })
     }
 
     /// The configured tenant (health, metrics and status report on it).
@@ -47,7 +106,11 @@ impl Tenants {
 impl WatchSource for Tenants {
     fn resolve(&self, metadata: &MetadataMap) -> Result<WatchTarget, tonic::Status> {
         let tenant = Tenants::resolve(self, metadata).map_err(crate::rpc::handled)?;
+        let caller = self
+            .identify(&tenant, metadata)
+            .map_err(crate::rpc::handled)?;
         Ok(WatchTarget {
+            caller,
             store: tenant.replica.store().clone(),
             hub: tenant.replica.hub().clone(),
             header: tenant.header(0),
@@ -57,4 +120,12 @@ impl WatchSource for Tenants {
     fn has_leader(&self, metadata: &MetadataMap) -> bool {
         Tenants::resolve(self, metadata).is_ok_and(|t| t.has_leader())
     }
+}
+
+/// The caller a request carrying `token` is served as (unit tests).
+#[cfg(test)]
+pub(crate) async fn tests_caller(tenants: &Tenants, t: &Tenant, token: &str) -> Caller {
+    let mut metadata = MetadataMap::new();
+    metadata.insert("token", token.parse().expect("ascii token"));
+    tenants.caller(t, &metadata).await.expect("a valid token")
 }

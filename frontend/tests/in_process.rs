@@ -459,14 +459,14 @@ async fn cluster_maintenance_and_auth() {
             "etcdserver: bad leader transferee"
         )
     );
-    // Users are journalled and read back; auth is not enabled while nothing enforces it.
+    // Users are journalled and read back; a frontend without a token key cannot enable auth.
     assert!(c.user_list().await.unwrap().users().is_empty());
     c.user_add("root", "p", None).await.unwrap();
     c.user_grant_role("root", "root").await.unwrap();
     assert_eq!(c.user_list().await.unwrap().users(), ["root"]);
     let (cd, m) = code(c.auth_enable().await.unwrap_err());
-    assert_eq!(cd, Code::Unimplemented);
-    assert!(m.contains("auth cannot be enabled yet"), "{m}");
+    assert_eq!(cd, Code::FailedPrecondition);
+    assert!(m.contains("--auth-token-key-file"), "{m}");
     // Snapshot streams the replica's checkpoint (compactor issue): at least one non-empty chunk.
     let mut s = c.snapshot().await.unwrap();
     let first = s.message().await.unwrap().expect("a snapshot chunk");

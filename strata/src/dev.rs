@@ -16,6 +16,8 @@ use tokio::signal::unix::{SignalKind, signal};
 
 /// Journal nodes in a dev deployment (the smallest cluster that survives one failure).
 const JOURNAL_NODES: u64 = 3;
+/// The auth token key's file in the data directory.
+const TOKEN_KEY_FILE: &str = "auth-token.key";
 /// File under the data dir that pins the journal nodes' addresses across restarts: the journal
 /// cluster remembers its members' addresses, so a restart must reuse them.
 const PORTS_FILE: &str = "dev-ports";
@@ -226,6 +228,27 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
+/// The deployment's auth token key, made on the first start (32 random bytes, readable by
+/// its owner only) and kept with the data, so tokens outlive a restart as they outlive a
+/// frontend's in a real deployment.
+fn token_key(data_dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let path = data_dir.join(TOKEN_KEY_FILE);
+    if !path.exists() {
+        let key: [u8; 32] = rand::random();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&path)
+            .with_context(|| format!("create {}", path.display()))?;
+        f.write_all(&key)?;
+        f.sync_all()?;
+    }
+    Ok(path)
+}
+
 /// Starts the journal nodes, the frontend and the compactor (if any), in that order.
 #[allow(clippy::too_many_arguments)]
 async fn start_all(
@@ -278,6 +301,8 @@ async fn start_all(
         metrics.to_string(),
         "--object-store".into(),
         objects_url.clone(),
+        "--auth-token-key-file".into(),
+        token_key(data_dir)?.display().to_string(),
     ];
     frontend.extend(args.frontend_args.iter().cloned());
     procs.push(spawn(exe, "frontend", &frontend, logs)?);

@@ -217,9 +217,8 @@ async fn strata_refuses_membership_and_leadership_changes_clearly() {
 /// Users, roles and permissions are managed as etcd manages them, with its answers: each
 /// change journalled and read back (linearizably) from the replica, every refusal with etcd's
 /// code and message, roles sorted, permissions sorted by key, a deleted role gone from its
-/// users, and `AuthEnable` refused while the root user or its role is missing. Past those
-/// checks etcd enables auth; Strata answers Unimplemented until tokens and permission checks
-/// land (docs/design/auth.md), so that step runs against Strata only.
+/// users, `AuthEnable` refused while the root user or its role is missing, then enabled, and
+/// disabled with root's token.
 #[tokio::test]
 async fn users_and_roles_are_managed_as_etcd_manages_them() {
     use api::authpb::{Permission, permission::Type as PermType};
@@ -388,15 +387,32 @@ async fn users_and_roles_are_managed_as_etcd_manages_them() {
         ["reader"],
         "granting root adds no role"
     );
+    a.auth_enable(AuthEnableRequest {}).await.unwrap();
+    // Enabled, a request needs a token; root's (Authenticate) may disable auth again.
+    assert_eq!(
+        no!(a.user_list(AuthUserListRequest {})),
+        (
+            Code::InvalidArgument,
+            "etcdserver: user name is empty".into()
+        )
+    );
+    let login = AuthenticateRequest {
+        name: "root".into(),
+        password: "pw-of-root".into(),
+    };
+    let token = a.authenticate(login).await.unwrap().into_inner().token;
+    let mut disable = tonic::Request::new(AuthDisableRequest {});
+    disable
+        .metadata_mut()
+        .insert("token", token.parse().unwrap());
+    a.auth_disable(disable).await.unwrap();
     if t.kind() == TargetKind::Strata {
-        let (code, message) = no!(a.auth_enable(AuthEnableRequest {}));
-        assert_eq!(code, Code::Unimplemented, "{message}");
         let status = a.auth_status(AuthStatusRequest {}).await.unwrap();
         let status = status.into_inner();
         assert!(!status.enabled);
         // 1 + alice, 2 roles, 3 grants, 2 roles granted, a revoke, a role deleted, alice
-        // deleted, root added, root granted.
-        assert_eq!(status.auth_revision, 14);
+        // deleted, root added, root granted, auth disabled (enabling is no revision).
+        assert_eq!(status.auth_revision, 15);
     }
 }
 

@@ -371,10 +371,8 @@ async fn a_user_and_password_are_ignored_while_auth_is_disabled() {
 }
 
 /// `etcdctl user` and `etcdctl role`, as an operator runs them: every answer is etcd's, word
-/// for word, refusals included (each journalled change read back from the replica). Against
-/// etcd `auth enable` then enables auth (etcdctl adds and grants the root role by itself) and
-/// the test disables it again; Strata refuses it until tokens and permission checks land
-/// (docs/design/auth.md), and changes nothing but the role etcdctl added on the way.
+/// for word, refusals included (each journalled change read back from the replica), then
+/// `auth enable` (etcdctl adds and grants the root role by itself) and `auth disable` as root.
 #[tokio::test]
 async fn users_and_roles_are_managed_with_etcds_answers() {
     let (t, ctl) = start().await;
@@ -480,29 +478,18 @@ async fn users_and_roles_are_managed_with_etcds_answers() {
         ctl.ok(&["user", "add", "root:rootpw"]),
         "User root created\n"
     );
-    if t.kind() == TargetKind::Etcd {
-        assert_eq!(ctl.ok(&["auth", "enable"]), "Authentication Enabled\n");
-        let root = ["--user", "root:rootpw"];
-        assert_eq!(ctl.ok(&[&root[..], &["role", "list"]].concat()), "root\n");
-        assert_eq!(
-            ctl.ok(&[&root[..], &["auth", "disable"]].concat()),
-            "Authentication Disabled\n"
-        );
-    } else {
-        let refused = ctl.fails(&["auth", "enable"]);
-        assert!(refused.contains("auth cannot be enabled yet"), "{refused}");
-        assert_eq!(
-            ctl.ok(&["role", "list"]),
-            "root\n",
-            "etcdctl added the root role"
-        );
-        assert_eq!(
-            ctl.ok(&["user", "get", "root"]),
-            "User: root\nRoles: root\n"
-        );
-        // Auth stayed disabled: requests need no token.
-        ctl.ok(&["put", "still", "open"]);
-    }
+    // etcdctl adds the root role and grants it to root by itself, then enables.
+    assert_eq!(ctl.ok(&["auth", "enable"]), "Authentication Enabled\n");
+    let root = ["--user", "root:rootpw"];
+    assert_eq!(ctl.ok(&[&root[..], &["role", "list"]].concat()), "root\n");
+    assert_eq!(
+        ctl.ok(&[&root[..], &["user", "get", "root"]].concat()),
+        "User: root\nRoles: root\n"
+    );
+    assert_eq!(
+        ctl.ok(&[&root[..], &["auth", "disable"]].concat()),
+        "Authentication Disabled\n"
+    );
     // etcd 3.5 (which Strata answers as) shows the root role's implicit permission, read and
     // write on every key; 3.4 shows none.
     let root_role = ctl.ok(&["-w", "json", "role", "get", "root"]);
@@ -512,6 +499,141 @@ async fn users_and_roles_are_managed_with_etcds_answers() {
         t.kind() == TargetKind::Strata,
         "{root_role}"
     );
+}
+
+/// Auth enforced, as an operator sees it through etcdctl: `auth enable`, then every request
+/// as a user with a token, checked against its roles' permissions with etcd's answers (reads,
+/// writes, `prev_kv`, txn compares and branches, lease revokes and attachments, watches, the
+/// root role's maintenance RPCs, users reading themselves), no token, a wrong password, a
+/// permission revoked and a user deleted while the client goes on, then `auth disable`.
+/// etcd 3.4 answers a non-root Defragment and HashKV with Unknown "auth: permission denied";
+/// Strata answers as 3.5 does: PermissionDenied "etcdserver: permission denied".
+#[tokio::test]
+async fn auth_is_enforced_with_etcds_answers() {
+    let (_t, ctl) = start().await;
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["user", "add", "alice:pw"],
+        &["role", "add", "reader"],
+        &[
+            "role",
+            "grant-permission",
+            "reader",
+            "--prefix=true",
+            "read",
+            "/r/",
+        ],
+        &["role", "grant-permission", "reader", "write", "/w"],
+        &["user", "grant-role", "alice", "reader"],
+        &["put", "/r/a", "1"],
+        &["put", "/x", "1"],
+    ] {
+        ctl.ok(args);
+    }
+    assert_eq!(ctl.ok(&["auth", "enable"]), "Authentication Enabled\n");
+    fn alice<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [&["--user", "alice:pw"][..], args].concat()
+    }
+    fn root<'a>(args: &[&'a str]) -> Vec<&'a str> {
+        [&["--user", "root:rootpw"][..], args].concat()
+    }
+    const DENIED: &str = "Error: etcdserver: permission denied";
+    let denied = |args: &[&str]| {
+        let err = ctl.fails(&alice(args));
+        assert!(err.contains(DENIED), "{args:?}: {err}");
+    };
+    assert_eq!(ctl.ok(&alice(&["get", "/r/a"])), "/r/a\n1\n");
+    assert_eq!(ctl.ok(&alice(&["get", "/r/", "--prefix"])), "/r/a\n1\n");
+    denied(&["get", "/x"]);
+    denied(&["get", "", "--from-key"]);
+    assert_eq!(ctl.ok(&alice(&["put", "/w", "v"])), "OK\n");
+    denied(&["put", "/w", "v", "--prev-kv"]);
+    denied(&["put", "/r/b", "v"]);
+    assert_eq!(ctl.ok(&alice(&["del", "/w"])), "1\n");
+    denied(&["del", "/w", "--prev-kv"]);
+    let txn = |cmp: &str, put: &str| format!("value(\"{cmp}\") = \"1\"\n\nput {put} y\n\n\n");
+    assert_eq!(
+        ctl.ok_stdin(&alice(&["txn"]), &txn("/r/a", "/w")),
+        "SUCCESS\n\nOK\n"
+    );
+    for (cmp, put) in [("/r/a", "/x"), ("/x", "/w")] {
+        let err = ctl.run_with_stdin(&alice(&["txn"]), Some(&txn(cmp, put)));
+        assert!(err.stderr.contains(DENIED), "{cmp} {put}: {err:?}");
+    }
+    // Needs no permission in etcd: compaction, status, members, alarms, oneself.
+    ctl.ok(&alice(&["compaction", "1"]));
+    ctl.ok(&alice(&["endpoint", "status"]));
+    ctl.ok(&alice(&["member", "list"]));
+    ctl.ok(&alice(&["alarm", "list"]));
+    assert_eq!(
+        ctl.ok(&alice(&["user", "get", "alice"])),
+        "User: alice\nRoles: reader\n"
+    );
+    assert!(
+        ctl.ok(&alice(&["role", "get", "reader"]))
+            .starts_with("Role reader\n")
+    );
+    // The root role's.
+    for args in [
+        &["user", "list"][..],
+        &["role", "get", "root"],
+        &["user", "get", "root"],
+    ] {
+        denied(args);
+    }
+    for args in [&["defrag"][..], &["endpoint", "hashkv"]] {
+        let err = ctl.fails(&alice(args));
+        assert!(err.contains("permission denied"), "{args:?}: {err}");
+    }
+    // No token, a wrong password, an unknown user.
+    assert!(
+        ctl.fails(&["get", "/r/a"])
+            .contains("Error: etcdserver: user name is empty")
+    );
+    const AUTH_FAILED: &str =
+        "Error: etcdserver: authentication failed, invalid user ID or password";
+    assert!(
+        ctl.fails(&["--user", "alice:bad", "get", "/r/a"])
+            .contains(AUTH_FAILED)
+    );
+    assert!(
+        ctl.fails(&["--user", "nobody:x", "get", "/r/a"])
+            .contains(AUTH_FAILED)
+    );
+    assert_eq!(ctl.ok(&root(&["get", "/x", "--print-value-only"])), "1\n");
+    // A lease holding a key alice may not write: she may neither revoke nor join it.
+    let granted = ctl.ok(&root(&["lease", "grant", "100"]));
+    let lease = granted
+        .split_whitespace()
+        .nth(1)
+        .expect("lease id")
+        .to_string();
+    ctl.ok(&root(&["put", "/x/leased", "v", "--lease", &lease]));
+    let err = ctl.fails(&alice(&["lease", "revoke", &lease]));
+    assert!(
+        err.contains("failed to revoke lease (etcdserver: permission denied)"),
+        "{err}"
+    );
+    denied(&["put", "/w", "v", "--lease", &lease]);
+    // A watch she may not read is canceled.
+    let out = ctl.run(&alice(&["watch", "/x"]));
+    assert!(
+        !out.success
+            && out.stderr.contains(
+            "watch was canceled (rpc error: code = PermissionDenied desc = etcdserver: permission denied)"
+        ),
+        "{out:?}"
+    );
+    // Revoked and deleted while she goes on.
+    ctl.ok(&root(&["role", "revoke-permission", "reader", "/w"]));
+    denied(&["put", "/w", "again"]);
+    ctl.ok(&root(&["user", "delete", "alice"]));
+    assert!(ctl.fails(&alice(&["get", "/r/a"])).contains(AUTH_FAILED));
+    assert_eq!(
+        ctl.ok(&root(&["auth", "disable"])),
+        "Authentication Disabled\n"
+    );
+    assert_eq!(ctl.ok(&["get", "/x", "--print-value-only"]), "1\n");
 }
 
 /// The keys under `prefix`, in key order.

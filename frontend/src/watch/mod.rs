@@ -167,4 +167,7 @@ pub struct WatchTarget {
     pub hub: Arc<WatchHub>,
     /// cluster_id, member_id, raft_term; the revision is filled per response.
     pub header: ResponseHeader,
+    /// Who opened the stream (its token's user): each watch it creates needs READ on its
+    /// keys while the tenant's auth is enabled.
+    pub caller: crate::auth::Caller,
 }

@@ -126,6 +126,7 @@ impl Harness {
                 revision: 0,
                 raft_term: 3,
             },
+            caller: Default::default(),
         }
     }
 

@@ -1,0 +1,189 @@
+//! Auth tokens: what Authenticate hands out and every request of an auth-enabled tenant
+//! carries (docs/design/auth.md, A3).
+//!
+//! etcd's default "simple" token is a random string its members remember; Strata's frontends
+//! are stateless and come and go, so a token must verify on every frontend and survive a
+//! restart. Tokens are therefore signed, as etcd's `--auth-token=jwt` tokens are: a JWT (HS256)
+//! whose claims name the tenant, the user, the auth revision it was minted at and its expiry,
+//! signed with the deployment's key (`--auth-token-key-file`, the same on every frontend).
+//! Expiry is in journal time (the tenant's replica's clock, which the journal leader stamps:
+//! DESIGN invariant 4), so every frontend agrees on it whatever its own clock says.
+//! Clients treat tokens as opaque; a JWT stays readable with ordinary tools.
+
+use std::path::Path;
+use std::time::Duration;
+
+use aws_lc_rs::hmac;
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64;
+use serde::{Deserialize, Serialize};
+
+/// etcd's default token lifetime (`--auth-token-ttl`, 300 s).
+pub const DEFAULT_TOKEN_TTL: Duration = Duration::from_secs(300);
+/// The shortest key accepted: HMAC-SHA256 wants at least its output's 32 bytes.
+pub const MIN_KEY_BYTES: usize = 32;
+
+/// The JOSE header of every token (HS256).
+const HEADER: &str = r#"{"alg":"HS256","typ":"JWT"}"#;
+
+/// What a token says.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Claims {
+    pub tenant: String,
+    pub username: String,
+    pub revision: u64,
+    /// Expiry: journal time, milliseconds since the Unix epoch.
+    pub exp_ms: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KeyError {
+    #[error("reading the auth token key {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("the auth token key {path} holds {len} bytes; at least {MIN_KEY_BYTES} are needed")]
+    TooShort { path: String, len: usize },
+}
+
+/// Signs and verifies tokens with one deployment key.
+pub struct Tokens {
+    key: hmac::Key,
+    ttl: Duration,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens").field("ttl", &self.ttl).finish()
+    }
+}
+
+impl Tokens {
+    /// Tokens signed with `secret` (at least [`MIN_KEY_BYTES`]), valid for `ttl`.
+    pub fn new(secret: &[u8], ttl: Duration) -> Self {
+        Self {
+            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            ttl,
+        }
+    }
+
+    /// Tokens signed with the key in file `path` (its bytes as they are).
+    pub fn from_file(path: &Path, ttl: Duration) -> Result<Self, KeyError> {
+        let shown = path.display().to_string();
+        let secret = std::fs::read(path).map_err(|source| KeyError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        if secret.len() < MIN_KEY_BYTES {
+            return Err(KeyError::TooShort {
+                path: shown,
+                len: secret.len(),
+            });
+        }
+        Ok(Self::new(&secret, ttl))
+    }
+
+    /// A token for `username` of `tenant`, minted at auth revision `revision` when the
+    /// journal's time is `now_ms`.
+    pub fn sign(&self, tenant: &str, username: &str, revision: u64, now_ms: i64) -> String {
+        let ttl_ms = i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX);
+        let claims = Claims {
+            tenant: tenant.to_string(),
+            username: username.to_string(),
+            revision,
+            exp_ms: now_ms.saturating_add(ttl_ms),
+        };
+        // Serializing plain strings and integers cannot fail.
+        let body = serde_json::to_vec(&claims).unwrap_or_default();
+        let signed = format!("{}.{}", B64.encode(HEADER), B64.encode(body));
+        let tag = hmac::sign(&self.key, signed.as_bytes());
+        format!("{signed}.{}", B64.encode(tag.as_ref()))
+    }
+
+    /// The claims of `token` if this deployment signed it for `tenant` and it has not expired
+    /// at journal time `now_ms`.
+    pub fn verify(&self, token: &str, tenant: &str, now_ms: i64) -> Option<Claims> {
+        let (signed, tag) = token.rsplit_once('.')?;
+        let tag = B64.decode(tag).ok()?;
+        hmac::verify(&self.key, signed.as_bytes(), &tag).ok()?;
+        let (header, body) = signed.split_once('.')?;
+        if B64.decode(header).ok()? != HEADER.as_bytes() {
+            return None;
+        }
+        let claims: Claims = serde_json::from_slice(&B64.decode(body).ok()?).ok()?;
+        (claims.tenant == tenant && claims.exp_ms > now_ms).then_some(claims)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &[u8] = b"0123456789abcdef0123456789abcdef";
+    const NOW: i64 = 1_800_000_000_000;
+
+    #[test]
+    fn a_token_verifies_for_its_tenant_until_it_expires() {
+        let tokens = Tokens::new(KEY, DEFAULT_TOKEN_TTL);
+        let t = tokens.sign("tenant-a", "alice", 7, NOW);
+        let claims = tokens.verify(&t, "tenant-a", NOW).expect("valid");
+        assert_eq!((claims.username.as_str(), claims.revision), ("alice", 7));
+        assert_eq!(claims.exp_ms, NOW + 300_000);
+        // Another frontend with the same key accepts it, until it expires.
+        let again = Tokens::new(KEY, DEFAULT_TOKEN_TTL);
+        assert!(again.verify(&t, "tenant-a", NOW + 299_999).is_some());
+        assert!(
+            again.verify(&t, "tenant-a", NOW + 300_000).is_none(),
+            "expired"
+        );
+        assert!(
+            tokens.verify(&t, "tenant-b", NOW).is_none(),
+            "another tenant"
+        );
+        let other = Tokens::new(b"another key, another deployment!", DEFAULT_TOKEN_TTL);
+        assert!(other.verify(&t, "tenant-a", NOW).is_none(), "another key");
+    }
+
+    #[test]
+    fn a_changed_token_is_refused() {
+        let tokens = Tokens::new(KEY, DEFAULT_TOKEN_TTL);
+        let t = tokens.sign("t", "alice", 7, NOW);
+        let (header, rest) = t.split_once('.').unwrap();
+        let (_, tag) = rest.split_once('.').unwrap();
+        let root = Claims {
+            tenant: "t".into(),
+            username: "root".into(),
+            revision: 7,
+            exp_ms: NOW + 300_000,
+        };
+        let forged = format!(
+            "{header}.{}.{tag}",
+            B64.encode(serde_json::to_vec(&root).unwrap())
+        );
+        assert!(tokens.verify(&forged, "t", NOW).is_none());
+        for bad in ["", "a.b", "a.b.c", &t[..t.len() - 2]] {
+            assert!(tokens.verify(bad, "t", NOW).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_short_or_missing_key_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("strata-token-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let short = dir.join("short");
+        std::fs::write(&short, b"too short").unwrap();
+        assert!(matches!(
+            Tokens::from_file(&short, DEFAULT_TOKEN_TTL),
+            Err(KeyError::TooShort { len: 9, .. })
+        ));
+        assert!(matches!(
+            Tokens::from_file(&dir.join("missing"), DEFAULT_TOKEN_TTL),
+            Err(KeyError::Read { .. })
+        ));
+        let good = dir.join("good");
+        std::fs::write(&good, KEY).unwrap();
+        assert!(Tokens::from_file(&good, DEFAULT_TOKEN_TTL).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

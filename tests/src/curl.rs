@@ -16,8 +16,32 @@ pub fn post(endpoint: &str, path: &str, body: &str) -> (u16, String) {
 
 /// Any method (the gateway answers only POST).
 pub fn request(endpoint: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    request_with(endpoint, method, path, body, &[])
+}
+
+/// `post` with HTTP headers (`("Authorization", token)`: how a gateway client sends its token).
+pub fn post_with(
+    endpoint: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
+    request_with(endpoint, "POST", path, body, headers)
+}
+
+fn request_with(
+    endpoint: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+    headers: &[(&str, &str)],
+) -> (u16, String) {
     let url = format!("{endpoint}{path}");
-    let out = Command::new("curl")
+    let mut cmd = Command::new("curl");
+    for (name, value) in headers {
+        cmd.args(["-H", &format!("{name}: {value}")]);
+    }
+    let out = cmd
         .args(["-s", "-X", method, "--max-time", REQUEST_TIMEOUT_SECS])
         .args(["-w", "\n%{http_code}", "-d", body, &url])
         .output()

@@ -259,7 +259,10 @@ impl Deployment {
                 let log = dir.path().join(format!("frontend-{i}.log"));
                 let child = ChildGuard::strata(
                     &format!("frontend-{i}"),
-                    &frontend_args(&journal_addrs, &listen, &metrics, &peers),
+                    &with_token_key(
+                        frontend_args(&journal_addrs, &listen, &metrics, &peers),
+                        dir.path(),
+                    ),
                     Some(&log),
                 );
                 Frontend {
@@ -290,7 +293,10 @@ impl Deployment {
         f.child.kill();
         f.child = ChildGuard::strata(
             &format!("frontend-{index}"),
-            &frontend_args(&self.journal_addrs, &f.listen, &f.metrics, &f.peers),
+            &with_token_key(
+                frontend_args(&self.journal_addrs, &f.listen, &f.metrics, &f.peers),
+                self.dir.path(),
+            ),
             Some(&f.log),
         );
         self.wait_frontend(index).await;
@@ -352,6 +358,19 @@ impl Deployment {
         all.extend(args.iter().map(|a| a.to_string()));
         ChildGuard::strata("compactor", &all, Some(&self.dir().join("compactor.log")))
     }
+}
+
+/// `args` with the deployment's auth token key, as every frontend of a real deployment gets
+/// the same one (a Kubernetes Secret): written in `dir` on first use.
+fn with_token_key(mut args: Vec<String>, dir: &Path) -> Vec<String> {
+    let key = dir.join("auth-token.key");
+    if !key.exists() {
+        // A test deployment's key: any 32 bytes do.
+        std::fs::write(&key, b"strata test deployment token key").expect("write the key");
+    }
+    args.push("--auth-token-key-file".into());
+    args.push(key.display().to_string());
+    args
 }
 
 /// The command line of one `strata frontend` over the given journal nodes.

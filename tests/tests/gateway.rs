@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use strata_tests::curl::{b64, post, post_lines, request};
+use strata_tests::curl::{b64, post, post_lines, post_with, request};
 use strata_tests::target::{Target, TargetKind};
 
 /// How long a stream may take to print what it must print.
@@ -340,4 +340,41 @@ async fn leases_cluster_and_maintenance_over_json() {
         chunks[0]["result"]["blob"].as_str().unwrap().len() > 44,
         "the content first"
     );
+}
+
+/// With auth enabled, a gateway client sends its token in the `Authorization` header (etcd's
+/// gateway turns it into the `authorization` metadata its server reads): with it the user's
+/// requests are served, without it they are refused as etcd refuses them.
+#[tokio::test]
+async fn the_token_travels_in_the_authorization_header() {
+    let t = Target::start().await;
+    ok(
+        &t,
+        "/v3/auth/user/add",
+        json!({"name": "root", "password": "rootpw"}),
+    );
+    ok(
+        &t,
+        "/v3/auth/user/grant",
+        json!({"user": "root", "role": "root"}),
+    );
+    ok(&t, "/v3/auth/enable", json!({}));
+    let login = ok(
+        &t,
+        "/v3/auth/authenticate",
+        json!({"name": "root", "password": "rootpw"}),
+    );
+    let token = login["token"].as_str().expect("a token").to_string();
+    let put = json!({"key": b64(b"gw/auth"), "value": b64(b"v")}).to_string();
+    fails(&t, "/v3/kv/put", &put, 3, "etcdserver: user name is empty");
+    let with_token = [("Authorization", token.as_str())];
+    let (code, answer) = post_with(t.endpoint(), "/v3/kv/put", &put, &with_token);
+    assert_eq!(code, 200, "{answer}");
+    let range = json!({"key": b64(b"gw/auth")}).to_string();
+    let (code, answer) = post_with(t.endpoint(), "/v3/kv/range", &range, &with_token);
+    assert_eq!(code, 200, "{answer}");
+    assert_eq!(parse(&answer)["kvs"][0]["value"], b64(b"v"), "{answer}");
+    let (code, answer) = post_with(t.endpoint(), "/v3/auth/disable", "{}", &with_token);
+    assert_eq!(code, 200, "{answer}");
+    ok(&t, "/v3/kv/range", json!({"key": b64(b"gw/auth")}));
 }

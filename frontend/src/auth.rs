@@ -62,6 +62,11 @@ impl Caller {
 pub struct AuthService {
     tenants: Arc<Tenants>,
     bcrypt_cost: u32,
+    /// bcrypt runs (hashes and checks) at once: one per core. bcrypt costs tens of
+    /// milliseconds of CPU on purpose; without a bound a burst of Authenticate calls (a
+    /// password-guessing client, a fleet of clients re-authenticating after an auth change)
+    /// would take every core from the tenants' reads and writes. Beyond it they queue.
+    bcrypt_slots: tokio::sync::Semaphore,
 }
 
 impl AuthService {
@@ -71,10 +76,28 @@ impl AuthService {
 
     /// A service hashing passwords at `cost` (etcd's `--bcrypt-cost`, 4 to 31).
     pub fn with_bcrypt_cost(tenants: Arc<Tenants>, cost: u32) -> Self {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
         Self {
             tenants,
             bcrypt_cost: cost,
+            bcrypt_slots: tokio::sync::Semaphore::new(cores),
         }
+    }
+
+    /// Runs one bcrypt operation on the blocking pool, within `bcrypt_slots`.
+    async fn bcrypt<T: Send + 'static>(
+        &self,
+        what: &str,
+        run: impl FnOnce() -> T + Send + 'static,
+    ) -> Result<T, Error> {
+        let _slot = self
+            .bcrypt_slots
+            .acquire()
+            .await
+            .map_err(|e| Error::Task(format!("{what}: {e}")))?;
+        tokio::task::spawn_blocking(run)
+            .await
+            .map_err(|e| Error::Task(format!("{what}: {e}")))
     }
 
     fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
@@ -157,13 +180,13 @@ impl AuthService {
             return Err(Error::PasswordTooLong(password.len()));
         }
         let cost = self.bcrypt_cost;
-        let hashed = tokio::task::spawn_blocking(move || {
-            bcrypt::hash_with_result(password, cost)
-                .map(|h| h.format_for_version(bcrypt::Version::TwoA))
-        })
-        .await
-        .map_err(|e| Error::Task(format!("hashing a password: {e}")))?
-        .map_err(|e| Error::Task(format!("hashing a password: {e}")))?;
+        let hashed = self
+            .bcrypt("hashing a password", move || {
+                bcrypt::hash_with_result(password, cost)
+                    .map(|h| h.format_for_version(bcrypt::Version::TwoA))
+            })
+            .await?
+            .map_err(|e| Error::Task(format!("hashing a password: {e}")))?;
         Ok(base64::engine::general_purpose::STANDARD.encode(hashed))
     }
 
@@ -190,9 +213,11 @@ impl AuthService {
             return Err(memstore::Error::NoPasswordUser.into());
         }
         let hash = String::from_utf8(user.password).map_err(|_| Error::AuthFailed)?;
-        let matches = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash))
-            .await
-            .map_err(|e| Error::Task(format!("checking a password: {e}")))?;
+        let matches = self
+            .bcrypt("checking a password", move || {
+                bcrypt::verify(password, &hash)
+            })
+            .await?;
         if !matches.unwrap_or(false) {
             tracing::info!(user = %name, "invalid password");
             return Err(Error::AuthFailed);
@@ -792,5 +817,44 @@ mod tests {
                 .await
                 .is_ok()
         );
+    }
+
+    /// bcrypt runs within the service's slots: with every slot taken, an Authenticate waits
+    /// (it does not spend a core), and goes on once one is free.
+    #[tokio::test]
+    async fn password_checks_wait_for_a_bcrypt_slot() {
+        let (a, _) = service_with_tokens();
+        let user = Request::new(AuthUserAddRequest {
+            name: "root".into(),
+            password: "pw".into(),
+            ..Default::default()
+        });
+        a.user_add(user).await.unwrap();
+        let grant = Request::new(AuthUserGrantRoleRequest {
+            user: "root".into(),
+            role: "root".into(),
+        });
+        a.user_grant_role(grant).await.unwrap();
+        a.auth_enable(Request::new(AuthEnableRequest {}))
+            .await
+            .unwrap();
+        let a = Arc::new(a);
+        let all = a.bcrypt_slots.available_permits() as u32;
+        let taken = a.bcrypt_slots.acquire_many(all).await.unwrap();
+        let login = {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let r = AuthenticateRequest {
+                    name: "root".into(),
+                    password: "pw".into(),
+                };
+                a.authenticate(Request::new(r)).await
+            })
+        };
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        assert!(!login.is_finished(), "authenticated without a slot");
+        drop(taken);
+        let token = login.await.unwrap().unwrap().into_inner().token;
+        assert!(!token.is_empty());
     }
 }

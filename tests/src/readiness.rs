@@ -63,8 +63,13 @@ async fn probe(endpoint: &str) -> Result<(), String> {
 fn is_auth_refusal(e: &tonic::Status) -> bool {
     matches!(
         (e.code(), e.message()),
-        (tonic::Code::InvalidArgument, "etcdserver: user name is empty")
-            | (tonic::Code::PermissionDenied, "etcdserver: permission denied")
+        (
+            tonic::Code::InvalidArgument,
+            "etcdserver: user name is empty"
+        ) | (
+            tonic::Code::PermissionDenied,
+            "etcdserver: permission denied"
+        )
     )
 }
 

@@ -77,11 +77,13 @@ pub struct Config {
     #[arg(long, default_value_t = crate::auth::DEFAULT_BCRYPT_COST)]
     pub bcrypt_cost: u32,
 
-    /// The key auth tokens are signed and verified with (at least 32 bytes, read as they are;
-    /// the same file on every frontend of the deployment, e.g. a Kubernetes Secret). Without
-    /// it this frontend cannot enable auth or verify tokens (docs/design/auth.md, A3).
+    /// A key auth tokens are signed and verified with (at least 32 bytes, read as they are;
+    /// the same files on every frontend of the deployment, e.g. a Kubernetes Secret). Given
+    /// several times, the first signs and every one verifies, so a key rotates without
+    /// logging anyone out: add the new key second, then first, then drop the old one. Without
+    /// any, this frontend cannot enable auth or verify tokens (docs/design/auth.md, A3).
     #[arg(long)]
-    pub auth_token_key_file: Option<std::path::PathBuf>,
+    pub auth_token_key_file: Vec<std::path::PathBuf>,
 
     /// How long an auth token is valid (etcd's --auth-token-ttl).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
@@ -161,7 +163,7 @@ impl Config {
             max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             bcrypt_cost: crate::auth::DEFAULT_BCRYPT_COST,
-            auth_token_key_file: None,
+            auth_token_key_file: Vec::new(),
             auth_token_ttl: crate::token::DEFAULT_TOKEN_TTL,
             peer_frontends: Vec::new(),
             object_store: None,

@@ -136,10 +136,10 @@ impl Frontend {
             limits,
             identity,
         );
-        let tokens = config
-            .auth_token_key_file
-            .as_deref()
-            .map(|path| crate::token::Tokens::from_file(path, config.auth_token_ttl))
+        let tokens = (!config.auth_token_key_file.is_empty())
+            .then(|| {
+                crate::token::Tokens::from_files(&config.auth_token_key_file, config.auth_token_ttl)
+            })
             .transpose()?
             .map(Arc::new);
         let tenants = Arc::new(Tenants::new(tenant.clone()).with_tokens(tokens));

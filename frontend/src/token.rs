@@ -45,11 +45,15 @@ pub enum KeyError {
     },
     #[error("the auth token key {path} holds {len} bytes; at least {MIN_KEY_BYTES} are needed")]
     TooShort { path: String, len: usize },
+    #[error("no auth token key file given")]
+    NoKey,
 }
 
-/// Signs and verifies tokens with one deployment key.
+/// Signs tokens with the deployment's newest key and verifies them with any of its keys.
 pub struct Tokens {
-    key: hmac::Key,
+    signing: hmac::Key,
+    /// Keys that verify besides the signing one (a rotation adds a key before it signs).
+    others: Vec<hmac::Key>,
     ttl: Duration,
 }
 
@@ -62,26 +66,40 @@ impl std::fmt::Debug for Tokens {
 impl Tokens {
     /// Tokens signed with `secret` (at least [`MIN_KEY_BYTES`]), valid for `ttl`.
     pub fn new(secret: &[u8], ttl: Duration) -> Self {
+        Self::with_keys(secret, &[], ttl)
+    }
+
+    /// Tokens signed with `signing` and verified with it or any of `others`.
+    pub fn with_keys(signing: &[u8], others: &[&[u8]], ttl: Duration) -> Self {
+        let key = |s: &[u8]| hmac::Key::new(hmac::HMAC_SHA256, s);
         Self {
-            key: hmac::Key::new(hmac::HMAC_SHA256, secret),
+            signing: key(signing),
+            others: others.iter().map(|s| key(s)).collect(),
             ttl,
         }
     }
 
-    /// Tokens signed with the key in file `path` (its bytes as they are).
-    pub fn from_file(path: &Path, ttl: Duration) -> Result<Self, KeyError> {
-        let shown = path.display().to_string();
-        let secret = std::fs::read(path).map_err(|source| KeyError::Read {
-            path: shown.clone(),
-            source,
-        })?;
-        if secret.len() < MIN_KEY_BYTES {
-            return Err(KeyError::TooShort {
-                path: shown,
-                len: secret.len(),
-            });
+    /// Tokens with the keys in files `paths` (their bytes as they are), the first signing.
+    pub fn from_files(paths: &[impl AsRef<Path>], ttl: Duration) -> Result<Self, KeyError> {
+        let mut secrets = Vec::with_capacity(paths.len());
+        for path in paths {
+            let path = path.as_ref();
+            let shown = path.display().to_string();
+            let secret = std::fs::read(path).map_err(|source| KeyError::Read {
+                path: shown.clone(),
+                source,
+            })?;
+            if secret.len() < MIN_KEY_BYTES {
+                return Err(KeyError::TooShort {
+                    path: shown,
+                    len: secret.len(),
+                });
+            }
+            secrets.push(secret);
         }
-        Ok(Self::new(&secret, ttl))
+        let refs: Vec<&[u8]> = secrets.iter().map(Vec::as_slice).collect();
+        let (signing, others) = refs.split_first().ok_or(KeyError::NoKey)?;
+        Ok(Self::with_keys(signing, others, ttl))
     }
 
     /// A token for `username` of `tenant`, minted at auth revision `revision` when the
@@ -97,7 +115,7 @@ impl Tokens {
         // Serializing plain strings and integers cannot fail.
         let body = serde_json::to_vec(&claims).unwrap_or_default();
         let signed = format!("{}.{}", B64.encode(HEADER), B64.encode(body));
-        let tag = hmac::sign(&self.key, signed.as_bytes());
+        let tag = hmac::sign(&self.signing, signed.as_bytes());
         format!("{signed}.{}", B64.encode(tag.as_ref()))
     }
 
@@ -106,7 +124,9 @@ impl Tokens {
     pub fn verify(&self, token: &str, tenant: &str, now_ms: i64) -> Option<Claims> {
         let (signed, tag) = token.rsplit_once('.')?;
         let tag = B64.decode(tag).ok()?;
-        hmac::verify(&self.key, signed.as_bytes(), &tag).ok()?;
+        std::iter::once(&self.signing)
+            .chain(&self.others)
+            .find(|k| hmac::verify(k, signed.as_bytes(), &tag).is_ok())?;
         let (header, body) = signed.split_once('.')?;
         if B64.decode(header).ok()? != HEADER.as_bytes() {
             return None;
@@ -173,17 +193,46 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let short = dir.join("short");
         std::fs::write(&short, b"too short").unwrap();
+        let good = dir.join("good");
+        std::fs::write(&good, KEY).unwrap();
         assert!(matches!(
-            Tokens::from_file(&short, DEFAULT_TOKEN_TTL),
+            Tokens::from_files(&[&good, &short], DEFAULT_TOKEN_TTL),
             Err(KeyError::TooShort { len: 9, .. })
         ));
         assert!(matches!(
-            Tokens::from_file(&dir.join("missing"), DEFAULT_TOKEN_TTL),
+            Tokens::from_files(&[dir.join("missing")], DEFAULT_TOKEN_TTL),
             Err(KeyError::Read { .. })
         ));
-        let good = dir.join("good");
-        std::fs::write(&good, KEY).unwrap();
-        assert!(Tokens::from_file(&good, DEFAULT_TOKEN_TTL).is_ok());
+        assert!(Tokens::from_files(&[&good], DEFAULT_TOKEN_TTL).is_ok());
+        let none: [&Path; 0] = [];
+        assert!(matches!(
+            Tokens::from_files(&none, DEFAULT_TOKEN_TTL),
+            Err(KeyError::NoKey)
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A key rotates without logging anyone out: the new key is added beside the old (old
+    /// tokens still verify, new ones are signed with the new key once it is first), then the
+    /// old is dropped (its tokens stop verifying).
+    #[test]
+    fn keys_rotate() {
+        let (old, new) = (KEY, &b"a new key for the same deployment"[..]);
+        let before = Tokens::new(old, DEFAULT_TOKEN_TTL).sign("t", "alice", 1, NOW);
+        let during = Tokens::with_keys(new, &[old], DEFAULT_TOKEN_TTL);
+        assert!(
+            during.verify(&before, "t", NOW).is_some(),
+            "old tokens still verify"
+        );
+        let fresh = during.sign("t", "alice", 1, NOW);
+        let after = Tokens::new(new, DEFAULT_TOKEN_TTL);
+        assert!(
+            after.verify(&fresh, "t", NOW).is_some(),
+            "signed with the new key"
+        );
+        assert!(
+            after.verify(&before, "t", NOW).is_none(),
+            "the old key is gone"
+        );
     }
 }

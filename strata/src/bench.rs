@@ -65,6 +65,10 @@ pub struct Common {
     /// Tenant to name in the `x-strata-tenant` header (Strata only; etcd ignores it).
     #[arg(long, global = true)]
     pub tenant: Option<String>,
+    /// `name:password` to authenticate as (etcdctl's `--user`): every request then carries
+    /// the token, on Strata and etcd alike, so runs with auth enabled compare.
+    #[arg(long, global = true)]
+    pub user: Option<String>,
     /// Deadline of each unary request, kept by the client (no `grpc-timeout` header is sent, as
     /// etcd's benchmark tool sends none: a server-side timer per request would be measured too).
     #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -391,6 +395,48 @@ fn client_seed(seed: u64, client: usize) -> u64 {
     seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ client as u64
 }
 
+/// The metadata every request of the run carries: the tenant header, and with `--user` the
+/// token Authenticate answered (asked once, of the first endpoint: a token is valid on every
+/// endpoint of a Strata deployment, and etcd's on every member).
+async fn request_headers(common: &Common) -> anyhow::Result<Vec<(&'static str, String)>> {
+    let mut headers = Vec::new();
+    if let Some(t) = &common.tenant {
+        headers.push((conn::TENANT_HEADER, t.clone()));
+    }
+    if let Some(user) = &common.user {
+        let (name, password) = user
+            .split_once(':')
+            .ok_or_else(|| anyhow::anyhow!("--user must be name:password"))?;
+        let first = common
+            .endpoints
+            .first()
+            .map(String::as_str)
+            .unwrap_or_default();
+        let mut auth =
+            api::etcdserverpb::auth_client::AuthClient::connect(conn::endpoint_url(first))
+                .await
+                .map_err(|e| anyhow::anyhow!("connect to {first} to authenticate: {e}"))?;
+        let mut req = tonic::Request::new(api::etcdserverpb::AuthenticateRequest {
+            name: name.to_string(),
+            password: password.to_string(),
+        });
+        if let Some(t) = &common.tenant {
+            let t = t
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--tenant {t:?} is not ASCII"))?;
+            req.metadata_mut().insert(conn::TENANT_HEADER, t);
+        }
+        let token = auth
+            .authenticate(req)
+            .await
+            .map_err(|e| anyhow::anyhow!("authenticate as {name}: {}", e.message()))?
+            .into_inner()
+            .token;
+        headers.push(("token", token));
+    }
+    Ok(headers)
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let Args { common, workload } = args;
     workload.validate(&common)?;
@@ -401,11 +447,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         clients = common.clients,
         "benchmark starting"
     );
+    let headers = request_headers(&common).await?;
     if !matches!(workload, Workload::Watch(_) | Workload::WatchLatency(_)) {
         let pool = grpc::UnaryPool::connect(
             &common.endpoints,
             common.conns,
-            common.tenant.as_deref(),
+            &headers,
             common.request_timeout,
         )
         .await?;
@@ -414,7 +461,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 let watch_pool = Pool::connect(
                     &common.endpoints,
                     common.conns,
-                    common.tenant.as_deref(),
+                    &headers,
                     common.request_timeout,
                 )
                 .await?;
@@ -441,7 +488,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let pool = Pool::connect(
         &common.endpoints,
         common.conns,
-        common.tenant.as_deref(),
+        &headers,
         common.request_timeout,
     )
     .await?;

@@ -56,7 +56,8 @@ pub struct Pool {
     channels: Vec<Channel>,
     /// How many endpoints the connections go to (connection `i` to endpoint `i % endpoints`).
     endpoints: usize,
-    tenant: Option<MetadataValue<tonic::metadata::Ascii>>,
+    /// Metadata every request carries: the tenant header, an auth token (`--user`).
+    headers: Vec<(&'static str, MetadataValue<tonic::metadata::Ascii>)>,
     request_timeout: Duration,
 }
 
@@ -65,16 +66,19 @@ impl Pool {
     pub async fn connect(
         endpoints: &[String],
         conns: usize,
-        tenant: Option<&str>,
+        headers: &[(&'static str, String)],
         request_timeout: Duration,
     ) -> Result<Self, BenchError> {
         check_pool_args(endpoints, conns)?;
-        let tenant = tenant
-            .map(|t| {
-                t.parse()
-                    .map_err(|_| BenchError::InvalidArgs(format!("--tenant {t:?} is not ASCII")))
+        let headers = headers
+            .iter()
+            .map(|(name, value)| {
+                let v = value.parse().map_err(|_| {
+                    BenchError::InvalidArgs(format!("{name} {value:?} is not ASCII"))
+                })?;
+                Ok((*name, v))
             })
-            .transpose()?;
+            .collect::<Result<Vec<_>, BenchError>>()?;
         let mut channels = Vec::with_capacity(conns);
         for i in 0..conns {
             let url = endpoint_url(&endpoints[i % endpoints.len()]);
@@ -92,7 +96,7 @@ impl Pool {
         Ok(Self {
             channels,
             endpoints: endpoints.len(),
-            tenant,
+            headers,
             request_timeout,
         })
     }
@@ -125,18 +129,18 @@ impl Pool {
         WatchClient::new(self.channel(client)).max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
-    /// A unary request with the run's deadline and tenant header.
+    /// A unary request with the run's deadline and headers.
     pub fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut req = self.stream_request(message);
         req.set_timeout(self.request_timeout);
         req
     }
 
-    /// A streaming request (no deadline) with the tenant header.
+    /// A streaming request (no deadline) with the run's headers.
     pub fn stream_request<T>(&self, message: T) -> tonic::Request<T> {
         let mut req = tonic::Request::new(message);
-        if let Some(t) = &self.tenant {
-            req.metadata_mut().insert(TENANT_HEADER, t.clone());
+        for (name, value) in &self.headers {
+            req.metadata_mut().insert(*name, value.clone());
         }
         req
     }
@@ -169,16 +173,16 @@ mod tests {
     async fn bad_arguments_are_refused_before_connecting() {
         let t = Duration::from_secs(1);
         assert!(matches!(
-            Pool::connect(&[], 1, None, t).await,
+            Pool::connect(&[], 1, &[], t).await,
             Err(BenchError::InvalidArgs(_))
         ));
         let eps = vec!["127.0.0.1:1".to_string()];
         assert!(matches!(
-            Pool::connect(&eps, 0, None, t).await,
+            Pool::connect(&eps, 0, &[], t).await,
             Err(BenchError::InvalidArgs(_))
         ));
         assert!(matches!(
-            Pool::connect(&eps, 1, Some("bad\nname"), t).await,
+            Pool::connect(&eps, 1, &[(TENANT_HEADER, "bad\nname".into())], t).await,
             Err(BenchError::InvalidArgs(_))
         ));
     }

@@ -17,9 +17,7 @@ use tokio::net::TcpStream;
 use tonic::{Code, Status};
 
 use super::BenchError;
-use super::conn::{
-    CONNECT_TIMEOUT, MAX_RESPONSE_BYTES, TENANT_HEADER, check_pool_args, endpoint_url,
-};
+use super::conn::{CONNECT_TIMEOUT, MAX_RESPONSE_BYTES, check_pool_args, endpoint_url};
 
 /// gRPC's message prefix: one compression flag byte and a big-endian u32 length.
 const GRPC_PREFIX_LEN: usize = 5;
@@ -45,20 +43,23 @@ impl UnaryPool {
     pub async fn connect(
         endpoints: &[String],
         conns: usize,
-        tenant: Option<&str>,
+        headers: &[(&'static str, String)],
         request_timeout: Duration,
     ) -> Result<Self, BenchError> {
         check_pool_args(endpoints, conns)?;
-        let tenant = tenant
-            .map(|t| {
-                HeaderValue::from_str(t)
-                    .map_err(|_| BenchError::InvalidArgs(format!("--tenant {t:?} is not ASCII")))
+        let headers = headers
+            .iter()
+            .map(|(name, value)| {
+                let v = HeaderValue::from_str(value).map_err(|_| {
+                    BenchError::InvalidArgs(format!("{name} {value:?} is not ASCII"))
+                })?;
+                Ok((*name, v))
             })
-            .transpose()?;
+            .collect::<Result<Vec<_>, BenchError>>()?;
         let mut out = Vec::with_capacity(conns);
         for i in 0..conns {
             let url = endpoint_url(&endpoints[i % endpoints.len()]);
-            out.push(Unary::connect(&url, tenant.clone(), request_timeout).await?);
+            out.push(Unary::connect(&url, headers.clone(), request_timeout).await?);
         }
         Ok(Self { conns: out })
     }
@@ -79,7 +80,7 @@ pub struct Unary {
     send: SendRequest<Bytes>,
     scheme: Scheme,
     authority: Authority,
-    tenant: Option<HeaderValue>,
+    headers: Vec<(&'static str, HeaderValue)>,
     timeout: Duration,
     buf: BytesMut,
 }
@@ -94,7 +95,7 @@ fn dial_error(url: &str, reason: impl std::fmt::Display) -> BenchError {
 impl Unary {
     async fn connect(
         url: &str,
-        tenant: Option<HeaderValue>,
+        headers: Vec<(&'static str, HeaderValue)>,
         timeout: Duration,
     ) -> Result<Self, BenchError> {
         let uri: http::Uri = url
@@ -129,7 +130,7 @@ impl Unary {
             send,
             scheme: Scheme::HTTP,
             authority,
-            tenant,
+            headers,
             timeout,
             buf: BytesMut::new(),
         })
@@ -189,8 +190,8 @@ impl Unary {
         let headers = request.headers_mut();
         headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         headers.insert(TE, HeaderValue::from_static("trailers"));
-        if let Some(t) = &self.tenant {
-            headers.insert(TENANT_HEADER, t.clone());
+        for (name, value) in &self.headers {
+            headers.insert(*name, value.clone());
         }
 
         poll_fn(|cx| self.send.poll_ready(cx))
@@ -314,12 +315,12 @@ mod tests {
     #[tokio::test]
     async fn https_and_unreachable_endpoints_are_refused() {
         let t = Duration::from_secs(1);
-        let r = UnaryPool::connect(&["https://127.0.0.1:1".to_string()], 1, None, t).await;
+        let r = UnaryPool::connect(&["https://127.0.0.1:1".to_string()], 1, &[], t).await;
         assert!(matches!(r, Err(BenchError::InvalidArgs(_))));
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         drop(l);
-        let r = UnaryPool::connect(&[format!("127.0.0.1:{port}")], 1, None, t).await;
+        let r = UnaryPool::connect(&[format!("127.0.0.1:{port}")], 1, &[], t).await;
         assert!(matches!(r, Err(BenchError::Dial { .. })), "{:?}", r.err());
     }
 }

@@ -212,6 +212,7 @@ impl AuthService {
         if user.options.is_some_and(|o| o.no_password) {
             return Err(memstore::Error::NoPasswordUser.into());
         }
+        let credential = crate::token::credential_of(&user.password);
         let hash = String::from_utf8(user.password).map_err(|_| Error::AuthFailed)?;
         let matches = self
             .bcrypt("checking a password", move || {
@@ -228,7 +229,7 @@ impl AuthService {
         };
         Ok(AuthenticateResponse {
             header: Some(t.header(store_revision)),
-            token: tokens.sign(&t.name, &name, revision, now_ms),
+            token: tokens.sign(&t.name, &name, &credential, revision, now_ms),
         })
     }
 }
@@ -790,20 +791,34 @@ mod tests {
             Code::PermissionDenied
         );
         a.role_add(with_token(role, &root)).await.unwrap();
-        // The change made every earlier token old for key access (admin checks, as etcd's,
-        // look at the user alone); a fresh token is current.
-        let old = crate::tenants::tests_caller(&a.tenants, &t, &root).await;
+        // A token is checked against the auth state as it is now: the change did not make it
+        // old (as etcd's simple tokens, clients need not authenticate again).
+        let caller = crate::tenants::tests_caller(&a.tenants, &t, &root).await;
+        assert_eq!(caller.revision, t.replica.read().auth_revision());
         assert_eq!(
-            t.replica.read().check_read(old.as_store(), b"k", b""),
-            Err(memstore::Error::AuthOldRevision)
-        );
-        let root = a.authenticate(auth("root", "pw")).await.unwrap();
-        let root = root.into_inner().token;
-        let fresh = crate::tenants::tests_caller(&a.tenants, &t, &root).await;
-        assert_eq!(
-            t.replica.read().check_read(fresh.as_store(), b"k", b""),
+            t.replica.read().check_read(caller.as_store(), b"k", b""),
             Ok(())
         );
+        // A new password, or the user gone, ends its tokens.
+        let passwd = AuthUserChangePasswordRequest {
+            name: "alice".into(),
+            password: "new-pw".into(),
+            ..Default::default()
+        };
+        a.user_change_password(with_token(passwd, &root))
+            .await
+            .unwrap();
+        let invalid = (Code::Unauthenticated, msg::INVALID_AUTH_TOKEN.to_string());
+        let mine = |token: &str| with_token(get("alice"), token);
+        assert_eq!(refused(a.user_get(mine(&alice)).await), invalid);
+        let alice = a.authenticate(auth("alice", "new-pw")).await.unwrap();
+        let alice = alice.into_inner().token;
+        assert!(a.user_get(mine(&alice)).await.is_ok());
+        let delete = AuthUserDeleteRequest {
+            name: "alice".into(),
+        };
+        a.user_delete(with_token(delete, &root)).await.unwrap();
+        assert_eq!(refused(a.user_get(mine(&alice)).await), invalid);
         let status = a.auth_status(with_token(AuthStatusRequest {}, &root)).await;
         let status = status.unwrap().into_inner();
         assert!(status.enabled);

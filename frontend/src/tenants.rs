@@ -10,7 +10,7 @@ use tonic::metadata::MetadataMap;
 use crate::auth::Caller;
 use crate::errors::Error;
 use crate::tenant::Tenant;
-use crate::token::Tokens;
+use crate::token::{Claims, Tokens, credential_of};
 use crate::watch::{WatchSource, WatchTarget};
 
 /// Metadata header naming the tenant of a request.
@@ -48,26 +48,37 @@ impl Tenants {
 
     /// Who sent a request of tenant `t` (etcd's `AuthInfoFromCtx`): nobody while the tenant's
     /// auth is disabled (a token is then ignored, as etcd ignores it) or when the request
-    /// carries no token; else the user its token names, if the token is this deployment's,
-    /// for this tenant and not expired ("etcdserver: invalid auth token" otherwise, on which
-    /// clients authenticate again). A token minted after a change this replica has not applied
-    /// yet waits for the replica to catch up, as a read does.
+    /// carries no token; else the user its token names, checked against the auth state as it
+    /// is now, as etcd checks its simple tokens (`crate::token`). "etcdserver: invalid auth
+    /// token" (on which clients authenticate again) for a token that is not this deployment's,
+    /// names another tenant, expired, or whose user is gone or has another password since. A
+    /// token minted after a change this replica has not applied yet waits for it, as a read.
     pub async fn caller(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Caller, Error> {
-        let caller = self.identify(t, metadata)?;
-        if caller.revision > t.replica.read().auth_revision() {
+        let Some(claims) = self.claims(t, metadata)? else {
+            return Ok(Caller::default());
+        };
+        if claims.revision > t.replica.read().auth_revision() {
             t.barrier().await?;
         }
-        Ok(caller)
+        caller_of(t, &claims)
     }
 
     /// `caller` without waiting for the replica (a watch stream's: its checks run at each
     /// create, against the store as it then is).
     pub fn identify(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Caller, Error> {
+        match self.claims(t, metadata)? {
+            Some(claims) => caller_of(t, &claims),
+            None => Ok(Caller::default()),
+        }
+    }
+
+    /// The claims of the request's token, if the tenant's auth is enabled and it sent one.
+    fn claims(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Option<Claims>, Error> {
         if !t.replica.auth_enabled() {
-            return Ok(Caller::default());
+            return Ok(None);
         }
         let Some(token) = TOKEN_KEYS.iter().find_map(|k| metadata.get(*k)) else {
-            return Ok(Caller::default());
+            return Ok(None);
         };
         let token = token.to_str().map_err(|_| Error::InvalidAuthToken)?;
         // The gateway's `Authorization` may say `Bearer <token>`.
@@ -77,10 +88,7 @@ impl Tenants {
         let claims = tokens
             .verify(token, &t.name, now_ms)
             .ok_or(Error::InvalidAuthToken)?;
-        Ok(Caller {
-            user: claims.username,
-            revision: claims.revision,
-        })
+        Ok(Some(claims))
     }
 
     /// The configured tenant (health, metrics and status report on it).
@@ -101,6 +109,22 @@ impl Tenants {
             },
         }
     }
+}
+
+/// The caller a verified token's claims name, as of the replica's auth state now: its user
+/// must still exist with the password the token was minted against.
+fn caller_of(t: &Tenant, claims: &Claims) -> Result<Caller, Error> {
+    let store = t.replica.read();
+    let user = store
+        .auth_user(&claims.username)
+        .ok_or(Error::InvalidAuthToken)?;
+    if credential_of(&user.password) != claims.credential {
+        return Err(Error::InvalidAuthToken);
+    }
+    Ok(Caller {
+        user: claims.username.clone(),
+        revision: store.auth_revision(),
+    })
 }
 
 impl WatchSource for Tenants {

@@ -8,6 +8,13 @@
 //! signed with the deployment's key (`--auth-token-key-file`, the same on every frontend).
 //! Expiry is in journal time (the tenant's replica's clock, which the journal leader stamps:
 //! DESIGN invariant 4), so every frontend agrees on it whatever its own clock says.
+//!
+//! A token names a user, not a set of permissions: each request is checked against the auth
+//! state as it is when the request is served (etcd's default "simple" tokens behave so), so a
+//! grant or a revoke takes effect at once and never makes a client authenticate again. What
+//! ends a token early is what ends etcd's: its user's password changing or the user going. The
+//! claims carry a fingerprint of the password hash the token was minted against
+//! ([`credential_of`]); a token whose fingerprint no longer matches is invalid.
 //! Clients treat tokens as opaque; a JWT stays readable with ordinary tools.
 
 use std::path::Path;
@@ -34,6 +41,18 @@ pub struct Claims {
     pub revision: u64,
     /// Expiry: journal time, milliseconds since the Unix epoch.
     pub exp_ms: i64,
+    /// [`credential_of`] the user's password hash when the token was minted.
+    pub credential: String,
+}
+
+/// A fingerprint of a stored password hash (the first 8 bytes of its SHA-256, in hex): equal
+/// while the password is unchanged, and telling nothing about it (the hash is salted bcrypt).
+pub fn credential_of(hash: &[u8]) -> String {
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, hash);
+    digest.as_ref()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -102,15 +121,23 @@ impl Tokens {
         Ok(Self::with_keys(signing, others, ttl))
     }
 
-    /// A token for `username` of `tenant`, minted at auth revision `revision` when the
-    /// journal's time is `now_ms`.
-    pub fn sign(&self, tenant: &str, username: &str, revision: u64, now_ms: i64) -> String {
+    /// A token for `username` of `tenant` whose password hash has fingerprint `credential`,
+    /// minted at auth revision `revision` when the journal's time is `now_ms`.
+    pub fn sign(
+        &self,
+        tenant: &str,
+        username: &str,
+        credential: &str,
+        revision: u64,
+        now_ms: i64,
+    ) -> String {
         let ttl_ms = i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX);
         let claims = Claims {
             tenant: tenant.to_string(),
             username: username.to_string(),
             revision,
             exp_ms: now_ms.saturating_add(ttl_ms),
+            credential: credential.to_string(),
         };
         // Serializing plain strings and integers cannot fail.
         let body = serde_json::to_vec(&claims).unwrap_or_default();
@@ -146,7 +173,7 @@ mod tests {
     #[test]
     fn a_token_verifies_for_its_tenant_until_it_expires() {
         let tokens = Tokens::new(KEY, DEFAULT_TOKEN_TTL);
-        let t = tokens.sign("tenant-a", "alice", 7, NOW);
+        let t = tokens.sign("tenant-a", "alice", "c", 7, NOW);
         let claims = tokens.verify(&t, "tenant-a", NOW).expect("valid");
         assert_eq!((claims.username.as_str(), claims.revision), ("alice", 7));
         assert_eq!(claims.exp_ms, NOW + 300_000);
@@ -168,7 +195,7 @@ mod tests {
     #[test]
     fn a_changed_token_is_refused() {
         let tokens = Tokens::new(KEY, DEFAULT_TOKEN_TTL);
-        let t = tokens.sign("t", "alice", 7, NOW);
+        let t = tokens.sign("t", "alice", "c", 7, NOW);
         let (header, rest) = t.split_once('.').unwrap();
         let (_, tag) = rest.split_once('.').unwrap();
         let root = Claims {
@@ -176,6 +203,7 @@ mod tests {
             username: "root".into(),
             revision: 7,
             exp_ms: NOW + 300_000,
+            credential: "c".into(),
         };
         let forged = format!(
             "{header}.{}.{tag}",
@@ -218,13 +246,13 @@ mod tests {
     #[test]
     fn keys_rotate() {
         let (old, new) = (KEY, &b"a new key for the same deployment"[..]);
-        let before = Tokens::new(old, DEFAULT_TOKEN_TTL).sign("t", "alice", 1, NOW);
+        let before = Tokens::new(old, DEFAULT_TOKEN_TTL).sign("t", "alice", "c", 1, NOW);
         let during = Tokens::with_keys(new, &[old], DEFAULT_TOKEN_TTL);
         assert!(
             during.verify(&before, "t", NOW).is_some(),
             "old tokens still verify"
         );
-        let fresh = during.sign("t", "alice", 1, NOW);
+        let fresh = during.sign("t", "alice", "c", 1, NOW);
         let after = Tokens::new(new, DEFAULT_TOKEN_TTL);
         assert!(
             after.verify(&fresh, "t", NOW).is_some(),
@@ -234,5 +262,13 @@ mod tests {
             after.verify(&before, "t", NOW).is_none(),
             "the old key is gone"
         );
+    }
+
+    #[test]
+    fn a_credential_fingerprint_follows_the_hash() {
+        let a = credential_of(b"$2a$10$first hash");
+        assert_eq!(a.len(), 16);
+        assert_eq!(a, credential_of(b"$2a$10$first hash"));
+        assert_ne!(a, credential_of(b"$2a$10$other hash"));
     }
 }

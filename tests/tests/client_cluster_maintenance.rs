@@ -475,3 +475,61 @@ async fn move_leader_to_itself_and_to_a_stranger_and_hash_kv_before_any_compacti
     c.put("hk", "v", None).await.unwrap();
     assert_eq!(c.hash_kv(0).await.unwrap().compact_version(), -1);
 }
+
+/// A client that logged in (the `etcd-client` crate, which authenticates again only when told
+/// "invalid auth token") goes on through auth changes that do not concern it, is denied at once
+/// when its own permission goes, and is told "invalid auth token" when its password changes:
+/// as against etcd's default tokens, which Strata's behave like.
+#[tokio::test]
+async fn a_logged_in_client_goes_on_through_auth_changes() {
+    use etcd_client::{Client, ConnectOptions, Permission};
+    let (t, mut admin) = start().await;
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add("alice", "alicepw", None).await.unwrap();
+    admin.role_add("app").await.unwrap();
+    let app = Permission::read_write("ec/").with_prefix();
+    admin.role_grant_permission("app", app).await.unwrap();
+    admin.user_grant_role("alice", "app").await.unwrap();
+    admin.auth_enable().await.unwrap();
+    let login = |user: &str, password: &str| {
+        ConnectOptions::new()
+            .with_user(user, password)
+            .with_timeout(std::time::Duration::from_secs(30))
+    };
+    let endpoint = t.endpoint().to_string();
+    let mut alice = Client::connect([&endpoint], Some(login("alice", "alicepw")))
+        .await
+        .unwrap();
+    let mut root = Client::connect([&endpoint], Some(login("root", "rootpw")))
+        .await
+        .unwrap();
+    alice.put("ec/1", "v", None).await.unwrap();
+    // Auth changes that are not alice's: she goes on with the token she has.
+    root.role_add("other").await.unwrap();
+    root.user_add("bob", "bobpw", None).await.unwrap();
+    root.user_grant_role("bob", "other").await.unwrap();
+    alice.put("ec/2", "v", None).await.unwrap();
+    assert_eq!(alice.get("ec/1", None).await.unwrap().kvs().len(), 1);
+    // Her own permission goes: denied at once.
+    root.role_revoke_permission(
+        "app",
+        "ec/",
+        Some(etcd_client::RoleRevokePermissionOptions::new().with_prefix()),
+    )
+    .await
+    .unwrap();
+    assert_status(
+        alice.put("ec/3", "v", None).await,
+        Code::PermissionDenied,
+        "etcdserver: permission denied",
+    );
+    // Her password changes: her token is no longer valid.
+    root.user_change_password("alice", "newpw").await.unwrap();
+    assert_status(
+        alice.get("ec/1", None).await,
+        Code::Unauthenticated,
+        "etcdserver: invalid auth token",
+    );
+    root.auth_disable().await.unwrap();
+}

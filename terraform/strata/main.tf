@@ -1,4 +1,5 @@
 # Provisions one Strata deployment: the checkpoint bucket, a namespace, the object-store secret,
+# the frontends' auth token key,
 # and the Kubernetes objects of infra/kubernetes (journal StatefulSet, frontends, compactor),
 # with the image and bucket substituted for the manifests' defaults.
 
@@ -83,6 +84,22 @@ resource "kubernetes_secret_v1" "object_store" {
     namespace = kubernetes_namespace_v1.strata.metadata[0].name
   }
   data = var.object_store_env
+}
+
+# The frontends' auth token key: 32 random bytes, made once and kept in the state (rotating it
+# is a second key first: docs/OPERATIONS.md).
+resource "random_bytes" "auth_token_key" {
+  length = 32
+}
+
+resource "kubernetes_secret_v1" "auth_token" {
+  metadata {
+    name      = "strata-auth-token"
+    namespace = kubernetes_namespace_v1.strata.metadata[0].name
+  }
+  binary_data = {
+    key = random_bytes.auth_token_key.base64
+  }
 }
 
 resource "kubernetes_manifest" "strata" {

@@ -9,5 +9,9 @@ terraform {
       source  = "hashicorp/kubernetes"
       version = ">= 2.25"
     }
+    random = {
+      source  = "hashicorp/random"
+      version = ">= 3.6"
+    }
   }
 }

@@ -487,7 +487,7 @@ fn monitoring_uses_only_exported_metrics() {
 
 /// An HCL string as python-hcl2 returns it (with or without its quotes).
 fn unquoted(v: &Value) -> String {
-    v.as_str().expect("a string").trim_matches('"').to_string()
+    unquoted_str(v.as_str().expect("a string"))
 }
 
 #[test]
@@ -547,4 +547,72 @@ fn terraform_substitutes_values_the_manifests_hold() {
         bucket_uses >= 2,
         "frontends and compactor name the bucket placeholder {bucket:?}"
     );
+}
+
+/// Every secret a workload needs (a volume, or an `envFrom` not marked optional) is one the
+/// Terraform module creates, with the keys the workload reads; a file a container's flags name
+/// under a secret's mount is one of that secret's keys. (The frontends' auth token key must
+/// be the same on all of them: one secret, made once.)
+#[test]
+fn secrets_the_workloads_need_are_provisioned() {
+    let main = hcl(&repo().join("terraform/strata/main.tf"));
+    // Secret name -> its keys (data or binary_data), as the module creates them.
+    let mut made: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for resource in main["resource"].as_array().expect("resources") {
+        for (kind, named) in resource.as_object().expect("a resource block") {
+            if unquoted_str(kind) != "kubernetes_secret_v1" {
+                continue;
+            }
+            for body in named.as_object().expect("named resources").values() {
+                let name = unquoted(&body["metadata"][0]["name"]);
+                let keys = ["data", "binary_data"]
+                    .iter()
+                    .filter_map(|k| body[*k].as_object())
+                    .flat_map(|m| m.keys().map(|k| unquoted_str(k)))
+                    .collect();
+                made.insert(name, keys);
+            }
+        }
+    }
+    let objects = objects();
+    let mut mounted = 0;
+    for w in workloads(&objects) {
+        let spec = &w["spec"]["template"]["spec"];
+        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+        for c in containers(w) {
+            for from in c["envFrom"].as_array().into_iter().flatten() {
+                let r = &from["secretRef"];
+                if r.is_object() && r["optional"] != true {
+                    let name = r["name"].as_str().unwrap_or_default();
+                    assert!(made.contains_key(name), "secret {name} is not provisioned");
+                }
+            }
+            let argv = strata_argv(c);
+            for m in c["volumeMounts"].as_array().into_iter().flatten() {
+                // A mount with no pod volume is a StatefulSet's volume claim.
+                let Some(volume) = volumes.iter().find(|v| v["name"] == m["name"]) else {
+                    continue;
+                };
+                let Some(secret) = volume["secret"]["secretName"].as_str() else {
+                    continue;
+                };
+                let keys = made
+                    .get(secret)
+                    .unwrap_or_else(|| panic!("secret {secret} is not provisioned"));
+                let dir = format!("{}/", m["mountPath"].as_str().expect("mountPath"));
+                for file in flags(&argv).values().filter_map(|v| v.strip_prefix(&dir)) {
+                    assert!(keys.contains(file), "{secret} has no key {file}");
+                    mounted += 1;
+                }
+            }
+        }
+    }
+    assert!(
+        mounted >= 1,
+        "the frontends read their token key from a secret"
+    );
+}
+
+fn unquoted_str(s: &str) -> String {
+    s.trim_matches('"').to_string()
 }

@@ -55,10 +55,6 @@ pub enum Error {
     /// Maintenance.Downgrade.
     #[error("downgrade is managed by the service")]
     DowngradeManaged,
-    /// AuthEnable (and so Authenticate) until tokens and permission checks land: users and
-    /// roles can be managed, but nothing would enforce them (docs/design/auth.md).
-    #[error("auth enforcement is not available yet")]
-    AuthUnavailable,
     /// A token that is not this deployment's, names another tenant, or expired (etcd's
     /// ErrGRPCInvalidAuthToken: clients authenticate again).
     #[error("invalid auth token")]
@@ -173,10 +169,6 @@ impl From<Error> for Status {
                 "versions are managed by the service; downgrade is not available",
             ),
             Error::AuthNotEnabled => Status::failed_precondition(msg::AUTH_NOT_ENABLED),
-            Error::AuthUnavailable => own(
-                Code::Unimplemented,
-                "auth enforcement (tokens and permission checks) comes with a later release: users and roles can be managed, auth cannot be enabled yet",
-            ),
             Error::PasswordTooLong(_) => Status::unknown(msg::PASSWORD_TOO_LONG),
             Error::InvalidAuthToken => Status::unauthenticated(msg::INVALID_AUTH_TOKEN),
             Error::AuthFailed => Status::invalid_argument(msg::AUTH_FAILED),
@@ -305,8 +297,19 @@ mod tests {
             (s.code(), s.message()),
             (Code::Unavailable, "etcdserver: server stopped")
         );
-        assert_eq!(status(Error::AuthUnavailable).code(), Code::Unimplemented);
-        assert!(status(Error::AuthUnavailable).message().contains("auth"));
+        let s = status(Error::InvalidAuthToken);
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::Unauthenticated, "etcdserver: invalid auth token")
+        );
+        let s = status(Error::AuthFailed);
+        assert_eq!(
+            (s.code(), s.message()),
+            (
+                Code::InvalidArgument,
+                "etcdserver: authentication failed, invalid user ID or password"
+            )
+        );
         let s = status(Error::MembershipManaged);
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert!(s.message().contains("membership is managed by the service"));

@@ -391,13 +391,20 @@ where
     }
     let lines = answers
         .map(|answer| {
-            let mut line = match &answer {
-                Ok(r) => serde_json::to_vec(&Result_ { result: r }),
-                Err(status) => serde_json::to_vec(&StreamError::of(status)),
-            }
-            .expect("invariant: answers serialize to JSON");
+            let written = match &answer {
+                Ok(r) => serde_json::to_vec(&Result_ { result: r }).map_err(|e| unwritable(&e)),
+                Err(status) => Err(status.clone()),
+            };
+            let (mut line, last) = match written {
+                Ok(line) => (line, false),
+                // Strings and integers: writing them cannot fail.
+                Err(status) => (
+                    serde_json::to_vec(&StreamError::of(&status)).unwrap_or_default(),
+                    true,
+                ),
+            };
             line.push(b'\n');
-            (Bytes::from(line), answer.is_err())
+            (Bytes::from(line), last)
         })
         // An error is the last line.
         .scan(false, |done, (line, is_err)| {
@@ -451,14 +458,24 @@ struct ErrorBody<'a> {
 }
 
 fn error(status: &Status) -> Answer {
-    json(
+    let body = ErrorBody {
+        error: status.message(),
+        message: status.message(),
+        code: status.code() as i32,
+    };
+    // Two strings and an integer: writing them cannot fail.
+    let body = serde_json::to_vec(&body).unwrap_or_default();
+    respond(
         http_status(status.code()),
-        &ErrorBody {
-            error: status.message(),
-            message: status.message(),
-            code: status.code() as i32,
-        },
+        "application/json",
+        HttpBody::from(body),
     )
+}
+
+/// The refusal of an answer JSON cannot express (pbjson refuses an enum value the protobuf does
+/// not name, e.g. an alarm type a client invented): Internal, never a panic.
+fn unwritable(e: &serde_json::Error) -> Status {
+    Status::internal(format!("strata: the answer cannot be written as JSON: {e}"))
 }
 
 /// grpc-gateway's `HTTPStatusFromCode` (v1.16, the one etcd 3.5 builds with; 3.4's older
@@ -483,8 +500,10 @@ pub fn http_status(code: Code) -> StatusCode {
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Answer {
-    let body = serde_json::to_vec(value).expect("invariant: answers serialize to JSON");
-    respond(status, "application/json", HttpBody::from(body))
+    match serde_json::to_vec(value) {
+        Ok(body) => respond(status, "application/json", HttpBody::from(body)),
+        Err(e) => error(&unwritable(&e)),
+    }
 }
 
 fn plain(status: StatusCode, text: &'static str) -> Answer {
@@ -515,6 +534,29 @@ fn respond(status: StatusCode, content_type: &'static str, body: HttpBody) -> An
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An answer JSON cannot express is refused as Internal, with grpc-gateway's error body,
+    /// instead of taking the connection's task down.
+    #[tokio::test]
+    async fn an_answer_json_cannot_express_is_an_internal_error() {
+        use api::etcdserverpb::{AlarmMember, AlarmResponse};
+        let odd = AlarmResponse {
+            header: None,
+            alarms: vec![AlarmMember {
+                member_id: 1,
+                alarm: 99,
+            }],
+        };
+        let answer = json(StatusCode::OK, &odd);
+        assert_eq!(answer.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(answer.into_body(), usize::MAX)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], 13);
+        let message = v["message"].as_str().unwrap();
+        assert!(message.contains("cannot be written as JSON"), "{message}");
+    }
     use api::etcdserverpb::WatchRequest;
 
     #[test]

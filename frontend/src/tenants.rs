@@ -10,7 +10,7 @@ use tonic::metadata::MetadataMap;
 use crate::auth::Caller;
 use crate::errors::Error;
 use crate::tenant::Tenant;
-use crate::token::{Claims, Tokens, credential_of};
+use crate::token::{Tokens, credential_of};
 use crate::watch::{WatchSource, WatchTarget};
 
 /// Metadata header naming the tenant of a request.
@@ -54,41 +54,59 @@ impl Tenants {
     /// names another tenant, expired, or whose user is gone or has another password since. A
     /// token minted after a change this replica has not applied yet waits for it, as a read.
     pub async fn caller(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Caller, Error> {
-        let Some(claims) = self.claims(t, metadata)? else {
+        let Some(token) = token_of(t, metadata)? else {
             return Ok(Caller::default());
         };
-        if claims.revision > t.replica.read().auth_revision() {
-            t.barrier().await?;
+        match self.check_token(t, token, false)? {
+            Some(caller) => Ok(caller),
+            None => {
+                t.barrier().await?;
+                self.check_token(t, token, true)?
+                    .ok_or(Error::InvalidAuthToken)
+            }
         }
-        caller_of(t, &claims)
     }
 
     /// `caller` without waiting for the replica (a watch stream's: its checks run at each
     /// create, against the store as it then is).
     pub fn identify(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Caller, Error> {
-        match self.claims(t, metadata)? {
-            Some(claims) => caller_of(t, &claims),
+        match token_of(t, metadata)? {
+            Some(token) => self
+                .check_token(t, token, true)?
+                .ok_or(Error::InvalidAuthToken),
             None => Ok(Caller::default()),
         }
     }
 
-    /// The claims of the request's token, if the tenant's auth is enabled and it sent one.
-    fn claims(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Option<Claims>, Error> {
-        if !t.replica.auth_enabled() {
+    /// The caller `token` names, checked under one hold of the replica: signed by this
+    /// deployment for this tenant, not expired in journal time, its user still there with the
+    /// password it was minted against. None when it was minted at an auth revision this replica
+    /// has not applied yet (unless `ahead_ok`): the caller waits for the replica and asks again.
+    fn check_token(
+        &self,
+        t: &Tenant,
+        token: &str,
+        ahead_ok: bool,
+    ) -> Result<Option<Caller>, Error> {
+        let tokens = self.tokens.as_ref().ok_or(Error::InvalidAuthToken)?;
+        let store = t.replica.read();
+        let claims = tokens
+            .verify(token, &t.name, store.time_ms())
+            .ok_or(Error::InvalidAuthToken)?;
+        let revision = store.auth_revision();
+        if claims.revision > revision && !ahead_ok {
             return Ok(None);
         }
-        let Some(token) = TOKEN_KEYS.iter().find_map(|k| metadata.get(*k)) else {
-            return Ok(None);
-        };
-        let token = token.to_str().map_err(|_| Error::InvalidAuthToken)?;
-        // The gateway's `Authorization` may say `Bearer <token>`.
-        let token = token.strip_prefix("Bearer ").unwrap_or(token);
-        let tokens = self.tokens.as_ref().ok_or(Error::InvalidAuthToken)?;
-        let now_ms = t.replica.read().time_ms();
-        let claims = tokens
-            .verify(token, &t.name, now_ms)
+        let hash = store
+            .auth_password(&claims.username)
             .ok_or(Error::InvalidAuthToken)?;
-        Ok(Some(claims))
+        if credential_of(hash) != claims.credential {
+            return Err(Error::InvalidAuthToken);
+        }
+        Ok(Some(Caller {
+            user: claims.username,
+            revision,
+        }))
     }
 
     /// The configured tenant (health, metrics and status report on it).
@@ -111,20 +129,18 @@ impl Tenants {
     }
 }
 
-/// The caller a verified token's claims name, as of the replica's auth state now: its user
-/// must still exist with the password the token was minted against.
-fn caller_of(t: &Tenant, claims: &Claims) -> Result<Caller, Error> {
-    let store = t.replica.read();
-    let user = store
-        .auth_user(&claims.username)
-        .ok_or(Error::InvalidAuthToken)?;
-    if credential_of(&user.password) != claims.credential {
-        return Err(Error::InvalidAuthToken);
+/// The token a request of tenant `t` carries, if the tenant's auth is enabled (a token is
+/// ignored otherwise, as etcd ignores it).
+fn token_of<'m>(t: &Tenant, metadata: &'m MetadataMap) -> Result<Option<&'m str>, Error> {
+    if !t.replica.auth_enabled() {
+        return Ok(None);
     }
-    Ok(Caller {
-        user: claims.username.clone(),
-        revision: store.auth_revision(),
-    })
+    let Some(token) = TOKEN_KEYS.iter().find_map(|k| metadata.get(*k)) else {
+        return Ok(None);
+    };
+    let token = token.to_str().map_err(|_| Error::InvalidAuthToken)?;
+    // The gateway's `Authorization` may say `Bearer <token>`.
+    Ok(Some(token.strip_prefix("Bearer ").unwrap_or(token)))
 }
 
 impl WatchSource for Tenants {

@@ -302,6 +302,8 @@ type Interval = (Vec<u8>, Option<Vec<u8>>);
 /// grants, merged into sorted disjoint intervals per access (etcd's `unifiedRangePermissions`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 struct UserPerms {
+    /// The user's stored password hash (what a token's credential is checked against).
+    password: Vec<u8>,
     root: bool,
     read: Vec<Interval>,
     write: Vec<Interval>,
@@ -391,6 +393,7 @@ impl Perms {
             }
             let perms = UserPerms {
                 root: has_root_role(&user),
+                password: user.password,
                 read: merge(read),
                 write: merge(write),
             };
@@ -447,6 +450,12 @@ impl Perms {
             Some(u) if !u.root => Err(Error::PermissionDenied),
             Some(_) => Ok(()),
         }
+    }
+
+    /// The stored password hash of `user`, if it exists (no decode: a request's token is
+    /// checked against it).
+    pub(crate) fn password(&self, user: &str) -> Option<&[u8]> {
+        self.users.get(user).map(|u| u.password.as_slice())
     }
 
     /// Whether `user` holds `role` (etcd's `HasRole`).

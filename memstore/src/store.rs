@@ -868,6 +868,12 @@ impl MemStore {
         }
     }
 
+    /// The stored password hash of user `user` (empty for one without a password), if it
+    /// exists: what a request's token is checked against, without decoding the user.
+    pub fn auth_password(&self, user: &str) -> Option<&[u8]> {
+        self.auth_perms.password(user)
+    }
+
     /// Whether `user` holds `role`.
     pub fn auth_has_role(&self, user: &str, role: &str) -> bool {
         Perms::has_role(&self.state.auth, user, role)

@@ -197,6 +197,7 @@ impl Model {
             roles.sort();
             assert_eq!(got.roles, roles, "roles of {}", u.name);
             assert_eq!(got.password, u.hash);
+            assert_eq!(store.auth_password(&u.name), Some(u.hash.as_slice()));
             assert_eq!(got.options.is_some_and(|o| o.no_password), u.no_password);
         }
         let mut roles: Vec<String> = self.roles.iter().map(|(n, _)| n.clone()).collect();
@@ -217,6 +218,7 @@ impl Model {
         for name in NAMES {
             if !self.users.iter().any(|u| u.name == name) {
                 assert!(store.auth_user(name).is_none());
+                assert!(store.auth_password(name).is_none());
             }
         }
     }

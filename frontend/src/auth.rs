@@ -115,15 +115,13 @@ impl AuthService {
     where
         F: FnOnce(&MemStore, &Caller, R, ResponseHeader) -> Result<T, Error>,
     {
-        let t = self.tenant(&req)?;
-        let (metadata, _, req) = req.into_parts();
-        unary(rpc, &t.name, RequestId::random(), async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            t.barrier().await?;
-            let store = t.replica.read();
-            answer(&store, &caller, req, t.header(store.revision()))
-        })
-        .await
+        self.tenants
+            .serve_request(rpc, req, |t, _, caller, r| async move {
+                t.barrier().await?;
+                let store = t.replica.read();
+                answer(&store, &caller, r, t.header(store.revision()))
+            })
+            .await
     }
 
     /// Journals `change` and answers `answer(header)` once this replica applied it (the
@@ -138,15 +136,11 @@ impl AuthService {
     where
         F: FnOnce(ResponseHeader) -> T,
     {
-        let t = self.tenant(&req)?;
-        let (metadata, _, req) = req.into_parts();
-        let change = change(req);
-        let id = RequestId::random();
-        unary(rpc, &t.name, id, async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            apply(&t, id, &caller, change, answer).await
-        })
-        .await
+        self.tenants
+            .serve_request(rpc, req, |t, id, caller, r| async move {
+                apply(&t, id, &caller, change(r), answer).await
+            })
+            .await
     }
 
     /// A change carrying a password: hashed here first, as etcd 3.5's server does, but only
@@ -159,18 +153,15 @@ impl AuthService {
         change: impl FnOnce(R) -> Change,
         answer: impl FnOnce(ResponseHeader) -> T,
     ) -> Result<Response<T>, Status> {
-        let t = self.tenant(&req)?;
-        let (metadata, _, mut req) = req.into_parts();
-        let id = RequestId::random();
-        unary(rpc, &t.name, id, async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            t.replica.read().check_admin(&caller.user)?;
-            if let Some(password) = hash_into(&mut req) {
-                *password = self.hash(std::mem::take(password)).await?;
-            }
-            apply(&t, id, &caller, change(req), answer).await
-        })
-        .await
+        self.tenants
+            .serve_request(rpc, req, |t, id, caller, mut r| async move {
+                t.replica.read().check_admin(&caller.user)?;
+                if let Some(password) = hash_into(&mut r) {
+                    *password = self.hash(std::mem::take(password)).await?;
+                }
+                apply(&t, id, &caller, change(r), answer).await
+            })
+            .await
     }
 
     /// Hashes `password` as etcd 3.5's server does before proposing: bcrypt at the configured
@@ -259,30 +250,28 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthEnableRequest>,
     ) -> Result<Response<AuthEnableResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let (metadata, _, r) = req.into_parts();
-        let id = RequestId::random();
-        unary("AuthEnable", &t.name, id, async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            t.barrier().await?;
-            {
-                let store = t.replica.read();
-                if !store.auth_enabled() {
-                    // etcd's refusals first (on which `etcdctl auth enable` adds and grants the
-                    // root role by itself), then ours: a frontend that could not verify the
-                    // tokens of an enabled tenant must not enable it.
-                    store.auth_check_enable()?;
-                    self.tenants.tokens().ok_or(Error::NoTokenKey)?;
+        let tokens = self.tenants.tokens();
+        self.tenants
+            .serve_request("AuthEnable", req, |t, id, caller, r| async move {
+                t.barrier().await?;
+                {
+                    let store = t.replica.read();
+                    if !store.auth_enabled() {
+                        // etcd's refusals first (on which `etcdctl auth enable` adds and grants the
+                        // root role by itself), then ours: a frontend that could not verify the
+                        // tokens of an enabled tenant must not enable it.
+                        store.auth_check_enable()?;
+                        tokens.ok_or(Error::NoTokenKey)?;
+                    }
                 }
-            }
-            apply(&t, id, &caller, Change::Enable(r), |header| {
-                AuthEnableResponse {
-                    header: Some(header),
-                }
+                apply(&t, id, &caller, Change::Enable(r), |header| {
+                    AuthEnableResponse {
+                        header: Some(header),
+                    }
+                })
+                .await
             })
             .await
-        })
-        .await
     }
 
     async fn auth_disable(

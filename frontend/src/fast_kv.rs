@@ -27,7 +27,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Response, Status};
 
 use crate::errors::Error;
-use crate::rpc::{RequestId, handled, unary};
+use crate::rpc::handled;
 use crate::tenants::Tenants;
 
 /// gRPC's length prefix: a compression flag byte and a big-endian u32 length.
@@ -193,43 +193,45 @@ async fn answer(
     match rpc {
         Rpc::Range => {
             let req = RangeRequest::decode(message).map_err(decode_error)?;
-            let t = tenants.resolve(metadata).map_err(handled)?;
-            let id = RequestId::random();
-            let read = async {
-                let caller = tenants.caller(&t, metadata).await?;
-                crate::kv::range_message(&t, &caller, req).await
-            };
-            Ok(unary("Range", &t.name, id, read).await?.into_inner())
+            let read = tenants.serve("Range", metadata, req, |t, _, caller, r| async move {
+                crate::kv::range_message(&t, &caller, r).await
+            });
+            Ok(read.await?.into_inner())
         }
         Rpc::Put => {
             let req = PutRequest::decode(message).map_err(decode_error)?;
-            let t = tenants.resolve(metadata).map_err(handled)?;
-            let id = RequestId::random();
-            let put = async {
-                let caller = tenants.caller(&t, metadata).await?;
-                crate::kv::put(&t, id, &caller, req).await
-            };
-            encoded(unary("Put", &t.name, id, put).await?)
+            encoded(
+                tenants
+                    .serve("Put", metadata, req, |t, id, caller, r| async move {
+                        crate::kv::put(&t, id, &caller, r).await
+                    })
+                    .await?,
+            )
         }
         Rpc::DeleteRange => {
             let req = DeleteRangeRequest::decode(message).map_err(decode_error)?;
-            let t = tenants.resolve(metadata).map_err(handled)?;
-            let id = RequestId::random();
-            let delete = async {
-                let caller = tenants.caller(&t, metadata).await?;
-                crate::kv::delete_range(&t, id, &caller, req).await
-            };
-            encoded(unary("DeleteRange", &t.name, id, delete).await?)
+            encoded(
+                tenants
+                    .serve(
+                        "DeleteRange",
+                        metadata,
+                        req,
+                        |t, id, caller, r| async move {
+                            crate::kv::delete_range(&t, id, &caller, r).await
+                        },
+                    )
+                    .await?,
+            )
         }
         Rpc::Txn => {
             let req = TxnRequest::decode(message).map_err(decode_error)?;
-            let t = tenants.resolve(metadata).map_err(handled)?;
-            let id = RequestId::random();
-            let txn = async {
-                let caller = tenants.caller(&t, metadata).await?;
-                crate::kv::txn(&t, id, &caller, req).await
-            };
-            encoded(unary("Txn", &t.name, id, txn).await?)
+            encoded(
+                tenants
+                    .serve("Txn", metadata, req, |t, id, caller, r| async move {
+                        crate::kv::txn(&t, id, &caller, r).await
+                    })
+                    .await?,
+            )
         }
     }
 }

@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::Caller;
 use crate::errors::Error;
 use crate::fast_kv::GRPC_HEADER_LEN;
-use crate::rpc::{RequestId, unary};
+use crate::rpc::RequestId;
 use crate::tenant::Tenant;
 use crate::tenants::Tenants;
 
@@ -30,30 +30,6 @@ pub struct KvService {
 impl KvService {
     pub fn new(tenants: Arc<Tenants>) -> Self {
         Self { tenants }
-    }
-
-    /// One unary RPC: the tenant, a request id and the caller its token names, then `body`.
-    async fn serve<R, T, Fut>(
-        &self,
-        rpc: &'static str,
-        req: Request<R>,
-        body: impl FnOnce(Arc<Tenant>, RequestId, Caller, R) -> Fut,
-    ) -> Result<Response<T>, Status>
-    where
-        Fut: std::future::Future<Output = Result<T, Error>>,
-    {
-        let t = self
-            .tenants
-            .resolve(req.metadata())
-            .map_err(crate::rpc::handled)?;
-        let (metadata, _, r) = req.into_parts();
-        let id = RequestId::random();
-        let name = t.name.clone();
-        unary(rpc, &name, id, async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            body(t, id, caller, r).await
-        })
-        .await
     }
 }
 
@@ -283,44 +259,49 @@ async fn compact(
 #[tonic::async_trait]
 impl Kv for KvService {
     async fn range(&self, req: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
-        self.serve("Range", req, |t, _, caller, r| async move {
-            range(&t, &caller, r).await
-        })
-        .await
+        self.tenants
+            .serve_request("Range", req, |t, _, caller, r| async move {
+                range(&t, &caller, r).await
+            })
+            .await
     }
 
     async fn put(&self, req: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
-        self.serve("Put", req, |t, id, caller, r| async move {
-            put(&t, id, &caller, r).await
-        })
-        .await
+        self.tenants
+            .serve_request("Put", req, |t, id, caller, r| async move {
+                put(&t, id, &caller, r).await
+            })
+            .await
     }
 
     async fn delete_range(
         &self,
         req: Request<DeleteRangeRequest>,
     ) -> Result<Response<DeleteRangeResponse>, Status> {
-        self.serve("DeleteRange", req, |t, id, caller, r| async move {
-            delete_range(&t, id, &caller, r).await
-        })
-        .await
+        self.tenants
+            .serve_request("DeleteRange", req, |t, id, caller, r| async move {
+                delete_range(&t, id, &caller, r).await
+            })
+            .await
     }
 
     async fn txn(&self, req: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
-        self.serve("Txn", req, |t, id, caller, r| async move {
-            txn(&t, id, &caller, r).await
-        })
-        .await
+        self.tenants
+            .serve_request("Txn", req, |t, id, caller, r| async move {
+                txn(&t, id, &caller, r).await
+            })
+            .await
     }
 
     async fn compact(
         &self,
         req: Request<CompactionRequest>,
     ) -> Result<Response<CompactionResponse>, Status> {
-        self.serve("Compact", req, |t, id, caller, r| async move {
-            compact(&t, id, &caller, r).await
-        })
-        .await
+        self.tenants
+            .serve_request("Compact", req, |t, id, caller, r| async move {
+                compact(&t, id, &caller, r).await
+            })
+            .await
     }
 }
 

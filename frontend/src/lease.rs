@@ -261,28 +261,22 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseGrantRequest>,
     ) -> Result<Response<LeaseGrantResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let (metadata, _, req) = req.into_parts();
-        let id = RequestId::random();
-        unary("LeaseGrant", &t.name, id, async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            grant(&t, id, &caller, req).await
-        })
-        .await
+        self.tenants
+            .serve_request("LeaseGrant", req, |t, id, caller, r| async move {
+                grant(&t, id, &caller, r).await
+            })
+            .await
     }
 
     async fn lease_revoke(
         &self,
         req: Request<LeaseRevokeRequest>,
     ) -> Result<Response<LeaseRevokeResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let (metadata, _, req) = req.into_parts();
-        let id = RequestId::random();
-        unary("LeaseRevoke", &t.name, id, async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            revoke(&t, id, &caller, req).await
-        })
-        .await
+        self.tenants
+            .serve_request("LeaseRevoke", req, |t, id, caller, r| async move {
+                revoke(&t, id, &caller, r).await
+            })
+            .await
     }
 
     type LeaseKeepAliveStream = KeepAliveStream;

@@ -223,14 +223,11 @@ type SnapshotStream =
 #[tonic::async_trait]
 impl Maintenance for MaintenanceService {
     async fn alarm(&self, req: Request<AlarmRequest>) -> Result<Response<AlarmResponse>, Status> {
-        let t = self.tenant(&req)?;
-        let (metadata, _, req) = req.into_parts();
-        let id = RequestId::random();
-        unary("Alarm", &t.name, id, async {
-            let caller = self.tenants.caller(&t, &metadata).await?;
-            alarm(&t, id, &caller, req).await
-        })
-        .await
+        self.tenants
+            .serve_request("Alarm", req, |t, id, caller, r| async move {
+                alarm(&t, id, &caller, r).await
+            })
+            .await
     }
 
     async fn status(

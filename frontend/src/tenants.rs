@@ -3,12 +3,15 @@
 //! it in the `x-strata-tenant` metadata header, and naming another tenant is refused (never
 //! silently served from the wrong keyspace).
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tonic::metadata::MetadataMap;
+use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::errors::Error;
+use crate::rpc::{RequestId, handled, unary};
 use crate::tenant::Tenant;
 use crate::token::{Tokens, credential_of};
 use crate::watch::{WatchSource, WatchTarget};
@@ -107,6 +110,43 @@ impl Tenants {
             user: claims.username,
             revision,
         }))
+    }
+
+    /// One unary RPC as every service runs it: the request's tenant, a request id and the
+    /// caller its token names, then `body`, inside the RPC's span, metrics and error mapping
+    /// (`rpc::unary`).
+    pub async fn serve<R, T, Fut>(
+        &self,
+        rpc: &'static str,
+        metadata: &MetadataMap,
+        message: R,
+        body: impl FnOnce(Arc<Tenant>, RequestId, Caller, R) -> Fut,
+    ) -> Result<Response<T>, Status>
+    where
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let t = self.resolve(metadata).map_err(handled)?;
+        let id = RequestId::random();
+        let name = t.name.clone();
+        unary(rpc, &name, id, async {
+            let caller = self.caller(&t, metadata).await?;
+            body(t, id, caller, message).await
+        })
+        .await
+    }
+
+    /// `serve` of a tonic request.
+    pub async fn serve_request<R, T, Fut>(
+        &self,
+        rpc: &'static str,
+        req: Request<R>,
+        body: impl FnOnce(Arc<Tenant>, RequestId, Caller, R) -> Fut,
+    ) -> Result<Response<T>, Status>
+    where
+        Fut: Future<Output = Result<T, Error>>,
+    {
+        let (metadata, _, message) = req.into_parts();
+        self.serve(rpc, &metadata, message, body).await
     }
 
     /// The configured tenant (health, metrics and status report on it).

@@ -262,7 +262,11 @@ impl StreamTask {
     }
 
     async fn create(&mut self, c: WatchCreateRequest) -> Result<(), Closed> {
-        let store_rev = self.store_revision();
+        // One hold of the store for its revision and the caller's permission.
+        let (store_rev, permitted) = {
+            let store = read_store(&self.store);
+            (store.revision(), self.permitted(&store, &c))
+        };
         // The created header carries at least the store's revision (a client that read at it
         // must not see a watch start below it), and every progress answer after it the hub's:
         // let the hub reach the store first, so no progress answer falls below the header.
@@ -276,7 +280,7 @@ impl StreamTask {
         if c.start_revision < 0 {
             return self.refuse(store_rev, ERR_COMPACTED_REASON).await;
         }
-        if !self.permitted(&c) {
+        if !permitted {
             // etcd 3.5: created and canceled, under the id asked for, the stream going on.
             return self
                 .send(WatchResponse {
@@ -327,8 +331,7 @@ impl StreamTask {
     /// Whether the stream's caller may read every key the watch names (always, with auth
     /// disabled). Stricter than etcd in one case: etcd checks a watch from a key on (range end
     /// "\0") as if it named the key alone; here it needs the whole range.
-    fn permitted(&self, c: &WatchCreateRequest) -> bool {
-        let store = self.store.read().unwrap_or_else(|p| p.into_inner());
+    fn permitted(&self, store: &MemStore, c: &WatchCreateRequest) -> bool {
         let key: &[u8] = if c.key.is_empty() { &[0] } else { &c.key };
         store
             .check_read(self.caller.as_store(), key, &c.range_end)

@@ -6,6 +6,7 @@ pub mod curl;
 pub mod deployment;
 pub mod etcd;
 pub mod etcdctl;
+pub mod history;
 pub mod journal;
 pub mod lines;
 pub mod process;

@@ -176,8 +176,39 @@ impl Drop for DevDeployment {
 pub struct Deployment {
     journal_addrs: Vec<String>,
     journals: Vec<ChildGuard>,
+    /// The command line of each journal node, for restarts.
+    journal_args: Vec<Vec<String>>,
+    /// Added to every frontend's command line, at start and at restarts.
+    frontend_extra: Vec<String>,
     frontends: Vec<Frontend>,
     dir: tempfile::TempDir,
+}
+
+/// Extra frontend arguments given the deployment's directory.
+pub type FrontendExtra = Box<dyn FnOnce(&Path) -> Vec<String>>;
+/// The journal addresses frontend `i` dials.
+pub type FrontendJournals = Box<dyn Fn(usize) -> Vec<String>>;
+
+/// How [`Deployment::start_with`] differs from [`Deployment::start`].
+pub struct Setup {
+    /// Added to every frontend's command line (at restarts too), given the deployment's
+    /// directory: e.g. `--object-store <dir>/objects`.
+    pub frontend_extra: FrontendExtra,
+    /// The journal nodes' addresses (free loopback ports if `None`).
+    pub journal_addrs: Option<Vec<String>>,
+    /// The journal addresses frontend `i` dials (the nodes' own if `None`): e.g. proxies a
+    /// test can cut.
+    pub frontend_journals: Option<FrontendJournals>,
+}
+
+impl Default for Setup {
+    fn default() -> Self {
+        Self {
+            frontend_extra: Box::new(|_| Vec::new()),
+            journal_addrs: None,
+            frontend_journals: None,
+        }
+    }
 }
 
 /// One `strata frontend` process of a [`Deployment`].
@@ -186,6 +217,8 @@ pub struct Frontend {
     pub metrics: String,
     /// Client URLs of the other frontends (`--peer-frontends`, listed by MemberList).
     pub peers: Vec<String>,
+    /// The journal addresses it dials (`--journal`).
+    pub journals: Vec<String>,
     child: ChildGuard,
     log: PathBuf,
 }
@@ -201,43 +234,52 @@ impl Deployment {
     /// Starts three journal nodes (one cluster, same `--peers`) and `frontends` frontends that
     /// know each other, and waits until every frontend serves linearizable reads.
     pub async fn start(frontends: usize) -> Self {
+        Self::start_with(frontends, Setup::default()).await
+    }
+
+    /// [`Deployment::start`] as `setup` says.
+    pub async fn start_with(frontends: usize, setup: Setup) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("strata-deploy-")
             .tempdir()
             .expect("create temp dir for the deployment");
-        let journal_addrs: Vec<String> = (0..JOURNAL_NODES)
-            .map(|_| format!("127.0.0.1:{}", free_port()))
-            .collect();
+        let frontend_extra = (setup.frontend_extra)(dir.path());
+        let journal_addrs: Vec<String> = setup.journal_addrs.unwrap_or_else(|| {
+            (0..JOURNAL_NODES)
+                .map(|_| format!("127.0.0.1:{}", free_port()))
+                .collect()
+        });
         let peers = journal_addrs
             .iter()
             .enumerate()
             .map(|(i, a)| format!("{}={a}", i + 1))
             .collect::<Vec<_>>()
             .join(",");
-        let journals = journal_addrs
+        let journal_args: Vec<Vec<String>> = journal_addrs
             .iter()
             .enumerate()
             .map(|(i, addr)| {
                 let id = i + 1;
-                ChildGuard::strata(
-                    &format!("journal-{id}"),
-                    &[
-                        "journal".into(),
-                        "--id".into(),
-                        id.to_string(),
-                        "--listen".into(),
-                        addr.clone(),
-                        "--peers".into(),
-                        peers.clone(),
-                        "--data-dir".into(),
-                        dir.path()
-                            .join(format!("journal-{id}"))
-                            .display()
-                            .to_string(),
-                    ],
-                    Some(&dir.path().join(format!("journal-{id}.log"))),
-                )
+                vec![
+                    "journal".into(),
+                    "--id".into(),
+                    id.to_string(),
+                    "--listen".into(),
+                    addr.clone(),
+                    "--peers".into(),
+                    peers.clone(),
+                    "--data-dir".into(),
+                    dir.path()
+                        .join(format!("journal-{id}"))
+                        .display()
+                        .to_string(),
+                ]
             })
+            .collect();
+        let journals = journal_args
+            .iter()
+            .enumerate()
+            .map(|(i, args)| Self::spawn_journal(dir.path(), i, args))
             .collect();
         let addrs: Vec<(String, String)> = (0..frontends)
             .map(|_| {
@@ -257,18 +299,22 @@ impl Deployment {
                     .map(|(_, (l, _))| format!("http://{l}"))
                     .collect();
                 let log = dir.path().join(format!("frontend-{i}.log"));
+                let journals = setup
+                    .frontend_journals
+                    .as_ref()
+                    .map_or_else(|| journal_addrs.clone(), |f| f(i));
+                let mut args = frontend_args(&journals, &listen, &metrics, &peers);
+                args.extend(frontend_extra.iter().cloned());
                 let child = ChildGuard::strata(
                     &format!("frontend-{i}"),
-                    &with_token_key(
-                        frontend_args(&journal_addrs, &listen, &metrics, &peers),
-                        dir.path(),
-                    ),
+                    &with_token_key(args, dir.path()),
                     Some(&log),
                 );
                 Frontend {
                     listen,
                     metrics,
                     peers,
+                    journals,
                     child,
                     log,
                 }
@@ -277,6 +323,8 @@ impl Deployment {
         let deployment = Self {
             journal_addrs,
             journals,
+            journal_args,
+            frontend_extra,
             frontends: fronts,
             dir,
         };
@@ -291,12 +339,11 @@ impl Deployment {
     pub async fn restart_frontend(&mut self, index: usize) {
         let f = &mut self.frontends[index];
         f.child.kill();
+        let mut args = frontend_args(&f.journals, &f.listen, &f.metrics, &f.peers);
+        args.extend(self.frontend_extra.iter().cloned());
         f.child = ChildGuard::strata(
             &format!("frontend-{index}"),
-            &with_token_key(
-                frontend_args(&self.journal_addrs, &f.listen, &f.metrics, &f.peers),
-                self.dir.path(),
-            ),
+            &with_token_key(args, self.dir.path()),
             Some(&f.log),
         );
         self.wait_frontend(index).await;
@@ -310,6 +357,38 @@ impl Deployment {
     /// `kill -9` of journal node `index` (0-based).
     pub fn kill_journal(&mut self, index: usize) {
         self.journals[index].kill();
+    }
+
+    /// Starts journal node `index` again (after [`Deployment::kill_journal`]) on its address
+    /// and data directory; it rejoins its cluster by itself.
+    pub fn restart_journal(&mut self, index: usize) {
+        self.journals[index].kill();
+        self.journals[index] =
+            Self::spawn_journal(self.dir.path(), index, &self.journal_args[index]);
+    }
+
+    fn spawn_journal(dir: &Path, index: usize, args: &[String]) -> ChildGuard {
+        let id = index + 1;
+        ChildGuard::strata(
+            &format!("journal-{id}"),
+            args,
+            Some(&dir.join(format!("journal-{id}.log"))),
+        )
+    }
+
+    /// Pid of journal node `index`, `None` while it is killed.
+    pub fn journal_pid(&self, index: usize) -> Option<u32> {
+        self.journals[index].id()
+    }
+
+    /// Pid of frontend `index`, `None` while it is killed.
+    pub fn frontend_pid(&self, index: usize) -> Option<u32> {
+        self.frontends[index].child.id()
+    }
+
+    /// Log file of frontend `index`.
+    pub fn frontend_log(&self, index: usize) -> &Path {
+        &self.frontends[index].log
     }
 
     async fn wait_frontend(&self, index: usize) {
@@ -414,6 +493,17 @@ fn spawn_in_own_group(program: &Path, args: &[String], log: &Path) -> Child {
         .process_group(0)
         .spawn()
         .unwrap_or_else(|e| panic!("spawn {}: {e}", program.display()))
+}
+
+/// Stops (SIGSTOP) process `pid`, as a GC pause or a frozen VM would: its sockets stay open,
+/// nothing answers. [`resume_process`] lets it go on.
+pub fn pause_process(pid: u32) {
+    signal("STOP", &pid.to_string());
+}
+
+/// Resumes (SIGCONT) a process stopped by [`pause_process`].
+pub fn resume_process(pid: u32) {
+    signal("CONT", &pid.to_string());
 }
 
 /// `kill -<sig> -- <target>` (target `-<pgid>` for a group); failures are ignored (already gone).

@@ -6,6 +6,7 @@ pub mod curl;
 pub mod deployment;
 pub mod etcd;
 pub mod etcdctl;
+pub mod faults;
 pub mod history;
 pub mod journal;
 pub mod lines;

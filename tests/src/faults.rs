@@ -1,0 +1,1130 @@
+//! The seeded fault suite's machinery (docs/design/faults.md): a deployment of real processes,
+//! clients that record every operation, a fault schedule drawn from one seed, and the checks of
+//! [`crate::history`] on what the clients saw.
+//!
+//! One [`run`] is: start three journal nodes, two or three frontends (loading checkpoints from
+//! object storage) and a compactor; start the clients (a mixed workload on a small keyspace, a
+//! lease kept alive, watchers opened from past revisions, an observer that records every event
+//! of the keyspace); play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT of journal
+//! nodes, frontends and the compactor, at most one journal node and one frontend at a time);
+//! heal everything; then check the history, the watchers, the lease, and that every frontend, and
+//! one rebuilt from the newest checkpoint, holds the same state.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::task::JoinHandle;
+
+use journal::client::JournalClient;
+
+use crate::deployment::{Deployment, JOURNAL_NODES, Setup, pause_process, resume_process};
+use crate::history::{
+    self, Event, Kv, Op, Outcome, Request, Response, Time, WatchEnd, WatchRecord,
+};
+use crate::journal::TcpProxy;
+use crate::process::{ChildGuard, free_port};
+use crate::readiness::{tail_file, wait_ready};
+
+/// Keys the workload writes (`k/00`..), few enough that clients collide all the time.
+const KEYS: usize = 40;
+/// Keys written with the lease (`l/00`..).
+const LEASE_KEYS: usize = 8;
+/// Longest wait for one operation before its outcome counts as unknown.
+const OP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The lease's TTL: far above any fault's length, so it must never expire while kept alive.
+const LEASE_TTL: i64 = 30;
+/// Silence after which the observer or a watcher gives up on its frontend (progress
+/// notifications come every 500 ms).
+const WATCH_SILENCE: Duration = Duration::from_secs(4);
+/// How long a majority of the journal is down at the end of the schedule.
+const NO_QUORUM_FOR: Duration = Duration::from_millis(2500);
+/// How long the healed system gets to catch up before the checks.
+const SETTLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// What one run does; [`Config::ci`] is the fixed-budget one.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Length of the fault phase.
+    pub faults_for: Duration,
+    pub clients: usize,
+}
+
+impl Config {
+    /// About a minute of faults and checks: CI's budget per seed (F6).
+    pub fn ci() -> Self {
+        Self {
+            faults_for: Duration::from_secs(35),
+            clients: 5,
+        }
+    }
+}
+
+/// What a passing run did, so a reader can see it was not vacuous.
+#[derive(Debug)]
+pub struct Summary {
+    pub seed: u64,
+    pub frontends: usize,
+    pub schedule: Vec<String>,
+    pub acknowledged: usize,
+    pub unknown: usize,
+    /// Revisions the acknowledged and unknown writes made.
+    pub revisions_written: usize,
+    pub events: usize,
+    pub watchers: usize,
+    pub watched_events: usize,
+    pub final_revision: i64,
+}
+
+/// One process a fault hits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    Frontend(usize),
+    Journal(usize),
+    /// Whichever journal node leads shard 0 when the fault starts (the node whose loss is
+    /// interesting: appends in flight, a new election, leases extended).
+    JournalLeader,
+    Compactor,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// `kill -9`, then a restart when the fault heals.
+    Kill,
+    /// SIGSTOP, then SIGCONT when the fault heals.
+    Pause,
+    /// Drops the connections between frontends and journal nodes and refuses new ones until
+    /// the fault heals: for a frontend, its links to every journal node; for a journal node,
+    /// every frontend's link to it. An append whose answer is lost this way is retried
+    /// elsewhere, so the journal may hold it twice (entries carry request ids for this).
+    Disconnect,
+}
+
+/// One step of the schedule: its faults start together, last `hold`, heal, then the system
+/// runs undisturbed for `settle`.
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub faults: Vec<(Action, Target)>,
+    pub hold: Duration,
+    pub settle: Duration,
+}
+
+/// The schedule a seed gives for `frontends` frontends and three journal nodes, filling
+/// `length`: each step hits one process, or one journal node and one frontend together.
+pub fn schedule(rng: &mut StdRng, frontends: usize, length: Duration) -> Vec<Step> {
+    let mut steps = Vec::new();
+    let mut total = Duration::ZERO;
+    while total < length {
+        let action = |rng: &mut StdRng| match rng.random_range(0..10) {
+            0..5 => Action::Kill,
+            5..8 => Action::Pause,
+            _ => Action::Disconnect,
+        };
+        let journal = if rng.random_bool(0.5) {
+            Target::JournalLeader
+        } else {
+            Target::Journal(rng.random_range(0..3))
+        };
+        let frontend = Target::Frontend(rng.random_range(0..frontends));
+        let faults = match rng.random_range(0..10) {
+            0..=3 => vec![(action(rng), journal)],
+            4..=6 => vec![(action(rng), frontend)],
+            7 => vec![(
+                // The compactor dials the journal directly: nothing to disconnect.
+                if rng.random_bool(0.5) {
+                    Action::Kill
+                } else {
+                    Action::Pause
+                },
+                Target::Compactor,
+            )],
+            _ => vec![(action(rng), journal), (action(rng), frontend)],
+        };
+        let hold = Duration::from_millis(rng.random_range(300..3500));
+        let settle = Duration::from_millis(rng.random_range(300..2000));
+        total += hold + settle;
+        steps.push(Step {
+            faults,
+            hold,
+            settle,
+        });
+    }
+    steps
+}
+
+/// The one clock of a run.
+#[derive(Clone)]
+struct Clock(Instant);
+
+impl Clock {
+    fn now(&self) -> Time {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    fn secs(&self) -> f64 {
+        self.0.elapsed().as_secs_f64()
+    }
+}
+
+/// State shared by the clients of a run.
+struct Shared {
+    clock: Clock,
+    endpoints: Vec<String>,
+    /// Stops the clients, the lease keeper and the watchers.
+    stop_clients: AtomicBool,
+    /// Stops the observer.
+    stop: AtomicBool,
+    ops: Mutex<Vec<Op>>,
+    /// Every event of the keyspace, as the observer saw it.
+    log: Mutex<Vec<Event>>,
+    /// The observer's last revision.
+    observed: tokio::sync::watch::Sender<i64>,
+    watchers: Mutex<Vec<WatchRecord>>,
+    /// Things a client found wrong on its own (a watch the server cancelled, a lease lost).
+    errors: Mutex<Vec<String>>,
+    lease: AtomicI64,
+    /// Longest time between two acknowledged keep-alives, in ms.
+    keepalive_gap_ms: AtomicI64,
+}
+
+impl Shared {
+    fn stopped(&self) -> bool {
+        self.stop_clients.load(Ordering::Relaxed)
+    }
+
+    fn error(&self, e: String) {
+        self.errors.lock().unwrap().push(e);
+    }
+}
+
+/// An error's meaning for the history: a definite refusal or an unknown outcome.
+fn outcome_of(e: &etcd_client::Error) -> Outcome {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::GRpcStatus(s)
+            if matches!(
+                s.code(),
+                Code::InvalidArgument
+                    | Code::NotFound
+                    | Code::AlreadyExists
+                    | Code::PermissionDenied
+                    | Code::FailedPrecondition
+                    | Code::OutOfRange
+                    | Code::Unauthenticated
+                    | Code::ResourceExhausted
+            ) =>
+        {
+            Outcome::Failed(format!("{:?}: {}", s.code(), s.message()))
+        }
+        other => Outcome::Unknown(other.to_string()),
+    }
+}
+
+fn kv_of(kv: &etcd_client::KeyValue) -> Kv {
+    Kv {
+        value: String::from_utf8_lossy(kv.value()).into_owned(),
+        create_revision: kv.create_revision(),
+        mod_revision: kv.mod_revision(),
+        version: kv.version(),
+        lease: kv.lease(),
+    }
+}
+
+fn event_of(e: &etcd_client::Event) -> Option<Event> {
+    let kv = e.kv()?;
+    Some(Event {
+        revision: kv.mod_revision(),
+        key: String::from_utf8_lossy(kv.key()).into_owned(),
+        value: match e.event_type() {
+            EventType::Put => Some(String::from_utf8_lossy(kv.value()).into_owned()),
+            EventType::Delete => None,
+        },
+        create_revision: kv.create_revision(),
+        version: kv.version(),
+        lease: kv.lease(),
+    })
+}
+
+async fn connect(endpoint: &str) -> Option<Client> {
+    tokio::time::timeout(OP_TIMEOUT, Client::connect([endpoint], None))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Sends `request` and waits for its outcome (at most [`OP_TIMEOUT`]).
+async fn perform(client: &mut Client, request: &Request) -> Outcome {
+    let call = async {
+        Ok::<_, etcd_client::Error>(match request {
+            Request::Get { key } => {
+                let r = client.get(key.as_str(), None).await?;
+                let revision = r.header().map_or(0, |h| h.revision());
+                Outcome::Ok {
+                    revision,
+                    response: Response::Get(r.kvs().first().map(kv_of)),
+                }
+            }
+            Request::Put { key, value, lease } => {
+                let options = (*lease != 0).then(|| PutOptions::new().with_lease(*lease));
+                let r = client.put(key.as_str(), value.as_str(), options).await?;
+                Outcome::Ok {
+                    revision: r.header().map_or(0, |h| h.revision()),
+                    response: Response::Put,
+                }
+            }
+            Request::Delete { key } => {
+                let r = client.delete(key.as_str(), None).await?;
+                Outcome::Ok {
+                    revision: r.header().map_or(0, |h| h.revision()),
+                    response: Response::Delete {
+                        deleted: r.deleted(),
+                    },
+                }
+            }
+            Request::Cas { key, expect, value } => {
+                let txn = Txn::new()
+                    .when([Compare::mod_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        *expect,
+                    )])
+                    .and_then([TxnOp::put(key.as_str(), value.as_str(), None)]);
+                let r = client.txn(txn).await?;
+                Outcome::Ok {
+                    revision: r.header().map_or(0, |h| h.revision()),
+                    response: Response::Cas {
+                        succeeded: r.succeeded(),
+                    },
+                }
+            }
+            Request::Txn { puts } => {
+                let ops: Vec<TxnOp> = puts
+                    .iter()
+                    .map(|(k, v)| TxnOp::put(k.as_str(), v.as_str(), None))
+                    .collect();
+                let r = client.txn(Txn::new().and_then(ops)).await?;
+                Outcome::Ok {
+                    revision: r.header().map_or(0, |h| h.revision()),
+                    response: Response::Txn,
+                }
+            }
+            Request::LeaseRevoke { lease } => {
+                let r = client.lease_revoke(*lease).await?;
+                Outcome::Ok {
+                    revision: r.header().map_or(0, |h| h.revision()),
+                    response: Response::LeaseRevoke,
+                }
+            }
+        })
+    };
+    match tokio::time::timeout(OP_TIMEOUT, call).await {
+        Err(_) => Outcome::Unknown("timed out".into()),
+        Ok(Err(e)) => outcome_of(&e),
+        Ok(Ok(o)) => o,
+    }
+}
+
+/// One client: a seeded mix of requests on one frontend at a time, moving to the next frontend
+/// when a request's outcome is unknown (as clients fail over).
+async fn client_loop(shared: Arc<Shared>, id: usize, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    let mut at = id % shared.endpoints.len();
+    let mut client: Option<Client> = None;
+    let mut seq = 0u64;
+    // The mod_revision this client last saw per key: what its compare-and-swaps expect.
+    let mut seen: HashMap<String, i64> = HashMap::new();
+    let mut last_compact = 0i64;
+    while !shared.stopped() {
+        let Some(c) = client.as_mut() else {
+            client = connect(&shared.endpoints[at]).await;
+            if client.is_none() {
+                at = (at + 1) % shared.endpoints.len();
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            continue;
+        };
+        // Client 0 also compacts now and then, never past what the observer has seen.
+        if id == 0 && rng.random_ratio(1, 150) {
+            let target = *shared.observed.borrow() - 30;
+            let compact = tokio::time::timeout(OP_TIMEOUT, c.compact(target, None));
+            if target > last_compact && matches!(compact.await, Ok(Ok(_))) {
+                last_compact = target;
+            }
+        }
+        let key = format!("k/{:02}", rng.random_range(0..KEYS));
+        seq += 1;
+        let value = format!("c{id}-{seq}");
+        let request = match rng.random_range(0..100) {
+            0..30 => Request::Get { key },
+            30..50 => Request::Put {
+                key,
+                value,
+                lease: 0,
+            },
+            50..75 => Request::Cas {
+                expect: seen.get(&key).copied().unwrap_or(0),
+                key,
+                value,
+            },
+            75..85 => Request::Delete { key },
+            85..93 => {
+                let mut keys: Vec<String> = (0..3)
+                    .map(|_| format!("k/{:02}", rng.random_range(0..KEYS)))
+                    .collect();
+                keys.sort();
+                keys.dedup();
+                Request::Txn {
+                    puts: keys
+                        .into_iter()
+                        .enumerate()
+                        .map(|(i, k)| (k, format!("{value}.{i}")))
+                        .collect(),
+                }
+            }
+            _ => Request::Put {
+                key: format!("l/{:02}", rng.random_range(0..LEASE_KEYS)),
+                value,
+                lease: shared.lease.load(Ordering::Relaxed),
+            },
+        };
+        let invoke = shared.clock.now();
+        let outcome = perform(c, &request).await;
+        let complete = shared.clock.now();
+        match (&request, &outcome) {
+            (
+                Request::Get { key },
+                Outcome::Ok {
+                    response: Response::Get(got),
+                    ..
+                },
+            ) => {
+                seen.insert(key.clone(), got.as_ref().map_or(0, |kv| kv.mod_revision));
+            }
+            (
+                Request::Cas { key, .. },
+                Outcome::Ok {
+                    revision,
+                    response: Response::Cas { succeeded: true },
+                },
+            )
+            | (
+                Request::Put { key, .. },
+                Outcome::Ok {
+                    revision,
+                    response: Response::Put,
+                },
+            ) => {
+                seen.insert(key.clone(), *revision);
+            }
+            (_, Outcome::Unknown(_)) => {
+                client = None;
+                at = (at + 1) % shared.endpoints.len();
+            }
+            _ => {}
+        }
+        shared.ops.lock().unwrap().push(Op {
+            client: id,
+            invoke,
+            complete,
+            request,
+            outcome,
+        });
+        // Leave the servers some of the machine's two cores.
+        tokio::time::sleep(Duration::from_millis(rng.random_range(0..4))).await;
+    }
+}
+
+/// Records every event of the keyspace from revision 1, reconnecting (to the next frontend)
+/// from its last revision whenever its stream breaks or goes silent.
+async fn observer_loop(shared: Arc<Shared>) {
+    let mut next = 1i64;
+    let mut at = 0usize;
+    let stopped = || shared.stop.load(Ordering::Relaxed);
+    while !stopped() {
+        at = (at + 1) % shared.endpoints.len();
+        let Some(mut c) = connect(&shared.endpoints[at]).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        let options = WatchOptions::new()
+            .with_all_keys()
+            .with_start_revision(next)
+            .with_progress_notify();
+        let Ok(Ok(mut stream)) = tokio::time::timeout(OP_TIMEOUT, c.watch("", Some(options))).await
+        else {
+            continue;
+        };
+        while !stopped() {
+            let Ok(Ok(Some(r))) = tokio::time::timeout(WATCH_SILENCE, stream.message()).await
+            else {
+                break;
+            };
+            if r.canceled() {
+                shared.error(format!(
+                    "the observer's watch from {next} was cancelled: {:?} (compact revision {})",
+                    r.cancel_reason(),
+                    r.compact_revision()
+                ));
+                // Nothing after this can be checked; stop observing.
+                return;
+            }
+            let events: Vec<Event> = r.events().iter().filter_map(event_of).collect();
+            if let Some(last) = events.last() {
+                next = last.revision + 1;
+                shared.log.lock().unwrap().extend(events);
+                shared.observed.send_replace(next - 1);
+            }
+        }
+    }
+}
+
+/// Keeps the lease alive every second through whichever frontend answers, and records the
+/// longest gap between acknowledged keep-alives.
+async fn keeper_loop(shared: Arc<Shared>) {
+    let lease = shared.lease.load(Ordering::Relaxed);
+    let mut at = 0usize;
+    let mut last_ok = Instant::now();
+    while !shared.stopped() {
+        at = (at + 1) % shared.endpoints.len();
+        let Some(mut c) = connect(&shared.endpoints[at]).await else {
+            continue;
+        };
+        let Ok(Ok((mut keeper, mut stream))) =
+            tokio::time::timeout(OP_TIMEOUT, c.lease_keep_alive(lease)).await
+        else {
+            continue;
+        };
+        while !shared.stopped() {
+            if keeper.keep_alive().await.is_err() {
+                break;
+            }
+            match tokio::time::timeout(OP_TIMEOUT, stream.message()).await {
+                Ok(Ok(Some(r))) if r.ttl() > 0 => {
+                    let gap = i64::try_from(last_ok.elapsed().as_millis()).unwrap_or(i64::MAX);
+                    shared.keepalive_gap_ms.fetch_max(gap, Ordering::Relaxed);
+                    last_ok = Instant::now();
+                }
+                Ok(Ok(Some(_))) => {
+                    shared.error(format!("lease {lease:x} is gone although kept alive"));
+                    return;
+                }
+                _ => break,
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+}
+
+/// Opens watchers now and then, each on a seeded frontend, range and past start revision, and
+/// records what each saw until it is stopped.
+async fn watchers_loop(shared: Arc<Shared>, seed: u64) {
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x3a7c_11e5);
+    let mut running: Vec<JoinHandle<()>> = Vec::new();
+    let mut n = 0;
+    while !shared.stopped() {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(500..2500))).await;
+        n += 1;
+        let endpoint = shared.endpoints[rng.random_range(0..shared.endpoints.len())].clone();
+        let (key, range_end) = match rng.random_range(0..3) {
+            0 => (format!("k/{:02}", rng.random_range(0..KEYS)), String::new()),
+            1 => {
+                let d = rng.random_range(0..4);
+                (format!("k/{d}"), format!("k/{}", d + 1))
+            }
+            _ => ("\0".to_string(), "\0".to_string()),
+        };
+        let observed = *shared.observed.borrow();
+        let start = rng.random_range((observed - 300).max(1)..=observed + 1);
+        let lasts = Duration::from_millis(rng.random_range(1000..6000));
+        let record = WatchRecord {
+            name: format!("w{n}@{endpoint}"),
+            key,
+            range_end,
+            start_revision: start,
+            events: Vec::new(),
+            end: WatchEnd::Stopped,
+        };
+        running.push(tokio::spawn(watch_one(
+            shared.clone(),
+            endpoint,
+            record,
+            lasts,
+        )));
+    }
+    for h in running {
+        let _ = h.await;
+    }
+}
+
+async fn watch_one(shared: Arc<Shared>, endpoint: String, mut w: WatchRecord, lasts: Duration) {
+    let deadline = tokio::time::Instant::now() + lasts;
+    if let Some(mut c) = connect(&endpoint).await {
+        let mut options = WatchOptions::new()
+            .with_start_revision(w.start_revision)
+            .with_progress_notify();
+        if !w.range_end.is_empty() {
+            options = options.with_range(w.range_end.as_str());
+        }
+        if let Ok(Ok(mut stream)) =
+            tokio::time::timeout(OP_TIMEOUT, c.watch(w.key.as_str(), Some(options))).await
+        {
+            while tokio::time::Instant::now() < deadline {
+                let Ok(Ok(Some(r))) = tokio::time::timeout_at(
+                    deadline.min(tokio::time::Instant::now() + WATCH_SILENCE),
+                    stream.message(),
+                )
+                .await
+                else {
+                    break;
+                };
+                if r.canceled() {
+                    if r.compact_revision() > 0 {
+                        w.end = WatchEnd::Compacted {
+                            compact_revision: r.compact_revision(),
+                        };
+                    } else {
+                        shared.error(format!(
+                            "watcher {} cancelled: {:?}",
+                            w.name,
+                            r.cancel_reason()
+                        ));
+                    }
+                    break;
+                }
+                w.events.extend(r.events().iter().filter_map(event_of));
+            }
+        }
+    }
+    shared.watchers.lock().unwrap().push(w);
+}
+
+/// The processes of a run, and the faults applied to them.
+struct Faults {
+    deployment: Deployment,
+    compactor: ChildGuard,
+    compactor_args: Vec<String>,
+    journal: JournalClient,
+    /// `links[f][j]`: the proxy frontend `f` dials journal node `j` through.
+    links: Vec<Vec<TcpProxy>>,
+}
+
+impl Faults {
+    fn pid(&self, target: Target) -> Option<u32> {
+        match target {
+            Target::Frontend(i) => self.deployment.frontend_pid(i),
+            Target::Journal(i) => self.deployment.journal_pid(i),
+            Target::JournalLeader => None,
+            Target::Compactor => self.compactor.id(),
+        }
+    }
+
+    /// `target` with [`Target::JournalLeader`] resolved to the node that leads shard 0 now, as
+    /// the first node to answer says (node 0 if none does).
+    async fn resolve(&self, target: Target) -> Target {
+        if target != Target::JournalLeader {
+            return target;
+        }
+        for addr in self.deployment.journal_addrs() {
+            if let Ok(Ok(st)) =
+                tokio::time::timeout(Duration::from_millis(500), self.journal.status_of(addr, 0))
+                    .await
+                && st.leader_id > 0
+            {
+                return Target::Journal(usize::try_from(st.leader_id - 1).unwrap_or(0));
+            }
+        }
+        Target::Journal(0)
+    }
+
+    /// The frontend-to-journal links a [`Action::Disconnect`] of `target` cuts.
+    fn links_of(&self, target: Target) -> Vec<&TcpProxy> {
+        match target {
+            Target::Frontend(f) => self.links[f].iter().collect(),
+            Target::Journal(j) => self.links.iter().map(|l| &l[j]).collect(),
+            Target::JournalLeader | Target::Compactor => Vec::new(),
+        }
+    }
+
+    fn start(&mut self, action: Action, target: Target) {
+        match action {
+            Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::cut),
+            Action::Pause => {
+                if let Some(pid) = self.pid(target) {
+                    pause_process(pid);
+                }
+            }
+            Action::Kill => match target {
+                Target::Frontend(i) => self.deployment.kill_frontend(i),
+                Target::Journal(i) => self.deployment.kill_journal(i),
+                Target::JournalLeader => unreachable!("resolved before it starts"),
+                Target::Compactor => self.compactor.kill(),
+            },
+        }
+    }
+
+    async fn heal(&mut self, action: Action, target: Target) {
+        match action {
+            Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::heal),
+            Action::Pause => {
+                if let Some(pid) = self.pid(target) {
+                    resume_process(pid);
+                }
+            }
+            Action::Kill => match target {
+                // Waits until it serves again (from the newest checkpoint and the journal).
+                Target::Frontend(i) => self.deployment.restart_frontend(i).await,
+                Target::Journal(i) => self.deployment.restart_journal(i),
+                Target::JournalLeader => unreachable!("resolved before it starts"),
+                Target::Compactor => {
+                    self.compactor = ChildGuard::strata(
+                        "compactor",
+                        &self.compactor_args,
+                        Some(&self.deployment.dir().join("compactor.log")),
+                    );
+                }
+            },
+        }
+    }
+}
+
+/// The compactor's command line: checkpoints often, trims right behind them, so restarted
+/// frontends must load checkpoints.
+fn compactor_args(d: &Deployment) -> Vec<String> {
+    [
+        "compactor",
+        "--journal",
+        &d.journal_addrs().join(","),
+        "--object-store",
+        &d.objects().display().to_string(),
+        "--every-entries",
+        "300",
+        "--every",
+        "2s",
+        "--trim-lag",
+        "0",
+        "--retry-min",
+        "100ms",
+        "--retry-max",
+        "1s",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// Grants the lease the workload attaches keys to, through any frontend.
+async fn grant_lease(endpoints: &[String]) -> Result<i64, String> {
+    let mut last = String::new();
+    for attempt in 0..20 {
+        if let Some(mut c) = connect(&endpoints[attempt % endpoints.len()]).await {
+            match tokio::time::timeout(OP_TIMEOUT, c.lease_grant(LEASE_TTL, None)).await {
+                Ok(Ok(r)) => return Ok(r.id()),
+                Ok(Err(e)) => last = e.to_string(),
+                Err(_) => last = "timed out".into(),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    Err(format!("could not grant the lease: {last}"))
+}
+
+/// Starts the deployment of a run: the journal nodes, `frontends` frontends dialling them
+/// through proxies, the compactor.
+async fn deploy(frontends: usize) -> Result<Faults, String> {
+    let journal_addrs: Vec<String> = (0..JOURNAL_NODES)
+        .map(|_| format!("127.0.0.1:{}", free_port()))
+        .collect();
+    let mut links = Vec::new();
+    for _ in 0..frontends {
+        let mut of_frontend = Vec::new();
+        for addr in &journal_addrs {
+            of_frontend.push(TcpProxy::start(addr.clone()).await);
+        }
+        links.push(of_frontend);
+    }
+    let link_addrs: Vec<Vec<String>> = links
+        .iter()
+        .map(|l| l.iter().map(|p| p.addr.clone()).collect())
+        .collect();
+    let deployment = Deployment::start_with(
+        frontends,
+        Setup {
+            frontend_extra: Box::new(|dir| {
+                vec![
+                    "--object-store".into(),
+                    dir.join("objects").display().to_string(),
+                    "--watch-progress-notify-interval".into(),
+                    "500ms".into(),
+                ]
+            }),
+            journal_addrs: Some(journal_addrs),
+            frontend_journals: Some(Box::new(move |i| link_addrs[i].clone())),
+        },
+    )
+    .await;
+    let compactor_args = compactor_args(&deployment);
+    let compactor = ChildGuard::strata(
+        "compactor",
+        &compactor_args,
+        Some(&deployment.dir().join("compactor.log")),
+    );
+    let journal = JournalClient::connect(deployment.journal_addrs())
+        .await
+        .map_err(|e| format!("journal client: {e}"))?;
+    Ok(Faults {
+        deployment,
+        compactor,
+        compactor_args,
+        journal,
+        links,
+    })
+}
+
+impl Faults {
+    /// Plays `steps`, writing what it does to `ran`.
+    async fn play(&mut self, steps: &[Step], clock: &Clock, ran: &mut Vec<String>) {
+        for step in steps {
+            let mut started = Vec::new();
+            for &(action, target) in &step.faults {
+                let resolved = self.resolve(target).await;
+                let named = if resolved == target {
+                    format!("{target:?}")
+                } else {
+                    format!("{resolved:?} (the leader)")
+                };
+                ran.push(format!("{:7.2}s {action:?} {named}", clock.secs()));
+                self.start(action, resolved);
+                started.push((action, resolved));
+            }
+            tokio::time::sleep(step.hold).await;
+            for &(action, target) in &started {
+                self.heal(action, target).await;
+                ran.push(format!("{:7.2}s healed {target:?}", clock.secs()));
+            }
+            tokio::time::sleep(step.settle).await;
+        }
+    }
+
+    /// Kills two of the three journal nodes for [`NO_QUORUM_FOR`] and restarts them; returns
+    /// when the majority was down (F3: nothing may be acknowledged in between).
+    async fn majority_down(
+        &mut self,
+        rng: &mut StdRng,
+        clock: &Clock,
+        ran: &mut Vec<String>,
+    ) -> (Time, Time) {
+        let spared = rng.random_range(0..3);
+        let down: Vec<usize> = (0..3).filter(|j| *j != spared).collect();
+        ran.push(format!(
+            "{:7.2}s Kill Journal{down:?} (a majority)",
+            clock.secs()
+        ));
+        for &j in &down {
+            self.deployment.kill_journal(j);
+        }
+        let from = clock.now();
+        tokio::time::sleep(NO_QUORUM_FOR).await;
+        let to = clock.now();
+        for &j in &down {
+            self.deployment.restart_journal(j);
+        }
+        ran.push(format!("{:7.2}s healed Journal{down:?}", clock.secs()));
+        (from, to)
+    }
+}
+
+/// The client tasks of a run.
+struct Tasks {
+    observer: JoinHandle<()>,
+    keeper: JoinHandle<()>,
+    watchers: JoinHandle<()>,
+    clients: Vec<JoinHandle<()>>,
+}
+
+impl Tasks {
+    fn spawn(shared: &Arc<Shared>, seed: u64, clients: usize) -> Self {
+        Self {
+            observer: tokio::spawn(observer_loop(shared.clone())),
+            keeper: tokio::spawn(keeper_loop(shared.clone())),
+            watchers: tokio::spawn(watchers_loop(shared.clone(), seed)),
+            clients: (0..clients)
+                .map(|id| tokio::spawn(client_loop(shared.clone(), id, seed)))
+                .collect(),
+        }
+    }
+
+    /// Stops everything but the observer, and waits for it to stop.
+    async fn stop_clients(&mut self, shared: &Shared) {
+        shared.stop_clients.store(true, Ordering::Relaxed);
+        for c in self.clients.drain(..) {
+            let _ = c.await;
+        }
+        let _ = (&mut self.keeper).await;
+        let _ = (&mut self.watchers).await;
+    }
+}
+
+/// Revokes the lease (recorded, so the check finds its keys deleted together), learns the last
+/// revision from every frontend and waits until the observer has it; returns that revision.
+async fn finish_history(shared: &Shared, violations: &mut Vec<String>) -> i64 {
+    let revoke = Request::LeaseRevoke {
+        lease: shared.lease.load(Ordering::Relaxed),
+    };
+    let invoke = shared.clock.now();
+    let outcome = match connect(&shared.endpoints[0]).await {
+        Some(mut c) => perform(&mut c, &revoke).await,
+        None => Outcome::Unknown("cannot connect".into()),
+    };
+    if !matches!(outcome, Outcome::Ok { .. }) {
+        violations.push(format!("the lease revoke after healing: {outcome:?}"));
+    }
+    shared.ops.lock().unwrap().push(Op {
+        client: usize::MAX,
+        invoke,
+        complete: shared.clock.now(),
+        request: revoke,
+        outcome,
+    });
+    let mut final_revision = 0;
+    for e in &shared.endpoints {
+        let Some(mut c) = connect(e).await else {
+            violations.push(format!("cannot connect to {e} after healing"));
+            continue;
+        };
+        match c.get("k/00", None).await {
+            Ok(r) => {
+                final_revision = final_revision.max(r.header().map_or(0, |h| h.revision()));
+            }
+            Err(err) => violations.push(format!("a read on {e} after healing: {err}")),
+        }
+    }
+    let mut observed = shared.observed.subscribe();
+    if tokio::time::timeout(SETTLE_TIMEOUT, observed.wait_for(|r| *r >= final_revision))
+        .await
+        .is_err()
+    {
+        violations.push(format!(
+            "the observer stopped at revision {} of {final_revision}",
+            *observed.borrow()
+        ));
+    }
+    final_revision
+}
+
+/// The checks on what the clients saw after the faults healed: answers came again, and none
+/// came while a majority of the journal was down.
+fn check_availability(ops: &[Op], healed: Time, no_quorum: (Time, Time)) -> Vec<String> {
+    let mut violations = Vec::new();
+    let acked = |o: &&Op| matches!(o.outcome, Outcome::Ok { .. });
+    if !ops.iter().filter(acked).any(|o| o.invoke > healed) {
+        violations.push("no request was answered after every fault healed".into());
+    }
+    let (from, to) = no_quorum;
+    for o in ops
+        .iter()
+        .filter(acked)
+        .filter(|o| o.invoke >= from && o.complete <= to)
+    {
+        violations.push(format!(
+            "answered while a majority of the journal was down ({from}..{to} ns): {o:?}"
+        ));
+    }
+    violations
+}
+
+/// Runs one seed: the deployment, the clients, the schedule, the checks. `Err` holds the whole
+/// report (seed, schedule as it ran, every violation, where the logs were kept).
+pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let frontends = rng.random_range(2..=3);
+    let steps = schedule(&mut rng, frontends, config.faults_for);
+    let mut faults = deploy(frontends).await?;
+    let endpoints = faults.deployment.endpoints();
+    let lease = grant_lease(&endpoints).await?;
+    let clock = Clock(Instant::now());
+    let shared = Arc::new(Shared {
+        clock: clock.clone(),
+        endpoints: endpoints.clone(),
+        stop_clients: AtomicBool::new(false),
+        stop: AtomicBool::new(false),
+        ops: Mutex::new(Vec::new()),
+        log: Mutex::new(Vec::new()),
+        observed: tokio::sync::watch::channel(0).0,
+        watchers: Mutex::new(Vec::new()),
+        errors: Mutex::new(Vec::new()),
+        lease: AtomicI64::new(lease),
+        keepalive_gap_ms: AtomicI64::new(0),
+    });
+    let mut tasks = Tasks::spawn(&shared, seed, config.clients);
+
+    let mut ran = Vec::new();
+    faults.play(&steps, &clock, &mut ran).await;
+    let no_quorum = faults.majority_down(&mut rng, &clock, &mut ran).await;
+    // Everything healed: every frontend must serve again, and clients get answers.
+    for e in &endpoints {
+        if let Err(why) = wait_ready(e, SETTLE_TIMEOUT).await {
+            let violation = format!("{e} never served again: {why}");
+            return Err(report(seed, &ran, &[violation], &faults.deployment));
+        }
+    }
+    let healed = clock.now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    tasks.stop_clients(&shared).await;
+    let mut violations = check_availability(&shared.ops.lock().unwrap(), healed, no_quorum);
+    let final_revision = finish_history(&shared, &mut violations).await;
+    shared.stop.store(true, Ordering::Relaxed);
+    tasks.observer.abort();
+
+    let ops = std::mem::take(&mut *shared.ops.lock().unwrap());
+    let log = std::mem::take(&mut *shared.log.lock().unwrap());
+    let watched = std::mem::take(&mut *shared.watchers.lock().unwrap());
+    violations.extend(shared.errors.lock().unwrap().drain(..));
+    for o in &ops {
+        if let Outcome::Failed(why) = &o.outcome {
+            violations.push(format!(
+                "a valid request was refused ({why}): {:?}",
+                o.request
+            ));
+        }
+    }
+    violations.extend(history::check(&ops, &log, FIRST_REVISION).violations);
+    for w in &watched {
+        violations.extend(history::check_watch(w, &log, FIRST_REVISION).violations);
+    }
+    let expected = history::state_at(&log, FIRST_REVISION, final_revision);
+    violations.extend(check_replicas(&endpoints, final_revision, &expected).await);
+    // A replica rebuilt from the newest checkpoint and the journal agrees too.
+    faults.deployment.kill_frontend(0);
+    faults.deployment.restart_frontend(0).await;
+    let rebuilt = std::fs::read_to_string(faults.deployment.frontend_log(0)).unwrap_or_default();
+    if !rebuilt.contains("starting from checkpoint") {
+        violations.push("the rebuilt frontend did not start from a checkpoint".into());
+    }
+    violations.extend(check_replicas(&endpoints, final_revision, &expected).await);
+
+    // Writes that changed the keyspace: one revision each.
+    let revisions_written = log
+        .iter()
+        .map(|e| e.revision)
+        .collect::<std::collections::BTreeSet<_>>()
+        .len();
+    if revisions_written < 200 {
+        violations.push(format!(
+            "only {revisions_written} writes changed the keyspace: the run checked too little"
+        ));
+    }
+    if !violations.is_empty() {
+        violations.push(format!(
+            "longest gap between the lease's keep-alives: {} ms (TTL {LEASE_TTL} s)",
+            shared.keepalive_gap_ms.load(Ordering::Relaxed)
+        ));
+        return Err(report(seed, &ran, &violations, &faults.deployment));
+    }
+    let count = |f: fn(&Outcome) -> bool| ops.iter().filter(|o| f(&o.outcome)).count();
+    Ok(Summary {
+        seed,
+        frontends,
+        schedule: ran,
+        acknowledged: count(|o| matches!(o, Outcome::Ok { .. })),
+        unknown: count(|o| matches!(o, Outcome::Unknown(_))),
+        revisions_written,
+        events: log.len(),
+        watchers: watched.len(),
+        watched_events: watched.iter().map(|w| w.events.len()).sum(),
+        final_revision,
+    })
+}
+
+/// The revision of the first write of a fresh deployment.
+const FIRST_REVISION: i64 = 2;
+
+/// Every frontend answers the same HashKV at `revision`, and a Range of every key at
+/// `revision` equal to the log's replay.
+async fn check_replicas(
+    endpoints: &[String],
+    revision: i64,
+    expected: &BTreeMap<String, Kv>,
+) -> Vec<String> {
+    let mut violations = Vec::new();
+    let mut hashes = Vec::new();
+    for e in endpoints {
+        let Some(mut c) = connect(e).await else {
+            violations.push(format!("cannot connect to {e} for the final checks"));
+            continue;
+        };
+        match c.hash_kv(revision).await {
+            Ok(h) => hashes.push((e.clone(), h.hash())),
+            Err(err) => violations.push(format!("HashKV({revision}) on {e}: {err}")),
+        }
+        let options = GetOptions::new().with_all_keys().with_revision(revision);
+        match c.get("", Some(options)).await {
+            Ok(r) => {
+                let got: BTreeMap<String, Kv> = r
+                    .kvs()
+                    .iter()
+                    .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv_of(kv)))
+                    .collect();
+                if &got != expected {
+                    let differ: Vec<&String> = expected
+                        .keys()
+                        .chain(got.keys())
+                        .filter(|k| got.get(*k) != expected.get(*k))
+                        .take(5)
+                        .collect();
+                    violations.push(format!(
+                        "{e}: the keyspace at {revision} differs from the log's replay ({} keys against {}), e.g. at {differ:?}",
+                        got.len(),
+                        expected.len()
+                    ));
+                }
+            }
+            Err(err) => violations.push(format!("Range at {revision} on {e}: {err}")),
+        }
+    }
+    if hashes.windows(2).any(|w| w[0].1 != w[1].1) {
+        violations.push(format!(
+            "HashKV({revision}) differs between frontends: {hashes:?}"
+        ));
+    }
+    violations
+}
+
+/// The failure report: everything needed without a rerun (F5). The processes' logs are copied
+/// to a directory that outlives the run.
+fn report(seed: u64, ran: &[String], violations: &[String], d: &Deployment) -> String {
+    let keep = std::env::temp_dir().join(format!("strata-faults-{seed:x}-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&keep);
+    for entry in std::fs::read_dir(d.dir()).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|x| x == "log") {
+            let _ = std::fs::copy(&path, keep.join(entry.file_name()));
+        }
+    }
+    let mut out = String::new();
+    let _ = writeln!(out, "fault run failed: STRATA_FAULT_SEED={seed:#x}");
+    let _ = writeln!(out, "schedule as it ran:");
+    for line in ran {
+        let _ = writeln!(out, "  {line}");
+    }
+    let _ = writeln!(out, "{} violation(s):", violations.len());
+    for v in violations.iter().take(40) {
+        let _ = writeln!(out, "- {v}");
+    }
+    if violations.len() > 40 {
+        let _ = writeln!(out, "- ... {} more", violations.len() - 40);
+    }
+    let _ = writeln!(out, "process logs kept in {}", keep.display());
+    let _ = writeln!(
+        out,
+        "--- frontend-0 log (tail) ---\n{}",
+        tail_file(d.frontend_log(0))
+    );
+    out
+}

@@ -14,7 +14,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use api::etcdserverpb::RangeRequest;
 use api::mvccpb::KeyValue;
 use api::strata::entry::entry::Request;
-use api::strata::entry::{RestoreBegin, RestoreChunk, RestoreCommit, RestoreKey, RestoreLease};
+use api::strata::entry::{
+    RestoreAuth, RestoreBegin, RestoreChunk, RestoreCommit, RestoreKey, RestoreLease,
+};
 use memstore::MemStore;
 
 /// Key + value bytes per chunk: with the protobuf framing, well under the journal's 2 MiB entry
@@ -35,12 +37,15 @@ pub struct Plan {
     pub puts: usize,
     pub deletes: usize,
     pub revokes: usize,
+    /// The target's auth state (users, roles, the enabled flag), when it differs from the
+    /// current one; applied at the commit.
+    pub auth: Option<RestoreAuth>,
 }
 
 impl Plan {
     /// Nothing to change.
     pub fn is_empty(&self) -> bool {
-        self.grants + self.puts + self.deletes + self.revokes == 0
+        self.grants + self.puts + self.deletes + self.revokes == 0 && self.auth.is_none()
     }
 
     /// The entries to append, in order: begin, every chunk, commit.
@@ -54,6 +59,7 @@ impl Plan {
         out.push(Request::RestoreCommit(RestoreCommit {
             restore_id: self.restore_id.clone(),
             chunks: self.chunks.len() as u32,
+            auth: self.auth.clone(),
         }));
         out
     }
@@ -122,7 +128,7 @@ impl Chunker {
 }
 
 /// The staged restore (named `restore_id`) that makes `current` end with `target`'s keys,
-/// values and key-to-lease attachments, and `target`'s set of leases. Leases missing in
+/// values and key-to-lease attachments, `target`'s set of leases, and `target`'s auth state. Leases missing in
 /// `current` are granted with their granted TTL (their countdown restarts); leases of both keep
 /// `current`'s deadline.
 pub fn plan(
@@ -199,6 +205,16 @@ pub fn plan(
         chunks.chunk.revokes.push(id);
     }
     p.chunks = chunks.finish();
+    // Auth goes back with the keys, as etcd's snapshot restore brings its auth store back: the
+    // users, password hashes, roles and enabled flag of the checkpoint. Guarded by the current
+    // auth revision, as each key is by its mod revision.
+    let (have, want) = (current.auth_export(), target.auth_export());
+    if (have.enabled, &have.users, &have.roles) != (want.enabled, &want.users, &want.roles) {
+        p.auth = Some(RestoreAuth {
+            expect_auth_revision: have.expect_auth_revision,
+            ..want
+        });
+    }
     for (i, c) in p.chunks.iter_mut().enumerate() {
         c.restore_id = p.restore_id.clone();
         c.seq = i as u32;
@@ -244,9 +260,16 @@ mod tests {
     }
 
     impl Replica {
+        /// Applies `r` as the root user at the current auth revision (what a frontend appends
+        /// for root once auth is enabled; ignored while it is not).
         fn apply(&mut self, r: Request) -> memstore::Applied {
             self.n += 1;
-            self.store.apply(self.n, &entry(self.n, r))
+            let entry = Entry {
+                user: "root".into(),
+                auth_revision: self.store.auth_revision(),
+                ..entry(self.n, r)
+            };
+            self.store.apply(self.n, &entry)
         }
 
         /// Applies the whole plan; the commit's outcome.
@@ -257,6 +280,116 @@ mod tests {
             }
             last.unwrap()
         }
+    }
+
+    fn auth(change: api::strata::entry::auth_change::Change) -> Request {
+        Request::Auth(api::strata::entry::AuthChange {
+            change: Some(change),
+        })
+    }
+
+    fn user_add(name: &str, hash: &str) -> Request {
+        use api::strata::entry::auth_change::Change;
+        auth(Change::UserAdd(api::etcdserverpb::AuthUserAddRequest {
+            name: name.into(),
+            hashed_password: hash.into(),
+            ..Default::default()
+        }))
+    }
+
+    fn grant_role(user: &str, role: &str) -> Request {
+        use api::strata::entry::auth_change::Change;
+        auth(Change::UserGrantRole(
+            api::etcdserverpb::AuthUserGrantRoleRequest {
+                user: user.into(),
+                role: role.into(),
+            },
+        ))
+    }
+
+    fn role_add(name: &str) -> Request {
+        use api::strata::entry::auth_change::Change;
+        auth(Change::RoleAdd(api::etcdserverpb::AuthRoleAddRequest {
+            name: name.into(),
+        }))
+    }
+
+    #[test]
+    fn auth_goes_back_with_the_keys_and_a_racing_auth_change_aborts_the_restore() {
+        use api::strata::entry::auth_change::Change;
+        let mut r = Replica {
+            store: MemStore::new(memstore::Config::default()),
+            n: 0,
+        };
+        r.apply(user_add("root", "aGFzaC1yb290"));
+        r.apply(role_add("root"));
+        r.apply(grant_role("root", "root"));
+        r.apply(user_add("alice", "aGFzaC0x"));
+        r.apply(role_add("reader"));
+        r.apply(grant_role("alice", "reader"));
+        r.apply(auth(Change::Enable(Default::default())));
+        r.apply(put("k", "v", 0));
+        let target = r.store.clone();
+        assert!(
+            plan(&r.store, &target, vec![1; 16], 1).is_empty(),
+            "same auth, same keys: nothing to do"
+        );
+        // Diverge in auth only: alice's password changes, bob arrives, auth goes off.
+        r.apply(auth(Change::UserChangePassword(
+            api::etcdserverpb::AuthUserChangePasswordRequest {
+                name: "alice".into(),
+                hashed_password: "aGFzaC0y".into(),
+                ..Default::default()
+            },
+        )));
+        r.apply(user_add("bob", "aGFzaC0z"));
+        r.apply(auth(Change::Disable(Default::default())));
+        let p = plan(&r.store, &target, vec![2; 16], 1);
+        assert!(!p.is_empty());
+        assert_eq!(p.puts + p.deletes, 0, "{p:?}");
+        let staged = p.auth.as_ref().expect("auth staged");
+        assert_eq!(staged.expect_auth_revision, r.store.auth_revision());
+
+        // An auth change racing the restore aborts it.
+        let mut raced = Replica {
+            store: r.store.clone(),
+            n: r.n,
+        };
+        raced.apply(user_add("carol", "aGFzaC00"));
+        let aborted = raced.restore(&p);
+        assert!(
+            matches!(&aborted.outcome, Outcome::Restore(RestoreStep::Aborted { reason }) if reason.contains("auth state changed")),
+            "{:?}",
+            aborted.outcome
+        );
+        assert!(raced.store.auth_user("carol").is_some());
+
+        let before = r.store.auth_revision();
+        let done = r.restore(&p);
+        assert!(
+            matches!(
+                done.outcome,
+                Outcome::Restore(RestoreStep::Committed { .. })
+            ),
+            "{:?}",
+            done.outcome
+        );
+        assert!(r.store.auth_enabled());
+        assert_eq!(r.store.auth_users(), vec!["alice", "root"]);
+        assert_eq!(
+            r.store.auth_user("alice").unwrap(),
+            target.auth_user("alice").unwrap(),
+            "alice's old password hash and roles"
+        );
+        assert_eq!(r.store.auth_roles(), target.auth_roles());
+        assert_eq!(
+            r.store.auth_revision(),
+            before + 1,
+            "one auth change, so tokens minted before it are checked again"
+        );
+        assert!(r.store.check_admin("root").is_ok());
+        assert!(r.store.check_admin("alice").is_err());
+        assert!(plan(&r.store, &target, vec![3; 16], 1).is_empty());
     }
 
     /// (key, value, lease) of every key, and the lease ids.

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use api::authpb::{Permission, Role, User, UserAddOptions, permission::Type as PermType};
-use api::strata::entry::{AuthChange, auth_change::Change};
+use api::strata::entry::{AuthChange, RestoreAuth, auth_change::Change};
 use base64::Engine;
 use prost::Message;
 
@@ -269,6 +269,51 @@ impl AuthState {
             return Err(Error::RootRoleNotExist);
         }
         Ok(())
+    }
+
+    /// The whole state as a restore carries it, `expect_auth_revision` the current revision.
+    pub fn export(&self) -> RestoreAuth {
+        RestoreAuth {
+            enabled: self.enabled,
+            users: self.users.keys().filter_map(|n| self.user(n)).collect(),
+            roles: self.roles.keys().filter_map(|n| self.role(n)).collect(),
+            expect_auth_revision: self.revision(),
+        }
+    }
+
+    /// The state a restore puts in place, one change after this one: `r`'s users and roles
+    /// (names present and unique, a user's roles sorted as a grant keeps them) and its enabled
+    /// flag, which needs the root user holding the root role, as enabling does.
+    pub fn restored(&self, r: &RestoreAuth) -> Result<AuthState, String> {
+        let mut next = AuthState {
+            enabled: false,
+            changes: self.changes + 1,
+            users: BTreeMap::new(),
+            roles: BTreeMap::new(),
+        };
+        for u in &r.users {
+            let name = String::from_utf8_lossy(&u.name);
+            if name.is_empty() || next.users.contains_key(name.as_ref()) {
+                return Err(format!("user {name:?} is empty or restored twice"));
+            }
+            let mut u = u.clone();
+            u.roles.sort();
+            u.roles.dedup();
+            next.put_user(&u);
+        }
+        for role in &r.roles {
+            let name = String::from_utf8_lossy(&role.name);
+            if name.is_empty() || next.roles.contains_key(name.as_ref()) {
+                return Err(format!("role {name:?} is empty or restored twice"));
+            }
+            next.put_role(role);
+        }
+        if r.enabled {
+            next.check_enable()
+                .map_err(|e| format!("auth cannot be enabled: {e}"))?;
+            next.enabled = true;
+        }
+        Ok(next)
     }
 }
 

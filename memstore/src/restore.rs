@@ -210,6 +210,23 @@ impl MemStore {
             }
         }
 
+        let auth = match &c.auth {
+            None => None,
+            Some(a) => {
+                let now = self.state.auth.revision();
+                if now != a.expect_auth_revision {
+                    return aborted(format!(
+                        "the auth state changed since the restore was planned (auth revision {now}, expected {})",
+                        a.expect_auth_revision
+                    ));
+                }
+                match self.state.auth.restored(a) {
+                    Ok(next) => Some(next),
+                    Err(e) => return aborted(e),
+                }
+            }
+        };
+
         let now = self.state.time_ms;
         for (&id, &ttl) in &grants {
             let cfg = self.config();
@@ -247,6 +264,10 @@ impl MemStore {
             }
         }
         let revision = w.finish();
+        if let Some(next) = auth {
+            self.state.auth = next;
+            self.auth_perms = crate::auth::Perms::build(&self.state.auth);
+        }
         Outcome::Restore(RestoreStep::Committed {
             revision,
             keys: written,

@@ -77,7 +77,7 @@ pub struct MemStore {
     pub(crate) emit_events: bool,
     /// Every user's merged permissions, derived from `state.auth` (rebuilt after each auth
     /// change and on load; not state).
-    auth_perms: Perms,
+    pub(crate) auth_perms: Perms,
 }
 
 impl PartialEq for MemStore {
@@ -489,6 +489,12 @@ impl MemStore {
     /// Every role's name, sorted (etcd's RoleList).
     pub fn auth_roles(&self) -> Vec<String> {
         self.state.auth.roles.keys().cloned().collect()
+    }
+
+    /// The whole auth state as a restore carries it (`RestoreCommit.auth`): what
+    /// `compactor::restore::plan` compares and stages.
+    pub fn auth_export(&self) -> api::strata::entry::RestoreAuth {
+        self.state.auth.export()
     }
 
     /// Why enabling auth would be refused now (etcd's checks), if it would.

@@ -130,6 +130,7 @@ fn commit(h: &mut Harness, id: &[u8], chunks: usize) -> memstore::Applied {
     h.apply(Request::RestoreCommit(RestoreCommit {
         restore_id: id.to_vec(),
         chunks: chunks as u32,
+        ..Default::default()
     }))
 }
 
@@ -494,4 +495,130 @@ fn a_key_attached_meanwhile_to_a_revoked_lease_aborts() {
         Outcome::Restore(RestoreStep::Committed { .. })
     ));
     assert_eq!(visible(&h.store), visible(&target));
+}
+
+/// A commit carrying an auth state: put in place as one auth change when it is one etcd could
+/// reach (unique names; enabled only with the root user holding the root role), refused whole
+/// otherwise, with the keys it stages left alone.
+#[test]
+fn a_staged_auth_state_is_checked_then_put_in_place_with_the_keys() {
+    use api::authpb::{Permission, Role, User};
+    use api::strata::entry::RestoreAuth;
+    let user = |name: &str, roles: &[&str]| User {
+        name: name.into(),
+        password: format!("hash-of-{name}").into_bytes(),
+        roles: roles.iter().map(|r| r.to_string()).collect(),
+        options: None,
+    };
+    let role = |name: &str| Role {
+        name: name.into(),
+        key_permission: vec![Permission {
+            perm_type: 0,
+            key: b"a".to_vec(),
+            range_end: b"b".to_vec(),
+        }],
+    };
+    let chunk = |id: &[u8]| RestoreChunk {
+        restore_id: id.to_vec(),
+        seq: 0,
+        keys: vec![RestoreKey {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    };
+    let commit_with = |h: &mut Harness, id: &[u8], auth: RestoreAuth| {
+        begin(h, id);
+        stage(h, &[chunk(id)]);
+        h.apply(Request::RestoreCommit(RestoreCommit {
+            restore_id: id.to_vec(),
+            chunks: 1,
+            auth: Some(auth),
+        }))
+        .outcome
+    };
+    let mut h = Harness::new();
+    let rev = h.store.auth_revision();
+    let refused = [
+        (
+            "auth cannot be enabled",
+            RestoreAuth {
+                enabled: true,
+                users: vec![user("root", &[])],
+                roles: vec![role("root")],
+                expect_auth_revision: rev,
+            },
+        ),
+        (
+            "restored twice",
+            RestoreAuth {
+                users: vec![user("alice", &[]), user("alice", &["r"])],
+                expect_auth_revision: rev,
+                ..Default::default()
+            },
+        ),
+        (
+            "auth state changed",
+            RestoreAuth {
+                users: vec![user("alice", &[])],
+                expect_auth_revision: rev + 1,
+                ..Default::default()
+            },
+        ),
+    ];
+    for (i, (why, auth)) in refused.into_iter().enumerate() {
+        let outcome = commit_with(&mut h, &[i as u8; 16], auth);
+        assert!(
+            matches!(&outcome, Outcome::Restore(RestoreStep::Aborted { reason }) if reason.contains(why)),
+            "{why}: {outcome:?}"
+        );
+        assert_eq!(
+            h.store.revision(),
+            1,
+            "{why}: the staged key was not written"
+        );
+        assert_eq!(h.store.auth_revision(), rev, "{why}: auth unchanged");
+    }
+
+    let outcome = commit_with(
+        &mut h,
+        &[9; 16],
+        RestoreAuth {
+            enabled: true,
+            users: vec![user("root", &["root"]), user("alice", &["reader", "a"])],
+            roles: vec![role("root"), role("reader")],
+            expect_auth_revision: rev,
+        },
+    );
+    assert!(
+        matches!(outcome, Outcome::Restore(RestoreStep::Committed { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        h.store.revision(),
+        2,
+        "the key and the auth state in one commit"
+    );
+    assert!(h.store.auth_enabled());
+    assert_eq!(h.store.auth_revision(), rev + 1);
+    assert_eq!(h.store.auth_users(), vec!["alice", "root"]);
+    assert_eq!(
+        h.store.auth_user("alice").unwrap().roles,
+        vec!["a", "reader"],
+        "roles kept sorted, as grants keep them"
+    );
+    assert!(h.store.check_admin("root").is_ok());
+    // Permissions derived from the restored roles are in force.
+    let alice = memstore::Caller {
+        user: "alice",
+        revision: h.store.auth_revision(),
+    };
+    assert!(h.store.check_read(alice, b"a", b"").is_ok());
+    assert!(h.store.check_read(alice, b"c", b"").is_err());
+    // The state round-trips: what a plan exports is what was restored.
+    let exported = h.store.auth_export();
+    assert!(exported.enabled);
+    assert_eq!(exported.users.len(), 2);
+    assert_eq!(exported.expect_auth_revision, rev + 1);
 }

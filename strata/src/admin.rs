@@ -270,13 +270,22 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         match outcome {
             Some(Outcome::Restore(RestoreStep::Committed { revision, keys })) => {
                 println!(
-                    "restored tenant {tenant} to checkpoint {} (revision {} then) at revision {revision}: {} leases granted, {} keys put, {} deleted ({keys} changes), {} leases revoked, staged in {} chunks",
+                    "restored tenant {tenant} to checkpoint {} (revision {} then) at revision {revision}: {} leases granted, {} keys put, {} deleted ({keys} changes), {} leases revoked, {}, staged in {} chunks",
                     r.index,
                     r.revision,
                     plan.grants,
                     plan.puts,
                     plan.deletes,
                     plan.revokes,
+                    plan.auth.as_ref().map_or_else(
+                        || "auth unchanged".to_string(),
+                        |a| format!(
+                            "auth restored ({} users, {} roles, {})",
+                            a.users.len(),
+                            a.roles.len(),
+                            if a.enabled { "enabled" } else { "disabled" }
+                        )
+                    ),
                     plan.chunks.len()
                 );
                 return Ok(());

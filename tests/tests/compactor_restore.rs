@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use api::etcdserverpb::{
+    AuthRoleAddRequest, AuthUserAddRequest, AuthUserDeleteRequest, AuthUserGrantRoleRequest,
     DeleteRangeRequest, LeaseGrantRequest, LeaseRevokeRequest, PutRequest, RangeRequest,
 };
 use api::record::{encode_entry, entry_for_tenant};
-use api::strata::entry::Entry;
+use api::strata::entry::auth_change::Change;
 use api::strata::entry::entry::Request;
+use api::strata::entry::{AuthChange, Entry};
 use compactor::{Catalog, reader};
 use futures::StreamExt;
 use journal::client::JournalClient;
@@ -28,6 +30,21 @@ const TENANT: &str = "default";
 const WAIT: Duration = Duration::from_secs(90);
 /// Leases outlive the test: what is compared must not expire meanwhile.
 const LEASE_TTL: i64 = 3600;
+
+fn auth(change: Change) -> Vec<u8> {
+    entry(Request::Auth(AuthChange {
+        change: Some(change),
+    }))
+}
+
+fn user_add(name: &str) -> Vec<u8> {
+    auth(Change::UserAdd(AuthUserAddRequest {
+        name: name.into(),
+        // base64 of a stand-in hash: the frontend would send a bcrypt hash.
+        hashed_password: "aGFzaA==".into(),
+        ..Default::default()
+    }))
+}
 
 fn entry(request: Request) -> Vec<u8> {
     encode_entry(&Entry {
@@ -143,6 +160,15 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
             id: 101,
         })),
     ];
+    // Users and roles too: etcd's snapshot restore brings its auth store back.
+    a.push(user_add("alice"));
+    a.push(auth(Change::RoleAdd(AuthRoleAddRequest {
+        name: "reader".into(),
+    })));
+    a.push(auth(Change::UserGrantRole(AuthUserGrantRoleRequest {
+        user: "alice".into(),
+        role: "reader".into(),
+    })));
     for i in 0..100 {
         let lease = if i % 10 == 0 {
             100
@@ -183,6 +209,10 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
         ..Default::default()
     })));
     b.push(entry(Request::LeaseRevoke(LeaseRevokeRequest { id: 100 })));
+    b.push(auth(Change::UserDelete(AuthUserDeleteRequest {
+        name: "alice".into(),
+    })));
+    b.push(user_add("bob"));
     let idx = client.append(SHARD, b).await.unwrap();
     wait_checkpoint(&catalog, *idx.last().unwrap(), &log).await;
     let before = current(&catalog, &client).await;
@@ -228,6 +258,10 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
     )
     .await;
     assert!(out.contains("restored tenant default"), "{out}");
+    assert!(
+        out.contains("auth restored (1 users, 1 roles, disabled)"),
+        "{out}"
+    );
 
     let after = current(&catalog, &client).await;
     assert_eq!(
@@ -239,6 +273,14 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
         after.revision(),
         before.revision() + 1,
         "the whole restore is one revision, after the last one"
+    );
+    assert_eq!(after.auth_users(), vec!["alice"], "alice back, bob gone");
+    assert_eq!(after.auth_user("alice"), target.auth_user("alice"));
+    assert_eq!(after.auth_roles(), vec!["reader"]);
+    assert_eq!(
+        after.auth_revision(),
+        before.auth_revision() + 1,
+        "the auth state came back as one change"
     );
     // A second restore to the same point has nothing to do.
     let again = admin(

@@ -119,7 +119,10 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
         );
     }
     match s.tenants.default_tenant().replica.state() {
-        ReplicaState::Ready => (StatusCode::OK, "ok\n".to_string()),
+        ReplicaState::Ready => match s.tenants.misconfigured() {
+            None => (StatusCode::OK, "ok\n".to_string()),
+            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
+        },
         ReplicaState::CatchingUp => (StatusCode::SERVICE_UNAVAILABLE, "catching up\n".into()),
         ReplicaState::Failed(r) => (
             StatusCode::SERVICE_UNAVAILABLE,

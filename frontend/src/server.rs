@@ -154,6 +154,7 @@ impl Frontend {
             tenant.clone(),
             draining.clone(),
         ));
+        tokio::spawn(report_misconfiguration(tenants.clone()));
 
         let max_decode = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
         let members = Members::new(member_id, &name, &urls, &config.peer_frontends);
@@ -392,6 +393,31 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
     TcpListener::bind(addr)
         .await
         .map_err(|source| ServeError::Bind { addr, source })
+}
+
+/// How often the frontend looks for a configuration it cannot serve with
+/// (`Tenants::misconfigured`).
+const MISCONFIGURATION_CHECK: Duration = Duration::from_secs(5);
+
+/// Logs an error when the frontend finds it cannot serve its tenant (auth enabled elsewhere,
+/// no token key here), and again when that ends; `/readyz` answers 503 meanwhile.
+async fn report_misconfiguration(tenants: Arc<Tenants>) {
+    let mut reported: Option<String> = None;
+    loop {
+        let now = tenants.misconfigured();
+        if now != reported {
+            match &now {
+                Some(why) => {
+                    tracing::error!(tenant = %tenants.default_tenant().name, "not ready: {why}")
+                }
+                None => {
+                    tracing::info!(tenant = %tenants.default_tenant().name, "ready again: the configuration problem is gone")
+                }
+            }
+            reported = now;
+        }
+        tokio::time::sleep(MISCONFIGURATION_CHECK).await;
+    }
 }
 
 /// grpc.health.v1 follows the replica: NOT_SERVING until it caught up, SERVING while ready,

@@ -49,6 +49,19 @@ impl Tenants {
         self.tokens.as_ref()
     }
 
+    /// Why this frontend cannot serve its tenant although the replica is caught up: the
+    /// tenant's auth is enabled (by another frontend) and this one has no token key, so it
+    /// could verify no token and every request would be refused. Readiness says so, so a load
+    /// balancer sends the clients elsewhere.
+    pub fn misconfigured(&self) -> Option<String> {
+        (self.tokens.is_none() && self.default.replica.auth_enabled()).then(|| {
+            format!(
+                "auth is enabled for tenant {} and this frontend has no auth token key (--auth-token-key-file): it cannot verify any token",
+                self.default.name
+            )
+        })
+    }
+
     /// Who sent a request of tenant `t` (etcd's `AuthInfoFromCtx`): nobody while the tenant's
     /// auth is disabled (a token is then ignored, as etcd ignores it) or when the request
     /// carries no token; else the user its token names, checked against the auth state as it

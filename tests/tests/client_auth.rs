@@ -8,7 +8,10 @@ use api::authpb::{Permission, permission::Type as PermType};
 use api::etcdserverpb::auth_client::AuthClient;
 use api::etcdserverpb::kv_client::KvClient;
 use api::etcdserverpb::*;
-use strata_tests::deployment::Deployment;
+use strata_tests::curl;
+use strata_tests::deployment::{Deployment, frontend_args};
+use strata_tests::process::{ChildGuard, free_port};
+use strata_tests::readiness::tail_file;
 use tonic::transport::Channel;
 use tonic::{Code, Request};
 
@@ -184,4 +187,43 @@ async fn tokens_and_permissions_hold_across_frontends() {
             "etcdserver: invalid auth token".into()
         )
     );
+
+    // A frontend started without the deployment's token key could verify no token: it says
+    // so in its log and stays out of service (`/readyz` 503) instead of refusing everyone.
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let log = d.dir().join("frontend-keyless.log");
+    let _keyless = ChildGuard::strata(
+        "frontend-keyless",
+        &frontend_args(d.journal_addrs(), &listen, &metrics, &[]),
+        Some(&log),
+    );
+    let readyz = format!("http://{metrics}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let (code, body) = loop {
+        let (code, body) = curl::request(&readyz, "GET", "/readyz", "");
+        if body.contains("token key") || std::time::Instant::now() > deadline {
+            break (code, body);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(code, 503, "{body}\n{}", tail_file(&log));
+    assert!(
+        body.contains(
+            "auth is enabled for tenant default and this frontend has no auth token key (--auth-token-key-file)"
+        ),
+        "{body}"
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("not ready: auth is enabled")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no error logged:\n{}",
+            tail_file(&log)
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
 }

@@ -180,6 +180,8 @@ pub struct Deployment {
     journal_args: Vec<Vec<String>>,
     /// Added to every frontend's command line, at start and at restarts.
     frontend_extra: Vec<String>,
+    /// Added to every frontend's environment.
+    frontend_env: Vec<(String, String)>,
     frontends: Vec<Frontend>,
     dir: tempfile::TempDir,
 }
@@ -199,6 +201,8 @@ pub struct Setup {
     /// The journal addresses frontend `i` dials (the nodes' own if `None`): e.g. proxies a
     /// test can cut.
     pub frontend_journals: Option<FrontendJournals>,
+    /// Added to every frontend's environment (e.g. an S3 endpoint's settings).
+    pub frontend_env: Vec<(String, String)>,
 }
 
 impl Default for Setup {
@@ -207,6 +211,7 @@ impl Default for Setup {
             frontend_extra: Box::new(|_| Vec::new()),
             journal_addrs: None,
             frontend_journals: None,
+            frontend_env: Vec::new(),
         }
     }
 }
@@ -305,9 +310,10 @@ impl Deployment {
                     .map_or_else(|| journal_addrs.clone(), |f| f(i));
                 let mut args = frontend_args(&journals, &listen, &metrics, &peers);
                 args.extend(frontend_extra.iter().cloned());
-                let child = ChildGuard::strata(
+                let child = ChildGuard::strata_with_env(
                     &format!("frontend-{i}"),
                     &with_token_key(args, dir.path()),
+                    &setup.frontend_env,
                     Some(&log),
                 );
                 Frontend {
@@ -325,6 +331,7 @@ impl Deployment {
             journals,
             journal_args,
             frontend_extra,
+            frontend_env: setup.frontend_env,
             frontends: fronts,
             dir,
         };
@@ -341,9 +348,10 @@ impl Deployment {
         f.child.kill();
         let mut args = frontend_args(&f.journals, &f.listen, &f.metrics, &f.peers);
         args.extend(self.frontend_extra.iter().cloned());
-        f.child = ChildGuard::strata(
+        f.child = ChildGuard::strata_with_env(
             &format!("frontend-{index}"),
             &with_token_key(args, self.dir.path()),
+            &self.frontend_env,
             Some(&f.log),
         );
         self.wait_frontend(index).await;

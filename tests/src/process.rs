@@ -70,8 +70,21 @@ pub struct ChildGuard {
 impl ChildGuard {
     /// Spawns `program args..`, with stdout/stderr appended to `log` if given (else inherited).
     pub fn spawn(name: &str, program: &Path, args: &[String], log: Option<&Path>) -> Self {
+        Self::spawn_with_env(name, program, args, &[], log)
+    }
+
+    /// [`ChildGuard::spawn`] with `env` added to the child's environment.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: Option<&Path>,
+    ) -> Self {
         let mut cmd = Command::new(program);
-        cmd.args(args).stdin(Stdio::null());
+        cmd.args(args)
+            .envs(env.iter().cloned())
+            .stdin(Stdio::null());
         if let Some(log) = log {
             let f = std::fs::OpenOptions::new()
                 .create(true)
@@ -92,6 +105,16 @@ impl ChildGuard {
     /// Spawns the `strata` binary with `args`.
     pub fn strata(name: &str, args: &[String], log: Option<&Path>) -> Self {
         Self::spawn(name, &strata_bin(), args, log)
+    }
+
+    /// Spawns the `strata` binary with `args` and `env` (e.g. an S3 endpoint's settings).
+    pub fn strata_with_env(
+        name: &str,
+        args: &[String],
+        env: &[(String, String)],
+        log: Option<&Path>,
+    ) -> Self {
+        Self::spawn_with_env(name, &strata_bin(), args, env, log)
     }
 
     pub fn id(&self) -> Option<u32> {

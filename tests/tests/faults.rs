@@ -3,15 +3,12 @@
 //! workload; then the whole history is checked for lost writes, linearizability, watch gaps,
 //! lease expiries and replicas that disagree (`strata_tests::history`).
 //!
-//! - By default: the fixed seeds below, about a minute each (F6), so CI fails deterministically
+//! - By default: `strata_tests::faults::FIXED_SEEDS`, about a minute each (F6), so CI fails deterministically
 //!   in what they cover.
 //! - `STRATA_FAULT_SEED=0x...`: that one seed (to replay a failure's report).
 //! - `STRATA_FAULT_SEEDS=N`: N fresh seeds (a soak); each prints its seed first.
 
-use strata_tests::faults::{Config, run};
-
-/// Seeds run on every CI run; a seed that once failed is added here with its fix.
-const FIXED_SEEDS: &[u64] = &[0x5eed_fa17];
+use strata_tests::faults::{Config, FIXED_SEEDS, run};
 
 fn parse_seed(s: &str) -> u64 {
     let s = s.trim();
@@ -40,10 +37,11 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
         match run(seed, &Config::ci()).await {
             Ok(s) => {
                 println!(
-                    "seed {:#x}: {} frontends; {} faults; {} answered, {} unknown; {} revisions \
+                    "seed {:#x}: {} frontends, checkpoints in {}; {} faults; {} answered, {} unknown; {} revisions \
                      written, {} events to revision {}; {} watchers saw {} events",
                     s.seed,
                     s.frontends,
+                    if s.s3 { "S3 (moto)" } else { "a directory" },
                     s.schedule.iter().filter(|l| !l.contains("healed")).count(),
                     s.acknowledged,
                     s.unknown,

@@ -203,6 +203,8 @@ pub struct Setup {
     pub frontend_journals: Option<FrontendJournals>,
     /// Added to every frontend's environment (e.g. an S3 endpoint's settings).
     pub frontend_env: Vec<(String, String)>,
+    /// Added to every journal node's command line (e.g. `--failpoints`).
+    pub journal_extra: Vec<String>,
 }
 
 impl Default for Setup {
@@ -212,6 +214,7 @@ impl Default for Setup {
             journal_addrs: None,
             frontend_journals: None,
             frontend_env: Vec::new(),
+            journal_extra: Vec::new(),
         }
     }
 }
@@ -265,7 +268,7 @@ impl Deployment {
             .enumerate()
             .map(|(i, addr)| {
                 let id = i + 1;
-                vec![
+                let mut args = vec![
                     "journal".into(),
                     "--id".into(),
                     id.to_string(),
@@ -274,11 +277,10 @@ impl Deployment {
                     "--peers".into(),
                     peers.clone(),
                     "--data-dir".into(),
-                    dir.path()
-                        .join(format!("journal-{id}"))
-                        .display()
-                        .to_string(),
-                ]
+                    journal_dir(dir.path(), i).display().to_string(),
+                ];
+                args.extend(setup.journal_extra.iter().cloned());
+                args
             })
             .collect();
         let journals = journal_args
@@ -384,6 +386,11 @@ impl Deployment {
         )
     }
 
+    /// Data directory of journal node `index` (0-based).
+    pub fn journal_dir(&self, index: usize) -> PathBuf {
+        journal_dir(self.dir.path(), index)
+    }
+
     /// Pid of journal node `index`, `None` while it is killed.
     pub fn journal_pid(&self, index: usize) -> Option<u32> {
         self.journals[index].id()
@@ -445,6 +452,10 @@ impl Deployment {
         all.extend(args.iter().map(|a| a.to_string()));
         ChildGuard::strata("compactor", &all, Some(&self.dir().join("compactor.log")))
     }
+}
+
+fn journal_dir(dir: &Path, index: usize) -> PathBuf {
+    dir.join(format!("journal-{}", index + 1))
 }
 
 /// `args` with the deployment's auth token key, as every frontend of a real deployment gets

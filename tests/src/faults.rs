@@ -5,10 +5,11 @@
 //! One [`run`] is: start three journal nodes, two or three frontends (loading checkpoints from
 //! object storage) and a compactor; start the clients (a mixed workload on a small keyspace, a
 //! lease kept alive, watchers opened from past revisions, an observer that records every event
-//! of the keyspace); play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT of journal
-//! nodes, frontends and the compactor, at most one journal node and one frontend at a time);
-//! heal everything; then check the history, the watchers, the lease, and that every frontend, and
-//! one rebuilt from the newest checkpoint, holds the same state.
+//! of the keyspace); play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT, dropped
+//! frontend-to-journal connections, full and failing journal disks, a paused S3 server; at most
+//! one journal node and one frontend at a time), then take a majority of the journal down for a
+//! while; heal everything; then check the history, the watchers, the lease, and that every
+//! frontend, and one rebuilt from the newest checkpoint, holds the same state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -114,6 +115,23 @@ pub enum Action {
     /// every frontend's link to it. An append whose answer is lost this way is retried
     /// elsewhere, so the journal may hold it twice (entries carry request ids for this).
     Disconnect,
+    /// A journal node's disk fills up: segment writes fail with ENOSPC (its `write` failpoint).
+    /// Healing frees the disk and restarts the node, as an operator would.
+    DiskFull,
+    /// A journal node's disk fails: fsyncs fail with EIO (its `fsync` failpoint). Healing
+    /// restarts the node (after a failed fsync the page cache cannot be trusted).
+    DiskFailure,
+}
+
+impl Action {
+    /// The failpoint a disk fault arms.
+    fn failpoint(self) -> Option<&'static str> {
+        match self {
+            Action::DiskFull => Some("write"),
+            Action::DiskFailure => Some("fsync"),
+            Action::Kill | Action::Pause | Action::Disconnect => None,
+        }
+    }
 }
 
 /// One step of the schedule: its faults start together, last `hold`, heal, then the system
@@ -137,6 +155,11 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
             5..8 => Action::Pause,
             _ => Action::Disconnect,
         };
+        let journal_action = |rng: &mut StdRng| match rng.random_range(0..10) {
+            0..7 => action(rng),
+            7..9 => Action::DiskFailure,
+            _ => Action::DiskFull,
+        };
         let journal = if rng.random_bool(0.5) {
             Target::JournalLeader
         } else {
@@ -144,7 +167,7 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
         };
         let frontend = Target::Frontend(rng.random_range(0..frontends));
         let faults = match rng.random_range(0..10) {
-            0..=3 => vec![(action(rng), journal)],
+            0..=3 => vec![(journal_action(rng), journal)],
             4..=6 => vec![(action(rng), frontend)],
             8 if s3 => vec![(Action::Pause, Target::ObjectStore)],
             7 => vec![(
@@ -156,7 +179,7 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
                 },
                 Target::Compactor,
             )],
-            _ => vec![(action(rng), journal), (action(rng), frontend)],
+            _ => vec![(journal_action(rng), journal), (action(rng), frontend)],
         };
         let hold = Duration::from_millis(rng.random_range(300..3500));
         let settle = Duration::from_millis(rng.random_range(300..2000));
@@ -173,7 +196,7 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
 /// Seeds run on every CI run (`tests/tests/faults.rs`); a seed that once failed is added here
 /// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, the second in
 /// a directory with two; together they hit every kind of fault (a unit test checks).
-pub const FIXED_SEEDS: &[u64] = &[0x5eed_fa0b, 0x5eed_fa05];
+pub const FIXED_SEEDS: &[u64] = &[0x5eed_f011, 0x5eed_f035];
 
 /// Everything a seed decides before a run starts.
 #[derive(Debug)]
@@ -719,8 +742,20 @@ impl Faults {
         }
     }
 
+    /// The failpoint trigger file of the journal node a disk fault hits.
+    fn trigger(&self, target: Target) -> std::path::PathBuf {
+        let Target::Journal(j) = target else {
+            unreachable!("disk faults hit journal nodes, resolved: {target:?}")
+        };
+        self.deployment.journal_dir(j).join("FAILPOINTS")
+    }
+
     fn start(&mut self, action: Action, target: Target) {
         match action {
+            Action::DiskFull | Action::DiskFailure => {
+                let failpoint = action.failpoint().expect("a disk fault");
+                std::fs::write(self.trigger(target), failpoint).expect("arm the failpoint");
+            }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::cut),
             Action::Pause => match (target, &self.objects) {
                 (Target::ObjectStore, Objects::S3(moto)) => moto.pause(),
@@ -742,6 +777,12 @@ impl Faults {
 
     async fn heal(&mut self, action: Action, target: Target) {
         match action {
+            Action::DiskFull | Action::DiskFailure => {
+                std::fs::remove_file(self.trigger(target)).expect("clear the failpoint");
+                if let Target::Journal(j) = target {
+                    self.deployment.restart_journal(j);
+                }
+            }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::heal),
             Action::Pause => match (target, &self.objects) {
                 (Target::ObjectStore, Objects::S3(moto)) => moto.resume(),
@@ -840,6 +881,7 @@ async fn deploy(frontends: usize, objects: Objects) -> Result<Faults, String> {
             journal_addrs: Some(journal_addrs),
             frontend_journals: Some(Box::new(move |i| link_addrs[i].clone())),
             frontend_env: objects.env(),
+            journal_extra: vec!["--failpoints".into()],
         },
     )
     .await;
@@ -1260,6 +1302,10 @@ mod tests {
                 want.insert(format!("{action} {kind}"));
             }
         }
+        want.insert("DiskFull journal".to_string());
+        want.insert("DiskFailure journal".to_string());
+        want.insert("DiskFull leader".to_string());
+        want.insert("DiskFailure leader".to_string());
         want.insert("Kill compactor".to_string());
         want.insert("Pause compactor".to_string());
         want.insert("Pause object store".to_string());

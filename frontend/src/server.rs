@@ -154,7 +154,7 @@ impl Frontend {
             tenant.clone(),
             draining.clone(),
         ));
-        tokio::spawn(report_misconfiguration(tenants.clone()));
+        tokio::spawn(report_misconfiguration(Arc::downgrade(&tenants)));
 
         let max_decode = config.max_request_bytes + GRPC_OVERHEAD_BYTES;
         let members = Members::new(member_id, &name, &urls, &config.peer_frontends);
@@ -400,10 +400,11 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 const MISCONFIGURATION_CHECK: Duration = Duration::from_secs(5);
 
 /// Logs an error when the frontend finds it cannot serve its tenant (auth enabled elsewhere,
-/// no token key here), and again when that ends; `/readyz` answers 503 meanwhile.
-async fn report_misconfiguration(tenants: Arc<Tenants>) {
+/// no token key here), and again when that ends; `/readyz` answers 503 meanwhile. Ends with the
+/// frontend's tenants.
+async fn report_misconfiguration(tenants: std::sync::Weak<Tenants>) {
     let mut reported: Option<String> = None;
-    loop {
+    while let Some(tenants) = tenants.upgrade() {
         let now = tenants.misconfigured();
         if now != reported {
             match &now {
@@ -416,6 +417,7 @@ async fn report_misconfiguration(tenants: Arc<Tenants>) {
             }
             reported = now;
         }
+        drop(tenants);
         tokio::time::sleep(MISCONFIGURATION_CHECK).await;
     }
 }

@@ -123,17 +123,6 @@ pub enum Action {
     DiskFailure,
 }
 
-impl Action {
-    /// The failpoint a disk fault arms.
-    fn failpoint(self) -> Option<&'static str> {
-        match self {
-            Action::DiskFull => Some("write"),
-            Action::DiskFailure => Some("fsync"),
-            Action::Kill | Action::Pause | Action::Disconnect => None,
-        }
-    }
-}
-
 /// One step of the schedule: its faults start together, last `hold`, heal, then the system
 /// runs undisturbed for `settle`.
 #[derive(Clone, Debug)]
@@ -690,10 +679,19 @@ enum Objects {
 impl Objects {
     /// `--object-store` for the deployment in `dir`.
     fn url(&self, dir: &std::path::Path) -> String {
+        self.s3_url().unwrap_or_else(|| Self::dir_url(dir))
+    }
+
+    /// The bucket's URL, if the checkpoints go to S3: known before the deployment's directory.
+    fn s3_url(&self) -> Option<String> {
         match self {
-            Objects::Dir => dir.join("objects").display().to_string(),
-            Objects::S3(moto) => moto.url("strata"),
+            Objects::Dir => None,
+            Objects::S3(moto) => Some(moto.url("strata")),
         }
+    }
+
+    fn dir_url(dir: &std::path::Path) -> String {
+        dir.join("objects").display().to_string()
     }
 
     fn env(&self) -> Vec<(String, String)> {
@@ -711,7 +709,10 @@ impl Faults {
             Target::Journal(i) => self.deployment.journal_pid(i),
             Target::JournalLeader => None,
             Target::Compactor => self.compactor.id(),
-            Target::ObjectStore => None,
+            Target::ObjectStore => match &self.objects {
+                Objects::S3(moto) => moto.pid(),
+                Objects::Dir => None,
+            },
         }
     }
 
@@ -742,29 +743,24 @@ impl Faults {
         }
     }
 
-    /// The failpoint trigger file of the journal node a disk fault hits.
-    fn trigger(&self, target: Target) -> std::path::PathBuf {
+    /// The journal node a disk fault hits, and its failpoint trigger file.
+    fn disk(&self, target: Target) -> (usize, std::path::PathBuf) {
         let Target::Journal(j) = target else {
             unreachable!("disk faults hit journal nodes, resolved: {target:?}")
         };
-        self.deployment.journal_dir(j).join("FAILPOINTS")
+        (j, self.deployment.journal_dir(j).join("FAILPOINTS"))
     }
 
     fn start(&mut self, action: Action, target: Target) {
         match action {
-            Action::DiskFull | Action::DiskFailure => {
-                let failpoint = action.failpoint().expect("a disk fault");
-                std::fs::write(self.trigger(target), failpoint).expect("arm the failpoint");
+            Action::DiskFull => {
+                std::fs::write(self.disk(target).1, "write").expect("arm the failpoint");
+            }
+            Action::DiskFailure => {
+                std::fs::write(self.disk(target).1, "fsync").expect("arm the failpoint");
             }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::cut),
-            Action::Pause => match (target, &self.objects) {
-                (Target::ObjectStore, Objects::S3(moto)) => moto.pause(),
-                _ => {
-                    if let Some(pid) = self.pid(target) {
-                        pause_process(pid);
-                    }
-                }
-            },
+            Action::Pause => self.pid(target).into_iter().for_each(pause_process),
             Action::Kill => match target {
                 Target::Frontend(i) => self.deployment.kill_frontend(i),
                 Target::Journal(i) => self.deployment.kill_journal(i),
@@ -778,20 +774,12 @@ impl Faults {
     async fn heal(&mut self, action: Action, target: Target) {
         match action {
             Action::DiskFull | Action::DiskFailure => {
-                std::fs::remove_file(self.trigger(target)).expect("clear the failpoint");
-                if let Target::Journal(j) = target {
-                    self.deployment.restart_journal(j);
-                }
+                let (j, trigger) = self.disk(target);
+                std::fs::remove_file(trigger).expect("clear the failpoint");
+                self.deployment.restart_journal(j);
             }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::heal),
-            Action::Pause => match (target, &self.objects) {
-                (Target::ObjectStore, Objects::S3(moto)) => moto.resume(),
-                _ => {
-                    if let Some(pid) = self.pid(target) {
-                        resume_process(pid);
-                    }
-                }
-            },
+            Action::Pause => self.pid(target).into_iter().for_each(resume_process),
             Action::Kill => match target {
                 // Waits until it serves again (from the newest checkpoint and the journal).
                 Target::Frontend(i) => self.deployment.restart_frontend(i).await,
@@ -863,17 +851,14 @@ async fn deploy(frontends: usize, objects: Objects) -> Result<Faults, String> {
         .iter()
         .map(|l| l.iter().map(|p| p.addr.clone()).collect())
         .collect();
-    let object_store = match &objects {
-        Objects::Dir => None,
-        Objects::S3(moto) => Some(moto.url("strata")),
-    };
+    let object_store = objects.s3_url();
     let deployment = Deployment::start_with(
         frontends,
         Setup {
             frontend_extra: Box::new(move |dir| {
                 vec![
                     "--object-store".into(),
-                    object_store.unwrap_or_else(|| dir.join("objects").display().to_string()),
+                    object_store.unwrap_or_else(|| Objects::dir_url(dir)),
                     "--watch-progress-notify-interval".into(),
                     "500ms".into(),
                 ]

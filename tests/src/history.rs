@@ -23,7 +23,7 @@
 //! Together these say the history is linearizable with the server's own order as witness; 1–3
 //! alone make it serializable. Watchers are checked against the same log ([`WatchRecord`]).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt;
 
 /// Nanoseconds since the run started, on the one monotonic clock of the test process.
@@ -274,6 +274,28 @@ struct Placed {
     complete: Option<Time>,
 }
 
+impl Placed {
+    /// Op `op` wrote revision `revision`.
+    fn write(revision: i64, op: usize, complete: Option<Time>) -> Self {
+        Self {
+            revision,
+            class: 0,
+            op,
+            complete,
+        }
+    }
+
+    /// Op `op` saw the state at `revision` (a read, a failed compare, a delete of nothing).
+    fn read(revision: i64, op: usize, complete: Time) -> Self {
+        Self {
+            revision,
+            class: 1,
+            op,
+            complete: Some(complete),
+        }
+    }
+}
+
 /// Checks `ops` against `log` (every event from `first_revision` on, up to the end of the
 /// history) as the module doc says.
 pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
@@ -294,7 +316,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
     }
     // Revisions at which each op's puts appear; deletes matched to ops per key.
     let mut put_revisions: HashMap<usize, Vec<i64>> = HashMap::new();
-    let mut deletes_at: BTreeMap<(String, i64), ()> = BTreeMap::new();
+    let mut deletes_at: BTreeSet<(String, i64)> = BTreeSet::new();
     let mut writer_at: HashMap<i64, usize> = HashMap::new();
     for e in log {
         match &e.value {
@@ -327,7 +349,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                 }
             },
             None => {
-                deletes_at.insert((e.key.clone(), e.revision), ());
+                deletes_at.insert((e.key.clone(), e.revision));
             }
         }
     }
@@ -347,7 +369,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                     }
                 };
                 if deleted == 1 {
-                    if deletes_at.remove(&(key.clone(), *revision)).is_none() {
+                    if !deletes_at.remove(&(key.clone(), *revision)) {
                         report.add(format!(
                             "lost delete: {} acknowledged at {revision}, the log has no delete of the key there",
                             describe(op)
@@ -359,12 +381,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                             describe(op)
                         ));
                     }
-                    placed.push(Placed {
-                        revision: *revision,
-                        class: 0,
-                        op: i,
-                        complete: Some(op.complete),
-                    });
+                    placed.push(Placed::write(*revision, i, Some(op.complete)));
                 } else if deleted == 0 {
                     if let Some(kv) = replay.at(key, *revision) {
                         report.add(format!(
@@ -374,12 +391,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                             kv.mod_revision
                         ));
                     }
-                    placed.push(Placed {
-                        revision: *revision,
-                        class: 1,
-                        op: i,
-                        complete: Some(op.complete),
-                    });
+                    placed.push(Placed::read(*revision, i, op.complete));
                 } else {
                     report.add(format!("{} deleted {deleted} keys", describe(op)));
                 }
@@ -399,17 +411,12 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                     .collect();
                 if attached.is_empty() {
                     // Nothing to delete: no revision of its own, like a read.
-                    placed.push(Placed {
-                        revision: *revision,
-                        class: 1,
-                        op: i,
-                        complete: Some(op.complete),
-                    });
+                    placed.push(Placed::read(*revision, i, op.complete));
                     continue;
                 }
                 let missing: Vec<&String> = attached
                     .iter()
-                    .filter(|k| deletes_at.remove(&((*k).clone(), *revision)).is_none())
+                    .filter(|k| !deletes_at.remove(&((*k).clone(), *revision)))
                     .collect();
                 if !missing.is_empty() {
                     report.add(format!(
@@ -423,12 +430,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                         describe(op)
                     ));
                 }
-                placed.push(Placed {
-                    revision: *revision,
-                    class: 0,
-                    op: i,
-                    complete: Some(op.complete),
-                });
+                placed.push(Placed::write(*revision, i, Some(op.complete)));
             }
             (Request::Delete { key }, Outcome::Unknown(_)) => {
                 *unknown_deletes.entry(key.as_str()).or_default() += 1;
@@ -448,12 +450,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                         describe(op)
                     ));
                 }
-                placed.push(Placed {
-                    revision: *revision,
-                    class: 1,
-                    op: i,
-                    complete: Some(op.complete),
-                });
+                placed.push(Placed::read(*revision, i, op.complete));
             }
             (
                 Request::Cas { key, expect, .. },
@@ -475,12 +472,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                         describe(op)
                     ));
                 }
-                placed.push(Placed {
-                    revision: *revision,
-                    class: 1,
-                    op: i,
-                    complete: Some(op.complete),
-                });
+                placed.push(Placed::read(*revision, i, op.complete));
             }
             (_, Outcome::Ok { revision, .. }) if write_count > 0 => {
                 match put_revisions.get(&i) {
@@ -500,12 +492,7 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                 if let Request::Cas { key, expect, .. } = &op.request {
                     check_cas_precondition(op, key, *expect, *revision, &replay, &mut report);
                 }
-                placed.push(Placed {
-                    revision: *revision,
-                    class: 0,
-                    op: i,
-                    complete: Some(op.complete),
-                });
+                placed.push(Placed::write(*revision, i, Some(op.complete)));
             }
             (_, Outcome::Failed(why)) if put_revisions.contains_key(&i) => {
                 report.add(format!(
@@ -525,18 +512,13 @@ pub fn check(ops: &[Op], log: &[Event], first_revision: i64) -> Report {
                     if let Request::Cas { key, expect, .. } = &op.request {
                         check_cas_precondition(op, key, *expect, revision, &replay, &mut report);
                     }
-                    placed.push(Placed {
-                        revision,
-                        class: 0,
-                        op: i,
-                        complete: None,
-                    });
+                    placed.push(Placed::write(revision, i, None));
                 }
             }
             _ => {}
         }
     }
-    for (key, revision) in deletes_at.keys() {
+    for (key, revision) in &deletes_at {
         match unknown_deletes.get_mut(key.as_str()) {
             Some(n) if *n > 0 => *n -= 1,
             _ => {

@@ -123,6 +123,11 @@ impl MotoS3 {
             .collect()
     }
 
+    /// The server's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
     /// Pauses the server (SIGSTOP): connections hang, nothing is lost.
     pub fn pause(&self) {
         self.signal("-STOP");

@@ -266,7 +266,7 @@ impl MemStore {
         let revision = w.finish();
         if let Some(next) = auth {
             self.state.auth = next;
-            self.auth_perms = crate::auth::Perms::build(&self.state.auth);
+            self.auth_changed();
         }
         Outcome::Restore(RestoreStep::Committed {
             revision,

@@ -77,7 +77,7 @@ pub struct MemStore {
     pub(crate) emit_events: bool,
     /// Every user's merged permissions, derived from `state.auth` (rebuilt after each auth
     /// change and on load; not state).
-    pub(crate) auth_perms: Perms,
+    auth_perms: Perms,
 }
 
 impl PartialEq for MemStore {
@@ -489,6 +489,11 @@ impl MemStore {
     /// Every role's name, sorted (etcd's RoleList).
     pub fn auth_roles(&self) -> Vec<String> {
         self.state.auth.roles.keys().cloned().collect()
+    }
+
+    /// Rebuilds what is derived from the auth state, after it changed.
+    pub(crate) fn auth_changed(&mut self) {
+        self.auth_perms = Perms::build(&self.state.auth);
     }
 
     /// The whole auth state as a restore carries it (`RestoreCommit.auth`): what
@@ -993,7 +998,7 @@ impl MemStore {
             Request::LeaseKeepAlive(k) => self.apply_keep_alive(k).map(Outcome::LeaseKeepAlive),
             Request::Alarm(a) => Ok(Outcome::Alarm(self.apply_alarm(a))),
             Request::Auth(a) => self.state.auth.apply(a).map(|()| {
-                self.auth_perms = Perms::build(&self.state.auth);
+                self.auth_changed();
                 Outcome::Auth
             }),
             Request::TenantChange(_) => Err(Error::Unsupported("tenant changes".into())),

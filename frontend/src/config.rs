@@ -23,7 +23,8 @@ const ENVELOPE_BYTES: usize = 4096;
 /// a larger limit here would accept writes the journal always refuses.
 pub const MAX_MAX_REQUEST_BYTES: usize = journal::node::MAX_ENTRY_BYTES - ENVELOPE_BYTES;
 
-/// Serve the etcd v3 API for one tenant from a replica rebuilt from the journal.
+/// Serve the etcd v3 API for the tenants of one journal shard, each from its own replica
+/// rebuilt from the journal.
 #[derive(clap::Args, Debug, Clone)]
 pub struct Config {
     /// Journal node addresses, comma separated (host:port or http://host:port).
@@ -38,11 +39,26 @@ pub struct Config {
     #[arg(long, default_value = "127.0.0.1:2381")]
     pub metrics_listen: SocketAddr,
 
-    /// The tenant this frontend serves (the default tenant until multi-tenancy lands).
+    /// The default tenant: the one a request that names no tenant is served from. Empty
+    /// (`--tenant=`) for none, when `--tenants` lists every tenant served: a request must then
+    /// name its tenant.
     #[arg(long, default_value = "default")]
     pub tenant: String,
 
-    /// The journal shard that holds the tenant.
+    /// More tenants served on `--shard`, comma separated, each with its own keyspace, revisions,
+    /// leases, users and watches. A request names one in the `x-strata-tenant` header, which
+    /// only a proxy that authenticates clients may set: needs `--trust-tenant-header`.
+    #[arg(long, value_delimiter = ',')]
+    pub tenants: Vec<String>,
+
+    /// Serve the tenant a request names in its `x-strata-tenant` header, whichever it is
+    /// (docs/design/tenants.md, T3). Without it, the header may name only the default tenant.
+    /// Only behind a proxy that authenticates tenants and sets the header itself: any client
+    /// that reaches this port directly could otherwise name any tenant served here.
+    #[arg(long)]
+    pub trust_tenant_header: bool,
+
+    /// The journal shard that holds the tenants.
     #[arg(long, default_value_t = 0)]
     pub shard: u32,
 
@@ -131,8 +147,16 @@ pub struct Config {
 pub enum ConfigError {
     #[error("--journal needs at least one address")]
     NoJournal,
-    #[error("--tenant must not be empty")]
-    EmptyTenant,
+    #[error("no tenant to serve: give --tenant, or --tenants with --trust-tenant-header")]
+    NoTenant,
+    #[error(transparent)]
+    TenantName(#[from] api::manifest::ManifestError),
+    #[error("tenant {0:?} is given twice")]
+    DuplicateTenant(String),
+    #[error(
+        "--tenants needs --trust-tenant-header: the x-strata-tenant header is the only way a request names a tenant other than the default, and only a proxy that authenticates clients may set it"
+    )]
+    UntrustedTenants,
     #[error("--max-request-bytes must be between 1 and {MAX_MAX_REQUEST_BYTES}, got {0}")]
     MaxRequestBytes(usize),
     #[error("--no-leader-after must be at least {MIN_NO_LEADER_AFTER:?}, got {0:?}")]
@@ -155,6 +179,8 @@ impl Config {
             listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             metrics_listen: SocketAddr::from(([127, 0, 0, 1], 0)),
             tenant: "default".into(),
+            tenants: Vec::new(),
+            trust_tenant_header: false,
             shard: 0,
             advertise_client_urls: Vec::new(),
             member_id: None,
@@ -178,9 +204,7 @@ impl Config {
         if self.journal.is_empty() || self.journal.iter().any(|j| j.trim().is_empty()) {
             return Err(ConfigError::NoJournal);
         }
-        if self.tenant.is_empty() {
-            return Err(ConfigError::EmptyTenant);
-        }
+        self.validate_tenants()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > MAX_MAX_REQUEST_BYTES {
             return Err(ConfigError::MaxRequestBytes(self.max_request_bytes));
         }
@@ -211,6 +235,38 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Every tenant served, the default first: checked names (object paths and journal entries
+    /// carry them unchanged), no name twice, and more than the default only with
+    /// `--trust-tenant-header`.
+    fn validate_tenants(&self) -> Result<(), ConfigError> {
+        if !self.tenants.is_empty() && !self.trust_tenant_header {
+            return Err(ConfigError::UntrustedTenants);
+        }
+        let mut seen = std::collections::HashSet::new();
+        for t in self.served_tenants() {
+            api::manifest::validate_tenant(t)?;
+            if !seen.insert(t) {
+                return Err(ConfigError::DuplicateTenant(t.to_string()));
+            }
+        }
+        if seen.is_empty() {
+            return Err(ConfigError::NoTenant);
+        }
+        Ok(())
+    }
+
+    /// The default tenant, if any (`--tenant`, unless given empty).
+    pub fn default_tenant(&self) -> Option<&str> {
+        (!self.tenant.is_empty()).then_some(self.tenant.as_str())
+    }
+
+    /// Every tenant this frontend serves: the default (if any) first, then `--tenants`.
+    pub fn served_tenants(&self) -> impl Iterator<Item = &str> {
+        self.default_tenant()
+            .into_iter()
+            .chain(self.tenants.iter().map(String::as_str))
     }
 
     /// The advertised client URLs, defaulting to `http://<bound address>`.
@@ -273,6 +329,37 @@ mod tests {
         assert!(c.validate().is_ok());
         c.no_leader_after = Duration::from_millis(500);
         assert!(matches!(c.validate(), Err(ConfigError::NoLeaderAfter(_))));
+    }
+
+    #[test]
+    fn tenants_are_checked() {
+        let ok = Config::for_test(vec!["127.0.0.1:1".into()]);
+        let mut c = ok.clone();
+        c.tenants = vec!["a".into(), "b".into()];
+        // More tenants than the default only when the header that names them is trusted.
+        assert!(matches!(c.validate(), Err(ConfigError::UntrustedTenants)));
+        c.trust_tenant_header = true;
+        c.validate().unwrap();
+        assert_eq!(
+            c.served_tenants().collect::<Vec<_>>(),
+            ["default", "a", "b"]
+        );
+        c.tenant.clear();
+        c.validate().unwrap();
+        assert_eq!(c.default_tenant(), None);
+        assert_eq!(c.served_tenants().collect::<Vec<_>>(), ["a", "b"]);
+        c.tenants = vec!["a".into(), "a".into()];
+        assert!(matches!(c.validate(), Err(ConfigError::DuplicateTenant(t)) if t == "a"));
+        c.tenant = "a".into();
+        c.tenants = vec!["a".into()];
+        assert!(matches!(c.validate(), Err(ConfigError::DuplicateTenant(_))));
+        c.tenants = vec!["Bad/Name".into()];
+        assert!(matches!(c.validate(), Err(ConfigError::TenantName(_))));
+        let mut c = ok;
+        c.tenant.clear();
+        assert!(matches!(c.validate(), Err(ConfigError::NoTenant)));
+        c.tenant = "UPPER".into();
+        assert!(matches!(c.validate(), Err(ConfigError::TenantName(_))));
     }
 
     #[test]

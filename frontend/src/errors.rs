@@ -7,6 +7,10 @@ use tonic::{Code, Status};
 
 use crate::log::LogError;
 
+/// Why a request that names no tenant is refused by a frontend with no default tenant.
+const NO_TENANT: &str =
+    "the request names no tenant (x-strata-tenant) and this frontend serves no default tenant";
+
 /// Everything a frontend RPC can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -38,6 +42,9 @@ pub enum Error {
     /// The request names a tenant this frontend does not serve.
     #[error("tenant {0:?} is not served by this frontend")]
     UnknownTenant(String),
+    /// The request names no tenant and this frontend serves no default tenant.
+    #[error("{NO_TENANT}")]
+    NoTenant,
     /// Cluster.MemberAdd/Remove/Update/Promote.
     #[error("membership is managed by the service")]
     MembershipManaged,
@@ -154,6 +161,7 @@ impl From<Error> for Status {
                 Code::NotFound,
                 &format!("tenant {t:?} is not served by this frontend"),
             ),
+            Error::NoTenant => own(Code::NotFound, NO_TENANT),
             Error::MemberNotFound(_) => Status::not_found(msg::MEMBER_NOT_FOUND),
             Error::MemberNotLearner(_) => Status::failed_precondition(msg::MEMBER_NOT_LEARNER),
             Error::MembershipManaged => own(

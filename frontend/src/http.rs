@@ -1,20 +1,22 @@
 //! The HTTP side port: `/health` (etcd's JSON shape: the replica is ready and a linearizable
-//! barrier through the journal succeeds), `/readyz` (the replica has caught up), `/livez` (the
-//! process is serving and its replica has not stopped: a liveness probe, which must not fail
-//! because the journal is away) and Prometheus `/metrics`.
+//! barrier through the journal succeeds), `/readyz` (every replica has caught up), `/livez` (the
+//! process is serving and no replica has stopped: a liveness probe, which must not fail
+//! because the journal is away) and Prometheus `/metrics`. `/health` checks the tenant an
+//! `x-strata-tenant` header names, as a request's would be resolved, or every tenant served.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
 use crate::log::Log;
 use crate::replica::ReplicaState;
-use crate::tenants::Tenants;
+use crate::tenant::Tenant;
+use crate::tenants::{TENANT_HEADER, Tenants};
 
 /// How long `/health` waits for its journal round trip.
 pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(5);
@@ -50,38 +52,58 @@ fn health_body(ok: bool, reason: &str) -> String {
     serde_json::json!({ "health": if ok { "true" } else { "false" }, "reason": reason }).to_string()
 }
 
-async fn health(State(s): State<HttpState>) -> impl IntoResponse {
-    let t = s.tenants.default_tenant();
+async fn health(State(s): State<HttpState>, headers: HeaderMap) -> impl IntoResponse {
     let json = [(header::CONTENT_TYPE, "application/json")];
+    let tenants: Vec<Arc<Tenant>> = if headers.contains_key(TENANT_HEADER) {
+        let metadata = tonic::metadata::MetadataMap::from_headers(headers);
+        match s.tenants.resolve(&metadata) {
+            Ok(t) => vec![t],
+            Err(e) => {
+                return (
+                    StatusCode::NOT_FOUND,
+                    json,
+                    health_body(false, &e.to_string()),
+                );
+            }
+        }
+    } else {
+        s.tenants.all().to_vec()
+    };
+    let several = tenants.len() > 1;
+    let checks = tenants.iter().map(|t| async move {
+        tenant_health(t).await.map_err(|why| {
+            if several {
+                format!("tenant {}: {why}", t.name)
+            } else {
+                why
+            }
+        })
+    });
+    match futures::future::join_all(checks)
+        .await
+        .into_iter()
+        .find_map(Result::err)
+    {
+        None => (StatusCode::OK, json, health_body(true, "")),
+        Some(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json,
+            health_body(false, &why),
+        ),
+    }
+}
+
+/// One tenant's `/health`: its replica serves and a read barrier through the journal succeeds.
+async fn tenant_health(t: &Tenant) -> Result<(), String> {
     match t.replica.state() {
         ReplicaState::Ready => {}
-        ReplicaState::CatchingUp => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json,
-                health_body(false, "catching up"),
-            );
-        }
-        ReplicaState::Failed(r) => {
-            return (
-                StatusCode::SERVICE_UNAVAILABLE,
-                json,
-                health_body(false, &format!("replica stopped: {r}")),
-            );
-        }
+        ReplicaState::CatchingUp => return Err("catching up".into()),
+        ReplicaState::Failed(r) => return Err(format!("replica stopped: {r}")),
     }
     match tokio::time::timeout(HEALTH_TIMEOUT, t.barrier()).await {
-        Ok(Ok(())) => (StatusCode::OK, json, health_body(true, "")),
-        Ok(Err(e)) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            json,
-            health_body(false, &e.to_string()),
-        ),
-        Err(_) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            json,
-            health_body(false, "journal round trip timed out"),
-        ),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("journal round trip timed out".into()),
     }
 }
 
@@ -89,12 +111,9 @@ async fn health(State(s): State<HttpState>) -> impl IntoResponse {
 /// cure). Never waits for the journal: an outage of the journal must not restart frontends
 /// that still serve what they hold.
 async fn livez(State(s): State<HttpState>) -> impl IntoResponse {
-    match s.tenants.default_tenant().replica.state() {
-        ReplicaState::Ready | ReplicaState::CatchingUp => (StatusCode::OK, "ok\n".to_string()),
-        ReplicaState::Failed(r) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("replica stopped: {r}\n"),
-        ),
+    match s.tenants.failed() {
+        None => (StatusCode::OK, "ok\n".to_string()),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 
@@ -118,27 +137,25 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
             "shutting down\n".to_string(),
         );
     }
-    match s.tenants.default_tenant().replica.state() {
-        ReplicaState::Ready => match s.tenants.misconfigured() {
-            None => (StatusCode::OK, "ok\n".to_string()),
-            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
-        },
-        ReplicaState::CatchingUp => (StatusCode::SERVICE_UNAVAILABLE, "catching up\n".into()),
-        ReplicaState::Failed(r) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("replica stopped: {r}\n"),
-        ),
+    match s.tenants.readiness() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_string()),
+        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")),
     }
 }
 
 async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
-    let t = s.tenants.default_tenant();
-    let committed = tokio::time::timeout(METRICS_STATUS_TIMEOUT, s.log.status(t.shard))
-        .await
-        .ok()
-        .and_then(Result::ok)
-        .map(|st| st.committed_index);
-    crate::metrics::refresh(t, committed);
+    // Every tenant served is on one shard: one status answers the lag of all.
+    let committed = match s.tenants.all().first() {
+        Some(t) => tokio::time::timeout(METRICS_STATUS_TIMEOUT, s.log.status(t.shard))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .map(|st| st.committed_index),
+        None => None,
+    };
+    for t in s.tenants.all() {
+        crate::metrics::refresh(t, committed);
+    }
     match crate::metrics::handle() {
         Some(h) => (
             StatusCode::OK,

@@ -112,10 +112,6 @@ impl Frontend {
         let first_url = urls.first().cloned().unwrap_or_default();
         let member_id = config.member_id.unwrap_or_else(|| stable_id(&first_url));
         let name = config.name.clone().unwrap_or_else(|| first_url.clone());
-        let identity = Identity {
-            cluster_id: stable_id(&format!("strata/{}", config.tenant)),
-            member_id,
-        };
         let limits = Limits {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
@@ -126,23 +122,43 @@ impl Frontend {
             .as_deref()
             .map(crate::checkpoint::open)
             .transpose()?;
-        let store = initial_store(&config, checkpoints.as_ref()).await?;
-        let tenant = Tenant::start(
-            &config.tenant,
-            config.shard,
-            store,
-            checkpoints,
-            log.clone(),
-            limits,
-            identity,
-        );
         let tokens = (!config.auth_token_key_file.is_empty())
             .then(|| {
                 crate::token::Tokens::from_files(&config.auth_token_key_file, config.auth_token_ttl)
             })
             .transpose()?
             .map(Arc::new);
-        let tenants = Arc::new(Tenants::new(tenant.clone()).with_tokens(tokens));
+        // Every tenant's newest checkpoint is fetched and decoded at once, so a frontend of many
+        // tenants starts in about the time of its largest.
+        let stores = futures::future::try_join_all(
+            config
+                .served_tenants()
+                .map(|name| initial_store(name, config.shard, checkpoints.as_ref())),
+        )
+        .await?;
+        let mut started = config.served_tenants().zip(stores).map(|(name, store)| {
+            Tenant::start(
+                name,
+                config.shard,
+                store,
+                checkpoints.clone(),
+                log.clone(),
+                limits,
+                // Each tenant is its own etcd cluster to its clients.
+                Identity {
+                    cluster_id: stable_id(&format!("strata/{name}")),
+                    member_id,
+                },
+            )
+        });
+        let default = match config.default_tenant() {
+            Some(_) => started.next(),
+            None => None,
+        };
+        let more = started.collect();
+        let tenants = Arc::new(
+            Tenants::serving(default, more, config.trust_tenant_header).with_tokens(tokens),
+        );
 
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter
@@ -151,7 +167,7 @@ impl Frontend {
         let draining = Arc::new(std::sync::atomic::AtomicBool::new(false));
         tokio::spawn(report_health(
             reporter.clone(),
-            tenant.clone(),
+            Arc::downgrade(&tenants),
             draining.clone(),
         ));
         tokio::spawn(report_misconfiguration(Arc::downgrade(&tenants)));
@@ -247,6 +263,7 @@ impl Frontend {
         });
         tracing::info!(
             tenant = %config.tenant,
+            more_tenants = config.tenants.len(),
             shard = config.shard,
             %client_addr,
             %metrics_addr,
@@ -266,27 +283,10 @@ impl Frontend {
         })
     }
 
-    /// Serves until `signal` completes, a server fails or the replica stops (then the process
-    /// should exit, so that its supervisor restarts it from the newest checkpoint).
+    /// Serves until `signal` completes, a server fails or a tenant's replica stops (then the
+    /// process should exit, so that its supervisor restarts it from the newest checkpoints).
     pub async fn run_until(mut self, signal: impl Future<Output = ()>) -> Result<(), ServeError> {
-        let mut state = self.tenants.default_tenant().replica.subscribe_state();
-        // The state's guard is dropped before any other await, so `run_until` can be spawned.
-        let failed = async move {
-            let reason = match state
-                .wait_for(|s| matches!(s, ReplicaState::Failed(_)))
-                .await
-            {
-                Ok(s) => match &*s {
-                    ReplicaState::Failed(reason) => Some(reason.clone()),
-                    _ => Some(String::new()),
-                },
-                Err(_) => None,
-            };
-            match reason {
-                Some(reason) => reason,
-                None => futures::future::pending().await,
-            }
-        };
+        let failed = replica_failed(&self.tenants);
         tokio::select! {
             () = signal => {}
             reason = failed => {
@@ -361,20 +361,54 @@ fn flatten_http(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Resul
     }
 }
 
-/// The store the replica starts from: the tenant's newest checkpoint when `--object-store` is
+/// Resolves with "tenant X: why" once a tenant's replica stopped for good; never otherwise.
+/// Holds only the replicas' state channels, so it can be spawned.
+fn replica_failed(tenants: &Tenants) -> impl Future<Output = String> + Send + 'static {
+    let waits = tenants.all().iter().map(|t| {
+        let mut state = t.replica.subscribe_state();
+        let name = t.name.clone();
+        Box::pin(async move {
+            // The state's guard is dropped before any other await.
+            let reason = match state
+                .wait_for(|s| matches!(s, ReplicaState::Failed(_)))
+                .await
+            {
+                Ok(s) => match &*s {
+                    ReplicaState::Failed(reason) => Some(reason.clone()),
+                    _ => Some(String::new()),
+                },
+                Err(_) => None,
+            };
+            match reason {
+                Some(reason) => format!("tenant {name}: {reason}"),
+                None => futures::future::pending().await,
+            }
+        })
+    });
+    let waits: Vec<_> = waits.collect();
+    async move {
+        if waits.is_empty() {
+            return futures::future::pending().await;
+        }
+        futures::future::select_all(waits).await.0
+    }
+}
+
+/// The store a tenant's replica starts from: its newest checkpoint when `--object-store` is
 /// given and holds one, else an empty store (tail from the journal's start).
 async fn initial_store(
-    config: &Config,
+    tenant: &str,
+    shard: u32,
     objects: Option<&crate::checkpoint::Store>,
 ) -> Result<memstore::MemStore, ServeError> {
     let fresh = || memstore::MemStore::new(memstore::Config::default());
     let Some(objects) = objects else {
         return Ok(fresh());
     };
-    match crate::checkpoint::latest(objects, &config.tenant, config.shard).await? {
+    match crate::checkpoint::latest(objects, tenant, shard).await? {
         Some(loaded) => {
             tracing::info!(
-                tenant = %config.tenant,
+                tenant = %tenant,
                 index = loaded.reference.index,
                 revision = loaded.reference.revision,
                 path = %loaded.reference.path,
@@ -383,7 +417,7 @@ async fn initial_store(
             Ok(loaded.store)
         }
         None => {
-            tracing::info!(tenant = %config.tenant, "no checkpoint yet; replaying the journal from its start");
+            tracing::info!(tenant = %tenant, "no checkpoint yet; replaying the journal from its start");
             Ok(fresh())
         }
     }
@@ -399,21 +433,17 @@ async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
 /// (`Tenants::misconfigured`).
 const MISCONFIGURATION_CHECK: Duration = Duration::from_secs(5);
 
-/// Logs an error when the frontend finds it cannot serve its tenant (auth enabled elsewhere,
-/// no token key here), and again when that ends; `/readyz` answers 503 meanwhile. Ends with the
-/// frontend's tenants.
+/// Logs an error when the frontend finds it cannot serve a tenant (auth enabled elsewhere,
+/// no token key here), and again when that ends; `/readyz` and gRPC health say "not serving"
+/// meanwhile. Ends with the frontend's tenants.
 async fn report_misconfiguration(tenants: std::sync::Weak<Tenants>) {
     let mut reported: Option<String> = None;
     while let Some(tenants) = tenants.upgrade() {
         let now = tenants.misconfigured();
         if now != reported {
             match &now {
-                Some(why) => {
-                    tracing::error!(tenant = %tenants.default_tenant().name, "not ready: {why}")
-                }
-                None => {
-                    tracing::info!(tenant = %tenants.default_tenant().name, "ready again: the configuration problem is gone")
-                }
+                Some(why) => tracing::error!("not ready: {why}"),
+                None => tracing::info!("ready again: the configuration problem is gone"),
             }
             reported = now;
         }
@@ -422,19 +452,37 @@ async fn report_misconfiguration(tenants: std::sync::Weak<Tenants>) {
     }
 }
 
-/// grpc.health.v1 follows the replica: NOT_SERVING until it caught up, SERVING while ready,
-/// NOT_SERVING again if it stopped.
+/// grpc.health.v1 follows `Tenants::readiness`, as `/readyz` does: NOT_SERVING until every
+/// replica caught up, SERVING while all serve and the configuration lets them, NOT_SERVING
+/// again if one stopped, the configuration keeps one from serving, or the frontend drains.
+/// Ends with the frontend's tenants.
 async fn report_health(
     reporter: tonic_health::server::HealthReporter,
-    tenant: Arc<Tenant>,
+    tenants: std::sync::Weak<Tenants>,
     draining: Arc<std::sync::atomic::AtomicBool>,
 ) {
-    let mut rx = tenant.replica.subscribe_state();
+    let Some(mut states) = tenants.upgrade().map(|t| {
+        t.all()
+            .iter()
+            .map(|t| t.replica.subscribe_state())
+            .collect::<Vec<_>>()
+    }) else {
+        return;
+    };
+    if states.is_empty() {
+        return;
+    }
     loop {
-        let status = match &*rx.borrow_and_update() {
+        for rx in &mut states {
+            rx.borrow_and_update();
+        }
+        let Some(ready) = tenants.upgrade().map(|t| t.readiness().is_ok()) else {
+            return;
+        };
+        let status = match ready {
             _ if draining.load(std::sync::atomic::Ordering::Relaxed) => ServingStatus::NotServing,
-            ReplicaState::Ready => ServingStatus::Serving,
-            _ => ServingStatus::NotServing,
+            true => ServingStatus::Serving,
+            false => ServingStatus::NotServing,
         };
         reporter.set_service_status("", status).await;
         for s in HEALTH_SERVICES {
@@ -451,8 +499,13 @@ async fn report_health(
                     .await;
             }
         }
-        if rx.changed().await.is_err() {
-            return;
+        // A replica's state changes by itself; the configuration's fitness (auth enabled
+        // through another frontend) is looked at again every MISCONFIGURATION_CHECK.
+        let changed =
+            futures::future::select_all(states.iter_mut().map(|rx| Box::pin(rx.changed())));
+        tokio::select! {
+            (r, _, _) = changed => if r.is_err() { return },
+            () = tokio::time::sleep(MISCONFIGURATION_CHECK) => {}
         }
     }
 }

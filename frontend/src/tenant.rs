@@ -209,8 +209,20 @@ pub fn test_tenant(
     cluster_id: u64,
     member_id: u64,
 ) -> Arc<Tenant> {
+    test_tenant_named("t", store, log, cluster_id, member_id)
+}
+
+/// [`test_tenant`] named `name`.
+#[cfg(test)]
+pub fn test_tenant_named(
+    name: &str,
+    store: MemStore,
+    log: Arc<dyn Log>,
+    cluster_id: u64,
+    member_id: u64,
+) -> Arc<Tenant> {
     Tenant::start(
-        "t",
+        name,
         0,
         store,
         None,

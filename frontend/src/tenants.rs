@@ -1,8 +1,11 @@
 //! Tenant resolution: which tenant a request belongs to. Until TLS server names, client
-//! certificates and the tenant catalogue land, a frontend serves one tenant; a request may name
-//! it in the `x-strata-tenant` metadata header, and naming another tenant is refused (never
-//! silently served from the wrong keyspace).
+//! certificates and the tenant catalogue land (docs/design/tenants.md, T3), a frontend serves a
+//! fixed set of tenants of one shard: the default one (`--tenant`), served to requests that name
+//! none, and with `--trust-tenant-header` every tenant of `--tenants`, named by the
+//! `x-strata-tenant` metadata header a trusted proxy sets. A request naming a tenant that is not
+//! served, or that it may not name, is refused: never silently served from the wrong keyspace.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
@@ -11,6 +14,7 @@ use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::errors::Error;
+use crate::replica::ReplicaState;
 use crate::rpc::{RequestId, handled, unary};
 use crate::tenant::Tenant;
 use crate::token::{Tokens, credential_of};
@@ -25,16 +29,39 @@ const TOKEN_KEYS: [&str; 2] = ["token", "authorization"];
 
 /// The tenants this frontend serves.
 pub struct Tenants {
-    default: Arc<Tenant>,
+    /// Served to requests that name no tenant (`--tenant`).
+    default: Option<Arc<Tenant>>,
+    /// Every tenant served, the default first, in the order configured.
+    all: Vec<Arc<Tenant>>,
+    /// `all` by name.
+    by_name: HashMap<String, Arc<Tenant>>,
+    /// Whether the header may name any tenant served (`--trust-tenant-header`), or only the
+    /// default one.
+    trust_header: bool,
     /// Signs and verifies auth tokens; None without `--auth-token-key-file` (auth cannot be
     /// enabled through this frontend then, and tokens are not accepted).
     tokens: Option<Arc<Tokens>>,
 }
 
 impl Tenants {
+    /// One tenant, served to every request (the header may name it).
     pub fn new(default: Arc<Tenant>) -> Self {
+        Self::serving(Some(default), Vec::new(), false)
+    }
+
+    /// `default` (if any) and `more`; the header names one of `more` only if `trust_header`.
+    pub fn serving(
+        default: Option<Arc<Tenant>>,
+        more: Vec<Arc<Tenant>>,
+        trust_header: bool,
+    ) -> Self {
+        let all: Vec<Arc<Tenant>> = default.iter().cloned().chain(more).collect();
+        let by_name = all.iter().map(|t| (t.name.clone(), t.clone())).collect();
         Self {
             default,
+            all,
+            by_name,
+            trust_header,
             tokens: None,
         }
     }
@@ -49,17 +76,64 @@ impl Tenants {
         self.tokens.as_ref()
     }
 
-    /// Why this frontend cannot serve its tenant although the replica is caught up: the
+    /// Why this frontend cannot serve a tenant although its replica is caught up: the
     /// tenant's auth is enabled (by another frontend) and this one has no token key, so it
     /// could verify no token and every request would be refused. Readiness says so, so a load
     /// balancer sends the clients elsewhere.
     pub fn misconfigured(&self) -> Option<String> {
-        (self.tokens.is_none() && self.default.replica.auth_enabled()).then(|| {
+        if self.tokens.is_some() {
+            return None;
+        }
+        let names: Vec<&str> = self
+            .all
+            .iter()
+            .filter(|t| t.replica.auth_enabled())
+            .map(|t| t.name.as_str())
+            .collect();
+        (!names.is_empty()).then(|| {
             format!(
                 "auth is enabled for tenant {} and this frontend has no auth token key (--auth-token-key-file): it cannot verify any token",
-                self.default.name
+                names.join(", ")
             )
         })
+    }
+
+    /// Every tenant served, the default first.
+    pub fn all(&self) -> &[Arc<Tenant>] {
+        &self.all
+    }
+
+    /// Whether every tenant's replica serves (caught up and not stopped) and nothing in the
+    /// configuration keeps it from serving; else why not, naming the tenant when there are
+    /// several. `/readyz` and gRPC health answer this.
+    pub fn readiness(&self) -> Result<(), String> {
+        for t in &self.all {
+            let why = match t.replica.state() {
+                ReplicaState::Ready => continue,
+                ReplicaState::CatchingUp => "catching up".to_string(),
+                ReplicaState::Failed(r) => format!("replica stopped: {r}"),
+            };
+            return Err(self.about(t, why));
+        }
+        self.misconfigured().map_or(Ok(()), Err)
+    }
+
+    /// Why the first tenant whose replica stopped for good stopped (the process should exit,
+    /// so that its supervisor restarts it), naming it when there are several.
+    pub fn failed(&self) -> Option<String> {
+        self.all.iter().find_map(|t| match t.replica.state() {
+            ReplicaState::Failed(r) => Some(self.about(t, format!("replica stopped: {r}"))),
+            _ => None,
+        })
+    }
+
+    /// `why`, prefixed with the tenant it is about when this frontend serves several.
+    fn about(&self, t: &Tenant, why: String) -> String {
+        if self.all.len() > 1 {
+            format!("tenant {}: {why}", t.name)
+        } else {
+            why
+        }
     }
 
     /// Who sent a request of tenant `t` (etcd's `AuthInfoFromCtx`): nobody while the tenant's
@@ -162,22 +236,22 @@ impl Tenants {
         self.serve(rpc, &metadata, message, body).await
     }
 
-    /// The configured tenant (health, metrics and status report on it).
-    pub fn default_tenant(&self) -> &Arc<Tenant> {
-        &self.default
-    }
-
-    /// The tenant of a request.
+    /// The tenant of a request: the one its header names, else the default one.
     pub fn resolve(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Error> {
-        match metadata.get(TENANT_HEADER) {
-            None => Ok(self.default.clone()),
-            Some(v) => match v.to_str() {
-                Ok(name) if name == self.default.name => Ok(self.default.clone()),
-                Ok(name) => Err(Error::UnknownTenant(name.to_string())),
-                Err(_) => Err(Error::UnknownTenant(
-                    String::from_utf8_lossy(v.as_bytes()).into(),
-                )),
-            },
+        let Some(v) = metadata.get(TENANT_HEADER) else {
+            return self.default.clone().ok_or(Error::NoTenant);
+        };
+        let Ok(name) = v.to_str() else {
+            return Err(Error::UnknownTenant(
+                String::from_utf8_lossy(v.as_bytes()).into(),
+            ));
+        };
+        if let Some(d) = self.default.as_ref().filter(|d| d.name == name) {
+            return Ok(d.clone());
+        }
+        match self.by_name.get(name) {
+            Some(t) if self.trust_header => Ok(t.clone()),
+            _ => Err(Error::UnknownTenant(name.to_string())),
         }
     }
 }
@@ -221,4 +295,80 @@ pub(crate) async fn tests_caller(tenants: &Tenants, t: &Tenant, token: &str) -> 
     let mut metadata = MetadataMap::new();
     metadata.insert("token", token.parse().expect("ascii token"));
     tenants.caller(t, &metadata).await.expect("a valid token")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::MemLog;
+    use crate::tenant::test_tenant_named;
+
+    fn tenant(name: &str, log: &MemLog) -> Arc<Tenant> {
+        let store = memstore::MemStore::new(memstore::Config::default());
+        test_tenant_named(name, store, Arc::new(log.clone()), 1, 1)
+    }
+
+    fn naming(tenant: Option<&str>) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        if let Some(t) = tenant {
+            m.insert(TENANT_HEADER, t.parse().unwrap());
+        }
+        m
+    }
+
+    fn resolved(tenants: &Tenants, header: Option<&str>) -> Result<String, String> {
+        tenants
+            .resolve(&naming(header))
+            .map(|t| t.name.clone())
+            .map_err(|e| e.to_string())
+    }
+
+    #[tokio::test]
+    async fn the_header_names_a_tenant_only_when_trusted() {
+        let log = MemLog::new();
+        let (d, a) = (tenant("d", &log), tenant("a", &log));
+        let trusted = Tenants::serving(Some(d.clone()), vec![a.clone()], true);
+        assert_eq!(resolved(&trusted, None).unwrap(), "d");
+        assert_eq!(resolved(&trusted, Some("d")).unwrap(), "d");
+        assert_eq!(resolved(&trusted, Some("a")).unwrap(), "a");
+        let unknown = resolved(&trusted, Some("z")).unwrap_err();
+        assert_eq!(unknown, r#"tenant "z" is not served by this frontend"#);
+        // Untrusted, the header may name the default tenant only.
+        let untrusted = Tenants::serving(Some(d), vec![a.clone()], false);
+        assert_eq!(resolved(&untrusted, Some("d")).unwrap(), "d");
+        assert!(resolved(&untrusted, Some("a")).is_err());
+        // No default: a request must name its tenant.
+        let named_only = Tenants::serving(None, vec![a], true);
+        assert_eq!(resolved(&named_only, Some("a")).unwrap(), "a");
+        assert!(matches!(
+            named_only.resolve(&naming(None)),
+            Err(Error::NoTenant)
+        ));
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_every_tenant() {
+        let (up, down) = (MemLog::new(), MemLog::new());
+        down.set_unavailable(true);
+        let tenants = Tenants::serving(Some(tenant("d", &up)), vec![tenant("slow", &down)], true);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while tenants.all()[0].replica.state() != ReplicaState::Ready {
+            assert!(tokio::time::Instant::now() < deadline, "d never caught up");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            tenants.readiness(),
+            Err("tenant slow: catching up".to_string())
+        );
+        assert_eq!(tenants.failed(), None);
+        down.set_unavailable(false);
+        while tenants.readiness().is_err() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{:?}",
+                tenants.readiness()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
 }

@@ -1,5 +1,5 @@
-//! `strata frontend`: one stateless frontend serving the etcd v3 API for a tenant (flags:
-//! `frontend::Config`), until Ctrl-C or SIGTERM.
+//! `strata frontend`: one stateless frontend serving the etcd v3 API for the tenants of a shard
+//! (flags: `frontend::Config`), until Ctrl-C or SIGTERM.
 
 /// Flags of `strata frontend`.
 #[derive(clap::Args)]

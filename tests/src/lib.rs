@@ -15,3 +15,4 @@ pub mod procstat;
 pub mod readiness;
 pub mod s3;
 pub mod target;
+pub mod tenant;

@@ -214,7 +214,32 @@ async fn tokens_and_permissions_hold_across_frontends() {
         ),
         "{body}"
     );
+    // gRPC health says the same, so a balancer that probes the client port moves on too.
+    let channel = tonic::transport::Channel::from_shared(format!("http://{listen}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let status = health
+            .check(tonic_health::pb::HealthCheckRequest {
+                service: "etcdserverpb.KV".into(),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .status;
+        if status == tonic_health::pb::health_check_response::ServingStatus::NotServing as i32 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "gRPC health still says {status} while /readyz refuses"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
     while !std::fs::read_to_string(&log)
         .unwrap_or_default()
         .contains("not ready: auth is enabled")

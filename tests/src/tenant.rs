@@ -1,0 +1,80 @@
+//! etcd's gRPC clients for one tenant of a frontend that serves several: every request carries
+//! the `x-strata-tenant` header, as the trusted proxy in front of such a frontend sets it
+//! (docs/design/tenants.md, T3). The `etcd-client` crate cannot add a header, so these are the
+//! clients generated from etcd's own `.proto` files (`api`), which speak the same wire format.
+
+use api::etcdserverpb::auth_client::AuthClient;
+use api::etcdserverpb::kv_client::KvClient;
+use api::etcdserverpb::lease_client::LeaseClient;
+use api::etcdserverpb::maintenance_client::MaintenanceClient;
+use api::etcdserverpb::watch_client::WatchClient;
+use tonic::metadata::{Ascii, MetadataValue};
+use tonic::service::Interceptor;
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+
+/// The header a request names its tenant in.
+pub const TENANT_HEADER: &str = "x-strata-tenant";
+
+/// Adds the tenant header (and, once set, an auth token) to every request.
+#[derive(Clone)]
+pub struct Named {
+    tenant: MetadataValue<Ascii>,
+    token: Option<MetadataValue<Ascii>>,
+}
+
+impl Interceptor for Named {
+    fn call(&mut self, mut req: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        req.metadata_mut()
+            .insert(TENANT_HEADER, self.tenant.clone());
+        if let Some(t) = &self.token {
+            req.metadata_mut().insert("token", t.clone());
+        }
+        Ok(req)
+    }
+}
+
+type Svc = InterceptedService<Channel, Named>;
+
+/// One tenant's KV, Watch, Lease, Maintenance and Auth clients over one connection.
+pub struct TenantClient {
+    pub tenant: String,
+    pub kv: KvClient<Svc>,
+    pub watch: WatchClient<Svc>,
+    pub lease: LeaseClient<Svc>,
+    pub maintenance: MaintenanceClient<Svc>,
+    pub auth: AuthClient<Svc>,
+    channel: Channel,
+}
+
+impl TenantClient {
+    /// Connects to `endpoint` (`http://host:port`) as a client of `tenant`.
+    pub async fn connect(endpoint: &str, tenant: &str) -> Result<Self, tonic::transport::Error> {
+        let channel = Channel::from_shared(endpoint.to_string())
+            .expect("a valid endpoint URL")
+            .connect()
+            .await?;
+        Ok(Self::over(channel, tenant, None))
+    }
+
+    /// The same connection, sending `token` with every request (after `Authenticate`).
+    pub fn with_token(&self, token: &str) -> Self {
+        Self::over(self.channel.clone(), &self.tenant, Some(token))
+    }
+
+    fn over(channel: Channel, tenant: &str, token: Option<&str>) -> Self {
+        let named = Named {
+            tenant: tenant.parse().expect("an ASCII tenant name"),
+            token: token.map(|t| t.parse().expect("an ASCII token")),
+        };
+        Self {
+            tenant: tenant.to_string(),
+            kv: KvClient::with_interceptor(channel.clone(), named.clone()),
+            watch: WatchClient::with_interceptor(channel.clone(), named.clone()),
+            lease: LeaseClient::with_interceptor(channel.clone(), named.clone()),
+            maintenance: MaintenanceClient::with_interceptor(channel.clone(), named.clone()),
+            auth: AuthClient::with_interceptor(channel.clone(), named),
+            channel,
+        }
+    }
+}

@@ -46,8 +46,10 @@ pub struct Config {
     pub tenant: String,
 
     /// More tenants served on `--shard`, comma separated, each with its own keyspace, revisions,
-    /// leases, users and watches. A request names one in the `x-strata-tenant` header, which
-    /// only a proxy that authenticates clients may set: needs `--trust-tenant-header`.
+    /// leases, users and watches. A TLS connection names one by its server name or client
+    /// certificate (`--tenant-domain`); else a request names one in the `x-strata-tenant`
+    /// header, which only a proxy that authenticates clients may set (`--trust-tenant-header`).
+    /// Needs one of the two.
     #[arg(long, value_delimiter = ',')]
     pub tenants: Vec<String>,
 
@@ -61,6 +63,30 @@ pub struct Config {
     /// The journal shard that holds the tenants.
     #[arg(long, default_value_t = 0)]
     pub shard: u32,
+
+    /// Serve the client port over TLS with this certificate chain (PEM; etcd's --cert-file).
+    #[arg(long)]
+    pub cert_file: Option<std::path::PathBuf>,
+
+    /// The private key of `--cert-file` (PEM; etcd's --key-file).
+    #[arg(long)]
+    pub key_file: Option<std::path::PathBuf>,
+
+    /// Verify client certificates against these CA certificates (PEM; etcd's
+    /// --trusted-ca-file). Needs `--cert-file`.
+    #[arg(long)]
+    pub trusted_ca_file: Option<std::path::PathBuf>,
+
+    /// Refuse clients without a certificate signed by `--trusted-ca-file` (etcd's
+    /// --client-cert-auth). With `--tenant-domain`, a connection that names a tenant by its
+    /// server name must present a certificate for that name.
+    #[arg(long)]
+    pub client_cert_auth: bool,
+
+    /// With TLS, a connection to `<tenant>.<domain>` is a connection of that tenant, and so is
+    /// one whose client certificate names `<tenant>.<domain>` (docs/design/tenants.md, T3).
+    #[arg(long)]
+    pub tenant_domain: Option<String>,
 
     /// Client URLs this frontend is reached at, listed by Cluster.MemberList
     /// (default: http://<listen>).
@@ -154,7 +180,7 @@ pub enum ConfigError {
     #[error("tenant {0:?} is given twice")]
     DuplicateTenant(String),
     #[error(
-        "--tenants needs --trust-tenant-header: the x-strata-tenant header is the only way a request names a tenant other than the default, and only a proxy that authenticates clients may set it"
+        "--tenants needs --tenant-domain (TLS connections name their tenant) or --trust-tenant-header (a proxy that authenticates clients names it in the x-strata-tenant header)"
     )]
     UntrustedTenants,
     #[error("--max-request-bytes must be between 1 and {MAX_MAX_REQUEST_BYTES}, got {0}")]
@@ -169,6 +195,16 @@ pub enum ConfigError {
     EtcdVersion(String),
     #[error("client URL {0:?} must start with http:// or https://")]
     Url(String),
+    #[error("--cert-file and --key-file go together")]
+    CertWithoutKey,
+    #[error("{0} needs --cert-file and --key-file (TLS on the client port)")]
+    NeedsTls(&'static str),
+    #[error(
+        "--client-cert-auth needs --trusted-ca-file (the CA client certificates are checked against)"
+    )]
+    ClientCertAuthWithoutCa,
+    #[error("--tenant-domain {0:?} is not a domain name")]
+    TenantDomain(String),
 }
 
 impl Config {
@@ -182,6 +218,11 @@ impl Config {
             tenants: Vec::new(),
             trust_tenant_header: false,
             shard: 0,
+            cert_file: None,
+            key_file: None,
+            trusted_ca_file: None,
+            client_cert_auth: false,
+            tenant_domain: None,
             advertise_client_urls: Vec::new(),
             member_id: None,
             name: None,
@@ -205,6 +246,7 @@ impl Config {
             return Err(ConfigError::NoJournal);
         }
         self.validate_tenants()?;
+        self.validate_tls()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > MAX_MAX_REQUEST_BYTES {
             return Err(ConfigError::MaxRequestBytes(self.max_request_bytes));
         }
@@ -241,7 +283,7 @@ impl Config {
     /// carry them unchanged), no name twice, and more than the default only with
     /// `--trust-tenant-header`.
     fn validate_tenants(&self) -> Result<(), ConfigError> {
-        if !self.tenants.is_empty() && !self.trust_tenant_header {
+        if !self.tenants.is_empty() && !self.trust_tenant_header && self.tenant_domain.is_none() {
             return Err(ConfigError::UntrustedTenants);
         }
         let mut seen = std::collections::HashSet::new();
@@ -257,6 +299,39 @@ impl Config {
         Ok(())
     }
 
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(ConfigError::CertWithoutKey);
+        }
+        let tls = self.cert_file.is_some();
+        if !tls && self.trusted_ca_file.is_some() {
+            return Err(ConfigError::NeedsTls("--trusted-ca-file"));
+        }
+        if !tls && self.tenant_domain.is_some() {
+            return Err(ConfigError::NeedsTls("--tenant-domain"));
+        }
+        if self.client_cert_auth && self.trusted_ca_file.is_none() {
+            return Err(ConfigError::ClientCertAuthWithoutCa);
+        }
+        if let Some(d) = &self.tenant_domain {
+            let d = d.trim_start_matches('.');
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+            };
+            if d.is_empty() || !d.split('.').all(label_ok) {
+                return Err(ConfigError::TenantDomain(d.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the client port serves TLS.
+    pub fn tls(&self) -> bool {
+        self.cert_file.is_some()
+    }
+
     /// The default tenant, if any (`--tenant`, unless given empty).
     pub fn default_tenant(&self) -> Option<&str> {
         (!self.tenant.is_empty()).then_some(self.tenant.as_str())
@@ -269,10 +344,11 @@ impl Config {
             .chain(self.tenants.iter().map(String::as_str))
     }
 
-    /// The advertised client URLs, defaulting to `http://<bound address>`.
+    /// The advertised client URLs, defaulting to `http://<bound address>` (`https://` with TLS).
     pub fn client_urls(&self, bound: SocketAddr) -> Vec<String> {
         if self.advertise_client_urls.is_empty() {
-            vec![format!("http://{bound}")]
+            let scheme = if self.tls() { "https" } else { "http" };
+            vec![format!("{scheme}://{bound}")]
         } else {
             self.advertise_client_urls.clone()
         }
@@ -355,11 +431,45 @@ mod tests {
         assert!(matches!(c.validate(), Err(ConfigError::DuplicateTenant(_))));
         c.tenants = vec!["Bad/Name".into()];
         assert!(matches!(c.validate(), Err(ConfigError::TenantName(_))));
-        let mut c = ok;
+        // TLS connections name their tenant themselves: no header to trust.
+        let mut c = ok.clone();
+        c.tenants = vec!["a".into()];
+        c.cert_file = Some("server.pem".into());
+        c.key_file = Some("server.key".into());
+        c.tenant_domain = Some("tenants.example.com".into());
+        c.validate().unwrap();
+        let mut c = ok.clone();
         c.tenant.clear();
         assert!(matches!(c.validate(), Err(ConfigError::NoTenant)));
         c.tenant = "UPPER".into();
         assert!(matches!(c.validate(), Err(ConfigError::TenantName(_))));
+    }
+
+    #[test]
+    fn tls_flags_are_checked() {
+        let ok = Config::for_test(vec!["127.0.0.1:1".into()]);
+        let mut c = ok.clone();
+        c.cert_file = Some("server.pem".into());
+        assert!(matches!(c.validate(), Err(ConfigError::CertWithoutKey)));
+        c.key_file = Some("server.key".into());
+        c.validate().unwrap();
+        assert_eq!(
+            c.client_urls("127.0.0.1:2379".parse().unwrap()),
+            ["https://127.0.0.1:2379"]
+        );
+        c.client_cert_auth = true;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::ClientCertAuthWithoutCa)
+        ));
+        c.trusted_ca_file = Some("ca.pem".into());
+        c.tenant_domain = Some("tenants.example.com".into());
+        c.validate().unwrap();
+        c.tenant_domain = Some("bad domain".into());
+        assert!(matches!(c.validate(), Err(ConfigError::TenantDomain(_))));
+        let mut c = ok;
+        c.tenant_domain = Some("tenants.example.com".into());
+        assert!(matches!(c.validate(), Err(ConfigError::NeedsTls(_))));
     }
 
     #[test]

@@ -45,6 +45,12 @@ pub enum Error {
     /// The request names no tenant and this frontend serves no default tenant.
     #[error("{NO_TENANT}")]
     NoTenant,
+    /// The request's header names a tenant other than its connection's.
+    #[error("this connection is tenant {connection}'s; it cannot name tenant {named}")]
+    OtherTenant { connection: String, named: String },
+    /// The connection's client certificate is not the tenant's its server name names.
+    #[error("{0}")]
+    ConnectionRefused(String),
     /// Cluster.MemberAdd/Remove/Update/Promote.
     #[error("membership is managed by the service")]
     MembershipManaged,
@@ -162,6 +168,11 @@ impl From<Error> for Status {
                 &format!("tenant {t:?} is not served by this frontend"),
             ),
             Error::NoTenant => own(Code::NotFound, NO_TENANT),
+            Error::OtherTenant { connection, named } => own(
+                Code::PermissionDenied,
+                &format!("this connection is tenant {connection}'s; it cannot name tenant {named}"),
+            ),
+            Error::ConnectionRefused(why) => own(Code::PermissionDenied, why),
             Error::MemberNotFound(_) => Status::not_found(msg::MEMBER_NOT_FOUND),
             Error::MemberNotLearner(_) => Status::failed_precondition(msg::MEMBER_NOT_LEARNER),
             Error::MembershipManaged => own(

@@ -26,6 +26,7 @@ pub mod server;
 pub mod snapshot;
 pub mod tenant;
 pub mod tenants;
+pub mod tls;
 pub mod token;
 pub mod watch;
 pub mod writer;

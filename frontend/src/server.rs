@@ -67,6 +67,8 @@ pub enum ServeError {
     ReplicaFailed(String),
     #[error(transparent)]
     TokenKey(#[from] crate::token::KeyError),
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
 }
 
 /// A running frontend.
@@ -97,6 +99,17 @@ impl Frontend {
     /// used here.
     pub async fn start_with_log(config: Config, log: Arc<dyn Log>) -> Result<Self, ServeError> {
         crate::metrics::handle();
+        let tls = match (&config.cert_file, &config.key_file) {
+            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::TlsSetup::load(
+                cert,
+                key,
+                config.trusted_ca_file.as_deref(),
+                config.client_cert_auth,
+                config.tenant_domain.as_deref(),
+            )?)),
+            _ => None,
+        };
+        let served: Vec<String> = config.served_tenants().map(str::to_string).collect();
         let client = bind(config.listen).await?;
         let metrics = bind(config.metrics_listen).await?;
         let client_addr = client.local_addr().map_err(|source| ServeError::Bind {
@@ -210,6 +223,9 @@ impl Frontend {
             // `/metrics` answer there (fast_kv.rs hands them to the side port's router), and
             // etcd's JSON gateway (`/v3/...`, gateway.rs).
             .accept_http1(true)
+            // Outermost: what the connection says about its tenant, and nothing a client sent
+            // under the same names (tls.rs).
+            .layer(crate::tls::ConnectionLayer)
             // Range, Put, DeleteRange and Txn skip tonic's router and codec (fast_kv.rs).
             .layer(crate::fast_kv::FastKvLayer::new(
                 tenants.clone(),
@@ -236,13 +252,13 @@ impl Frontend {
             let _ = stop.await;
         });
         let grpc = tokio::spawn(
-            // `Server::tcp_nodelay` is ignored by `serve_with_incoming`: set it on the incoming
-            // stream, or every answer waits for Nagle's timer.
-            // Each connection is wrapped so that a scheme-prefixed `:authority` (etcdctl 3.4
-            // with `http://` endpoints) reaches h2 as `host:port` (see authority.rs).
+            // `Server::tcp_nodelay` is ignored by `serve_with_incoming`: `tls::incoming` sets it
+            // on each connection, or every answer waits for Nagle's timer, and runs the TLS
+            // handshakes. Each connection is wrapped so that a scheme-prefixed `:authority`
+            // (etcdctl 3.4 with `http://` endpoints) reaches h2 as `host:port` (authority.rs).
             grpc.serve_with_incoming_shutdown(
                 tokio_stream::StreamExt::map(
-                    tonic::transport::server::TcpIncoming::from(client).with_nodelay(Some(true)),
+                    crate::tls::incoming(client, tls.clone(), served),
                     // Innermost, `Coalesced` lets many small answers share one write.
                     |conn| {
                         conn.map(|s| {
@@ -264,6 +280,7 @@ impl Frontend {
         tracing::info!(
             tenant = %config.tenant,
             more_tenants = config.tenants.len(),
+            tls = tls.is_some(),
             shard = config.shard,
             %client_addr,
             %metrics_addr,

@@ -17,6 +17,7 @@ use crate::errors::Error;
 use crate::replica::ReplicaState;
 use crate::rpc::{RequestId, handled, unary};
 use crate::tenant::Tenant;
+use crate::tls::{CONNECTION_REFUSED, CONNECTION_TENANT};
 use crate::token::{Tokens, credential_of};
 use crate::watch::{WatchSource, WatchTarget};
 
@@ -236,16 +237,40 @@ impl Tenants {
         self.serve(rpc, &metadata, message, body).await
     }
 
-    /// The tenant of a request: the one its header names, else the default one.
+    /// The tenant of a request: its connection's (TLS server name or client certificate,
+    /// `crate::tls`), else the one its header names, else the default one. A connection never
+    /// changes tenant: a header naming another is refused.
     pub fn resolve(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Error> {
-        let Some(v) = metadata.get(TENANT_HEADER) else {
+        if let Some(why) = metadata.get(CONNECTION_REFUSED) {
+            return Err(Error::ConnectionRefused(
+                String::from_utf8_lossy(why.as_bytes()).into(),
+            ));
+        }
+        let header = metadata.get(TENANT_HEADER).map(|v| {
+            v.to_str()
+                .map_err(|_| Error::UnknownTenant(String::from_utf8_lossy(v.as_bytes()).into()))
+        });
+        if let Some(connection) = metadata.get(CONNECTION_TENANT) {
+            // Set by `tls::ConnectionLayer` from a tenant name: ASCII.
+            let connection = connection.to_str().unwrap_or_default();
+            if let Some(named) = header.transpose()?
+                && named != connection
+            {
+                return Err(Error::OtherTenant {
+                    connection: connection.to_string(),
+                    named: named.to_string(),
+                });
+            }
+            return self
+                .by_name
+                .get(connection)
+                .cloned()
+                .ok_or_else(|| Error::UnknownTenant(connection.to_string()));
+        }
+        let Some(name) = header else {
             return self.default.clone().ok_or(Error::NoTenant);
         };
-        let Ok(name) = v.to_str() else {
-            return Err(Error::UnknownTenant(
-                String::from_utf8_lossy(v.as_bytes()).into(),
-            ));
-        };
+        let name = name?;
         if let Some(d) = self.default.as_ref().filter(|d| d.name == name) {
             return Ok(d.clone());
         }

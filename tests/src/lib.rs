@@ -2,6 +2,7 @@
 //! binary, free loopback ports, and child processes that are killed when dropped, so every test
 //! stops what it starts.
 
+pub mod certs;
 pub mod curl;
 pub mod deployment;
 pub mod etcd;

@@ -438,7 +438,7 @@ async fn unnamed_requests_need_a_default_tenant_and_more_tenants_need_a_trusted_
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("--tenants needs --trust-tenant-header"),
+        stderr.contains("--tenants needs --tenant-domain"),
         "{stderr}"
     );
 }

@@ -1,0 +1,237 @@
+//! The client port over TLS, as etcd serves it (`--cert-file`, `--key-file`,
+//! `--trusted-ca-file`, `--client-cert-auth`), driven by etcdctl and curl with their own TLS
+//! flags, and the tenant a TLS connection names (`--tenant-domain`): by the server name it
+//! dials, else by its client certificate; a connection never changes tenant.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use api::etcdserverpb::kv_client::KvClient;
+use api::etcdserverpb::{PutRequest, RangeRequest};
+use strata_tests::certs::Ca;
+use strata_tests::deployment::{Deployment, frontend_args};
+use strata_tests::etcdctl::Etcdctl;
+use strata_tests::process::{ChildGuard, free_port};
+use strata_tests::readiness::tail_file;
+use strata_tests::tenant::TENANT_HEADER;
+use tonic::Code;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+const DOMAIN: &str = "tenants.test";
+
+/// The test's certificates, as files.
+struct Pki {
+    ca: Ca,
+    dir: PathBuf,
+}
+
+impl Pki {
+    fn path(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// etcdctl's TLS flags for the client certificate `name` (none if `None`).
+    fn etcdctl_flags(&self, name: Option<&str>) -> Vec<String> {
+        let mut flags = vec![format!("--cacert={}", self.path("ca.pem"))];
+        if let Some(n) = name {
+            flags.push(format!("--cert={}", self.path(&format!("{n}.pem"))));
+            flags.push(format!("--key={}", self.path(&format!("{n}.key"))));
+        }
+        flags
+    }
+
+    /// A gRPC connection presenting client certificate `name`, dialling server name `sni`.
+    async fn channel(&self, endpoint: &str, name: &str, sni: &str) -> Channel {
+        let read = |f: String| std::fs::read_to_string(self.path(&f)).unwrap();
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(&self.ca.cert_pem))
+            .identity(Identity::from_pem(
+                read(format!("{name}.pem")),
+                read(format!("{name}.key")),
+            ))
+            .domain_name(sni);
+        Channel::from_shared(endpoint.to_string())
+            .unwrap()
+            .tls_config(tls)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap()
+    }
+}
+
+fn write_pki(dir: &Path) -> Pki {
+    let ca = Ca::new();
+    ca.write(dir);
+    ca.server(&["*.tenants.test", "localhost", "127.0.0.1"])
+        .write(dir, "server");
+    // An operator's certificate that names no tenant, and one per tenant.
+    ca.client("root", &["operator.example"])
+        .write(dir, "operator");
+    ca.client("app", &["a.tenants.test"]).write(dir, "a");
+    ca.client("app", &["b.tenants.test"]).write(dir, "b");
+    // Signed by another CA: not trusted.
+    Ca::new()
+        .client("root", &["operator.example"])
+        .write(dir, "stranger");
+    Pki {
+        ca,
+        dir: dir.to_path_buf(),
+    }
+}
+
+async fn put(
+    channel: &Channel,
+    tenant_header: Option<&str>,
+    key: &str,
+) -> Result<i64, tonic::Status> {
+    let mut req = tonic::Request::new(PutRequest {
+        key: key.into(),
+        value: b"v".to_vec(),
+        ..Default::default()
+    });
+    if let Some(t) = tenant_header {
+        req.metadata_mut().insert(TENANT_HEADER, t.parse().unwrap());
+    }
+    KvClient::new(channel.clone())
+        .put(req)
+        .await
+        .map(|r| r.into_inner().header.unwrap().revision)
+}
+
+async fn count(channel: &Channel) -> i64 {
+    KvClient::new(channel.clone())
+        .range(RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            count_only: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .count
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificates_naming_tenants() {
+    let d = Deployment::start(1).await;
+    let pki = write_pki(d.dir());
+    let listen = format!("127.0.0.1:{}", free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut args = frontend_args(d.journal_addrs(), &listen, &metrics, &[]);
+    args.extend([
+        format!("--cert-file={}", pki.path("server.pem")),
+        format!("--key-file={}", pki.path("server.key")),
+        format!("--trusted-ca-file={}", pki.path("ca.pem")),
+        "--client-cert-auth".into(),
+        format!("--tenant-domain={DOMAIN}"),
+        "--tenants=a,b".into(),
+    ]);
+    let log = d.dir().join("frontend-tls.log");
+    let _fe = ChildGuard::strata("frontend-tls", &args, Some(&log));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while strata_tests::curl::request(&format!("http://{metrics}"), "GET", "/readyz", "").0 != 200 {
+        assert!(Instant::now() < deadline, "not ready:\n{}", tail_file(&log));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let endpoint = format!("https://{listen}");
+    let etcdctl = Etcdctl::new(&endpoint);
+    let with = |name: Option<&str>, cmd: &[&str]| {
+        let flags = pki.etcdctl_flags(name);
+        let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
+        all.extend_from_slice(cmd);
+        etcdctl.run(&all)
+    };
+
+    // etcdctl with the operator's certificate: the default tenant, as against etcd.
+    let out = with(Some("operator"), &["put", "k", "default-value"]);
+    assert!(out.success, "{}\n{}", out.stderr, tail_file(&log));
+    let out = with(Some("operator"), &["get", "k", "--print-value-only"]);
+    assert_eq!(out.stdout.trim(), "default-value", "{}", out.stderr);
+    let out = with(Some("operator"), &["endpoint", "health"]);
+    // etcdctl 3.4 prints its health report on stderr.
+    assert!(out.success && out.stderr.contains("is healthy"), "{out:?}");
+    // --client-cert-auth: no certificate, or one from another CA, gets no connection.
+    for name in [None, Some("stranger")] {
+        // (Short timeouts: etcdctl retries a refused handshake until they run out.)
+        let out = with(
+            name,
+            &["--dial-timeout=2s", "--command-timeout=3s", "get", "k"],
+        );
+        assert!(!out.success, "{name:?} was served: {}", out.stdout);
+    }
+
+    // etcdctl with tenant a's certificate (an IP endpoint sends no server name): tenant a.
+    let out = with(Some("a"), &["put", "k", "a-value"]);
+    assert!(out.success, "{}", out.stderr);
+    let out = with(Some("a"), &["get", "k", "--print-value-only"]);
+    assert_eq!(out.stdout.trim(), "a-value");
+    let out = with(Some("operator"), &["get", "k", "--print-value-only"]);
+    assert_eq!(out.stdout.trim(), "default-value", "a's write stayed in a");
+
+    // The server name names the tenant; its certificate must be that tenant's.
+    let b = pki.channel(&endpoint, "b", "b.tenants.test").await;
+    assert_eq!(
+        put(&b, None, "only-in-b").await.unwrap(),
+        2,
+        "b's first write"
+    );
+    assert_eq!(count(&b).await, 1);
+    let a_as_b = pki.channel(&endpoint, "a", "b.tenants.test").await;
+    let e = put(&a_as_b, None, "x").await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (
+            Code::PermissionDenied,
+            "strata: the client certificate is not one of tenant b's (it must name b.tenants.test)"
+        )
+    );
+    // A connection never changes tenant: a header naming another is refused.
+    let a = pki.channel(&endpoint, "a", "localhost").await;
+    let e = put(&a, Some("b"), "x").await.unwrap_err();
+    assert_eq!(
+        (e.code(), e.message()),
+        (
+            Code::PermissionDenied,
+            "strata: this connection is tenant a's; it cannot name tenant b"
+        )
+    );
+    put(&a, Some("a"), "a2").await.unwrap();
+    assert_eq!(count(&a).await, 2, "k and a2");
+    assert_eq!(count(&b).await, 1, "nothing of a's reached b");
+    // A client cannot pose as its connection: the connection's tenant is set by the server.
+    let operator = pki.channel(&endpoint, "operator", "localhost").await;
+    let mut req = tonic::Request::new(RangeRequest {
+        key: b"only-in-b".to_vec(),
+        ..Default::default()
+    });
+    req.metadata_mut()
+        .insert("x-strata-connection-tenant", "b".parse().unwrap());
+    let r = KvClient::new(operator)
+        .range(req)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.count, 0,
+        "the forged entry was ignored: the default tenant answered"
+    );
+
+    // Plain HTTP/1.1 over TLS too: etcd's /health on the client port, with curl.
+    let out = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "10"])
+        .args(["--cacert", &pki.path("ca.pem")])
+        .args(["--cert", &pki.path("operator.pem")])
+        .args(["--key", &pki.path("operator.key")])
+        .arg(format!("{endpoint}/health"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        r#"{"health":"true","reason":""}"#
+    );
+    // MemberList advertises https.
+    let out = with(Some("operator"), &["member", "list"]);
+    assert!(out.stdout.contains(&format!("https://{listen}")), "{out:?}");
+}

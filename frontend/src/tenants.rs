@@ -17,7 +17,7 @@ use crate::errors::Error;
 use crate::replica::ReplicaState;
 use crate::rpc::{RequestId, handled, unary};
 use crate::tenant::Tenant;
-use crate::tls::{CONNECTION_REFUSED, CONNECTION_TENANT};
+use crate::tls::{CONNECTION_REFUSED, CONNECTION_TENANT, CONNECTION_USER};
 use crate::token::{Tokens, credential_of};
 use crate::watch::{WatchSource, WatchTarget};
 
@@ -146,7 +146,7 @@ impl Tenants {
     /// token minted after a change this replica has not applied yet waits for it, as a read.
     pub async fn caller(&self, t: &Tenant, metadata: &MetadataMap) -> Result<Caller, Error> {
         let Some(token) = token_of(t, metadata)? else {
-            return Ok(Caller::default());
+            return Ok(certificate_user(t, metadata));
         };
         match self.check_token(t, token, false)? {
             Some(caller) => Ok(caller),
@@ -165,7 +165,7 @@ impl Tenants {
             Some(token) => self
                 .check_token(t, token, true)?
                 .ok_or(Error::InvalidAuthToken),
-            None => Ok(Caller::default()),
+            None => Ok(certificate_user(t, metadata)),
         }
     }
 
@@ -278,6 +278,24 @@ impl Tenants {
             Some(t) if self.trust_header => Ok(t.clone()),
             _ => Err(Error::UnknownTenant(name.to_string())),
         }
+    }
+}
+
+/// Who a request without a token comes from: with the tenant's auth enabled, the user its
+/// connection's client certificate names (etcd's `AuthInfoFromTLS` under `--client-cert-auth`:
+/// the common name, checked as that user from the auth state as it is now; a name that is no
+/// user is denied like any unknown user), else nobody.
+fn certificate_user(t: &Tenant, metadata: &MetadataMap) -> Caller {
+    // Set by `tls::ConnectionLayer` from a UTF-8 name.
+    match metadata
+        .get(CONNECTION_USER)
+        .map(|u| std::str::from_utf8(u.as_bytes()))
+    {
+        Some(Ok(user)) if t.replica.auth_enabled() => Caller {
+            user: user.to_string(),
+            revision: t.replica.read().auth_revision(),
+        },
+        _ => Caller::default(),
     }
 }
 

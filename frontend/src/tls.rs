@@ -34,6 +34,9 @@ pub const CONNECTION_TENANT: &str = "x-strata-connection-tenant";
 /// Metadata entry saying why the connection a request came on may not be served (set by
 /// [`ConnectionLayer`] only).
 pub const CONNECTION_REFUSED: &str = "x-strata-connection-refused";
+/// Metadata entry naming the user of the connection's client certificate (its common name,
+/// with `--client-cert-auth`; set by [`ConnectionLayer`] only).
+pub const CONNECTION_USER: &str = "x-strata-connection-user";
 /// How long a client may take over its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A name no tenant has: a client certificate valid for it is a wildcard.
@@ -108,8 +111,25 @@ impl TlsSetup {
         })
     }
 
-    /// Which tenant a finished handshake names, given the tenants served.
+    /// What a finished handshake says: the tenant it names, given the tenants served, and the
+    /// user its client certificate names (etcd's `--client-cert-auth`: the common name).
     fn connection(
+        &self,
+        server_name: Option<&str>,
+        cert: Option<&CertificateDer<'_>>,
+        served: &[String],
+    ) -> Connection {
+        let user = cert
+            .filter(|_| self.client_cert_auth)
+            .and_then(|c| common_name(c.as_ref()));
+        Connection {
+            user,
+            ..self.tenant_of(server_name, cert, served)
+        }
+    }
+
+    /// The tenant a handshake names (see the module's doc).
+    fn tenant_of(
         &self,
         server_name: Option<&str>,
         cert: Option<&CertificateDer<'_>>,
@@ -137,15 +157,15 @@ impl TlsSetup {
         if let Some(t) = named {
             if self.client_cert_auth && (wildcard || !valid_for(t)) {
                 return Connection {
-                    tenant: None,
                     refused: Some(format!(
                         "the client certificate is not one of tenant {t}'s (it must name {t}.{domain})"
                     )),
+                    ..Connection::default()
                 };
             }
             return Connection {
                 tenant: Some(t.to_string()),
-                refused: None,
+                ..Connection::default()
             };
         }
         if wildcard {
@@ -155,7 +175,7 @@ impl TlsSetup {
         match (matching.next(), matching.next()) {
             (Some(t), None) => Connection {
                 tenant: Some(t.clone()),
-                refused: None,
+                ..Connection::default()
             },
             _ => Connection::default(),
         }
@@ -182,6 +202,71 @@ pub struct Connection {
     pub tenant: Option<String>,
     /// Why its requests are refused (a certificate that is not the named tenant's).
     pub refused: Option<String>,
+    /// The user its client certificate names (with `--client-cert-auth`).
+    pub user: Option<String>,
+}
+
+/// The common name of a DER certificate's subject (the first, as etcd takes
+/// `Subject.CommonName`), if it has one that is text. The certificate was verified against the
+/// trusted CA before this reads it; still, every length is checked.
+fn common_name(der: &[u8]) -> Option<String> {
+    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serial,
+    // signature, issuer, validity, subject, ... }, ... }
+    let (_, cert, _) = tlv(der)?;
+    let (_, mut tbs, _) = tlv(cert)?;
+    let mut fields = Vec::with_capacity(6);
+    while fields.len() < 6 && !tbs.is_empty() {
+        let (tag, value, rest) = tlv(tbs)?;
+        fields.push((tag, value));
+        tbs = rest;
+    }
+    let explicit_version = fields.first()?.0 == 0xa0;
+    let (tag, mut subject) = *fields.get(if explicit_version { 5 } else { 4 })?;
+    if tag != 0x30 {
+        return None;
+    }
+    // Name ::= SEQUENCE OF RelativeDistinguishedName (SET OF AttributeTypeAndValue).
+    const COMMON_NAME: [u8; 3] = [0x55, 0x04, 0x03];
+    while !subject.is_empty() {
+        let (_, mut set, rest) = tlv(subject)?;
+        subject = rest;
+        while !set.is_empty() {
+            let (_, attribute, rest) = tlv(set)?;
+            set = rest;
+            let (oid_tag, oid, value) = tlv(attribute)?;
+            if oid_tag == 0x06 && oid == COMMON_NAME {
+                let (string_tag, text, _) = tlv(value)?;
+                // UTF8String, PrintableString, IA5String; TeletexString read as Latin-1.
+                return match string_tag {
+                    0x0c | 0x13 | 0x16 => std::str::from_utf8(text).ok().map(str::to_string),
+                    0x14 => Some(text.iter().map(|&b| char::from(b)).collect()),
+                    _ => None,
+                };
+            }
+        }
+    }
+    None
+}
+
+/// One DER element at the start of `input`: its tag, its contents and what follows it.
+fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > std::mem::size_of::<usize>() || rest.len() < n {
+            return None;
+        }
+        let (bytes, rest) = rest.split_at(n);
+        let len = bytes.iter().fold(0usize, |l, &b| (l << 8) | usize::from(b));
+        (len, rest)
+    };
+    (rest.len() >= len).then(|| {
+        let (value, rest) = rest.split_at(len);
+        (tag, value, rest)
+    })
 }
 
 /// A connection of the client port, as the gRPC server sees it.
@@ -355,13 +440,15 @@ where
 
     fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
         let headers = req.headers_mut();
-        headers.remove(CONNECTION_TENANT);
-        headers.remove(CONNECTION_REFUSED);
+        for name in [CONNECTION_TENANT, CONNECTION_REFUSED, CONNECTION_USER] {
+            headers.remove(name);
+        }
         if let Some(c) = req.extensions().get::<Connection>().cloned() {
             let headers = req.headers_mut();
             for (name, value) in [
                 (CONNECTION_TENANT, c.tenant),
                 (CONNECTION_REFUSED, c.refused),
+                (CONNECTION_USER, c.user),
             ] {
                 if let Some(v) = value.and_then(|v| http::HeaderValue::try_from(v).ok()) {
                     headers.insert(name, v);
@@ -395,7 +482,7 @@ mod tests {
     fn tenant(t: &str) -> Connection {
         Connection {
             tenant: Some(t.into()),
-            refused: None,
+            ..Connection::default()
         }
     }
 
@@ -432,7 +519,7 @@ mod tests {
         // With --client-cert-auth the certificate must be the named tenant's.
         let strict = setup(&ca, dir.path(), true);
         let c = |sni: Option<&str>, cert: Option<&CertificateDer<'_>>| {
-            strict.connection(sni, cert, &served)
+            strict.tenant_of(sni, cert, &served)
         };
         assert_eq!(c(Some("a.tenants.test"), Some(&of_a)), tenant("a"));
         for cert in [&of_b, &wildcard, &plain] {
@@ -478,5 +565,34 @@ mod tests {
             .err()
             .unwrap();
         assert!(matches!(err, TlsError::NoCertificate(_)), "{err}");
+    }
+}
+
+#[cfg(test)]
+mod common_name_tests {
+    use super::*;
+    use strata_tests::certs::Ca;
+
+    #[test]
+    fn the_subjects_common_name_is_read() {
+        let ca = Ca::new();
+        for user in ["root", "alice", "système", "a b"] {
+            let der = ca.client(user, &["x.example"]).der;
+            assert_eq!(common_name(&der).as_deref(), Some(user));
+        }
+        // The CA's own certificate: its issuer comes before its subject, with the same name.
+        let der = CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap();
+        assert_eq!(common_name(&der).as_deref(), Some("strata test CA"));
+    }
+
+    #[test]
+    fn malformed_input_reads_as_no_name() {
+        let der = Ca::new().client("root", &["x.example"]).der;
+        for cut in [0, 1, 2, 10, der.len() / 2, der.len() - 1] {
+            // Truncated anywhere: no panic, no name.
+            assert_eq!(common_name(&der[..cut]), None, "cut at {cut}");
+        }
+        assert_eq!(common_name(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]), None);
+        assert_eq!(common_name(&[0x30, 0x89, 1, 2, 3, 4, 5, 6, 7, 8, 9]), None);
     }
 }

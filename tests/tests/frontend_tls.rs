@@ -113,10 +113,9 @@ async fn count(channel: &Channel) -> i64 {
         .count
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tls_with_client_certificates_naming_tenants() {
-    let d = Deployment::start(1).await;
-    let pki = write_pki(d.dir());
+/// A TLS frontend over `d`'s journal, with `extra` flags, once ready: its process, client
+/// address and log.
+async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> (ChildGuard, String, PathBuf) {
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut args = frontend_args(d.journal_addrs(), &listen, &metrics, &[]);
@@ -124,25 +123,47 @@ async fn tls_with_client_certificates_naming_tenants() {
         format!("--cert-file={}", pki.path("server.pem")),
         format!("--key-file={}", pki.path("server.key")),
         format!("--trusted-ca-file={}", pki.path("ca.pem")),
-        "--client-cert-auth".into(),
-        format!("--tenant-domain={DOMAIN}"),
-        "--tenants=a,b".into(),
     ]);
-    let log = d.dir().join("frontend-tls.log");
-    let _fe = ChildGuard::strata("frontend-tls", &args, Some(&log));
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let log = d
+        .dir()
+        .join(format!("frontend-tls-{}.log", listen.replace(':', "-")));
+    let fe = ChildGuard::strata("frontend-tls", &args, Some(&log));
     let deadline = Instant::now() + Duration::from_secs(60);
     while strata_tests::curl::request(&format!("http://{metrics}"), "GET", "/readyz", "").0 != 200 {
         assert!(Instant::now() < deadline, "not ready:\n{}", tail_file(&log));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let endpoint = format!("https://{listen}");
-    let etcdctl = Etcdctl::new(&endpoint);
-    let with = |name: Option<&str>, cmd: &[&str]| {
+    (fe, listen, log)
+}
+
+/// etcdctl at `endpoint` with the client certificate `name` (none if `None`).
+fn etcdctl_as<'p>(
+    pki: &'p Pki,
+    endpoint: &str,
+) -> impl Fn(Option<&str>, &[&str]) -> strata_tests::etcdctl::Outcome + 'p {
+    let etcdctl = Etcdctl::new(endpoint);
+    move |name, cmd| {
         let flags = pki.etcdctl_flags(name);
         let mut all: Vec<&str> = flags.iter().map(String::as_str).collect();
         all.extend_from_slice(cmd);
         etcdctl.run(&all)
-    };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_client_certificates_naming_tenants() {
+    let d = Deployment::start(1).await;
+    let pki = write_pki(d.dir());
+    let tenant_domain = format!("--tenant-domain={DOMAIN}");
+    let (_fe, listen, log) = start_tls(
+        &d,
+        &pki,
+        &["--client-cert-auth", &tenant_domain, "--tenants=a,b"],
+    )
+    .await;
+    let endpoint = format!("https://{listen}");
+    let with = etcdctl_as(&pki, &endpoint);
 
     // etcdctl with the operator's certificate: the default tenant, as against etcd.
     let out = with(Some("operator"), &["put", "k", "default-value"]);
@@ -234,4 +255,81 @@ async fn tls_with_client_certificates_naming_tenants() {
     // MemberList advertises https.
     let out = with(Some("operator"), &["member", "list"]);
     assert!(out.stdout.contains(&format!("https://{listen}")), "{out:?}");
+}
+
+/// etcd's `--client-cert-auth` with auth enabled: a request without a token is checked as the
+/// user its certificate's common name names, as etcd checks it; a token still comes first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificates_common_name_is_its_user() {
+    let d = Deployment::start(1).await;
+    let pki = write_pki(d.dir());
+    pki.ca
+        .client("alice", &["alice.example"])
+        .write(d.dir(), "alice");
+    pki.ca
+        .client("mallory", &["mallory.example"])
+        .write(d.dir(), "mallory");
+    // The deployment's token key (written for its frontend): `--user` still mints tokens.
+    let key = format!(
+        "--auth-token-key-file={}",
+        d.dir().join("auth-token.key").display()
+    );
+    let (_fe, listen, log) = start_tls(&d, &pki, &["--client-cert-auth", &key]).await;
+    let endpoint = format!("https://{listen}");
+    let with = etcdctl_as(&pki, &endpoint);
+    let ok = |name: &str, cmd: &[&str]| {
+        let out = with(Some(name), cmd);
+        assert!(
+            out.success,
+            "{name} {cmd:?}: {}\n{}",
+            out.stderr,
+            tail_file(&log)
+        );
+        out.stdout
+    };
+    // Before auth is enabled a certificate's name means nothing: everyone may write.
+    ok("alice", &["put", "r/a", "1"]);
+    ok("operator", &["user", "add", "root:rootpw"]);
+    ok("operator", &["role", "add", "root"]);
+    ok("operator", &["user", "grant-role", "root", "root"]);
+    ok("operator", &["user", "add", "alice:alicepw"]);
+    ok("operator", &["role", "add", "reader"]);
+    ok(
+        "operator",
+        &[
+            "role",
+            "grant-permission",
+            "reader",
+            "--prefix=true",
+            "read",
+            "r/",
+        ],
+    );
+    ok("operator", &["user", "grant-role", "alice", "reader"]);
+    ok("operator", &["auth", "enable"]);
+
+    // The operator's certificate says CN=root: root, with no password given.
+    ok("operator", &["put", "r/b", "2"]);
+    // alice reads what her role grants and writes nothing.
+    assert_eq!(
+        ok("alice", &["get", "r/a", "--print-value-only"]).trim(),
+        "1"
+    );
+    let out = with(Some("alice"), &["put", "r/a", "3"]);
+    assert!(
+        !out.success && out.stderr.contains("etcdserver: permission denied"),
+        "{out:?}"
+    );
+    // A name that is no user is denied.
+    let out = with(Some("mallory"), &["get", "r/a"]);
+    assert!(
+        !out.success && out.stderr.contains("etcdserver: permission denied"),
+        "{out:?}"
+    );
+    // A token comes first: alice's certificate with root's password writes.
+    ok("alice", &["--user=root:rootpw", "put", "r/a", "4"]);
+    assert_eq!(
+        ok("operator", &["get", "r/a", "--print-value-only"]).trim(),
+        "4"
+    );
 }

@@ -101,7 +101,7 @@ impl AuthService {
     }
 
     fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants.resolve(req.metadata()).map_err(handled)
+        self.tenants.admit(req.metadata()).map_err(handled)
     }
 
     /// Answers a read of the auth state with `answer(replica, caller, request, header)` after

@@ -19,6 +19,9 @@ use crate::errors::Error;
 use crate::rpc::{RequestId, handled, unary};
 use crate::tenants::Tenants;
 
+/// Stands for the request's tenant in advertised URLs.
+pub const TENANT_PLACEHOLDER: &str = "{tenant}";
+
 /// The frontends a MemberList reports.
 #[derive(Debug, Clone)]
 pub struct Members {
@@ -49,6 +52,20 @@ impl Members {
             });
         }
         Self { members }
+    }
+
+    /// The members as tenant `tenant`'s clients see them: `{tenant}` in a name or URL (see
+    /// `--advertise-client-urls`) replaced by its name.
+    pub fn for_tenant(&self, tenant: &str) -> Vec<Member> {
+        let named = |s: &String| s.replace(TENANT_PLACEHOLDER, tenant);
+        self.members
+            .iter()
+            .map(|m| Member {
+                name: named(&m.name),
+                client_ur_ls: m.client_ur_ls.iter().map(named).collect(),
+                ..m.clone()
+            })
+            .collect()
     }
 
     /// Refuses a change to member `id` as etcd refuses it: an id it does not report is not
@@ -100,8 +117,8 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
-        let t = self.tenants.resolve(req.metadata()).map_err(handled)?;
-        let members = self.members.members.clone();
+        let t = self.tenants.admit(req.metadata()).map_err(handled)?;
+        let members = self.members.for_tenant(&t.name);
         unary("MemberList", &t.name, RequestId::random(), async {
             // etcd's cluster service answers a header without a revision.
             Ok(MemberListResponse {
@@ -145,5 +162,21 @@ mod tests {
         let other = stable_id("http://127.0.0.1:2");
         assert!(matches!(m.refuse_change(other), Error::MembershipManaged));
         assert!(matches!(m.refuse_change(8), Error::MemberNotFound(8)));
+    }
+
+    #[test]
+    fn a_tenant_placeholder_names_the_requests_tenant() {
+        let own = vec!["https://{tenant}.tenants.example:2379".to_string()];
+        let peers = vec!["https://{tenant}.tenants.example:2380".to_string()];
+        let m = Members::new(7, "https://{tenant}.tenants.example:2379", &own, &peers);
+        let a = m.for_tenant("a");
+        assert_eq!(a[0].client_ur_ls, ["https://a.tenants.example:2379"]);
+        assert_eq!(a[0].name, "https://a.tenants.example:2379");
+        assert_eq!(a[1].client_ur_ls, ["https://a.tenants.example:2380"]);
+        // Ids do not depend on the tenant: one frontend is one member for all.
+        assert_eq!(
+            a.iter().map(|m| m.id).collect::<Vec<_>>(),
+            m.for_tenant("b").iter().map(|m| m.id).collect::<Vec<_>>()
+        );
     }
 }

@@ -83,13 +83,28 @@ pub struct Config {
     #[arg(long)]
     pub client_cert_auth: bool,
 
+    /// Requests a second each tenant may send this frontend (0: no limit). Unary RPCs and the
+    /// opening of watch streams count; lease keep-alives and the requests on an open watch
+    /// stream do not, so a tenant over its rate keeps its leases. Over it: ResourceExhausted "etcdserver:
+    /// too many requests". A deployment's limit per tenant is this times its frontends.
+    #[arg(long, default_value_t = 0)]
+    pub tenant_request_rate: u32,
+
+    /// Requests each tenant may send at once above `--tenant-request-rate` (default: one
+    /// second's worth).
+    #[arg(long, default_value_t = 0)]
+    pub tenant_request_burst: u32,
+
     /// With TLS, a connection to `<tenant>.<domain>` is a connection of that tenant, and so is
     /// one whose client certificate names `<tenant>.<domain>` (docs/design/tenants.md, T3).
     #[arg(long)]
     pub tenant_domain: Option<String>,
 
     /// Client URLs this frontend is reached at, listed by Cluster.MemberList
-    /// (default: http://<listen>).
+    /// (default: http://<listen>, https:// with TLS). `{tenant}` in a URL is replaced by the
+    /// tenant of the request, so that a client that dialled `https://a.<--tenant-domain>` and
+    /// follows MemberList (clientv3's endpoint sync) keeps dialling its tenant's name, e.g.
+    /// `https://{tenant}.tenants.example.com:2379`.
     #[arg(long, value_delimiter = ',')]
     pub advertise_client_urls: Vec<String>,
 
@@ -132,7 +147,8 @@ pub struct Config {
     pub auth_token_ttl: Duration,
 
     /// Client URLs of the other frontends serving this tenant, comma separated, listed by
-    /// Cluster.MemberList so clients spread over them.
+    /// Cluster.MemberList so clients spread over them (`{tenant}` as in
+    /// `--advertise-client-urls`).
     #[arg(long, value_delimiter = ',')]
     pub peer_frontends: Vec<String>,
 
@@ -223,6 +239,8 @@ impl Config {
             trusted_ca_file: None,
             client_cert_auth: false,
             tenant_domain: None,
+            tenant_request_rate: 0,
+            tenant_request_burst: 0,
             advertise_client_urls: Vec::new(),
             member_id: None,
             name: None,

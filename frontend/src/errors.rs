@@ -42,6 +42,9 @@ pub enum Error {
     /// The request names a tenant this frontend does not serve.
     #[error("tenant {0:?} is not served by this frontend")]
     UnknownTenant(String),
+    /// The tenant sent more requests than `--tenant-request-rate` lets it.
+    #[error("etcdserver: too many requests")]
+    TooManyRequests,
     /// The request names no tenant and this frontend serves no default tenant.
     #[error("{NO_TENANT}")]
     NoTenant,
@@ -168,6 +171,8 @@ impl From<Error> for Status {
                 &format!("tenant {t:?} is not served by this frontend"),
             ),
             Error::NoTenant => own(Code::NotFound, NO_TENANT),
+            // etcd's ErrGRPCTooManyRequests.
+            Error::TooManyRequests => Status::resource_exhausted("etcdserver: too many requests"),
             Error::OtherTenant { connection, named } => own(
                 Code::PermissionDenied,
                 &format!("this connection is tenant {connection}'s; it cannot name tenant {named}"),

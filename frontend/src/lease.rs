@@ -39,7 +39,7 @@ impl LeaseService {
     }
 
     fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants.resolve(req.metadata()).map_err(handled)
+        self.tenants.admit(req.metadata()).map_err(handled)
     }
 
     /// A keep-alive stream over any source of requests: the gRPC call's, or the JSON

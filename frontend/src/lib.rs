@@ -18,6 +18,7 @@ pub mod lease;
 pub mod log;
 pub mod maintenance;
 pub mod metrics;
+pub mod quota;
 pub mod read_index;
 pub mod read_txn;
 pub mod replica;

@@ -56,7 +56,7 @@ impl MaintenanceService {
     }
 
     fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants.resolve(req.metadata()).map_err(handled)
+        self.tenants.admit(req.metadata()).map_err(handled)
     }
 
     /// The tenant, if the request's caller may use the RPCs etcd keeps for the root role

@@ -129,6 +129,8 @@ impl Frontend {
             max_request_bytes: config.max_request_bytes,
             max_txn_ops: config.max_txn_ops,
             no_leader_after: config.no_leader_after,
+            request_rate: config.tenant_request_rate,
+            request_burst: config.tenant_request_burst,
         };
         let checkpoints = config
             .object_store

@@ -34,6 +34,9 @@ pub struct Limits {
     pub max_txn_ops: usize,
     /// Journal silence after which the tenant has "no leader" (see `Tenant::has_leader`).
     pub no_leader_after: Duration,
+    /// Requests a second the tenant may send this frontend (0: no limit), and at once.
+    pub request_rate: u32,
+    pub request_burst: u32,
 }
 
 /// Identity reported in response headers.
@@ -51,6 +54,8 @@ pub struct Tenant {
     pub identity: Identity,
     writer: Writer,
     reads: ReadIndexer,
+    /// `limits.request_rate`, if any.
+    rate: Option<crate::quota::RateLimit>,
     /// [`APPLY_WAIT_SECONDS`], resolved once: a write records into it without a registry lookup.
     apply_wait: metrics::Histogram,
 }
@@ -77,6 +82,7 @@ impl Tenant {
             identity,
             writer: Writer::spawn(log.clone(), shard),
             reads: ReadIndexer::spawn(log, shard),
+            rate: crate::quota::RateLimit::new(limits.request_rate, limits.request_burst),
             apply_wait: metrics::histogram!(APPLY_WAIT_SECONDS),
         })
     }
@@ -88,6 +94,19 @@ impl Tenant {
             member_id: self.identity.member_id,
             revision,
             raft_term: self.replica.term(),
+        }
+    }
+
+    /// Admits one request under the tenant's request rate (`--tenant-request-rate`), or refuses
+    /// it with etcd's "too many requests".
+    pub fn admit(&self) -> Result<(), Error> {
+        match &self.rate {
+            Some(rate) if !rate.try_acquire() => {
+                metrics::counter!("strata_frontend_requests_limited_total", "tenant" => self.name.clone())
+                    .increment(1);
+                Err(Error::TooManyRequests)
+            }
+            _ => Ok(()),
         }
     }
 
@@ -231,6 +250,8 @@ pub fn test_tenant_named(
             max_request_bytes: 1 << 20,
             max_txn_ops: 128,
             no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
+            request_rate: 0,
+            request_burst: 0,
         },
         Identity {
             cluster_id,

@@ -213,7 +213,7 @@ impl Tenants {
     where
         Fut: Future<Output = Result<T, Error>>,
     {
-        let t = self.resolve(metadata).map_err(handled)?;
+        let t = self.admit(metadata).map_err(handled)?;
         let id = RequestId::random();
         let name = t.name.clone();
         unary(rpc, &name, id, async {
@@ -235,6 +235,15 @@ impl Tenants {
     {
         let (metadata, _, message) = req.into_parts();
         self.serve(rpc, &metadata, message, body).await
+    }
+
+    /// The tenant of a request, admitted under its request rate (`Tenant::admit`): every unary
+    /// RPC and watch stream opening comes in here; lease keep-alives and the messages of an open
+    /// stream do not.
+    pub fn admit(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Error> {
+        let t = self.resolve(metadata)?;
+        t.admit()?;
+        Ok(t)
     }
 
     /// The tenant of a request: its connection's (TLS server name or client certificate,
@@ -315,7 +324,7 @@ fn token_of<'m>(t: &Tenant, metadata: &'m MetadataMap) -> Result<Option<&'m str>
 
 impl WatchSource for Tenants {
     fn resolve(&self, metadata: &MetadataMap) -> Result<WatchTarget, tonic::Status> {
-        let tenant = Tenants::resolve(self, metadata).map_err(crate::rpc::handled)?;
+        let tenant = self.admit(metadata).map_err(crate::rpc::handled)?;
         let caller = self
             .identify(&tenant, metadata)
             .map_err(crate::rpc::handled)?;

@@ -442,3 +442,99 @@ async fn unnamed_requests_need_a_default_tenant_and_more_tenants_need_a_trusted_
         "{stderr}"
     );
 }
+
+/// `--tenant-request-rate`: a tenant over its rate gets etcd's "too many requests", within the
+/// bucket's bound; another tenant of the same frontend is served meanwhile, and the limited
+/// tenant's lease keep-alives go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_over_its_request_rate_is_refused_alone() {
+    const RATE: u32 = 20;
+    let d = Deployment::start_with(
+        1,
+        Setup {
+            frontend_extra: Box::new(|_| {
+                vec![
+                    "--tenants=a,b".into(),
+                    "--trust-tenant-header".into(),
+                    format!("--tenant-request-rate={RATE}"),
+                    format!("--tenant-request-burst={RATE}"),
+                ]
+            }),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let endpoint = d.frontend(0).endpoint();
+    let mut a = TenantClient::connect(&endpoint, "a").await.unwrap();
+    let mut b = TenantClient::connect(&endpoint, "b").await.unwrap();
+    let lease = a
+        .lease
+        .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let (keep_alive_tx, keep_alive_rx) = tokio::sync::mpsc::channel(4);
+    let mut keep_alives = a
+        .lease
+        .lease_keep_alive(futures::stream::unfold(
+            keep_alive_rx,
+            |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+
+    // Flood: at most the burst plus what the rate refills while it lasts is admitted.
+    let started = Instant::now();
+    let (mut admitted, mut refused) = (0u32, 0u32);
+    for _ in 0..200 {
+        match get_probe(&mut a).await {
+            Ok(_) => admitted += 1,
+            Err(e) => {
+                assert_eq!(
+                    (e.code(), e.message()),
+                    (Code::ResourceExhausted, "etcdserver: too many requests")
+                );
+                refused += 1;
+            }
+        }
+    }
+    let bound = RATE + (started.elapsed().as_secs_f64() * f64::from(RATE)).ceil() as u32 + 1;
+    assert!(refused > 0, "nothing refused ({admitted} admitted)");
+    assert!(
+        admitted <= bound,
+        "{admitted} admitted, at most {bound} allowed"
+    );
+
+    // Tenant b has its own bucket; tenant a's lease keep-alives are not charged.
+    for _ in 0..5 {
+        get_probe(&mut b).await.unwrap();
+    }
+    keep_alive_tx
+        .send(api::etcdserverpb::LeaseKeepAliveRequest { id: lease })
+        .await
+        .unwrap();
+    let renewed = tokio::time::timeout(Duration::from_secs(10), keep_alives.message())
+        .await
+        .expect("a keep-alive answer")
+        .unwrap()
+        .unwrap();
+    assert_eq!((renewed.id, renewed.ttl), (lease, 60));
+    let metrics = strata_tests::curl::request(
+        &format!("http://{}", d.frontend(0).metrics),
+        "GET",
+        "/metrics",
+        "",
+    )
+    .1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("strata_frontend_requests_limited_total{tenant=\"a\"}")),
+        "no limited-requests counter for a"
+    );
+    // The bucket refills: after a second, a is served again.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    get_probe(&mut a).await.unwrap();
+}

@@ -113,8 +113,8 @@ async fn count(channel: &Channel) -> i64 {
         .count
 }
 
-/// A TLS frontend over `d`'s journal, with `extra` flags, once ready: its process, client
-/// address and log.
+/// A TLS frontend over `d`'s journal, with `extra` flags (`{port}` in them: its client port),
+/// once ready: its process, client address and log.
 async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> (ChildGuard, String, PathBuf) {
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
@@ -124,7 +124,8 @@ async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> (ChildGuard, St
         format!("--key-file={}", pki.path("server.key")),
         format!("--trusted-ca-file={}", pki.path("ca.pem")),
     ]);
-    args.extend(extra.iter().map(|a| a.to_string()));
+    let port = listen.rsplit(':').next().unwrap().to_string();
+    args.extend(extra.iter().map(|a| a.replace("{port}", &port)));
     let log = d
         .dir()
         .join(format!("frontend-tls-{}.log", listen.replace(':', "-")));
@@ -159,9 +160,15 @@ async fn tls_with_client_certificates_naming_tenants() {
     let (_fe, listen, log) = start_tls(
         &d,
         &pki,
-        &["--client-cert-auth", &tenant_domain, "--tenants=a,b"],
+        &[
+            "--client-cert-auth",
+            &tenant_domain,
+            "--tenants=a,b",
+            "--advertise-client-urls=https://{tenant}.tenants.test:{port}",
+        ],
     )
     .await;
+    let port = listen.rsplit(':').next().unwrap();
     let endpoint = format!("https://{listen}");
     let with = etcdctl_as(&pki, &endpoint);
 
@@ -252,9 +259,21 @@ async fn tls_with_client_certificates_naming_tenants() {
         String::from_utf8_lossy(&out.stdout),
         r#"{"health":"true","reason":""}"#
     );
-    // MemberList advertises https.
+    // MemberList advertises each tenant's own name, so a client that follows it (clientv3's
+    // endpoint sync) keeps dialling its tenant.
     let out = with(Some("operator"), &["member", "list"]);
-    assert!(out.stdout.contains(&format!("https://{listen}")), "{out:?}");
+    let default_url = format!("https://default.tenants.test:{port}");
+    assert!(out.stdout.contains(&default_url), "{out:?}");
+    let members = api::etcdserverpb::cluster_client::ClusterClient::new(b.clone())
+        .member_list(api::etcdserverpb::MemberListRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .members;
+    assert_eq!(
+        members[0].client_ur_ls,
+        [format!("https://b.tenants.test:{port}")]
+    );
 }
 
 /// etcd's `--client-cert-auth` with auth enabled: a request without a token is checked as the

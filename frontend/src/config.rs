@@ -95,6 +95,12 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub tenant_request_burst: u32,
 
+    /// Most watchers each tenant may have on this frontend (0: no limit). A create over it is
+    /// refused as etcd refuses one: created and canceled at once, with cancel_reason "strata:
+    /// watcher quota of N per frontend reached".
+    #[arg(long, default_value_t = 0)]
+    pub tenant_max_watchers: usize,
+
     /// With TLS, a connection to `<tenant>.<domain>` is a connection of that tenant, and so is
     /// one whose client certificate names `<tenant>.<domain>` (docs/design/tenants.md, T3).
     #[arg(long)]
@@ -241,6 +247,7 @@ impl Config {
             tenant_domain: None,
             tenant_request_rate: 0,
             tenant_request_burst: 0,
+            tenant_max_watchers: 0,
             advertise_client_urls: Vec::new(),
             member_id: None,
             name: None,

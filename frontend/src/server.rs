@@ -131,6 +131,7 @@ impl Frontend {
             no_leader_after: config.no_leader_after,
             request_rate: config.tenant_request_rate,
             request_burst: config.tenant_request_burst,
+            max_watchers: (config.tenant_max_watchers > 0).then_some(config.tenant_max_watchers),
         };
         let checkpoints = config
             .object_store

@@ -37,6 +37,8 @@ pub struct Limits {
     /// Requests a second the tenant may send this frontend (0: no limit), and at once.
     pub request_rate: u32,
     pub request_burst: u32,
+    /// Most watchers the tenant may have on this frontend.
+    pub max_watchers: Option<usize>,
 }
 
 /// Identity reported in response headers.
@@ -252,6 +254,7 @@ pub fn test_tenant_named(
             no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
             request_rate: 0,
             request_burst: 0,
+            max_watchers: None,
         },
         Identity {
             cluster_id,

@@ -333,6 +333,7 @@ impl WatchSource for Tenants {
             store: tenant.replica.store().clone(),
             hub: tenant.replica.hub().clone(),
             header: tenant.header(0),
+            max_watchers: tenant.limits.max_watchers,
         })
     }
 

@@ -445,9 +445,10 @@ async fn unnamed_requests_need_a_default_tenant_and_more_tenants_need_a_trusted_
 
 /// `--tenant-request-rate`: a tenant over its rate gets etcd's "too many requests", within the
 /// bucket's bound; another tenant of the same frontend is served meanwhile, and the limited
-/// tenant's lease keep-alives go on.
+/// tenant's lease keep-alives go on. `--tenant-max-watchers`: a create over the quota is
+/// refused, per tenant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tenant_over_its_request_rate_is_refused_alone() {
+async fn a_tenant_over_its_quotas_is_refused_alone() {
     const RATE: u32 = 20;
     let d = Deployment::start_with(
         1,
@@ -458,6 +459,7 @@ async fn a_tenant_over_its_request_rate_is_refused_alone() {
                     "--trust-tenant-header".into(),
                     format!("--tenant-request-rate={RATE}"),
                     format!("--tenant-request-burst={RATE}"),
+                    "--tenant-max-watchers=2".into(),
                 ]
             }),
             ..Setup::default()
@@ -467,6 +469,25 @@ async fn a_tenant_over_its_request_rate_is_refused_alone() {
     let endpoint = d.frontend(0).endpoint();
     let mut a = TenantClient::connect(&endpoint, "a").await.unwrap();
     let mut b = TenantClient::connect(&endpoint, "b").await.unwrap();
+
+    // Two watchers per tenant on this frontend: a's third is refused, b has its own two.
+    let _a_watches = [watch(&mut a, "w1", 0).await, watch(&mut a, "w2", 0).await];
+    let create = WatchRequest {
+        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+            key: b"w3".to_vec(),
+            ..Default::default()
+        })),
+    };
+    let requests = futures::stream::iter([create]).chain(futures::stream::pending());
+    let mut third = a.watch.watch(requests).await.unwrap().into_inner();
+    let refused = third.message().await.unwrap().unwrap();
+    assert!(refused.created && refused.canceled, "{refused:?}");
+    assert_eq!(
+        refused.cancel_reason,
+        "strata: watcher quota of 2 per frontend reached"
+    );
+    let _b_watches = [watch(&mut b, "w1", 0).await, watch(&mut b, "w2", 0).await];
+
     let lease = a
         .lease
         .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })

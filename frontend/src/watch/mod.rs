@@ -170,4 +170,6 @@ pub struct WatchTarget {
     /// Who opened the stream (its token's user): each watch it creates needs READ on its
     /// keys while the tenant's auth is enabled.
     pub caller: crate::auth::Caller,
+    /// Most watchers the tenant may have on this frontend (`--tenant-max-watchers`).
+    pub max_watchers: Option<usize>,
 }

@@ -65,6 +65,7 @@ struct StreamTask {
     /// Event bytes the hub queued for this stream (`StreamHandle::queued_bytes`).
     queued_bytes: Arc<std::sync::atomic::AtomicUsize>,
     caller: crate::auth::Caller,
+    max_watchers: Option<usize>,
 }
 
 /// Serves one watch stream until the client goes away: reads requests from `input`, writes
@@ -99,6 +100,7 @@ pub async fn run_stream<S>(
         active: HashMap::new(),
         queued_bytes,
         caller: target.caller,
+        max_watchers: target.max_watchers,
     };
     serve(task, input, deliveries, wake).instrument(span).await;
 }
@@ -292,6 +294,16 @@ impl StreamTask {
                     ..Default::default()
                 })
                 .await;
+        }
+        // The tenant's watcher quota on this frontend. Creates racing on other streams may each
+        // pass the count before registering: over by at most their number.
+        if let Some(max) = self.max_watchers
+            && self.hub.watcher_count() >= max
+        {
+            metrics::counter!("strata_frontend_watchers_refused_total", "tenant" => self.hub.tenant().to_string())
+                .increment(1);
+            let reason = format!("strata: watcher quota of {max} per frontend reached");
+            return self.refuse(store_rev, &reason).await;
         }
         let spec = WatchSpec::from_request(&c);
         match self

@@ -32,6 +32,8 @@ struct Harness {
     index: u64,
     /// Every applied event, for computing what a watcher must see.
     history: Vec<Event>,
+    /// The tenant's watcher quota (`WatchTarget::max_watchers`).
+    max_watchers: Option<usize>,
 }
 
 impl Harness {
@@ -49,6 +51,7 @@ impl Harness {
             hub: Arc::new(hub),
             index: 0,
             history: Vec::new(),
+            max_watchers: None,
         }
     }
 
@@ -127,6 +130,7 @@ impl Harness {
                 raft_term: 3,
             },
             caller: Default::default(),
+            max_watchers: self.max_watchers,
         }
     }
 
@@ -1070,4 +1074,39 @@ async fn reached_wakes_when_notify_gets_there() {
             .unwrap(),
         "woken by notify, not by its timeout"
     );
+}
+
+/// `--tenant-max-watchers`: a create over the quota is refused as etcd refuses a create (created
+/// and canceled, no id, the reason), on any of the tenant's streams; a cancel frees a place.
+#[tokio::test]
+async fn the_watcher_quota_refuses_creates_over_it() {
+    let mut h = Harness::new(DEFAULT_STREAM_BUFFER);
+    h.max_watchers = Some(2);
+    let revision = h.put("a", "0");
+    let mut first = h.open(WatchConfig::default(), 16);
+    let mut second = h.open(WatchConfig::default(), 16);
+    first.create(create_req("a", "", 0)).await;
+    let kept = first.next().await;
+    assert!(kept.created && !kept.canceled);
+    second.create(create_req("b", "", 0)).await;
+    assert!(!second.next().await.canceled);
+    second.create(create_req("c", "", 0)).await;
+    let refused = second.next().await;
+    assert!(refused.created && refused.canceled);
+    assert_eq!(refused.watch_id, INVALID_WATCH_ID);
+    assert_eq!(
+        refused.cancel_reason,
+        "strata: watcher quota of 2 per frontend reached"
+    );
+    assert_eq!(refused.header.as_ref().unwrap().revision, revision);
+    assert_eq!(h.hub.watcher_count(), 2);
+    // A cancel makes room again.
+    first
+        .send(RequestUnion::CancelRequest(WatchCancelRequest {
+            watch_id: kept.watch_id,
+        }))
+        .await;
+    assert!(first.next().await.canceled);
+    second.create(create_req("c", "", 0)).await;
+    assert!(!second.next().await.canceled);
 }

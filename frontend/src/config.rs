@@ -101,6 +101,12 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub tenant_max_watchers: usize,
 
+    /// Most connections each tenant may hold open to this frontend (0: no limit); counts the
+    /// TLS connections that name their tenant (`--tenant-domain`). One more is closed right
+    /// after its handshake.
+    #[arg(long, default_value_t = 0)]
+    pub tenant_max_connections: usize,
+
     /// With TLS, a connection to `<tenant>.<domain>` is a connection of that tenant, and so is
     /// one whose client certificate names `<tenant>.<domain>` (docs/design/tenants.md, T3).
     #[arg(long)]
@@ -227,6 +233,10 @@ pub enum ConfigError {
     ClientCertAuthWithoutCa,
     #[error("--tenant-domain {0:?} is not a domain name")]
     TenantDomain(String),
+    #[error(
+        "--tenant-max-connections needs --tenant-domain: only TLS connections that name their tenant are counted"
+    )]
+    ConnectionsWithoutDomain,
 }
 
 impl Config {
@@ -248,6 +258,7 @@ impl Config {
             tenant_request_rate: 0,
             tenant_request_burst: 0,
             tenant_max_watchers: 0,
+            tenant_max_connections: 0,
             advertise_client_urls: Vec::new(),
             member_id: None,
             name: None,
@@ -334,6 +345,9 @@ impl Config {
         }
         if !tls && self.tenant_domain.is_some() {
             return Err(ConfigError::NeedsTls("--tenant-domain"));
+        }
+        if self.tenant_max_connections > 0 && self.tenant_domain.is_none() {
+            return Err(ConfigError::ConnectionsWithoutDomain);
         }
         if self.client_cert_auth && self.trusted_ca_file.is_none() {
             return Err(ConfigError::ClientCertAuthWithoutCa);
@@ -490,8 +504,15 @@ mod tests {
         c.trusted_ca_file = Some("ca.pem".into());
         c.tenant_domain = Some("tenants.example.com".into());
         c.validate().unwrap();
+        c.tenant_max_connections = 10;
+        c.validate().unwrap();
         c.tenant_domain = Some("bad domain".into());
         assert!(matches!(c.validate(), Err(ConfigError::TenantDomain(_))));
+        c.tenant_domain = None;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::ConnectionsWithoutDomain)
+        ));
         let mut c = ok;
         c.tenant_domain = Some("tenants.example.com".into());
         assert!(matches!(c.validate(), Err(ConfigError::NeedsTls(_))));

@@ -100,13 +100,18 @@ impl Frontend {
     pub async fn start_with_log(config: Config, log: Arc<dyn Log>) -> Result<Self, ServeError> {
         crate::metrics::handle();
         let tls = match (&config.cert_file, &config.key_file) {
-            (Some(cert), Some(key)) => Some(Arc::new(crate::tls::TlsSetup::load(
-                cert,
-                key,
-                config.trusted_ca_file.as_deref(),
-                config.client_cert_auth,
-                config.tenant_domain.as_deref(),
-            )?)),
+            (Some(cert), Some(key)) => Some(Arc::new(
+                crate::tls::TlsSetup::load(
+                    cert,
+                    key,
+                    config.trusted_ca_file.as_deref(),
+                    config.client_cert_auth,
+                    config.tenant_domain.as_deref(),
+                )?
+                .with_max_connections(
+                    (config.tenant_max_connections > 0).then_some(config.tenant_max_connections),
+                ),
+            )),
             _ => None,
         };
         let served: Vec<String> = config.served_tenants().map(str::to_string).collect();

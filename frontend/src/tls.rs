@@ -66,6 +66,10 @@ pub struct TlsSetup {
     verifies_clients: bool,
     /// `--client-cert-auth`.
     client_cert_auth: bool,
+    /// Most connections a tenant may hold open (`--tenant-max-connections`).
+    max_connections: Option<usize>,
+    /// Connections open, by the tenant their handshake named.
+    open: std::sync::Mutex<std::collections::HashMap<String, usize>>,
 }
 
 impl TlsSetup {
@@ -108,7 +112,33 @@ impl TlsSetup {
             tenant_domain: tenant_domain.map(|d| d.trim_start_matches('.').to_string()),
             verifies_clients: trusted_ca_file.is_some(),
             client_cert_auth,
+            max_connections: None,
+            open: Default::default(),
         })
+    }
+
+    /// At most `max` open connections per tenant (those whose handshake names their tenant).
+    pub fn with_max_connections(mut self, max: Option<usize>) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// A place for one more connection of `tenant`, held until the slot is dropped; `Err(max)`
+    /// when the tenant has its quota open already.
+    fn take_slot(self: &Arc<Self>, tenant: &str) -> Result<Option<TenantSlot>, usize> {
+        let Some(max) = self.max_connections else {
+            return Ok(None);
+        };
+        let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
+        let n = open.entry(tenant.to_string()).or_insert(0);
+        if *n >= max {
+            return Err(max);
+        }
+        *n += 1;
+        Ok(Some(TenantSlot {
+            tls: self.clone(),
+            tenant: tenant.to_string(),
+        }))
     }
 
     /// What a finished handshake says: the tenant it names, given the tenants served, and the
@@ -269,10 +299,30 @@ fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
     })
 }
 
+/// One of a tenant's open connections, counted until it is dropped with its connection.
+struct TenantSlot {
+    tls: Arc<TlsSetup>,
+    tenant: String,
+}
+
+impl Drop for TenantSlot {
+    fn drop(&mut self) {
+        let mut open = self.tls.open.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = open.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                open.remove(&self.tenant);
+            }
+        }
+    }
+}
+
 /// A connection of the client port, as the gRPC server sees it.
 pub struct ClientStream {
     io: Io,
     connection: Connection,
+    /// Its place in its tenant's connection quota, if it counts.
+    _slot: Option<TenantSlot>,
 }
 
 enum Io {
@@ -375,6 +425,7 @@ pub fn incoming(
                 let plain = ClientStream {
                     io: Io::Plain(tcp),
                     connection: Connection::default(),
+                    _slot: None,
                 };
                 if tx.send(Ok(plain)).await.is_err() {
                     return;
@@ -386,16 +437,30 @@ pub fn incoming(
             tokio::spawn(async move {
                 let peer = tcp.peer_addr().ok();
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => {
+                    Ok(Ok(mut s)) => {
                         let (_, session) = s.get_ref();
                         let connection = tls.connection(
                             session.server_name(),
                             session.peer_certificates().and_then(<[_]>::first),
                             &served,
                         );
+                        let slot = match connection.tenant.as_deref().map(|t| tls.take_slot(t)) {
+                            None => None,
+                            Some(Ok(slot)) => slot,
+                            Some(Err(max)) => {
+                                let tenant = connection.tenant.unwrap_or_default();
+                                tracing::info!(?peer, %tenant, max, "connection refused: the tenant's connection quota is open");
+                                metrics::counter!("strata_frontend_connections_refused_total", "tenant" => tenant)
+                                    .increment(1);
+                                // close_notify, then the socket closes.
+                                let _ = tokio::io::AsyncWriteExt::shutdown(&mut s).await;
+                                return;
+                            }
+                        };
                         let stream = ClientStream {
                             io: Io::Tls(Box::new(s)),
                             connection,
+                            _slot: slot,
                         };
                         let _ = tx.send(Ok(stream)).await;
                     }

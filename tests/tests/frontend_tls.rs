@@ -42,6 +42,15 @@ impl Pki {
 
     /// A gRPC connection presenting client certificate `name`, dialling server name `sni`.
     async fn channel(&self, endpoint: &str, name: &str, sni: &str) -> Channel {
+        self.try_channel(endpoint, name, sni).await.unwrap()
+    }
+
+    async fn try_channel(
+        &self,
+        endpoint: &str,
+        name: &str,
+        sni: &str,
+    ) -> Result<Channel, tonic::transport::Error> {
         let read = |f: String| std::fs::read_to_string(self.path(&f)).unwrap();
         let tls = ClientTlsConfig::new()
             .ca_certificate(Certificate::from_pem(&self.ca.cert_pem))
@@ -56,7 +65,6 @@ impl Pki {
             .unwrap()
             .connect()
             .await
-            .unwrap()
     }
 }
 
@@ -113,9 +121,17 @@ async fn count(channel: &Channel) -> i64 {
         .count
 }
 
+/// A TLS frontend's process and addresses.
+struct TlsFrontend {
+    _child: ChildGuard,
+    listen: String,
+    metrics: String,
+    log: PathBuf,
+}
+
 /// A TLS frontend over `d`'s journal, with `extra` flags (`{port}` in them: its client port),
-/// once ready: its process, client address and log.
-async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> (ChildGuard, String, PathBuf) {
+/// once ready.
+async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> TlsFrontend {
     let listen = format!("127.0.0.1:{}", free_port());
     let metrics = format!("127.0.0.1:{}", free_port());
     let mut args = frontend_args(d.journal_addrs(), &listen, &metrics, &[]);
@@ -135,7 +151,12 @@ async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> (ChildGuard, St
         assert!(Instant::now() < deadline, "not ready:\n{}", tail_file(&log));
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    (fe, listen, log)
+    TlsFrontend {
+        _child: fe,
+        listen,
+        metrics,
+        log,
+    }
 }
 
 /// etcdctl at `endpoint` with the client certificate `name` (none if `None`).
@@ -157,7 +178,7 @@ async fn tls_with_client_certificates_naming_tenants() {
     let d = Deployment::start(1).await;
     let pki = write_pki(d.dir());
     let tenant_domain = format!("--tenant-domain={DOMAIN}");
-    let (_fe, listen, log) = start_tls(
+    let fe = start_tls(
         &d,
         &pki,
         &[
@@ -168,13 +189,14 @@ async fn tls_with_client_certificates_naming_tenants() {
         ],
     )
     .await;
+    let (listen, log) = (&fe.listen, &fe.log);
     let port = listen.rsplit(':').next().unwrap();
     let endpoint = format!("https://{listen}");
     let with = etcdctl_as(&pki, &endpoint);
 
     // etcdctl with the operator's certificate: the default tenant, as against etcd.
     let out = with(Some("operator"), &["put", "k", "default-value"]);
-    assert!(out.success, "{}\n{}", out.stderr, tail_file(&log));
+    assert!(out.success, "{}\n{}", out.stderr, tail_file(log));
     let out = with(Some("operator"), &["get", "k", "--print-value-only"]);
     assert_eq!(out.stdout.trim(), "default-value", "{}", out.stderr);
     let out = with(Some("operator"), &["endpoint", "health"]);
@@ -293,7 +315,8 @@ async fn a_client_certificates_common_name_is_its_user() {
         "--auth-token-key-file={}",
         d.dir().join("auth-token.key").display()
     );
-    let (_fe, listen, log) = start_tls(&d, &pki, &["--client-cert-auth", &key]).await;
+    let fe = start_tls(&d, &pki, &["--client-cert-auth", &key]).await;
+    let (listen, log) = (&fe.listen, &fe.log);
     let endpoint = format!("https://{listen}");
     let with = etcdctl_as(&pki, &endpoint);
     let ok = |name: &str, cmd: &[&str]| {
@@ -302,7 +325,7 @@ async fn a_client_certificates_common_name_is_its_user() {
             out.success,
             "{name} {cmd:?}: {}\n{}",
             out.stderr,
-            tail_file(&log)
+            tail_file(log)
         );
         out.stdout
     };
@@ -350,5 +373,62 @@ async fn a_client_certificates_common_name_is_its_user() {
     assert_eq!(
         ok("operator", &["get", "r/a", "--print-value-only"]).trim(),
         "4"
+    );
+}
+
+/// `--tenant-max-connections`: a tenant's connection beyond its quota is closed after the
+/// handshake; other tenants are not affected, and a closed connection frees its place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_connections_beyond_its_quota_are_closed() {
+    let d = Deployment::start(1).await;
+    let pki = write_pki(d.dir());
+    let tenant_domain = format!("--tenant-domain={DOMAIN}");
+    let fe = start_tls(
+        &d,
+        &pki,
+        &[
+            &tenant_domain,
+            "--tenants=a,b",
+            "--tenant-max-connections=1",
+        ],
+    )
+    .await;
+    let (listen, metrics, log) = (&fe.listen, &fe.metrics, &fe.log);
+    let endpoint = format!("https://{listen}");
+    let b1 = pki.channel(&endpoint, "b", "b.tenants.test").await;
+    put(&b1, None, "k").await.unwrap();
+    // A second connection of b: closed once its handshake is done.
+    let second = match pki.try_channel(&endpoint, "b", "b.tenants.test").await {
+        Err(_) => None,
+        Ok(b2) => Some(put(&b2, None, "k").await),
+    };
+    assert!(
+        matches!(second, None | Some(Err(_))),
+        "b's second connection was served\n{}",
+        tail_file(log)
+    );
+    // a has its own quota; b's first connection goes on.
+    let a1 = pki.channel(&endpoint, "a", "a.tenants.test").await;
+    put(&a1, None, "k").await.unwrap();
+    put(&b1, None, "k2").await.unwrap();
+    // Closing b's connection frees its place.
+    drop(b1);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(b3) = pki.try_channel(&endpoint, "b", "b.tenants.test").await
+            && put(&b3, None, "k3").await.is_ok()
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b never got its place back");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let metrics =
+        strata_tests::curl::request(&format!("http://{metrics}"), "GET", "/metrics", "").1;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("strata_frontend_connections_refused_total{tenant=\"b\"}")),
+        "no refused-connections counter for b"
     );
 }

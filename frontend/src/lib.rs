@@ -24,6 +24,7 @@ pub mod read_txn;
 pub mod replica;
 pub mod rpc;
 pub mod server;
+pub mod shared_tail;
 pub mod snapshot;
 pub mod tenant;
 pub mod tenants;

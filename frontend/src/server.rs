@@ -157,13 +157,19 @@ impl Frontend {
                 .map(|name| initial_store(name, config.shard, checkpoints.as_ref())),
         )
         .await?;
+        // Several tenants read the shard through one journal read (shared_tail.rs).
+        let tails: Arc<dyn Log> = if served.len() > 1 {
+            Arc::new(crate::shared_tail::SharedTail::new(log.clone()))
+        } else {
+            log.clone()
+        };
         let mut started = config.served_tenants().zip(stores).map(|(name, store)| {
             Tenant::start(
                 name,
                 config.shard,
                 store,
                 checkpoints.clone(),
-                log.clone(),
+                tails.clone(),
                 limits,
                 // Each tenant is its own etcd cluster to its clients.
                 Identity {

@@ -17,7 +17,8 @@ use strata_tests::tenant::TENANT_HEADER;
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
-const DOMAIN: &str = "tenants.test";
+/// `--tenant-domain` of the tests' frontends (their certificates name `*.tenants.test`).
+const TENANT_DOMAIN: &str = "--tenant-domain=tenants.test";
 
 /// The test's certificates, as files.
 struct Pki {
@@ -121,6 +122,14 @@ async fn count(channel: &Channel) -> i64 {
         .count
 }
 
+/// A deployment (journal nodes and one plain frontend) with the test's certificates written
+/// into its directory.
+async fn deployment_with_pki() -> (Deployment, Pki) {
+    let d = Deployment::start(1).await;
+    let pki = write_pki(d.dir());
+    (d, pki)
+}
+
 /// A TLS frontend's process and addresses.
 struct TlsFrontend {
     _child: ChildGuard,
@@ -175,15 +184,13 @@ fn etcdctl_as<'p>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_client_certificates_naming_tenants() {
-    let d = Deployment::start(1).await;
-    let pki = write_pki(d.dir());
-    let tenant_domain = format!("--tenant-domain={DOMAIN}");
+    let (d, pki) = deployment_with_pki().await;
     let fe = start_tls(
         &d,
         &pki,
         &[
             "--client-cert-auth",
-            &tenant_domain,
+            TENANT_DOMAIN,
             "--tenants=a,b",
             "--advertise-client-urls=https://{tenant}.tenants.test:{port}",
         ],
@@ -302,8 +309,7 @@ async fn tls_with_client_certificates_naming_tenants() {
 /// user its certificate's common name names, as etcd checks it; a token still comes first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificates_common_name_is_its_user() {
-    let d = Deployment::start(1).await;
-    let pki = write_pki(d.dir());
+    let (d, pki) = deployment_with_pki().await;
     pki.ca
         .client("alice", &["alice.example"])
         .write(d.dir(), "alice");
@@ -380,17 +386,11 @@ async fn a_client_certificates_common_name_is_its_user() {
 /// handshake; other tenants are not affected, and a closed connection frees its place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenants_connections_beyond_its_quota_are_closed() {
-    let d = Deployment::start(1).await;
-    let pki = write_pki(d.dir());
-    let tenant_domain = format!("--tenant-domain={DOMAIN}");
+    let (d, pki) = deployment_with_pki().await;
     let fe = start_tls(
         &d,
         &pki,
-        &[
-            &tenant_domain,
-            "--tenants=a,b",
-            "--tenant-max-connections=1",
-        ],
+        &[TENANT_DOMAIN, "--tenants=a,b", "--tenant-max-connections=1"],
     )
     .await;
     let (listen, metrics, log) = (&fe.listen, &fe.metrics, &fe.log);

@@ -541,3 +541,18 @@ impl Appenders {
         (acked, failures)
     }
 }
+
+/// The first index journal node `addr` (`host:port`) still holds of `shard`, 0 while it cannot
+/// answer (tests wait for a trim with it).
+pub async fn first_index_of(addr: &str, shard: u32) -> u64 {
+    let Ok(mut c) =
+        api::strata::journal::journal_client::JournalClient::connect(format!("http://{addr}"))
+            .await
+    else {
+        return 0;
+    };
+    c.status(api::strata::journal::StatusRequest { shard })
+        .await
+        .map(|r| r.into_inner().first_index)
+        .unwrap_or(0)
+}

@@ -4,10 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use api::strata::journal::StatusRequest;
-use api::strata::journal::journal_client::JournalClient;
 use etcd_client::{Client, GetOptions};
 use strata_tests::deployment::{Deployment, frontend_args};
+use strata_tests::journal::first_index_of;
 use strata_tests::process::{ChildGuard, free_port, strata_bin};
 use strata_tests::procstat::cpu_and_faults;
 use strata_tests::readiness::{tail_file, wait_ready};
@@ -17,16 +16,6 @@ const WAIT: Duration = Duration::from_secs(90);
 
 async fn first_index(journal: &str) -> u64 {
     first_index_of(journal, 0).await
-}
-
-async fn first_index_of(journal: &str, shard: u32) -> u64 {
-    let Ok(mut c) = JournalClient::connect(format!("http://{journal}")).await else {
-        return 0;
-    };
-    c.status(StatusRequest { shard })
-        .await
-        .map(|r| r.into_inner().first_index)
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

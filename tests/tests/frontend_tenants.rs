@@ -14,10 +14,9 @@ use api::etcdserverpb::{
     WatchRequest,
 };
 use api::mvccpb::KeyValue;
-use api::strata::journal::StatusRequest;
-use api::strata::journal::journal_client::JournalClient;
 use futures::StreamExt;
 use strata_tests::deployment::{Deployment, Setup, frontend_args};
+use strata_tests::journal::first_index_of;
 use strata_tests::process::{ChildGuard, free_port};
 use strata_tests::readiness::tail_file;
 use strata_tests::tenant::TenantClient;
@@ -102,16 +101,6 @@ async fn hash_kv(c: &mut TenantClient) -> u32 {
         .unwrap()
         .into_inner()
         .hash
-}
-
-async fn first_index(journal: &str) -> u64 {
-    let Ok(mut c) = JournalClient::connect(format!("http://{journal}")).await else {
-        return 0;
-    };
-    c.status(StatusRequest { shard: 0 })
-        .await
-        .map(|r| r.into_inner().first_index)
-        .unwrap_or(0)
 }
 
 /// Opens a watch of `key` in `c`'s tenant from `start_revision` and answers the stream once
@@ -284,7 +273,7 @@ async fn tenants_of_one_frontend_never_cross_and_restart_from_their_checkpoints(
         d.start_compactor(&["--every-entries", "20", "--every", "1s", "--trim-lag", "0"]);
     let deadline = Instant::now() + WAIT;
     let mut i = 0;
-    while first_index(&d.journal_addrs()[0]).await <= 1 {
+    while first_index_of(&d.journal_addrs()[0], 0).await <= 1 {
         assert!(
             Instant::now() < deadline,
             "journal never trimmed\n--- compactor log ---\n{}",

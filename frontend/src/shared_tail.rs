@@ -83,7 +83,8 @@ struct FeedState {
     next: u64,
     /// The journal no longer holds `next`: why, until a reader restarts the feed.
     trimmed: Option<u64>,
-    /// A reader asked to restart the trimmed feed at this index.
+    /// A reader asked to restart the trimmed feed at this index (only ever set while
+    /// `trimmed` is: the read that met the trim has ended by then).
     restart: Option<u64>,
 }
 
@@ -165,9 +166,6 @@ impl Feed {
                         self.failed(e, &mut backoff).await;
                         break;
                     }
-                }
-                if self.lock().restart.is_some() {
-                    break;
                 }
             }
         }

@@ -295,12 +295,15 @@ impl Tenants {
 /// the common name, checked as that user from the auth state as it is now; a name that is no
 /// user is denied like any unknown user), else nobody.
 fn certificate_user(t: &Tenant, metadata: &MetadataMap) -> Caller {
+    if !t.replica.auth_enabled() {
+        return Caller::default();
+    }
     // Set by `tls::ConnectionLayer` from a UTF-8 name.
     match metadata
         .get(CONNECTION_USER)
         .map(|u| std::str::from_utf8(u.as_bytes()))
     {
-        Some(Ok(user)) if t.replica.auth_enabled() => Caller {
+        Some(Ok(user)) => Caller {
             user: user.to_string(),
             revision: t.replica.read().auth_revision(),
         },

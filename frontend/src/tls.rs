@@ -317,10 +317,34 @@ impl Drop for TenantSlot {
     }
 }
 
+/// What a connection says about every request on it, as metadata entries made once when it
+/// is accepted (so a request costs reference counts, not allocations).
+#[derive(Clone, Default)]
+pub struct ConnectionEntries(Arc<[(&'static str, http::HeaderValue)]>);
+
+impl From<&Connection> for ConnectionEntries {
+    fn from(c: &Connection) -> Self {
+        let entries: Vec<_> = [
+            (CONNECTION_TENANT, &c.tenant),
+            (CONNECTION_REFUSED, &c.refused),
+            (CONNECTION_USER, &c.user),
+        ]
+        .into_iter()
+        .filter_map(|(name, value)| {
+            // UTF-8 passes (a common name may be any text); a value that is no header value (a
+            // control character in a common name) is left out: no user then, as without it.
+            let v = http::HeaderValue::from_bytes(value.as_deref()?.as_bytes()).ok()?;
+            Some((name, v))
+        })
+        .collect();
+        Self(entries.into())
+    }
+}
+
 /// A connection of the client port, as the gRPC server sees it.
 pub struct ClientStream {
     io: Io,
-    connection: Connection,
+    entries: ConnectionEntries,
     /// Its place in its tenant's connection quota, if it counts.
     _slot: Option<TenantSlot>,
 }
@@ -331,10 +355,10 @@ enum Io {
 }
 
 impl Connected for ClientStream {
-    type ConnectInfo = Connection;
+    type ConnectInfo = ConnectionEntries;
 
-    fn connect_info(&self) -> Connection {
-        self.connection.clone()
+    fn connect_info(&self) -> ConnectionEntries {
+        self.entries.clone()
     }
 }
 
@@ -424,7 +448,7 @@ pub fn incoming(
             let Some(tls) = tls.clone() else {
                 let plain = ClientStream {
                     io: Io::Plain(tcp),
-                    connection: Connection::default(),
+                    entries: ConnectionEntries::default(),
                     _slot: None,
                 };
                 if tx.send(Ok(plain)).await.is_err() {
@@ -459,7 +483,7 @@ pub fn incoming(
                         };
                         let stream = ClientStream {
                             io: Io::Tls(Box::new(s)),
-                            connection,
+                            entries: ConnectionEntries::from(&connection),
                             _slot: slot,
                         };
                         let _ = tx.send(Ok(stream)).await;
@@ -473,8 +497,9 @@ pub fn incoming(
     tokio_stream::wrappers::ReceiverStream::new(rx)
 }
 
-/// Sets [`CONNECTION_TENANT`] and [`CONNECTION_REFUSED`] on every request from its
-/// connection's [`Connection`], after removing whatever the client sent under those names.
+/// Sets [`CONNECTION_TENANT`], [`CONNECTION_REFUSED`] and [`CONNECTION_USER`] on every request
+/// from its connection's [`ConnectionEntries`], after removing whatever the client sent under
+/// those names.
 #[derive(Clone, Copy, Default)]
 pub struct ConnectionLayer;
 
@@ -508,16 +533,10 @@ where
         for name in [CONNECTION_TENANT, CONNECTION_REFUSED, CONNECTION_USER] {
             headers.remove(name);
         }
-        if let Some(c) = req.extensions().get::<Connection>().cloned() {
+        if let Some(ConnectionEntries(entries)) = req.extensions().get().cloned() {
             let headers = req.headers_mut();
-            for (name, value) in [
-                (CONNECTION_TENANT, c.tenant),
-                (CONNECTION_REFUSED, c.refused),
-                (CONNECTION_USER, c.user),
-            ] {
-                if let Some(v) = value.and_then(|v| http::HeaderValue::try_from(v).ok()) {
-                    headers.insert(name, v);
-                }
+            for (name, value) in entries.iter() {
+                headers.insert(*name, value.clone());
             }
         }
         self.inner.call(req)
@@ -598,6 +617,29 @@ mod tests {
             );
         }
         assert_eq!(c(Some("localhost"), Some(&of_b)), tenant("b"));
+    }
+
+    #[test]
+    fn a_connections_entries_are_made_once_and_keep_utf8_names() {
+        let entries = ConnectionEntries::from(&Connection {
+            tenant: Some("a".into()),
+            refused: None,
+            user: Some("système".into()),
+        });
+        let got: Vec<(&str, &[u8])> = entries.0.iter().map(|(n, v)| (*n, v.as_bytes())).collect();
+        assert_eq!(
+            got,
+            [
+                (CONNECTION_TENANT, b"a".as_slice()),
+                (CONNECTION_USER, "système".as_bytes())
+            ]
+        );
+        // A name no header can carry names nobody.
+        let entries = ConnectionEntries::from(&Connection {
+            user: Some("a\nb".into()),
+            ..Connection::default()
+        });
+        assert!(entries.0.is_empty());
     }
 
     #[test]

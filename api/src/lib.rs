@@ -32,10 +32,14 @@ pub mod strata {
     pub mod journal {
         tonic::include_proto!("strata.journal");
     }
+    pub mod admin {
+        tonic::include_proto!("strata.admin");
+    }
 }
 
 pub mod manifest;
 pub mod record;
+pub mod tenant;
 
 /// etcd's prefix range end (clientv3 `GetPrefixRangeEnd`): the smallest key greater than every
 /// key starting with `prefix`, i.e. the prefix with its last byte below 0xff incremented and

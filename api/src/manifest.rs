@@ -232,7 +232,10 @@ pub fn validate_tenant(tenant: &str) -> Result<(), ManifestError> {
     let ok_rest = tenant
         .bytes()
         .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'.' | b'-' | b'_'));
-    if ok_first && ok_rest && tenant.len() <= MAX_TENANT_NAME_LEN {
+    // The catalogue's reserved tenant is checkpointed like any other.
+    if tenant == crate::tenant::SYSTEM_TENANT
+        || (ok_first && ok_rest && tenant.len() <= MAX_TENANT_NAME_LEN)
+    {
         Ok(())
     } else {
         Err(ManifestError::BadTenant(tenant.to_string()))

@@ -139,6 +139,7 @@ fn store_status(e: &memstore::Error) -> (Code, String) {
         C::Unimplemented => Code::Unimplemented,
         C::DataLoss => Code::DataLoss,
         C::PermissionDenied => Code::PermissionDenied,
+        C::AlreadyExists => Code::AlreadyExists,
         C::Unknown => Code::Unknown,
     };
     (code, e.grpc_message())

@@ -13,6 +13,7 @@ pub enum Code {
     Unimplemented,
     DataLoss,
     PermissionDenied,
+    AlreadyExists,
     /// What grpc-go answers for an error etcd does not map to a code.
     Unknown,
 }
@@ -93,6 +94,21 @@ pub enum Error {
     /// A request kind this release does not apply (tenant changes).
     #[error("etcdserver: not capable: {0}")]
     Unsupported(String),
+    /// Catalogue: a create of a name the catalogue holds (deleted ones included).
+    #[error("strata: tenant {0} already exists")]
+    TenantExists(String),
+    #[error("strata: tenant {0} not found")]
+    TenantNotFound(String),
+    #[error(
+        "strata: tenant name {0:?} is not a DNS label (lowercase letters, digits and '-', at most 63, not starting or ending with '-')"
+    )]
+    TenantName(String),
+    /// A change the tenant's state does not allow (suspending a deleted tenant, undeleting one
+    /// that is not deleted).
+    #[error("strata: tenant {name} is {state}")]
+    TenantState { name: String, state: &'static str },
+    #[error("strata: shard {shard} is not one of the deployment's {shards} shards")]
+    NoSuchShard { shard: u32, shards: u32 },
     /// A checkpoint failed its checks (magic, version, checksum, archive validation).
     #[error("memstore: corrupt checkpoint: {0}")]
     Corrupt(String),
@@ -113,6 +129,10 @@ impl Error {
             | Error::LeaseProvided => Code::InvalidArgument,
             Error::NoSpace => Code::ResourceExhausted,
             Error::Unsupported(_) => Code::Unimplemented,
+            Error::TenantExists(_) => Code::AlreadyExists,
+            Error::TenantNotFound(_) => Code::NotFound,
+            Error::TenantName(_) | Error::NoSuchShard { .. } => Code::InvalidArgument,
+            Error::TenantState { .. } => Code::FailedPrecondition,
             Error::Corrupt(_) | Error::CorruptAlarm => Code::DataLoss,
             Error::UserEmpty
             | Error::RoleEmpty

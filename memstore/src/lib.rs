@@ -2,6 +2,7 @@
 //! applied deterministically from journal entries (see the crate README and docs/memstore.md).
 
 mod auth;
+mod catalogue;
 mod dedup;
 mod error;
 mod keyspace;
@@ -142,6 +143,8 @@ pub enum Outcome {
     Alarm(AlarmResponse),
     /// An auth change was applied (the frontend answers it with the response its RPC names).
     Auth,
+    /// A catalogue change was applied (`_system` only): the tenant's record after it.
+    Tenant(Box<api::strata::admin::TenantRecord>),
     /// A step of a staged restore (`RestoreBegin`, `RestoreChunk`, `RestoreCommit`).
     Restore(RestoreStep),
     /// The request id was applied before (within the window); nothing changed. `revision` is

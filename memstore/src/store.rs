@@ -529,7 +529,7 @@ impl MemStore {
             Carried::of(request),
             |s, events| match request {
                 Some(req) => match s.check_request(caller, req) {
-                    Ok(()) => s.apply_request(index, req, events),
+                    Ok(()) => s.apply_request(index, &entry.tenant, req, events),
                     Err(e) => Outcome::Failed(e),
                 },
                 None => Outcome::Nothing,
@@ -594,6 +594,7 @@ impl MemStore {
             request,
             user,
             auth_revision,
+            tenant,
             ..
         } = entry;
         let caller = Caller {
@@ -615,7 +616,7 @@ impl MemStore {
                         s.apply_put_with(p.key, p.value, flags, None, events)
                             .map_or_else(Outcome::Failed, Outcome::Put)
                     }
-                    Some(other) => s.apply_request(index, &other, events),
+                    Some(other) => s.apply_request(index, &tenant, &other, events),
                     None => Outcome::Nothing,
                 }
             },
@@ -972,7 +973,13 @@ impl MemStore {
         Ok(())
     }
 
-    fn apply_request(&mut self, index: u64, req: &Request, events: &mut Vec<Event>) -> Outcome {
+    fn apply_request(
+        &mut self,
+        index: u64,
+        tenant: &str,
+        req: &Request,
+        events: &mut Vec<Event>,
+    ) -> Outcome {
         // While CORRUPT is raised etcd refuses these before anything else (its corrupt applier
         // wraps the others, the NOSPACE one included); keep-alives and alarms go on. Puts check
         // it where every put path meets (`apply_put_with`).
@@ -1001,7 +1008,9 @@ impl MemStore {
                 self.auth_changed();
                 Outcome::Auth
             }),
-            Request::TenantChange(_) => Err(Error::Unsupported("tenant changes".into())),
+            Request::TenantChange(c) => self
+                .apply_tenant_change(index, tenant, c, events)
+                .map(|r| Outcome::Tenant(Box::new(r))),
             Request::RestoreBegin(b) => Ok(self.apply_restore_begin(b)),
             Request::RestoreChunk(c) => Ok(self.apply_restore_chunk(c)),
             Request::RestoreCommit(c) => Ok(self.apply_restore_commit(c, events)),
@@ -1026,6 +1035,24 @@ impl MemStore {
             return Err(Error::KeyNotFound);
         }
         Ok(())
+    }
+
+    /// A plain put of `key` (no lease, no flags) made by the store itself (the catalogue's
+    /// records), checked as every put is; the revision it made.
+    pub(crate) fn put_internal(
+        &mut self,
+        key: Vec<u8>,
+        value: Vec<u8>,
+        events: &mut Vec<Event>,
+    ) -> Result<i64, Error> {
+        let flags = PutFlags {
+            lease: 0,
+            prev_kv: false,
+            ignore_value: false,
+            ignore_lease: false,
+        };
+        self.apply_put_with(key, value, flags, None, events)?;
+        Ok(self.state.revision)
     }
 
     fn apply_put(&mut self, p: &PutRequest, events: &mut Vec<Event>) -> Result<PutResponse, Error> {

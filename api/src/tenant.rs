@@ -1,0 +1,77 @@
+//! The tenant catalogue's names and keys (docs/design/tenants.md, T1): the reserved tenant that
+//! holds it, the key of each tenant's record, and the rule a tenant's name follows.
+
+use crate::strata::admin::TenantRecord;
+
+/// The reserved tenant whose keyspace is the catalogue, journalled on shard 0. Names starting
+/// with `_` are reserved: no client can name one, and the catalogue refuses to create one.
+pub const SYSTEM_TENANT: &str = "_system";
+/// The shard `SYSTEM_TENANT` lives on.
+pub const SYSTEM_SHARD: u32 = 0;
+/// Each tenant's record is the value of `/tenants/<name>` in `SYSTEM_TENANT`'s keyspace.
+pub const RECORD_PREFIX: &[u8] = b"/tenants/";
+/// A DNS label's length limit.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// The catalogue key of tenant `name`'s record.
+pub fn record_key(name: &str) -> Vec<u8> {
+    let mut k = RECORD_PREFIX.to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+/// The tenant a catalogue key names, if it is a record's key.
+pub fn name_of_key(key: &[u8]) -> Option<&str> {
+    std::str::from_utf8(key.strip_prefix(RECORD_PREFIX)?).ok()
+}
+
+/// Whether `name` may name a tenant in the catalogue: a DNS label (`[a-z0-9]([a-z0-9-]{0,61}
+/// [a-z0-9])?`), so that it can be the first label of a TLS server name and an object path.
+pub fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= MAX_NAME_LEN
+        && b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// A record decoded from a catalogue value, its `revision` set to the key's mod revision.
+pub fn decode_record(value: &[u8], mod_revision: i64) -> Result<TenantRecord, prost::DecodeError> {
+    let mut r: TenantRecord = prost::Message::decode(value)?;
+    r.revision = mod_revision;
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_dns_labels() {
+        for ok in ["a", "a1", "prod-eu-1", "0", &"x".repeat(63)] {
+            assert!(valid_name(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "-a",
+            "a-",
+            "A",
+            "a_b",
+            "a.b",
+            SYSTEM_TENANT,
+            "é",
+            &"x".repeat(64),
+        ] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn keys_name_their_tenant() {
+        assert_eq!(record_key("ab"), b"/tenants/ab");
+        assert_eq!(name_of_key(&record_key("ab")), Some("ab"));
+        assert_eq!(name_of_key(b"/other/ab"), None);
+    }
+}

@@ -1,0 +1,363 @@
+//! The tenant catalogue (`_system`'s TenantChange entries): every rule by example, and random
+//! change sequences against a naive model, through a checkpoint round trip.
+
+use std::collections::BTreeMap;
+
+use api::strata::admin::{TenantRecord, TenantState};
+use api::strata::entry::{
+    Entry, TenantChange, TenantQuotas, entry::Request, tenant_change::Change,
+};
+use api::tenant::SYSTEM_TENANT;
+use memstore::checkpoint::{self, CheckpointMeta};
+use memstore::{Code, Config, Error, MemStore, Outcome};
+use proptest::prelude::*;
+
+struct Catalogue {
+    store: MemStore,
+    index: u64,
+    now_ms: i64,
+}
+
+impl Catalogue {
+    fn new() -> Self {
+        Self {
+            store: MemStore::new(Config::default()),
+            index: 0,
+            now_ms: 5_000,
+        }
+    }
+
+    fn apply_as(&mut self, tenant: &str, change: TenantChange) -> Result<TenantRecord, Error> {
+        self.index += 1;
+        self.now_ms += 10;
+        let entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: tenant.into(),
+            time_ms: self.now_ms,
+            request: Some(Request::TenantChange(change)),
+            ..Default::default()
+        };
+        match self.store.apply(self.index, &entry).outcome {
+            Outcome::Tenant(r) => Ok(*r),
+            Outcome::Failed(e) => Err(e),
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+
+    fn apply(&mut self, change: TenantChange) -> Result<TenantRecord, Error> {
+        self.apply_as(SYSTEM_TENANT, change)
+    }
+}
+
+fn change(name: &str, c: Change) -> TenantChange {
+    TenantChange {
+        name: name.into(),
+        change: Some(c),
+        ..Default::default()
+    }
+}
+
+fn create(name: &str, shard: Option<u32>, shards: u32, uid: u8) -> TenantChange {
+    TenantChange {
+        uid: vec![uid; 16],
+        shard,
+        shards,
+        ..change(name, Change::Create(TenantQuotas::default()))
+    }
+}
+
+#[test]
+fn create_places_records_and_refuses_what_etcd_users_would_not_expect() {
+    let mut c = Catalogue::new();
+    let a = c.apply(create("a", None, 3, 1)).unwrap();
+    assert_eq!((a.shard, a.state), (0, TenantState::Active as i32));
+    assert_eq!(
+        (a.created_index, a.created_ms, a.uid),
+        (1, 5_010, vec![1; 16])
+    );
+    assert_eq!(a.revision, 2, "one put, one revision");
+    // Placement: the emptiest shard, the lowest of equals.
+    assert_eq!(c.apply(create("b", None, 3, 2)).unwrap().shard, 1);
+    assert_eq!(c.apply(create("c", Some(1), 3, 3)).unwrap().shard, 1);
+    assert_eq!(c.apply(create("d", None, 3, 4)).unwrap().shard, 2);
+    assert_eq!(c.apply(create("e", None, 3, 5)).unwrap().shard, 0);
+    let dup = c.apply(create("a", None, 3, 9)).unwrap_err();
+    assert_eq!(dup.to_string(), "strata: tenant a already exists");
+    assert_eq!(dup.grpc_code(), Code::AlreadyExists);
+    let bad = c.apply(create("Bad_Name", None, 3, 9)).unwrap_err();
+    assert_eq!(bad.grpc_code(), Code::InvalidArgument);
+    assert!(bad.to_string().contains("not a DNS label"), "{bad}");
+    let reserved = c.apply(create(SYSTEM_TENANT, None, 3, 9)).unwrap_err();
+    assert!(matches!(reserved, Error::TenantName(_)));
+    let shard = c.apply(create("f", Some(3), 3, 9)).unwrap_err();
+    assert_eq!(
+        shard.to_string(),
+        "strata: shard 3 is not one of the deployment's 3 shards"
+    );
+    let no_uid = c
+        .apply(TenantChange {
+            uid: vec![],
+            ..create("f", None, 3, 0)
+        })
+        .unwrap_err();
+    assert_eq!(no_uid.grpc_code(), Code::Unimplemented);
+    // A refused change changes nothing: same names, same revision.
+    let names: Vec<String> = c
+        .store
+        .tenant_records()
+        .into_iter()
+        .map(|r| r.name)
+        .collect();
+    assert_eq!(names, ["a", "b", "c", "d", "e"]);
+    assert_eq!(c.store.revision(), 6);
+}
+
+#[test]
+fn states_move_as_the_admin_api_says() {
+    let mut c = Catalogue::new();
+    c.apply(create("a", None, 1, 1)).unwrap();
+    let q = TenantQuotas {
+        requests_per_second: 100,
+        watchers: 5,
+        ..Default::default()
+    };
+    let r = c.apply(change("a", Change::UpdateQuotas(q))).unwrap();
+    assert_eq!(r.quotas, Some(q));
+    let neg = TenantQuotas {
+        leases: -1,
+        ..Default::default()
+    };
+    assert!(c.apply(change("a", Change::UpdateQuotas(neg))).is_err());
+    let s = c.apply(change("a", Change::Suspended(true))).unwrap();
+    assert_eq!(s.state, TenantState::Suspended as i32);
+    let s = c.apply(change("a", Change::Suspended(false))).unwrap();
+    assert_eq!(s.state, TenantState::Active as i32);
+    let not_deleted = c.apply(change("a", Change::Undelete(true))).unwrap_err();
+    assert_eq!(not_deleted.to_string(), "strata: tenant a is not deleted");
+    assert_eq!(not_deleted.grpc_code(), Code::FailedPrecondition);
+    let d = c.apply(change("a", Change::Delete(true))).unwrap();
+    assert_eq!(
+        (d.state, d.deleted_ms),
+        (TenantState::Deleted as i32, c.now_ms)
+    );
+    for refused in [
+        Change::Suspended(true),
+        Change::Delete(true),
+        Change::UpdateQuotas(q),
+    ] {
+        let e = c.apply(change("a", refused)).unwrap_err();
+        assert_eq!(e.to_string(), "strata: tenant a is deleted");
+    }
+    // A deleted name is still taken (its data is still there).
+    assert!(matches!(
+        c.apply(create("a", None, 1, 2)),
+        Err(Error::TenantExists(_))
+    ));
+    let u = c.apply(change("a", Change::Undelete(true))).unwrap();
+    assert_eq!(
+        (u.state, u.deleted_ms, u.quotas),
+        (TenantState::Active as i32, 0, Some(q))
+    );
+    assert_eq!(u.uid, vec![1; 16], "undelete keeps the generation");
+    let missing = c.apply(change("zz", Change::Suspended(true))).unwrap_err();
+    assert_eq!(missing.to_string(), "strata: tenant zz not found");
+    assert_eq!(missing.grpc_code(), Code::NotFound);
+    // The record read back is the one the change answered.
+    assert_eq!(c.store.tenant_record("a"), Some(u));
+}
+
+#[test]
+fn only_the_catalogue_applies_tenant_changes() {
+    let mut c = Catalogue::new();
+    let e = c.apply_as("a", create("b", None, 1, 1)).unwrap_err();
+    assert_eq!(e.grpc_code(), Code::Unimplemented);
+    assert!(c.store.tenant_records().is_empty());
+    assert_eq!(c.store.revision(), 1);
+}
+
+#[test]
+fn a_catalogue_change_is_an_event_for_its_watchers() {
+    let mut c = Catalogue::new();
+    c.index += 1;
+    let entry = Entry {
+        format_version: api::ENTRY_FORMAT_VERSION,
+        tenant: SYSTEM_TENANT.into(),
+        time_ms: 1,
+        request: Some(Request::TenantChange(create("a", None, 2, 7))),
+        ..Default::default()
+    };
+    let applied = c.store.apply(c.index, &entry);
+    assert_eq!(applied.events.len(), 1);
+    let kv = applied.events[0].kv.as_ref().unwrap();
+    assert_eq!(kv.key, b"/tenants/a");
+    let r = api::tenant::decode_record(&kv.value, kv.mod_revision).unwrap();
+    assert_eq!((r.name.as_str(), r.revision), ("a", 2));
+}
+
+/// The model: what each name's record should be.
+#[derive(Clone, Debug, PartialEq)]
+struct Model {
+    shard: u32,
+    state: TenantState,
+    quotas: TenantQuotas,
+    uid: u8,
+    created_index: u64,
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Create(usize, Option<u32>, u32, u8),
+    Quotas(usize, i64),
+    Suspend(usize, bool),
+    Delete(usize),
+    Undelete(usize),
+}
+
+const NAMES: [&str; 5] = ["a", "b", "c-1", "d0", "e"];
+
+fn op() -> impl Strategy<Value = Op> {
+    let n = 0..NAMES.len();
+    prop_oneof![
+        (
+            n.clone(),
+            proptest::option::of(0u32..4),
+            1u32..4,
+            any::<u8>()
+        )
+            .prop_map(|(i, s, n, u)| Op::Create(i, s, n, u)),
+        (n.clone(), -1i64..1000).prop_map(|(i, q)| Op::Quotas(i, q)),
+        (n.clone(), any::<bool>()).prop_map(|(i, s)| Op::Suspend(i, s)),
+        n.clone().prop_map(Op::Delete),
+        n.prop_map(Op::Undelete),
+    ]
+}
+
+/// What the model expects of `op`: the new record, or None for a refusal.
+fn model_step(model: &BTreeMap<&str, Model>, op: &Op, index: u64) -> Option<Model> {
+    let live = |m: &Model| m.state != TenantState::Deleted;
+    match *op {
+        Op::Create(i, shard, shards, uid) => {
+            if model.contains_key(NAMES[i]) {
+                return None;
+            }
+            let shard = match shard {
+                Some(s) if s >= shards => return None,
+                Some(s) => s,
+                None => (0..shards)
+                    .min_by_key(|s| model.values().filter(|m| live(m) && m.shard == *s).count())
+                    .unwrap(),
+            };
+            Some(Model {
+                shard,
+                state: TenantState::Active,
+                quotas: TenantQuotas::default(),
+                uid,
+                created_index: index,
+            })
+        }
+        Op::Quotas(i, q) => {
+            let m = model.get(NAMES[i]).filter(|m| live(m) && q >= 0)?;
+            Some(Model {
+                quotas: TenantQuotas {
+                    watchers: q,
+                    ..Default::default()
+                },
+                ..m.clone()
+            })
+        }
+        Op::Suspend(i, s) => {
+            let m = model.get(NAMES[i]).filter(|m| live(m))?;
+            let state = if s {
+                TenantState::Suspended
+            } else {
+                TenantState::Active
+            };
+            Some(Model { state, ..m.clone() })
+        }
+        Op::Delete(i) => {
+            let m = model.get(NAMES[i]).filter(|m| live(m))?;
+            Some(Model {
+                state: TenantState::Deleted,
+                ..m.clone()
+            })
+        }
+        Op::Undelete(i) => {
+            let m = model.get(NAMES[i]).filter(|m| !live(m))?;
+            Some(Model {
+                state: TenantState::Active,
+                ..m.clone()
+            })
+        }
+    }
+}
+
+fn to_change(op: &Op) -> TenantChange {
+    match *op {
+        Op::Create(i, shard, shards, uid) => create(NAMES[i], shard, shards, uid),
+        Op::Quotas(i, q) => change(
+            NAMES[i],
+            Change::UpdateQuotas(TenantQuotas {
+                watchers: q,
+                ..Default::default()
+            }),
+        ),
+        Op::Suspend(i, s) => change(NAMES[i], Change::Suspended(s)),
+        Op::Delete(i) => change(NAMES[i], Change::Delete(true)),
+        Op::Undelete(i) => change(NAMES[i], Change::Undelete(true)),
+    }
+}
+
+fn matches_model(r: &TenantRecord, m: &Model) -> bool {
+    r.shard == m.shard
+        && r.state == m.state as i32
+        && r.quotas == Some(m.quotas)
+        && r.uid == vec![m.uid; 16]
+        && r.created_index == m.created_index
+}
+
+proptest! {
+    #[test]
+    fn random_changes_agree_with_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        let mut c = Catalogue::new();
+        let mut model: BTreeMap<&str, Model> = BTreeMap::new();
+        for op in &ops {
+            let expected = model_step(&model, op, c.index + 1);
+            let before = c.store.revision();
+            let got = c.apply(to_change(op));
+            match (&expected, &got) {
+                (Some(m), Ok(r)) => {
+                    prop_assert!(matches_model(r, m), "{op:?}: {r:?} vs {m:?}");
+                    prop_assert_eq!(r.revision, before + 1);
+                    let name = match *op {
+                        Op::Create(i, ..) | Op::Quotas(i, _) | Op::Suspend(i, _)
+                        | Op::Delete(i) | Op::Undelete(i) => NAMES[i],
+                    };
+                    model.insert(name, m.clone());
+                }
+                (None, Err(_)) => prop_assert_eq!(c.store.revision(), before),
+                _ => prop_assert!(false, "{op:?}: expected {expected:?}, got {got:?}"),
+            }
+        }
+        let check = |store: &MemStore| -> Result<(), TestCaseError> {
+            let records = store.tenant_records();
+            prop_assert_eq!(records.len(), model.len());
+            for r in &records {
+                let m = model.get(r.name.as_str()).expect("a modelled name");
+                prop_assert!(matches_model(r, m), "{r:?} vs {m:?}");
+            }
+            Ok(())
+        };
+        check(&c.store)?;
+        // A checkpoint carries the catalogue whole.
+        let meta = CheckpointMeta {
+            tenant: SYSTEM_TENANT.into(),
+            shard: 0,
+            index: c.store.applied_index(),
+            revision: c.store.revision(),
+            created_ms: c.now_ms,
+        };
+        let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &c.store)).unwrap();
+        check(&loaded)?;
+        prop_assert_eq!(loaded.tenant_records(), c.store.tenant_records());
+    }
+}

@@ -340,7 +340,7 @@ fn unsupported_requests_fail_cleanly() {
     let mut h = Harness::new();
     let a = h.apply(Request::TenantChange(api::strata::entry::TenantChange {
         name: "t".into(),
-        change: None,
+        ..Default::default()
     }));
     assert!(matches!(failed(&a), Some(Error::Unsupported(_))));
     assert_eq!(h.store.revision(), 1);

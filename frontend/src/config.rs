@@ -107,6 +107,35 @@ pub struct Config {
     #[arg(long, default_value_t = 0)]
     pub tenant_max_connections: usize,
 
+    /// Follow the tenant catalogue (the reserved tenant `_system` on shard 0; docs/design/
+    /// tenants.md, T1): serve, besides `--tenant` and `--tenants`, every tenant the catalogue
+    /// places on `--shard`, loaded as it is created, refused while suspended (FailedPrecondition)
+    /// or deleted (NotFound). Needs `--tenant-domain` or `--trust-tenant-header`.
+    #[arg(long)]
+    pub catalogue: bool,
+
+    /// How many journal shards the deployment has: a tenant created here without a shard is
+    /// placed on the one with the fewest tenants.
+    #[arg(long, default_value_t = 1)]
+    pub shards: u32,
+
+    /// Address of the admin API (`strata.admin.Admin`: create, list, suspend, resume, delete,
+    /// undelete tenants; `strata admin tenant`). Needs `--catalogue`. Mutual TLS
+    /// (`--admin-cert-file`, `--admin-key-file`, `--admin-trusted-ca-file`) unless it is a
+    /// loopback address.
+    #[arg(long)]
+    pub admin_listen: Option<SocketAddr>,
+
+    /// The admin port's certificate and key (PEM).
+    #[arg(long)]
+    pub admin_cert_file: Option<std::path::PathBuf>,
+    #[arg(long)]
+    pub admin_key_file: Option<std::path::PathBuf>,
+
+    /// The CA whose certificates the admin port accepts: every admin client must present one.
+    #[arg(long)]
+    pub admin_trusted_ca_file: Option<std::path::PathBuf>,
+
     /// With TLS, a connection to `<tenant>.<domain>` is a connection of that tenant, and so is
     /// one whose client certificate names `<tenant>.<domain>` (docs/design/tenants.md, T3).
     #[arg(long)]
@@ -201,7 +230,9 @@ pub struct Config {
 pub enum ConfigError {
     #[error("--journal needs at least one address")]
     NoJournal,
-    #[error("no tenant to serve: give --tenant, or --tenants with --trust-tenant-header")]
+    #[error(
+        "no tenant to serve: give --tenant, or --tenants or --catalogue with --trust-tenant-header or --tenant-domain"
+    )]
     NoTenant,
     #[error(transparent)]
     TenantName(#[from] api::manifest::ManifestError),
@@ -237,6 +268,16 @@ pub enum ConfigError {
         "--tenant-max-connections needs --tenant-domain: only TLS connections that name their tenant are counted"
     )]
     ConnectionsWithoutDomain,
+    #[error("tenant names starting with '_' are reserved, got {0:?}")]
+    ReservedTenant(String),
+    #[error("--shard {shard} is not below --shards {shards}")]
+    Shard { shard: u32, shards: u32 },
+    #[error("--admin-listen needs --catalogue (the admin API changes the catalogue)")]
+    AdminWithoutCatalogue,
+    #[error(
+        "--admin-listen {0} is not a loopback address: it needs --admin-cert-file, --admin-key-file and --admin-trusted-ca-file (mutual TLS)"
+    )]
+    AdminWithoutTls(SocketAddr),
 }
 
 impl Config {
@@ -255,6 +296,12 @@ impl Config {
             trusted_ca_file: None,
             client_cert_auth: false,
             tenant_domain: None,
+            catalogue: false,
+            shards: 1,
+            admin_listen: None,
+            admin_cert_file: None,
+            admin_key_file: None,
+            admin_trusted_ca_file: None,
             tenant_request_rate: 0,
             tenant_request_burst: 0,
             tenant_max_watchers: 0,
@@ -283,6 +330,7 @@ impl Config {
         }
         self.validate_tenants()?;
         self.validate_tls()?;
+        self.validate_admin()?;
         if self.max_request_bytes == 0 || self.max_request_bytes > MAX_MAX_REQUEST_BYTES {
             return Err(ConfigError::MaxRequestBytes(self.max_request_bytes));
         }
@@ -319,18 +367,51 @@ impl Config {
     /// carry them unchanged), no name twice, and more than the default only with
     /// `--trust-tenant-header`.
     fn validate_tenants(&self) -> Result<(), ConfigError> {
-        if !self.tenants.is_empty() && !self.trust_tenant_header && self.tenant_domain.is_none() {
+        if (!self.tenants.is_empty() || self.catalogue)
+            && !self.trust_tenant_header
+            && self.tenant_domain.is_none()
+        {
             return Err(ConfigError::UntrustedTenants);
         }
         let mut seen = std::collections::HashSet::new();
         for t in self.served_tenants() {
+            if t.starts_with('_') {
+                return Err(ConfigError::ReservedTenant(t.to_string()));
+            }
             api::manifest::validate_tenant(t)?;
             if !seen.insert(t) {
                 return Err(ConfigError::DuplicateTenant(t.to_string()));
             }
         }
-        if seen.is_empty() {
+        if seen.is_empty() && !self.catalogue {
             return Err(ConfigError::NoTenant);
+        }
+        // Placement counts on it; without the catalogue nothing does.
+        if self.catalogue && self.shard >= self.shards {
+            return Err(ConfigError::Shard {
+                shard: self.shard,
+                shards: self.shards,
+            });
+        }
+        Ok(())
+    }
+
+    /// The admin port changes the catalogue, so it needs one, and mutual TLS unless only this
+    /// machine can reach it.
+    fn validate_admin(&self) -> Result<(), ConfigError> {
+        let Some(addr) = self.admin_listen else {
+            return Ok(());
+        };
+        if !self.catalogue {
+            return Err(ConfigError::AdminWithoutCatalogue);
+        }
+        let tls = [
+            &self.admin_cert_file,
+            &self.admin_key_file,
+            &self.admin_trusted_ca_file,
+        ];
+        if !addr.ip().is_loopback() && tls.iter().any(|f| f.is_none()) {
+            return Err(ConfigError::AdminWithoutTls(addr));
         }
         Ok(())
     }
@@ -444,6 +525,48 @@ mod tests {
         assert!(c.validate().is_ok());
         c.no_leader_after = Duration::from_millis(500);
         assert!(matches!(c.validate(), Err(ConfigError::NoLeaderAfter(_))));
+    }
+
+    #[test]
+    fn the_catalogue_and_the_admin_port_are_checked() {
+        let mut c = Config::for_test(vec!["127.0.0.1:1".into()]);
+        c.tenant = String::new();
+        c.catalogue = true;
+        // Tenants of the catalogue must be named by something a client cannot forge alone.
+        assert!(matches!(c.validate(), Err(ConfigError::UntrustedTenants)));
+        c.trust_tenant_header = true;
+        assert!(
+            c.validate().is_ok(),
+            "no fixed tenant is needed with a catalogue"
+        );
+        c.shard = 1;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Shard {
+                shard: 1,
+                shards: 1
+            })
+        ));
+        c.shards = 2;
+        assert!(c.validate().is_ok());
+        c.tenants = vec!["_system".into()];
+        assert!(matches!(c.validate(), Err(ConfigError::ReservedTenant(_))));
+        c.tenants.clear();
+        c.admin_listen = Some("127.0.0.1:0".parse().unwrap());
+        assert!(c.validate().is_ok(), "plain on loopback");
+        c.admin_listen = Some("0.0.0.0:2382".parse().unwrap());
+        assert!(matches!(c.validate(), Err(ConfigError::AdminWithoutTls(_))));
+        c.admin_cert_file = Some("cert.pem".into());
+        c.admin_key_file = Some("key.pem".into());
+        assert!(matches!(c.validate(), Err(ConfigError::AdminWithoutTls(_))));
+        c.admin_trusted_ca_file = Some("ca.pem".into());
+        assert!(c.validate().is_ok());
+        c.catalogue = false;
+        c.tenant = "default".into();
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::AdminWithoutCatalogue)
+        ));
     }
 
     #[test]

@@ -42,6 +42,10 @@ pub enum Error {
     /// The request names a tenant this frontend does not serve.
     #[error("tenant {0:?} is not served by this frontend")]
     UnknownTenant(String),
+    /// The catalogue has the tenant suspended: every RPC but Status and Snapshot is refused
+    /// (FailedPrecondition, not Unavailable, which clients retry for ever).
+    #[error("tenant {0} is suspended")]
+    Suspended(String),
     /// The tenant sent more requests than `--tenant-request-rate` lets it.
     #[error("etcdserver: too many requests")]
     TooManyRequests,
@@ -172,6 +176,10 @@ impl From<Error> for Status {
                 &format!("tenant {t:?} is not served by this frontend"),
             ),
             Error::NoTenant => own(Code::NotFound, NO_TENANT),
+            Error::Suspended(t) => own(
+                Code::FailedPrecondition,
+                &format!("tenant {t} is suspended"),
+            ),
             // etcd's ErrGRPCTooManyRequests.
             Error::TooManyRequests => Status::resource_exhausted("etcdserver: too many requests"),
             Error::OtherTenant { connection, named } => own(

@@ -67,7 +67,10 @@ async fn health(State(s): State<HttpState>, headers: HeaderMap) -> impl IntoResp
             }
         }
     } else {
-        s.tenants.all().to_vec()
+        // A deleted tenant is no longer served; a suspended one still is (Status works).
+        let mut all = s.tenants.all();
+        all.retain(|t| t.served() != crate::tenant::Served::Deleted);
+        all
     };
     let several = tenants.len() > 1;
     let checks = tenants.iter().map(|t| async move {
@@ -153,7 +156,7 @@ async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
             .map(|st| st.committed_index),
         None => None,
     };
-    for t in s.tenants.all() {
+    for t in &s.tenants.all() {
         crate::metrics::refresh(t, committed);
     }
     match crate::metrics::handle() {

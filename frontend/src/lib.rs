@@ -2,8 +2,10 @@
 //! from a per-tenant memstore replica rebuilt from the journal; writes journalled as intents,
 //! linearizable reads through shared read-index rounds. See README.md and docs/frontend.md.
 
+pub mod admin;
 pub mod auth;
 pub mod authority;
+pub mod catalogue;
 pub mod checkpoint;
 pub mod cluster;
 pub mod coalesce;

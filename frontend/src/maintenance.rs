@@ -59,11 +59,28 @@ impl MaintenanceService {
         self.tenants.admit(req.metadata()).map_err(handled)
     }
 
+    /// `tenant` of Status and Snapshot: a suspended tenant's owner may still look at it and
+    /// take its data (docs/design/tenants.md, T3).
+    fn tenant_even_suspended<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
+        self.tenants
+            .admit_even_suspended(req.metadata())
+            .map_err(handled)
+    }
+
     /// The tenant, if the request's caller may use the RPCs etcd keeps for the root role
     /// (Snapshot, Defragment, Hash, HashKV, MoveLeader, Downgrade: 3.5's
     /// `authMaintenanceServer`, which answers PermissionDenied otherwise).
     async fn admin<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
         let t = self.tenant(req)?;
+        self.check_admin(t, req).await
+    }
+
+    /// The root-role check of `admin` for a tenant already admitted.
+    async fn check_admin<T>(
+        &self,
+        t: Arc<Tenant>,
+        req: &Request<T>,
+    ) -> Result<Arc<Tenant>, Status> {
         let caller = self
             .tenants
             .caller(&t, req.metadata())
@@ -234,7 +251,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.tenant_even_suspended(&req)?;
         unary(
             "Status",
             &t.name,
@@ -282,7 +299,9 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        let t = self.admin(&req).await?;
+        let t = self
+            .check_admin(self.tenant_even_suspended(&req)?, &req)
+            .await?;
         crate::snapshot::snapshot(t).await.map(Response::new)
     }
 

@@ -25,7 +25,6 @@ use crate::kv::KvService;
 use crate::lease::LeaseService;
 use crate::log::{Log, LogError};
 use crate::maintenance::MaintenanceService;
-use crate::replica::ReplicaState;
 use crate::tenant::{Identity, Limits, Tenant};
 use crate::tenants::Tenants;
 use crate::watch::{WatchConfig, WatchService};
@@ -77,6 +76,9 @@ pub struct Frontend {
     pub client_addr: SocketAddr,
     /// Where /health, /readyz and /metrics are served.
     pub metrics_addr: SocketAddr,
+    /// Where the admin API is served (`--admin-listen`).
+    pub admin_addr: Option<SocketAddr>,
+    admin: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
     pub tenants: Arc<Tenants>,
     shutdown: Option<oneshot::Sender<()>>,
     grpc: JoinHandle<Result<(), tonic::transport::Error>>,
@@ -158,7 +160,7 @@ impl Frontend {
         )
         .await?;
         // Several tenants read the shard through one journal read (shared_tail.rs).
-        let tails: Arc<dyn Log> = if served.len() > 1 {
+        let tails: Arc<dyn Log> = if served.len() > 1 || config.catalogue {
             Arc::new(crate::shared_tail::SharedTail::new(log.clone()))
         } else {
             log.clone()
@@ -183,9 +185,40 @@ impl Frontend {
             None => None,
         };
         let more = started.collect();
-        let tenants = Arc::new(
-            Tenants::serving(default, more, config.trust_tenant_header).with_tokens(tokens),
-        );
+        let mut tenants =
+            Tenants::serving(default, more, config.trust_tenant_header).with_tokens(tokens);
+        // The catalogue's own replica, and what keeps the tenants served in step with it.
+        let (reconciled_tx, reconciled) = tokio::sync::watch::channel(-1i64);
+        if config.catalogue {
+            let system = api::tenant::SYSTEM_TENANT;
+            let shard = api::tenant::SYSTEM_SHARD;
+            tenants = tenants.with_catalogue(Tenant::start(
+                system,
+                shard,
+                initial_store(system, shard, checkpoints.as_ref()).await?,
+                checkpoints.clone(),
+                tails.clone(),
+                limits,
+                Identity {
+                    cluster_id: stable_id(&format!("strata/{system}")),
+                    member_id,
+                },
+            ));
+        }
+        let tenants = Arc::new(tenants);
+        if config.catalogue {
+            tokio::spawn(crate::catalogue::follow(
+                Arc::downgrade(&tenants),
+                crate::catalogue::Loader {
+                    shard: config.shard,
+                    checkpoints: checkpoints.clone(),
+                    log: tails.clone(),
+                    limits,
+                    member_id,
+                },
+                reconciled_tx,
+            ));
+        }
 
         let (reporter, health) = tonic_health::server::health_reporter();
         reporter
@@ -272,7 +305,10 @@ impl Frontend {
             // (etcdctl 3.4 with `http://` endpoints) reaches h2 as `host:port` (authority.rs).
             grpc.serve_with_incoming_shutdown(
                 tokio_stream::StreamExt::map(
-                    crate::tls::incoming(client, tls.clone(), served),
+                    crate::tls::incoming(client, tls.clone(), {
+                        let tenants = Arc::downgrade(&tenants);
+                        Arc::new(move || tenants.upgrade().map(|t| t.names()).unwrap_or_default())
+                    }),
                     // Innermost, `Coalesced` lets many small answers share one write.
                     |conn| {
                         conn.map(|s| {
@@ -285,6 +321,19 @@ impl Frontend {
                 stop.clone(),
             ),
         );
+        let (admin_addr, admin) = match (config.admin_listen, tenants.catalogue()) {
+            (Some(addr), Some(system)) => {
+                let (addr, task) = serve_admin(
+                    &config,
+                    addr,
+                    crate::admin::AdminService::new(system.clone(), config.shards, reconciled),
+                    stop.clone(),
+                )
+                .await?;
+                (Some(addr), Some(task))
+            }
+            _ => (None, None),
+        };
         let router = side_port;
         let http = tokio::spawn(async move {
             axum::serve(metrics, router)
@@ -304,6 +353,8 @@ impl Frontend {
         Ok(Self {
             client_addr,
             metrics_addr,
+            admin_addr,
+            admin,
             tenants,
             shutdown: Some(shutdown),
             grpc,
@@ -365,6 +416,13 @@ impl Frontend {
                 Ok(())
             }
         };
+        if let Some(mut admin) = self.admin.take()
+            && tokio::time::timeout(SHUTDOWN_GRACE, &mut admin)
+                .await
+                .is_err()
+        {
+            admin.abort();
+        }
         let http = match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.http).await {
             Ok(r) => flatten_http(r),
             Err(_) => {
@@ -374,6 +432,43 @@ impl Frontend {
         };
         grpc.and(http)
     }
+}
+
+/// Binds the admin port and serves the admin API there until `stop`: mutual TLS with the
+/// `--admin-*` files when given (every client must present a certificate of
+/// `--admin-trusted-ca-file`), plain on a loopback address otherwise (`Config::validate`).
+async fn serve_admin(
+    config: &Config,
+    addr: SocketAddr,
+    service: crate::admin::AdminService,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<(SocketAddr, JoinHandle<Result<(), tonic::transport::Error>>), ServeError> {
+    let tls = match (
+        &config.admin_cert_file,
+        &config.admin_key_file,
+        &config.admin_trusted_ca_file,
+    ) {
+        (Some(cert), Some(key), Some(ca)) => Some(Arc::new(crate::tls::TlsSetup::load(
+            cert,
+            key,
+            Some(ca.as_path()),
+            true,
+            None,
+        )?)),
+        _ => None,
+    };
+    let listener = bind(addr).await?;
+    let bound = listener
+        .local_addr()
+        .map_err(|source| ServeError::Bind { addr, source })?;
+    let incoming = crate::tls::incoming(listener, tls.clone(), Arc::new(Vec::new));
+    let server = tonic::transport::Server::builder()
+        .add_service(api::strata::admin::admin_server::AdminServer::new(service));
+    tracing::info!(admin_addr = %bound, tls = tls.is_some(), "admin API serving");
+    Ok((
+        bound,
+        tokio::spawn(server.serve_with_incoming_shutdown(incoming, stop)),
+    ))
 }
 
 fn flatten_grpc(
@@ -392,42 +487,52 @@ fn flatten_http(r: Result<std::io::Result<()>, tokio::task::JoinError>) -> Resul
     }
 }
 
-/// Resolves with "tenant X: why" once a tenant's replica stopped for good; never otherwise.
-/// Holds only the replicas' state channels, so it can be spawned.
-fn replica_failed(tenants: &Tenants) -> impl Future<Output = String> + Send + 'static {
-    let waits = tenants.all().iter().map(|t| {
-        let mut state = t.replica.subscribe_state();
-        let name = t.name.clone();
-        Box::pin(async move {
-            // The state's guard is dropped before any other await.
-            let reason = match state
-                .wait_for(|s| matches!(s, ReplicaState::Failed(_)))
-                .await
-            {
-                Ok(s) => match &*s {
-                    ReplicaState::Failed(reason) => Some(reason.clone()),
-                    _ => Some(String::new()),
-                },
-                Err(_) => None,
-            };
-            match reason {
-                Some(reason) => format!("tenant {name}: {reason}"),
-                None => futures::future::pending().await,
-            }
-        })
-    });
-    let waits: Vec<_> = waits.collect();
+/// Resolves with "tenant X: why" once a replica stopped for good (a tenant's, or the
+/// catalogue's); never otherwise. Follows the replicas as the catalogue adds them. Holds the
+/// tenants weakly, so it can be spawned.
+fn replica_failed(tenants: &Arc<Tenants>) -> impl Future<Output = String> + Send + 'static {
+    let tenants = Arc::downgrade(tenants);
     async move {
-        if waits.is_empty() {
-            return futures::future::pending().await;
+        loop {
+            let Some(states) = tenants.upgrade().map(|t| {
+                if let Some(why) = t.failed() {
+                    return Err(why);
+                }
+                Ok(t.replicas()
+                    .iter()
+                    .map(|t| t.replica.subscribe_state())
+                    .collect::<Vec<_>>())
+            }) else {
+                return futures::future::pending().await;
+            };
+            let mut states = match states {
+                Ok(s) => s,
+                Err(why) => return why,
+            };
+            // A state change, or a tenant loaded since (looked for once a second).
+            let pause = tokio::time::sleep(Duration::from_secs(1));
+            if states.is_empty() {
+                pause.await;
+                continue;
+            }
+            let changed = futures::future::select_all(
+                states
+                    .iter_mut()
+                    .map(|rx| Box::pin(async move { rx.changed().await.is_ok() })),
+            );
+            tokio::pin!(pause);
+            tokio::select! {
+                // A replica gone (its tenant dropped) wakes nothing up any more: wait anyway.
+                (open, _, _) = changed => if !open { pause.await },
+                () = &mut pause => {}
+            }
         }
-        futures::future::select_all(waits).await.0
     }
 }
 
 /// The store a tenant's replica starts from: its newest checkpoint when `--object-store` is
 /// given and holds one, else an empty store (tail from the journal's start).
-async fn initial_store(
+pub(crate) async fn initial_store(
     tenant: &str,
     shard: u32,
     objects: Option<&crate::checkpoint::Store>,
@@ -493,7 +598,7 @@ async fn report_health(
     draining: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let Some(mut states) = tenants.upgrade().map(|t| {
-        t.all()
+        t.replicas()
             .iter()
             .map(|t| t.replica.subscribe_state())
             .collect::<Vec<_>>()

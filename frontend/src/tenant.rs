@@ -48,6 +48,18 @@ pub struct Identity {
     pub member_id: u64,
 }
 
+/// What the catalogue says of a tenant this frontend serves (`Tenant::state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Served {
+    Active = 0,
+    /// Every RPC but Status and Snapshot is refused.
+    Suspended = 1,
+    /// Refused as a tenant this frontend does not serve; its replica stays loaded, so an
+    /// undelete serves it at once.
+    Deleted = 2,
+}
+
 pub struct Tenant {
     pub name: String,
     pub shard: u32,
@@ -60,6 +72,8 @@ pub struct Tenant {
     rate: Option<crate::quota::RateLimit>,
     /// [`APPLY_WAIT_SECONDS`], resolved once: a write records into it without a registry lookup.
     apply_wait: metrics::Histogram,
+    /// A [`Served`], set by the catalogue follower (`crate::catalogue`).
+    served: std::sync::atomic::AtomicU8,
 }
 
 impl Tenant {
@@ -86,7 +100,33 @@ impl Tenant {
             reads: ReadIndexer::spawn(log, shard),
             rate: crate::quota::RateLimit::new(limits.request_rate, limits.request_burst),
             apply_wait: metrics::histogram!(APPLY_WAIT_SECONDS),
+            served: std::sync::atomic::AtomicU8::new(Served::Active as u8),
         })
+    }
+
+    /// What the catalogue says of this tenant (Active when no catalogue is followed).
+    pub fn served(&self) -> Served {
+        match self.served.load(std::sync::atomic::Ordering::Acquire) {
+            1 => Served::Suspended,
+            2 => Served::Deleted,
+            _ => Served::Active,
+        }
+    }
+
+    pub fn set_served(&self, s: Served) {
+        self.served
+            .store(s as u8, std::sync::atomic::Ordering::Release);
+    }
+
+    /// Refuses a suspended or deleted tenant's request (`even_suspended`: Status and Snapshot,
+    /// which the owner of a suspended tenant may still use).
+    pub fn check_served(&self, even_suspended: bool) -> Result<(), Error> {
+        match self.served() {
+            Served::Active => Ok(()),
+            Served::Suspended if even_suspended => Ok(()),
+            Served::Suspended => Err(Error::Suspended(self.name.clone())),
+            Served::Deleted => Err(Error::UnknownTenant(self.name.clone())),
+        }
     }
 
     /// A response header at `revision`.
@@ -248,17 +288,23 @@ pub fn test_tenant_named(
         store,
         None,
         log,
-        Limits {
-            max_request_bytes: 1 << 20,
-            max_txn_ops: 128,
-            no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
-            request_rate: 0,
-            request_burst: 0,
-            max_watchers: None,
-        },
+        test_limits(),
         Identity {
             cluster_id,
             member_id,
         },
     )
+}
+
+/// Unit tests' limits: requests up to 1 MiB, etcd's 128 ops per txn, no quotas.
+#[cfg(test)]
+pub fn test_limits() -> Limits {
+    Limits {
+        max_request_bytes: 1 << 20,
+        max_txn_ops: 128,
+        no_leader_after: crate::config::DEFAULT_NO_LEADER_AFTER,
+        request_rate: 0,
+        request_burst: 0,
+        max_watchers: None,
+    }
 }

@@ -42,6 +42,11 @@ pub struct Tenants {
     /// Signs and verifies auth tokens; None without `--auth-token-key-file` (auth cannot be
     /// enabled through this frontend then, and tokens are not accepted).
     tokens: Option<Arc<Tokens>>,
+    /// With `--catalogue`: the catalogue's own replica (`_system`), which no client can name.
+    catalogue: Option<Arc<Tenant>>,
+    /// Tenants loaded from the catalogue since start (`crate::catalogue`), by name; looked up
+    /// only when a name is not one of the fixed ones.
+    loaded: std::sync::RwLock<HashMap<String, Arc<Tenant>>>,
 }
 
 impl Tenants {
@@ -64,7 +69,45 @@ impl Tenants {
             by_name,
             trust_header,
             tokens: None,
+            catalogue: None,
+            loaded: std::sync::RwLock::default(),
         }
+    }
+
+    /// Tenants that also serve what the catalogue replicated by `system` places on this
+    /// frontend's shard, loaded by `crate::catalogue::follow`.
+    pub fn with_catalogue(mut self, system: Arc<Tenant>) -> Self {
+        self.catalogue = Some(system);
+        self
+    }
+
+    /// The catalogue's replica, if this frontend follows one.
+    pub fn catalogue(&self) -> Option<&Arc<Tenant>> {
+        self.catalogue.as_ref()
+    }
+
+    /// Adds a tenant loaded from the catalogue.
+    pub fn insert_loaded(&self, t: Arc<Tenant>) {
+        self.loaded
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(t.name.clone(), t);
+    }
+
+    /// A served tenant by name, fixed or loaded, whatever its state.
+    pub fn named(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.by_name.get(name).cloned().or_else(|| {
+            self.loaded
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .get(name)
+                .cloned()
+        })
+    }
+
+    /// The names of every tenant served (TLS connections may name them by certificate).
+    pub fn names(&self) -> Vec<String> {
+        self.all().iter().map(|t| t.name.clone()).collect()
     }
 
     /// Tenants whose auth tokens `tokens` signs and verifies.
@@ -85,8 +128,8 @@ impl Tenants {
         if self.tokens.is_some() {
             return None;
         }
-        let names: Vec<&str> = self
-            .all
+        let all = self.all();
+        let names: Vec<&str> = all
             .iter()
             .filter(|t| t.replica.auth_enabled())
             .map(|t| t.name.as_str())
@@ -99,16 +142,33 @@ impl Tenants {
         })
     }
 
-    /// Every tenant served, the default first.
-    pub fn all(&self) -> &[Arc<Tenant>] {
-        &self.all
+    /// Every tenant served: the fixed ones, the default first, then those loaded from the
+    /// catalogue (not the catalogue itself).
+    pub fn all(&self) -> Vec<Arc<Tenant>> {
+        let loaded = self
+            .loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all = self.all.clone();
+        all.extend(loaded.values().cloned());
+        all
     }
 
-    /// Whether every tenant's replica serves (caught up and not stopped) and nothing in the
-    /// configuration keeps it from serving; else why not, naming the tenant when there are
-    /// several. `/readyz` and gRPC health answer this.
+    /// The replicas this frontend runs: every tenant served and the catalogue's.
+    pub fn replicas(&self) -> Vec<Arc<Tenant>> {
+        let mut all = self.all();
+        all.extend(self.catalogue.iter().cloned());
+        all
+    }
+
+    /// Whether every fixed tenant's replica and the catalogue's serve (caught up and not
+    /// stopped), no tenant loaded from the catalogue stopped, and nothing in the configuration
+    /// keeps them from serving; else why not, naming the tenant when there are several.
+    /// `/readyz` and gRPC health answer this. (A tenant the catalogue just created is catching
+    /// up while the frontend stays ready: its requests wait for it, as reads wait for a
+    /// replica.)
     pub fn readiness(&self) -> Result<(), String> {
-        for t in &self.all {
+        for t in self.all.iter().chain(&self.catalogue) {
             let why = match t.replica.state() {
                 ReplicaState::Ready => continue,
                 ReplicaState::CatchingUp => "catching up".to_string(),
@@ -116,21 +176,26 @@ impl Tenants {
             };
             return Err(self.about(t, why));
         }
+        if let Some(why) = self.failed() {
+            return Err(why);
+        }
         self.misconfigured().map_or(Ok(()), Err)
     }
 
-    /// Why the first tenant whose replica stopped for good stopped (the process should exit,
-    /// so that its supervisor restarts it), naming it when there are several.
+    /// Why the first replica that stopped for good stopped (the process should exit, so that
+    /// its supervisor restarts it), naming its tenant when there are several.
     pub fn failed(&self) -> Option<String> {
-        self.all.iter().find_map(|t| match t.replica.state() {
-            ReplicaState::Failed(r) => Some(self.about(t, format!("replica stopped: {r}"))),
-            _ => None,
-        })
+        self.replicas()
+            .iter()
+            .find_map(|t| match t.replica.state() {
+                ReplicaState::Failed(r) => Some(self.about(t, format!("replica stopped: {r}"))),
+                _ => None,
+            })
     }
 
     /// `why`, prefixed with the tenant it is about when this frontend serves several.
     fn about(&self, t: &Tenant, why: String) -> String {
-        if self.all.len() > 1 {
+        if self.all.len() > 1 || self.catalogue.is_some() {
             format!("tenant {}: {why}", t.name)
         } else {
             why
@@ -246,10 +311,25 @@ impl Tenants {
         Ok(t)
     }
 
+    /// `admit` of Status and Snapshot, which a suspended tenant may still use.
+    pub fn admit_even_suspended(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Error> {
+        let t = self.find(metadata)?;
+        t.check_served(true)?;
+        t.admit()?;
+        Ok(t)
+    }
+
+    /// The tenant of a request (`find`), refused if the catalogue has it suspended or deleted.
+    pub fn resolve(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Error> {
+        let t = self.find(metadata)?;
+        t.check_served(false)?;
+        Ok(t)
+    }
+
     /// The tenant of a request: its connection's (TLS server name or client certificate,
     /// `crate::tls`), else the one its header names, else the default one. A connection never
     /// changes tenant: a header naming another is refused.
-    pub fn resolve(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Error> {
+    fn find(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Error> {
         if let Some(why) = metadata.get(CONNECTION_REFUSED) {
             return Err(Error::ConnectionRefused(
                 String::from_utf8_lossy(why.as_bytes()).into(),
@@ -271,9 +351,7 @@ impl Tenants {
                 });
             }
             return self
-                .by_name
-                .get(connection)
-                .cloned()
+                .named(connection)
                 .ok_or_else(|| Error::UnknownTenant(connection.to_string()));
         }
         let Some(name) = header else {
@@ -283,8 +361,8 @@ impl Tenants {
         if let Some(d) = self.default.as_ref().filter(|d| d.name == name) {
             return Ok(d.clone());
         }
-        match self.by_name.get(name) {
-            Some(t) if self.trust_header => Ok(t.clone()),
+        match self.named(name) {
+            Some(t) if self.trust_header => Ok(t),
             _ => Err(Error::UnknownTenant(name.to_string())),
         }
     }

@@ -423,10 +423,14 @@ impl AsyncWrite for ClientStream {
 /// The client port's connections: accepted, with `TCP_NODELAY` (every answer would otherwise
 /// wait for Nagle's timer), and with `tls` each handshake run in its own task, so a slow client
 /// holds up no other. Ends when the receiving side is dropped.
+/// The names of the tenants served as a connection is accepted (the catalogue adds some while
+/// the frontend runs): a client certificate names one of them.
+pub type ServedNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
+
 pub fn incoming(
     listener: TcpListener,
     tls: Option<Arc<TlsSetup>>,
-    served: Vec<String>,
+    served: ServedNames,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<ClientStream>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
@@ -457,7 +461,7 @@ pub fn incoming(
                 continue;
             };
             let tx = tx.clone();
-            let served = served.clone();
+            let served = served();
             tokio::spawn(async move {
                 let peer = tcp.peer_addr().ok();
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {

@@ -32,6 +32,8 @@ enum Command {
     /// Checkpoints kept in object storage: list them, restore a tenant to one.
     #[command(subcommand)]
     Backup(Backup),
+    /// Tenants in the catalogue: create, get, list, update, suspend, resume, delete, undelete.
+    Tenant(crate::tenant_admin::Args),
 }
 
 #[derive(clap::Subcommand)]
@@ -78,10 +80,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Backup(Backup::List(a)) => list(a).await,
         Command::Backup(Backup::Restore(a)) => restore(a).await,
+        Command::Tenant(a) => crate::tenant_admin::run(a).await,
     }
 }
 
-fn rfc3339(ms: i64) -> String {
+pub fn rfc3339(ms: i64) -> String {
     let t = UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0));
     humantime::format_rfc3339_seconds(t).to_string()
 }

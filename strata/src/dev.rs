@@ -49,6 +49,10 @@ pub struct Args {
     /// Address the frontend serves etcd clients on.
     #[arg(long, default_value = "127.0.0.1:2379")]
     listen: SocketAddr,
+    /// Address of the admin API (`strata admin tenant ...`): the frontend follows the tenant
+    /// catalogue and serves every tenant created there, named by the `x-strata-tenant` header.
+    #[arg(long, default_value = "127.0.0.1:2382")]
+    admin_listen: SocketAddr,
     /// Address of the frontend's HTTP /health, /readyz and /metrics (default: a free port).
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
@@ -103,7 +107,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let journal_addrs = journal_addresses(&data_dir)?;
     let metrics = match args.metrics_listen {
         Some(a) => a,
-        None => free_loopback_addr_except(&[&[args.listen], journal_addrs.as_slice()].concat())?,
+        None => free_loopback_addr_except(
+            &[&[args.listen, args.admin_listen], journal_addrs.as_slice()].concat(),
+        )?,
     };
     let peers = journal_addrs
         .iter()
@@ -146,6 +152,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     }
     println!("  frontend    http://{} (etcd v3 gRPC)", args.listen);
     println!("  metrics     http://{metrics}/metrics  (/health, /readyz)");
+    println!(
+        "  admin       http://{} (strata admin tenant ...)",
+        args.admin_listen
+    );
     if compactor_started {
         println!(
             "  compactor   objects in file://{}",
@@ -200,6 +210,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "  curl -s -X POST http://{}/v3/kv/range -d '{{\"key\": \"Z3JlZXRpbmc=\"}}'   # etcd's JSON gateway",
         args.listen
+    );
+    println!(
+        "  strata admin tenant create team-a   # another keyspace, named by the x-strata-tenant header"
     );
     println!("Ctrl-C stops everything.");
 
@@ -303,6 +316,15 @@ async fn start_all(
         objects_url.clone(),
         "--auth-token-key-file".into(),
         token_key(data_dir)?.display().to_string(),
+        // The tenant catalogue: tenants created through the admin API are served here, named
+        // by the header (a laptop has no proxy to trust, nor anyone else on loopback). Placed
+        // on shard 0, the one this frontend serves.
+        "--catalogue".into(),
+        "--trust-tenant-header".into(),
+        "--shards".into(),
+        "1".into(),
+        "--admin-listen".into(),
+        args.admin_listen.to_string(),
     ];
     frontend.extend(args.frontend_args.iter().cloned());
     procs.push(spawn(exe, "frontend", &frontend, logs)?);

@@ -8,6 +8,7 @@ mod dev;
 mod frontend;
 mod journal;
 mod metrics_http;
+mod tenant_admin;
 
 use clap::{Parser, Subcommand};
 
@@ -31,7 +32,7 @@ enum Command {
     /// Run one journal node (one Raft group per shard, segment storage on local disk).
     Journal(journal::Args),
     /// Run a stateless frontend serving the etcd v3 API.
-    Frontend(frontend::Args),
+    Frontend(Box<frontend::Args>),
     /// Run the compactor: checkpoints to object storage, then journal trims.
     Compactor(compactor::Args),
     /// Start a whole local deployment (3 journal nodes, a frontend, a compactor) on 127.0.0.1.
@@ -65,7 +66,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async move {
         match cli.command {
             Command::Journal(args) => journal::run(args).await,
-            Command::Frontend(args) => frontend::run(args).await,
+            Command::Frontend(args) => frontend::run(*args).await,
             Command::Compactor(args) => compactor::run(args).await,
             Command::Dev(args) => dev::run(args).await,
             Command::Admin(args) => admin::run(args).await,

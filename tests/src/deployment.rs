@@ -21,6 +21,8 @@ pub const JOURNAL_NODES: u64 = 3;
 pub struct DevDeployment {
     child: Option<Child>,
     endpoint: String,
+    /// The admin API (`strata admin tenant --endpoint`).
+    admin_endpoint: String,
     metrics_addr: String,
     log: PathBuf,
     /// The full `strata dev` command line, for [`DevDeployment::restart`].
@@ -46,6 +48,7 @@ impl DevDeployment {
             .expect("create temp dir for strata dev");
         let listen = format!("127.0.0.1:{}", free_port());
         let metrics_addr = format!("127.0.0.1:{}", free_port());
+        let admin_addr = format!("127.0.0.1:{}", free_port());
         let log = dir.path().join("dev.log");
         let mut args: Vec<String> = vec![
             "dev".into(),
@@ -55,11 +58,14 @@ impl DevDeployment {
             listen.clone(),
             "--metrics-listen".into(),
             metrics_addr.clone(),
+            "--admin-listen".into(),
+            admin_addr.clone(),
         ];
         args.extend(extra.iter().cloned());
         let mut dev = Self {
             child: None,
             endpoint: format!("http://{listen}"),
+            admin_endpoint: format!("http://{admin_addr}"),
             metrics_addr,
             log,
             args,
@@ -105,6 +111,11 @@ impl DevDeployment {
     /// The frontend's client URL, `http://127.0.0.1:<port>`.
     pub fn endpoint(&self) -> &str {
         &self.endpoint
+    }
+
+    /// The admin API, `http://127.0.0.1:<port>`.
+    pub fn admin_endpoint(&self) -> &str {
+        &self.admin_endpoint
     }
 
     /// The frontend's metrics address, `127.0.0.1:<port>` (`/health`, `/readyz`, `/metrics`).

@@ -1,0 +1,169 @@
+//! The admin API (`strata.admin.Admin`, `--admin-listen`; docs/design/tenants.md, T6): tenant
+//! changes become `TenantChange` entries of the catalogue (`_system`, shard 0), validated where
+//! they are applied (`memstore`'s catalogue), so every frontend and the compactor see one order
+//! of changes. A change is answered once this frontend serves what it says; reads are
+//! linearizable (a read-index round of the catalogue first).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::strata::admin::admin_server::Admin;
+use api::strata::admin::{
+    CreateTenantRequest, ListTenantsRequest, ListTenantsResponse, TenantName, TenantResponse,
+    TenantState, UpdateQuotasRequest,
+};
+use api::strata::entry::{TenantChange, entry::Request as Intent, tenant_change::Change};
+use memstore::Outcome;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+use crate::auth::Caller;
+use crate::errors::Error;
+use crate::rpc::{RequestId, unary};
+use crate::tenant::Tenant;
+
+/// How long a change waits for this frontend to serve what it says after it is applied
+/// (loading a tenant from its checkpoint) before it is answered anyway.
+const RECONCILE_WAIT: Duration = Duration::from_secs(10);
+
+pub struct AdminService {
+    /// The catalogue's replica.
+    system: Arc<Tenant>,
+    /// How many shards the deployment has (`--shards`), for placement.
+    shards: u32,
+    /// The catalogue revision this frontend serves up to (`crate::catalogue::follow`).
+    reconciled: watch::Receiver<i64>,
+}
+
+impl AdminService {
+    pub fn new(system: Arc<Tenant>, shards: u32, reconciled: watch::Receiver<i64>) -> Self {
+        Self {
+            system,
+            shards,
+            reconciled,
+        }
+    }
+
+    /// Appends `change` to the catalogue and answers the record it made, once this frontend
+    /// serves it.
+    async fn change(
+        &self,
+        rpc: &'static str,
+        change: TenantChange,
+    ) -> Result<Response<TenantResponse>, Status> {
+        let id = RequestId::random();
+        let name = change.name.clone();
+        unary(rpc, &self.system.name, id, async {
+            tracing::info!(rpc, tenant = %name, "catalogue change");
+            let applied = self
+                .system
+                .propose(&id, &Caller::default(), Intent::TenantChange(change))
+                .await?;
+            let record = match applied.outcome {
+                Outcome::Tenant(r) => *r,
+                Outcome::Failed(e) => return Err(e.into()),
+                _ => return Err(Error::UnexpectedOutcome(rpc)),
+            };
+            let mut reconciled = self.reconciled.clone();
+            let _ = tokio::time::timeout(
+                RECONCILE_WAIT,
+                reconciled.wait_for(|r| *r >= record.revision),
+            )
+            .await;
+            Ok(TenantResponse {
+                tenant: Some(record),
+            })
+        })
+        .await
+    }
+
+    fn named(name: String, change: Change) -> TenantChange {
+        TenantChange {
+            name,
+            change: Some(change),
+            ..Default::default()
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Admin for AdminService {
+    async fn create_tenant(
+        &self,
+        req: Request<CreateTenantRequest>,
+    ) -> Result<Response<TenantResponse>, Status> {
+        let r = req.into_inner();
+        let change = TenantChange {
+            name: r.name,
+            change: Some(Change::Create(r.quotas.unwrap_or_default())),
+            uid: rand::random::<[u8; memstore::TENANT_UID_LEN]>().to_vec(),
+            shard: r.shard,
+            shards: self.shards,
+        };
+        self.change("CreateTenant", change).await
+    }
+
+    async fn get_tenant(
+        &self,
+        req: Request<TenantName>,
+    ) -> Result<Response<TenantResponse>, Status> {
+        let name = req.into_inner().name;
+        unary("GetTenant", &self.system.name, RequestId::random(), async {
+            self.system.barrier().await?;
+            let record = self.system.replica.read().tenant_record(&name);
+            match record {
+                Some(r) => Ok(TenantResponse { tenant: Some(r) }),
+                None => Err(memstore::Error::TenantNotFound(name).into()),
+            }
+        })
+        .await
+    }
+
+    async fn list_tenants(
+        &self,
+        req: Request<ListTenantsRequest>,
+    ) -> Result<Response<ListTenantsResponse>, Status> {
+        let deleted = req.into_inner().deleted;
+        unary(
+            "ListTenants",
+            &self.system.name,
+            RequestId::random(),
+            async {
+                self.system.barrier().await?;
+                let mut tenants = self.system.replica.read().tenant_records();
+                tenants.retain(|r| deleted || r.state != TenantState::Deleted as i32);
+                Ok(ListTenantsResponse { tenants })
+            },
+        )
+        .await
+    }
+
+    async fn update_quotas(
+        &self,
+        req: Request<UpdateQuotasRequest>,
+    ) -> Result<Response<TenantResponse>, Status> {
+        let r = req.into_inner();
+        let change = Self::named(r.name, Change::UpdateQuotas(r.quotas.unwrap_or_default()));
+        self.change("UpdateQuotas", change).await
+    }
+
+    async fn suspend(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
+        let change = Self::named(req.into_inner().name, Change::Suspended(true));
+        self.change("Suspend", change).await
+    }
+
+    async fn resume(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
+        let change = Self::named(req.into_inner().name, Change::Suspended(false));
+        self.change("Resume", change).await
+    }
+
+    async fn delete(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
+        let change = Self::named(req.into_inner().name, Change::Delete(true));
+        self.change("Delete", change).await
+    }
+
+    async fn undelete(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
+        let change = Self::named(req.into_inner().name, Change::Undelete(true));
+        self.change("Undelete", change).await
+    }
+}

@@ -1,0 +1,193 @@
+//! Following the tenant catalogue (`--catalogue`; docs/design/tenants.md, T1 and T4): the
+//! frontend runs a replica of the reserved tenant `_system` (shard 0), whose keyspace holds a
+//! record per tenant, and serves every tenant the catalogue places on its shard: loaded (from
+//! its newest checkpoint, then the journal) as soon as the catalogue names it, refused while
+//! suspended or deleted. Each change reaches every frontend as the journal entry it is.
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use api::strata::admin::{TenantRecord, TenantState};
+use tokio::sync::watch;
+
+use crate::log::Log;
+use crate::tenant::{Identity, Limits, Served, Tenant};
+use crate::tenants::Tenants;
+
+/// How long a failed load waits before the follower tries again.
+const LOAD_RETRY: Duration = Duration::from_secs(1);
+
+/// What a tenant loaded from the catalogue starts with: the frontend's own settings.
+pub struct Loader {
+    pub shard: u32,
+    pub checkpoints: Option<crate::checkpoint::Store>,
+    pub log: Arc<dyn Log>,
+    pub limits: Limits,
+    pub member_id: u64,
+}
+
+impl Loader {
+    /// Starts tenant `name`'s replica from its newest checkpoint (or the journal's start).
+    async fn load(&self, name: &str) -> Result<Arc<Tenant>, crate::server::ServeError> {
+        let store =
+            crate::server::initial_store(name, self.shard, self.checkpoints.as_ref()).await?;
+        Ok(Tenant::start(
+            name,
+            self.shard,
+            store,
+            self.checkpoints.clone(),
+            self.log.clone(),
+            self.limits,
+            Identity {
+                cluster_id: crate::config::stable_id(&format!("strata/{name}")),
+                member_id: self.member_id,
+            },
+        ))
+    }
+}
+
+/// Keeps `tenants` in step with the catalogue its `_system` replica holds, for as long as the
+/// tenants live. `reconciled` says up to which catalogue revision this frontend serves what
+/// the catalogue says (the admin API answers a change once it does here).
+pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::Sender<i64>) {
+    let Some(system) = tenants.upgrade().and_then(|t| t.catalogue().cloned()) else {
+        return;
+    };
+    let mut done: i64 = -1;
+    loop {
+        let applied = system.replica.applied_index();
+        let revision = system.replica.read().revision();
+        if revision != done {
+            let Some(t) = tenants.upgrade() else { return };
+            let records = system.replica.read().tenant_records();
+            if reconcile(&t, &records, &loader).await {
+                done = revision;
+                reconciled.send_replace(revision);
+            } else {
+                tokio::time::sleep(LOAD_RETRY).await;
+                continue;
+            }
+        }
+        // The next record of shard 0: a change, or the journal's idle tick (every 500 ms).
+        if !system.replica.until_applied(applied + 1).await {
+            tokio::time::sleep(LOAD_RETRY).await;
+        }
+        if tenants.strong_count() == 0 {
+            return;
+        }
+    }
+}
+
+/// Serves what `records` say of this frontend's shard; false if a tenant could not be loaded
+/// (tried again later).
+async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader) -> bool {
+    let mut all_loaded = true;
+    for r in records.iter().filter(|r| r.shard == loader.shard) {
+        let served = served_of(r);
+        match tenants.named(&r.name) {
+            Some(t) => {
+                if t.served() != served {
+                    tracing::info!(tenant = %r.name, state = ?served, "catalogue changed a tenant's state");
+                    t.set_served(served);
+                }
+            }
+            None if served == Served::Deleted => {}
+            None => match loader.load(&r.name).await {
+                Ok(t) => {
+                    t.set_served(served);
+                    tracing::info!(tenant = %r.name, state = ?served, "tenant loaded from the catalogue");
+                    tenants.insert_loaded(t);
+                }
+                Err(e) => {
+                    tracing::warn!(tenant = %r.name, error = %e, "cannot load a tenant of the catalogue; trying again");
+                    all_loaded = false;
+                }
+            },
+        }
+    }
+    all_loaded
+}
+
+fn served_of(r: &TenantRecord) -> Served {
+    match TenantState::try_from(r.state) {
+        Ok(TenantState::Suspended) => Served::Suspended,
+        Ok(TenantState::Deleted) => Served::Deleted,
+        _ => Served::Active,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::MemLog;
+    use crate::tenant::{test_limits, test_tenant_named};
+
+    fn record(name: &str, shard: u32, state: TenantState) -> TenantRecord {
+        TenantRecord {
+            name: name.into(),
+            shard,
+            state: state as i32,
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn the_tenants_of_this_shard_are_served_in_the_state_the_catalogue_says() {
+        let log: Arc<dyn Log> = Arc::new(MemLog::new());
+        let system = test_tenant_named(
+            api::tenant::SYSTEM_TENANT,
+            memstore::MemStore::new(memstore::Config::default()),
+            log.clone(),
+            1,
+            1,
+        );
+        let fixed = test_tenant_named(
+            "fixed",
+            memstore::MemStore::new(memstore::Config::default()),
+            log.clone(),
+            1,
+            1,
+        );
+        let tenants =
+            Tenants::serving(Some(fixed.clone()), Vec::new(), true).with_catalogue(system);
+        let loader = Loader {
+            shard: 1,
+            checkpoints: None,
+            log,
+            limits: test_limits(),
+            member_id: 1,
+        };
+        let records = [
+            record("active", 1, TenantState::Active),
+            record("paused", 1, TenantState::Suspended),
+            record("gone", 1, TenantState::Deleted),
+            record("elsewhere", 2, TenantState::Active),
+            record("fixed", 1, TenantState::Suspended),
+        ];
+        assert!(reconcile(&tenants, &records, &loader).await);
+        let state = |n: &str| tenants.named(n).map(|t| t.served());
+        assert_eq!(state("active"), Some(Served::Active));
+        assert_eq!(state("paused"), Some(Served::Suspended), "loaded suspended");
+        assert_eq!(state("gone"), None, "a deleted tenant is not loaded");
+        assert_eq!(state("elsewhere"), None, "another shard's tenant");
+        assert_eq!(
+            state("fixed"),
+            Some(Served::Suspended),
+            "a fixed tenant follows too"
+        );
+        assert_eq!(tenants.named("active").unwrap().shard, 1);
+        // The catalogue itself is no tenant a client can name.
+        assert!(tenants.named(api::tenant::SYSTEM_TENANT).is_none());
+
+        let later = [
+            record("active", 1, TenantState::Deleted),
+            record("paused", 1, TenantState::Active),
+        ];
+        assert!(reconcile(&tenants, &later, &loader).await);
+        assert_eq!(state("active"), Some(Served::Deleted));
+        assert_eq!(state("paused"), Some(Served::Active));
+        let mut names = tenants.names();
+        names.sort();
+        assert_eq!(names, ["active", "fixed", "paused"]);
+    }
+}

@@ -1,0 +1,305 @@
+//! The tenant catalogue and the admin API (docs/design/tenants.md, T1, T6; `--catalogue`,
+//! `--admin-listen`, `strata admin tenant`), against real processes:
+//! - through `strata dev` and the `strata admin tenant` command: create, duplicate create,
+//!   bad names, get, list, update, suspend (every RPC but Status refused with
+//!   FailedPrecondition), resume, delete (NotFound), undelete (the data is back), and a
+//!   restart that keeps all of it;
+//! - across frontends: a tenant created through one frontend's admin port is served by another
+//!   frontend that was running already, isolated from the default tenant, and still after the
+//!   compactor trimmed the journal and that frontend was killed with `kill -9`.
+
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use api::etcdserverpb::{PutRequest, RangeRequest, StatusRequest};
+use strata_tests::deployment::{Deployment, DevDeployment, Setup, frontend_args};
+use strata_tests::journal::first_index_of;
+use strata_tests::process::{ChildGuard, free_port, strata_bin};
+use strata_tests::readiness::{tail_file, wait_ready};
+use strata_tests::tenant::TenantClient;
+use tonic::Code;
+
+const WAIT: Duration = Duration::from_secs(90);
+
+/// `strata admin tenant <args> --endpoint <admin> --json`: the JSON printed, or the error text.
+fn admin(endpoint: &str, args: &[&str]) -> Result<serde_json::Value, String> {
+    let out = Command::new(strata_bin())
+        .args(["admin", "tenant"])
+        .args(args)
+        .args(["--endpoint", endpoint, "--json"])
+        .output()
+        .expect("run strata admin tenant");
+    if out.status.success() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {text}")))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+async fn put(c: &mut TenantClient, key: &str, value: &str) -> Result<i64, tonic::Status> {
+    let r =
+        c.kv.put(PutRequest {
+            key: key.into(),
+            value: value.into(),
+            ..Default::default()
+        })
+        .await?;
+    Ok(r.into_inner().header.unwrap().revision)
+}
+
+async fn get(c: &mut TenantClient, key: &str) -> Result<Option<Vec<u8>>, tonic::Status> {
+    let r =
+        c.kv.range(RangeRequest {
+            key: key.into(),
+            ..Default::default()
+        })
+        .await?;
+    Ok(r.into_inner().kvs.first().map(|kv| kv.value.clone()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
+    let mut dev = DevDeployment::start().await;
+    let admin_at = dev.admin_endpoint().to_string();
+    let endpoint = dev.endpoint().to_string();
+
+    let created = admin(&admin_at, &["create", "team-a", "--watchers", "7"]).unwrap();
+    assert_eq!(created["name"], "team-a");
+    assert_eq!(created["state"], "active");
+    assert_eq!(
+        created["shard"], 0,
+        "strata dev places every tenant on shard 0"
+    );
+    assert_eq!(created["quotas"]["watchers"], 7);
+    assert_eq!(created["uid"].as_str().unwrap().len(), 32);
+
+    // Answered once this frontend serves it: the first request needs no retry.
+    let mut a = TenantClient::connect(&endpoint, "team-a").await.unwrap();
+    assert_eq!(
+        put(&mut a, "k", "in-a").await.unwrap(),
+        2,
+        "a keyspace of its own"
+    );
+    let mut default = TenantClient::connect(&endpoint, "default").await.unwrap();
+    assert_eq!(get(&mut default, "k").await.unwrap(), None);
+
+    let dup = admin(&admin_at, &["create", "team-a"]).unwrap_err();
+    assert!(
+        dup.contains("strata: tenant team-a already exists"),
+        "{dup}"
+    );
+    assert!(dup.contains("AlreadyExists"), "{dup}");
+    let bad = admin(&admin_at, &["create", "Team_A"]).unwrap_err();
+    assert!(bad.contains("is not a DNS label"), "{bad}");
+    let missing = admin(&admin_at, &["get", "nobody"]).unwrap_err();
+    assert!(
+        missing.contains("strata: tenant nobody not found"),
+        "{missing}"
+    );
+    admin(&admin_at, &["create", "team-b"]).unwrap();
+    let list = admin(&admin_at, &["list"]).unwrap();
+    let names: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["team-a", "team-b"]);
+    let updated = admin(&admin_at, &["update", "team-a", "--leases", "10"]).unwrap();
+    assert_eq!(updated["quotas"]["leases"], 10);
+    assert_eq!(
+        updated["quotas"]["watchers"], 0,
+        "update replaces the quotas"
+    );
+
+    // Suspended: refused with FailedPrecondition (clients do not retry it for ever), but the
+    // owner can still look at it.
+    assert_eq!(
+        admin(&admin_at, &["suspend", "team-a"]).unwrap()["state"],
+        "suspended"
+    );
+    let e = put(&mut a, "k", "x").await.unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
+    assert_eq!(e.message(), "strata: tenant team-a is suspended");
+    assert_eq!(
+        get(&mut a, "k").await.unwrap_err().code(),
+        Code::FailedPrecondition
+    );
+    a.maintenance
+        .status(StatusRequest {})
+        .await
+        .expect("Status of a suspended tenant");
+    put(&mut default, "other", "served").await.unwrap();
+    admin(&admin_at, &["resume", "team-a"]).unwrap();
+    assert_eq!(put(&mut a, "k2", "back").await.unwrap(), 3);
+
+    // Deleted: not served at all, not listed, its name still taken; undeleted with its data.
+    assert_eq!(
+        admin(&admin_at, &["delete", "team-a"]).unwrap()["state"],
+        "deleted"
+    );
+    let e = get(&mut a, "k").await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
+    let list = admin(&admin_at, &["list"]).unwrap();
+    assert_eq!(list.as_array().unwrap().len(), 1);
+    let all = admin(&admin_at, &["list", "--deleted"]).unwrap();
+    assert_eq!(all.as_array().unwrap().len(), 2);
+    let again = admin(&admin_at, &["create", "team-a"]).unwrap_err();
+    assert!(again.contains("already exists"), "{again}");
+    let e = admin(&admin_at, &["suspend", "team-a"]).unwrap_err();
+    assert!(e.contains("strata: tenant team-a is deleted"), "{e}");
+    assert_eq!(
+        admin(&admin_at, &["undelete", "team-a"]).unwrap()["state"],
+        "active"
+    );
+    assert_eq!(
+        get(&mut a, "k").await.unwrap().as_deref(),
+        Some(&b"in-a"[..])
+    );
+
+    // A restart keeps the catalogue and every tenant's keys.
+    dev.restart().await;
+    let mut a = TenantClient::connect(&endpoint, "team-a").await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match get(&mut a, "k2").await {
+            Ok(v) => {
+                assert_eq!(v.as_deref(), Some(&b"back"[..]));
+                break;
+            }
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "team-a not served after a restart: {e:?}\n{}",
+                dev.log_tail()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let got = admin(&admin_at, &["get", "team-a"]).unwrap();
+    assert_eq!(
+        (got["state"].as_str(), got["quotas"]["leases"].as_i64()),
+        (Some("active"), Some(10))
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() {
+    let mut d = Deployment::start_with(
+        1,
+        Setup {
+            frontend_extra: Box::new(|dir| {
+                vec![
+                    "--catalogue".into(),
+                    "--trust-tenant-header".into(),
+                    "--object-store".into(),
+                    dir.join("objects").display().to_string(),
+                ]
+            }),
+            ..Setup::default()
+        },
+    )
+    .await;
+    // A second frontend, only for its admin port.
+    let (listen, metrics, admin_port) = (free_port(), free_port(), free_port());
+    let mut args = frontend_args(
+        d.journal_addrs(),
+        &format!("127.0.0.1:{listen}"),
+        &format!("127.0.0.1:{metrics}"),
+        &[],
+    );
+    args.extend([
+        "--catalogue".into(),
+        "--trust-tenant-header".into(),
+        "--admin-listen".into(),
+        format!("127.0.0.1:{admin_port}"),
+    ]);
+    let admin_log = d.dir().join("admin-frontend.log");
+    let _admin_frontend = ChildGuard::strata("admin-frontend", &args, Some(&admin_log));
+    wait_ready(&format!("http://127.0.0.1:{listen}"), WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", tail_file(&admin_log)));
+    let admin_at = format!("http://127.0.0.1:{admin_port}");
+    admin(&admin_at, &["create", "blue"]).unwrap();
+
+    // The serving frontend learns of `blue` from the journal, with no restart.
+    let endpoint = d.frontend(0).endpoint();
+    let mut blue = TenantClient::connect(&endpoint, "blue").await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = put(&mut blue, "k", "blue-1").await {
+        assert_eq!(e.code(), Code::NotFound, "{e:?}");
+        assert!(
+            Instant::now() < deadline,
+            "blue never served\n{}",
+            tail_file(d.frontend_log(0))
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut default = TenantClient::connect(&endpoint, "default").await.unwrap();
+    assert_eq!(get(&mut default, "k").await.unwrap(), None);
+    let stranger = TenantClient::connect(&endpoint, "green").await.unwrap();
+    let mut stranger = stranger;
+    assert_eq!(
+        get(&mut stranger, "k").await.unwrap_err().code(),
+        Code::NotFound
+    );
+
+    // The compactor checkpoints `blue` and the catalogue and trims shard 0 below them.
+    let _compactor =
+        d.start_compactor(&["--every-entries", "20", "--every", "1s", "--trim-lag", "0"]);
+    let mut i = 0;
+    while first_index_of(&d.journal_addrs()[0], 0).await <= 1 {
+        assert!(
+            Instant::now() < deadline + WAIT,
+            "journal never trimmed\n--- compactor log ---\n{}",
+            tail_file(&d.dir().join("compactor.log"))
+        );
+        put(&mut blue, &format!("k{i}"), "x").await.unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let suspended = admin(&admin_at, &["suspend", "blue"]).unwrap();
+    assert_eq!(suspended["state"], "suspended");
+
+    // kill -9 and restart: the catalogue and `blue` come back from their checkpoints, `blue`
+    // still suspended; resumed, it has its keys.
+    d.kill_frontend(0);
+    d.restart_frontend(0).await;
+    let log = std::fs::read_to_string(d.frontend_log(0)).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("starting from checkpoint") && l.contains("tenant=_system ")),
+        "the catalogue did not start from its checkpoint:\n{}",
+        tail_file(d.frontend_log(0))
+    );
+    let mut blue = TenantClient::connect(&endpoint, "blue").await.unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match get(&mut blue, "k").await {
+            Err(e) if e.code() == Code::FailedPrecondition => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "blue not back as suspended: {other:?}\n{}",
+                tail_file(d.frontend_log(0))
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    admin(&admin_at, &["resume", "blue"]).unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match get(&mut blue, "k").await {
+            Ok(v) => {
+                assert_eq!(v.as_deref(), Some(&b"blue-1"[..]));
+                break;
+            }
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "blue not resumed: {e:?}\n{}",
+                tail_file(d.frontend_log(0))
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -84,17 +84,20 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
     let mut all_loaded = true;
     for r in records.iter().filter(|r| r.shard == loader.shard) {
         let served = served_of(r);
+        let quotas = r.quotas.unwrap_or_default();
         match tenants.named(&r.name) {
             Some(t) => {
                 if t.served() != served {
                     tracing::info!(tenant = %r.name, state = ?served, "catalogue changed a tenant's state");
                     t.set_served(served);
                 }
+                t.set_quotas(quotas);
             }
             None if served == Served::Deleted => {}
             None => match loader.load(&r.name).await {
                 Ok(t) => {
                     t.set_served(served);
+                    t.set_quotas(quotas);
                     tracing::info!(tenant = %r.name, state = ?served, "tenant loaded from the catalogue");
                     tenants.insert_loaded(t);
                 }
@@ -186,6 +189,28 @@ mod tests {
         assert!(reconcile(&tenants, &later, &loader).await);
         assert_eq!(state("active"), Some(Served::Deleted));
         assert_eq!(state("paused"), Some(Served::Active));
+
+        // The record's quotas replace the frontend's flags (none in this test) while non-zero.
+        let limited = TenantRecord {
+            quotas: Some(api::strata::entry::TenantQuotas {
+                requests_per_second: 2,
+                watchers: 3,
+                ..Default::default()
+            }),
+            ..record("paused", 1, TenantState::Active)
+        };
+        assert!(reconcile(&tenants, std::slice::from_ref(&limited), &loader).await);
+        let paused = tenants.named("paused").unwrap();
+        assert_eq!(paused.max_watchers(), Some(3));
+        let admitted = (0..10).filter(|_| paused.admit().is_ok()).count();
+        assert_eq!(admitted, 2, "a burst of the rate, then refused");
+        // The same quotas again keep the bucket: still empty.
+        assert!(reconcile(&tenants, std::slice::from_ref(&limited), &loader).await);
+        assert!(paused.admit().is_err());
+        let unlimited = record("paused", 1, TenantState::Active);
+        assert!(reconcile(&tenants, &[unlimited], &loader).await);
+        assert_eq!(paused.max_watchers(), None);
+        assert!((0..100).all(|_| paused.admit().is_ok()));
         let mut names = tenants.names();
         names.sort();
         assert_eq!(names, ["active", "fixed", "paused"]);

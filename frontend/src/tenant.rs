@@ -74,6 +74,18 @@ pub struct Tenant {
     apply_wait: metrics::Histogram,
     /// A [`Served`], set by the catalogue follower (`crate::catalogue`).
     served: std::sync::atomic::AtomicU8,
+    /// Whether the catalogue gives this tenant quotas of its own (`quotas`): requests look
+    /// at them only then, so a tenant without any pays no lock.
+    own_quotas: std::sync::atomic::AtomicBool,
+    quotas: std::sync::RwLock<OwnQuotas>,
+}
+
+/// The quotas the catalogue's record of a tenant carries, as this frontend enforces them: each
+/// non-zero one replaces the frontend's flag, per frontend as the flags are.
+#[derive(Debug, Default)]
+struct OwnQuotas {
+    quotas: api::strata::entry::TenantQuotas,
+    rate: Option<crate::quota::RateLimit>,
 }
 
 impl Tenant {
@@ -101,7 +113,45 @@ impl Tenant {
             rate: crate::quota::RateLimit::new(limits.request_rate, limits.request_burst),
             apply_wait: metrics::histogram!(APPLY_WAIT_SECONDS),
             served: std::sync::atomic::AtomicU8::new(Served::Active as u8),
+            own_quotas: std::sync::atomic::AtomicBool::new(false),
+            quotas: std::sync::RwLock::default(),
         })
+    }
+
+    /// Enforces `q`, the catalogue's quotas of this tenant, from now on (a request rate that
+    /// did not change keeps its bucket).
+    pub fn set_quotas(&self, q: api::strata::entry::TenantQuotas) {
+        let mut own = self
+            .quotas
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if own.quotas == q {
+            return;
+        }
+        if own.quotas.requests_per_second != q.requests_per_second {
+            let rate = u32::try_from(q.requests_per_second.max(0)).unwrap_or(u32::MAX);
+            own.rate = crate::quota::RateLimit::new(rate, self.limits.request_burst);
+        }
+        own.quotas = q;
+        self.own_quotas.store(
+            q != api::strata::entry::TenantQuotas::default(),
+            std::sync::atomic::Ordering::Release,
+        );
+    }
+
+    /// Most watchers the tenant may have on this frontend: the catalogue's quota, else
+    /// `--tenant-max-watchers`.
+    pub fn max_watchers(&self) -> Option<usize> {
+        if self.own_quotas.load(std::sync::atomic::Ordering::Acquire) {
+            let own = self
+                .quotas
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if own.quotas.watchers > 0 {
+                return usize::try_from(own.quotas.watchers).ok();
+            }
+        }
+        self.limits.max_watchers
     }
 
     /// What the catalogue says of this tenant (Active when no catalogue is followed).
@@ -142,14 +192,29 @@ impl Tenant {
     /// Admits one request under the tenant's request rate (`--tenant-request-rate`), or refuses
     /// it with etcd's "too many requests".
     pub fn admit(&self) -> Result<(), Error> {
-        match &self.rate {
-            Some(rate) if !rate.try_acquire() => {
-                metrics::counter!("strata_frontend_requests_limited_total", "tenant" => self.name.clone())
-                    .increment(1);
-                Err(Error::TooManyRequests)
+        if self.own_quotas.load(std::sync::atomic::Ordering::Acquire) {
+            let own = self
+                .quotas
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(rate) = &own.rate {
+                return self.charge(rate);
             }
-            _ => Ok(()),
         }
+        match &self.rate {
+            Some(rate) => self.charge(rate),
+            None => Ok(()),
+        }
+    }
+
+    /// One request against `rate`.
+    fn charge(&self, rate: &crate::quota::RateLimit) -> Result<(), Error> {
+        if rate.try_acquire() {
+            return Ok(());
+        }
+        metrics::counter!("strata_frontend_requests_limited_total", "tenant" => self.name.clone())
+            .increment(1);
+        Err(Error::TooManyRequests)
     }
 
     /// Refuses requests larger than `--max-request-bytes` (etcd checks the proposal's size).

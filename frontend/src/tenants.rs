@@ -414,7 +414,7 @@ impl WatchSource for Tenants {
             store: tenant.replica.store().clone(),
             hub: tenant.replica.hub().clone(),
             header: tenant.header(0),
-            max_watchers: tenant.limits.max_watchers,
+            max_watchers: tenant.max_watchers(),
         })
     }
 

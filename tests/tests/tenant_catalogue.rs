@@ -1,10 +1,11 @@
 //! The tenant catalogue and the admin API (docs/design/tenants.md, T1, T6; `--catalogue`,
 //! `--admin-listen`, `strata admin tenant`), against real processes:
 //! - through `strata dev` and the `strata admin tenant` command: create, duplicate create,
-//!   bad names, get, list, update, suspend (every RPC but Status refused with
-//!   FailedPrecondition), resume, delete (NotFound), undelete (the data is back), and a
-//!   restart that keeps all of it;
-//! - across frontends: a tenant created through one frontend's admin port is served by another
+//!   bad names, get, list, update (a request rate enforced at once, for that tenant only),
+//!   suspend (every RPC but Status refused with FailedPrecondition), resume, delete
+//!   (NotFound), undelete (the data is back), and a restart that keeps all of it;
+//! - across frontends, the admin port under mutual TLS (no certificate, or another CA's, is
+//!   refused): a tenant created through one frontend's admin port is served by another
 //!   frontend that was running already, isolated from the default tenant, and still after the
 //!   compactor trimmed the journal and that frontend was killed with `kill -9`.
 
@@ -12,6 +13,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use api::etcdserverpb::{PutRequest, RangeRequest, StatusRequest};
+use strata_tests::certs::Ca;
 use strata_tests::deployment::{Deployment, DevDeployment, Setup, frontend_args};
 use strata_tests::journal::first_index_of;
 use strata_tests::process::{ChildGuard, free_port, strata_bin};
@@ -23,9 +25,15 @@ const WAIT: Duration = Duration::from_secs(90);
 
 /// `strata admin tenant <args> --endpoint <admin> --json`: the JSON printed, or the error text.
 fn admin(endpoint: &str, args: &[&str]) -> Result<serde_json::Value, String> {
+    admin_as(endpoint, &[], args)
+}
+
+/// `admin` with `tls` flags (`--cacert`, `--cert`, `--key`).
+fn admin_as(endpoint: &str, tls: &[String], args: &[&str]) -> Result<serde_json::Value, String> {
     let out = Command::new(strata_bin())
         .args(["admin", "tenant"])
         .args(args)
+        .args(tls)
         .args(["--endpoint", endpoint, "--json"])
         .output()
         .expect("run strata admin tenant");
@@ -135,6 +143,42 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     admin(&admin_at, &["resume", "team-a"]).unwrap();
     assert_eq!(put(&mut a, "k2", "back").await.unwrap(), 3);
 
+    // The catalogue's request rate is enforced at once, for that tenant only, with etcd's
+    // code and message; set back to 0, the frontend's default (none here) applies again.
+    let limit = [
+        "update",
+        "team-a",
+        "--requests-per-second",
+        "2",
+        "--leases",
+        "10",
+    ];
+    admin(&admin_at, &limit).unwrap();
+    let started = Instant::now();
+    let mut admitted = 0;
+    for _ in 0..20 {
+        match get(&mut a, "k").await {
+            Ok(_) => admitted += 1,
+            Err(e) => {
+                assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+                assert_eq!(e.message(), "etcdserver: too many requests");
+            }
+        }
+        get(&mut default, "k")
+            .await
+            .expect("the default tenant is not limited");
+    }
+    // A burst of 2, then 2 a second.
+    let bound = 2.0 + 2.0 * started.elapsed().as_secs_f64() + 1.0;
+    assert!(
+        f64::from(admitted) <= bound,
+        "{admitted} admitted, at most {bound}"
+    );
+    admin(&admin_at, &["update", "team-a", "--leases", "10"]).unwrap();
+    for _ in 0..20 {
+        get(&mut a, "k").await.expect("no rate limit any more");
+    }
+
     // Deleted: not served at all, not listed, its name still taken; undeleted with its data.
     assert_eq!(
         admin(&admin_at, &["delete", "team-a"]).unwrap()["state"],
@@ -201,7 +245,19 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
         },
     )
     .await;
-    // A second frontend, only for its admin port.
+    // A second frontend, only for its admin port: mutual TLS, with an admin CA of its own.
+    let certs = d.dir().join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let ca = Ca::new();
+    let ca_file = ca.write(&certs);
+    let (server_cert, server_key) = ca.server(&["localhost"]).write(&certs, "admin-server");
+    let (op_cert, op_key) = ca
+        .client("operator", &["operator.example"])
+        .write(&certs, "op");
+    let (bad_cert, bad_key) = Ca::new()
+        .client("operator", &["operator.example"])
+        .write(&certs, "stranger");
+    let path = |p: &std::path::Path| p.display().to_string();
     let (listen, metrics, admin_port) = (free_port(), free_port(), free_port());
     let mut args = frontend_args(
         d.journal_addrs(),
@@ -214,14 +270,40 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
         "--trust-tenant-header".into(),
         "--admin-listen".into(),
         format!("127.0.0.1:{admin_port}"),
+        "--admin-cert-file".into(),
+        path(&server_cert),
+        "--admin-key-file".into(),
+        path(&server_key),
+        "--admin-trusted-ca-file".into(),
+        path(&ca_file),
     ]);
     let admin_log = d.dir().join("admin-frontend.log");
     let _admin_frontend = ChildGuard::strata("admin-frontend", &args, Some(&admin_log));
     wait_ready(&format!("http://127.0.0.1:{listen}"), WAIT)
         .await
         .unwrap_or_else(|e| panic!("{e}\n{}", tail_file(&admin_log)));
-    let admin_at = format!("http://127.0.0.1:{admin_port}");
-    admin(&admin_at, &["create", "blue"]).unwrap();
+    let admin_at = format!("https://localhost:{admin_port}");
+    let tls = |cert: &std::path::Path, key: &std::path::Path| {
+        vec![
+            "--cacert".to_string(),
+            path(&ca_file),
+            "--cert".into(),
+            path(cert),
+            "--key".into(),
+            path(key),
+        ]
+    };
+    let operator = tls(&op_cert, &op_key);
+    // No client certificate, or one of another CA: no admin API.
+    let refused = admin_as(&admin_at, &["--cacert".into(), path(&ca_file)], &["list"]);
+    assert!(refused.is_err(), "{refused:?}");
+    let refused = admin_as(&admin_at, &tls(&bad_cert, &bad_key), &["list"]);
+    assert!(refused.is_err(), "{refused:?}");
+    // Nor over plain HTTP/2.
+    let plain = admin(&format!("http://127.0.0.1:{admin_port}"), &["list"]);
+    assert!(plain.is_err(), "{plain:?}");
+    let admin = |args: &[&str]| admin_as(&admin_at, &operator, args);
+    admin(&["create", "blue"]).unwrap();
 
     // The serving frontend learns of `blue` from the journal, with no restart.
     let endpoint = d.frontend(0).endpoint();
@@ -259,7 +341,7 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
         i += 1;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let suspended = admin(&admin_at, &["suspend", "blue"]).unwrap();
+    let suspended = admin(&["suspend", "blue"]).unwrap();
     assert_eq!(suspended["state"], "suspended");
 
     // kill -9 and restart: the catalogue and `blue` come back from their checkpoints, `blue`
@@ -286,7 +368,7 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    admin(&admin_at, &["resume", "blue"]).unwrap();
+    admin(&["resume", "blue"]).unwrap();
     let deadline = Instant::now() + WAIT;
     loop {
         match get(&mut blue, "k").await {

@@ -54,15 +54,23 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
         return;
     };
     let mut done: i64 = -1;
+    let mut loaded = false;
     loop {
         let applied = system.replica.applied_index();
+        let caught_up = system.replica.state() == crate::replica::ReplicaState::Ready;
         let revision = system.replica.read().revision();
-        if revision != done {
+        if revision != done || (caught_up && !loaded) {
             let Some(t) = tenants.upgrade() else { return };
             let records = system.replica.read().tenant_records();
             if reconcile(&t, &records, &loader).await {
                 done = revision;
                 reconciled.send_replace(revision);
+                // Every tenant the catalogue had when its replica caught up is served now:
+                // the frontend may say it is ready (`Tenants::readiness`).
+                if caught_up && !loaded {
+                    loaded = true;
+                    t.set_catalogue_loaded();
+                }
             } else {
                 tokio::time::sleep(LOAD_RETRY).await;
                 continue;

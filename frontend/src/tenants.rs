@@ -47,6 +47,10 @@ pub struct Tenants {
     /// Tenants loaded from the catalogue since start (`crate::catalogue`), by name; looked up
     /// only when a name is not one of the fixed ones.
     loaded: std::sync::RwLock<HashMap<String, Arc<Tenant>>>,
+    /// Whether the tenants the catalogue held when its replica caught up are loaded: until
+    /// then a request for one would be refused as unknown (NotFound, which clients do not
+    /// retry), so the frontend is not ready.
+    catalogue_loaded: std::sync::atomic::AtomicBool,
 }
 
 impl Tenants {
@@ -71,7 +75,14 @@ impl Tenants {
             tokens: None,
             catalogue: None,
             loaded: std::sync::RwLock::default(),
+            catalogue_loaded: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Called by the catalogue follower once it serves what the caught-up catalogue says.
+    pub fn set_catalogue_loaded(&self) {
+        self.catalogue_loaded
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Tenants that also serve what the catalogue replicated by `system` places on this
@@ -178,6 +189,13 @@ impl Tenants {
         }
         if let Some(why) = self.failed() {
             return Err(why);
+        }
+        if self.catalogue.is_some()
+            && !self
+                .catalogue_loaded
+                .load(std::sync::atomic::Ordering::Acquire)
+        {
+            return Err("loading the tenants of the catalogue".to_string());
         }
         self.misconfigured().map_or(Ok(()), Err)
     }
@@ -478,6 +496,29 @@ mod tests {
             named_only.resolve(&naming(None)),
             Err(Error::NoTenant)
         ));
+    }
+
+    #[tokio::test]
+    async fn readiness_waits_for_the_catalogue_s_tenants() {
+        let log = MemLog::new();
+        let tenants = Tenants::serving(Some(tenant("d", &log)), Vec::new(), true)
+            .with_catalogue(tenant(api::tenant::SYSTEM_TENANT, &log));
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while tenants
+            .replicas()
+            .iter()
+            .any(|t| t.replica.state() != ReplicaState::Ready)
+        {
+            assert!(tokio::time::Instant::now() < deadline, "never caught up");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        // Caught up, but a request for a tenant of the catalogue would still be NotFound.
+        assert_eq!(
+            tenants.readiness(),
+            Err("loading the tenants of the catalogue".to_string())
+        );
+        tenants.set_catalogue_loaded();
+        assert_eq!(tenants.readiness(), Ok(()));
     }
 
     #[tokio::test]

@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use api::etcdserverpb::{PutRequest, RangeRequest, StatusRequest};
 use strata_tests::certs::Ca;
+use strata_tests::curl;
 use strata_tests::deployment::{Deployment, DevDeployment, Setup, frontend_args};
 use strata_tests::journal::first_index_of;
 use strata_tests::process::{ChildGuard, free_port, strata_bin};
@@ -355,19 +356,25 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
         "the catalogue did not start from its checkpoint:\n{}",
         tail_file(d.frontend_log(0))
     );
-    let mut blue = TenantClient::connect(&endpoint, "blue").await.unwrap();
+    // Ready only once the catalogue's tenants are loaded: the first request after that is
+    // answered as the catalogue says, never NotFound (which clients would not retry).
+    let readyz = format!("http://{}", d.frontend(0).metrics);
     let deadline = Instant::now() + WAIT;
-    loop {
-        match get(&mut blue, "k").await {
-            Err(e) if e.code() == Code::FailedPrecondition => break,
-            other => assert!(
-                Instant::now() < deadline,
-                "blue not back as suspended: {other:?}\n{}",
-                tail_file(d.frontend_log(0))
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    while curl::request(&readyz, "GET", "/readyz", "").0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "never ready\n{}",
+            tail_file(d.frontend_log(0))
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let mut blue = TenantClient::connect(&endpoint, "blue").await.unwrap();
+    let e = get(&mut blue, "k").await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::FailedPrecondition,
+        "blue not back as suspended: {e:?}"
+    );
     admin(&["resume", "blue"]).unwrap();
     let deadline = Instant::now() + WAIT;
     loop {

@@ -55,13 +55,15 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
     };
     let mut done: i64 = -1;
     let mut loaded = false;
+    let mut records = Vec::new();
+    let syncing: Syncing = Arc::default();
     loop {
         let applied = system.replica.applied_index();
         let caught_up = system.replica.state() == crate::replica::ReplicaState::Ready;
         let revision = system.replica.read().revision();
         if revision != done || (caught_up && !loaded) {
             let Some(t) = tenants.upgrade() else { return };
-            let records = system.replica.read().tenant_records();
+            records = system.replica.read().tenant_records();
             if reconcile(&t, &records, &loader).await {
                 done = revision;
                 reconciled.send_replace(revision);
@@ -75,6 +77,9 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
                 tokio::time::sleep(LOAD_RETRY).await;
                 continue;
             }
+        }
+        if let Some(t) = tenants.upgrade() {
+            sync_quotas(&t, &records, loader.shard, &syncing);
         }
         // The next record of shard 0: a change, or the journal's idle tick (every 500 ms).
         if !system.replica.until_applied(applied + 1).await {
@@ -117,6 +122,65 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
         }
     }
     all_loaded
+}
+
+/// The tenants whose quotas this frontend is appending to their shard.
+type Syncing = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+
+/// The quotas that change state (stored bytes, leases) are enforced by each tenant's own
+/// replicas, from a `TenantChange` of the tenant's own name on its shard
+/// (`MemStore::tenant_quotas`). Wherever a caught-up replica's quotas differ from its record's,
+/// this appends that change, once at a time per tenant, and again at the next look if it did
+/// not land; so a change the admin API made reaches the tenant's shard even if the frontend
+/// that took it died between the two appends. Several frontends may append the same quotas
+/// once each: applying them twice changes nothing.
+fn sync_quotas(tenants: &Tenants, records: &[TenantRecord], shard: u32, syncing: &Syncing) {
+    use api::strata::entry::{TenantChange, entry::Request as Intent, tenant_change::Change};
+    for r in records.iter().filter(|r| r.shard == shard) {
+        let want = r.quotas.unwrap_or_default();
+        let Some(t) = tenants.named(&r.name) else {
+            continue;
+        };
+        if served_of(r) == Served::Deleted
+            || t.replica.state() != crate::replica::ReplicaState::Ready
+            || t.replica.read().tenant_quotas() == want
+        {
+            continue;
+        }
+        let lock = |s: &Syncing| {
+            s.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(r.name.clone())
+        };
+        if !lock(syncing) {
+            continue;
+        }
+        let syncing = syncing.clone();
+        tokio::spawn(async move {
+            let change = TenantChange {
+                name: t.name.clone(),
+                change: Some(Change::UpdateQuotas(want)),
+                ..Default::default()
+            };
+            let id = crate::rpc::RequestId::random();
+            let caller = crate::auth::Caller::default();
+            match t.propose(&id, &caller, Intent::TenantChange(change)).await {
+                Ok(a) if a.outcome == memstore::Outcome::Quotas => {
+                    tracing::info!(tenant = %t.name, quotas = ?want, "tenant's quotas set on its shard");
+                }
+                Ok(a) => {
+                    tracing::warn!(tenant = %t.name, outcome = ?a.outcome, "tenant's quotas refused on its shard")
+                }
+                Err(e) => {
+                    tracing::warn!(tenant = %t.name, error = %e, "cannot set the tenant's quotas on its shard; trying again")
+                }
+            }
+            syncing
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .remove(&t.name);
+        });
+    }
 }
 
 fn served_of(r: &TenantRecord) -> Served {

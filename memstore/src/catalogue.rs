@@ -46,6 +46,31 @@ impl MemStore {
         decode_record(&kv.value, kv.mod_revision).ok()
     }
 
+    /// The quotas the catalogue gave this tenant (`apply_own_quotas`), each 0 when none.
+    pub fn tenant_quotas(&self) -> TenantQuotas {
+        self.state.quotas
+    }
+
+    /// Applies a tenant's own `TenantChange` (any tenant but `_system`): only its quotas, set
+    /// by the catalogue's followers so that the limits that change state (stored bytes, leases)
+    /// are enforced here, by every replica alike. No revision: no key changes.
+    pub(crate) fn apply_own_quotas(
+        &mut self,
+        tenant: &str,
+        change: &TenantChange,
+    ) -> Result<(), Error> {
+        match &change.change {
+            Some(Change::UpdateQuotas(q)) if change.name == tenant => {
+                check_quotas(q)?;
+                self.state.quotas = *q;
+                Ok(())
+            }
+            _ => Err(Error::Unsupported(format!(
+                "a tenant may only set its own quotas; other tenant changes are the catalogue's ({SYSTEM_TENANT})"
+            ))),
+        }
+    }
+
     /// Applies a catalogue change of tenant `tenant`'s entry at journal `index`: the record as
     /// it is after the change (its `revision` is the put's), or why it was refused.
     pub(crate) fn apply_tenant_change(

@@ -2,7 +2,9 @@
 //! header and the rkyv archive of the whole store state, loaded back through checked access.
 //! Format 4 archives the keys as two flat arrays (key records, then every version), the
 //! request-id window as its table's size and live slots with their places (loaded straight into
-//! place) and a staged restore, if any, as one protobuf `RestoreStage`. Formats 3 (the same, the
+//! place) and a staged restore, if any, as one protobuf `RestoreStage`; format 6 adds the
+//! tenant's quotas (a protobuf `TenantQuotas`) after it, and formats 5 and 4 (without them) are
+//! read as a store without quotas. Formats 3 (the same, the
 //! window as a flat array of records oldest first, re-hashed on load), 2 (the window as two
 //! archived ordered maps of boxed ids, no restore stage) and 1 (the keys as an archived
 //! `BTreeMap` too) are still read.
@@ -32,7 +34,9 @@ use crate::{Config, Error, MemStore};
 pub const MAGIC: [u8; 8] = *b"STRATACP";
 /// The format this build writes; `decode` reads it and every older one down to
 /// `FORMAT_VERSION_V1`.
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
+/// The fifth format: format 6 without the tenant's quotas; still read.
+pub const FORMAT_VERSION_V5: u32 = 5;
 /// The fourth format: the same layout, but a store never compacted said compact revision 0
 /// (builds before format 5 refused `Compact(0)`, so 0 meant "never"); still read.
 pub const FORMAT_VERSION_V4: u32 = 4;
@@ -169,6 +173,14 @@ struct BodyV4<'a> {
     auth: &'a AuthState,
     /// A protobuf `RestoreStage`, empty when no restore is being staged.
     restore_stage: Vec<u8>,
+}
+
+/// Format 6's body: format 4's (and 5's), then the tenant's quotas as a protobuf
+/// `TenantQuotas` (empty when none was set).
+#[derive(rkyv::Archive, rkyv::Serialize)]
+struct BodyV6<'a> {
+    base: BodyV4<'a>,
+    quotas: Vec<u8>,
 }
 
 /// A live slot of the request-id table and its place in it.
@@ -311,6 +323,18 @@ struct StateV1 {
     auth: AuthState,
 }
 
+/// The body this build writes.
+fn body_v6(state: &State) -> BodyV6<'_> {
+    BodyV6 {
+        base: body_v4(state),
+        quotas: if state.quotas == Default::default() {
+            Vec::new()
+        } else {
+            prost::Message::encode_to_vec(&state.quotas)
+        },
+    }
+}
+
 fn body_v4(state: &State) -> BodyV4<'_> {
     let ks = &state.keys;
     let mut keys = Vec::with_capacity(ks.len());
@@ -404,7 +428,7 @@ pub fn encode_into(meta: &CheckpointMeta, store: &MemStore, mut buf: Vec<u8>) ->
     header(&mut out, FORMAT_VERSION, &meta_bytes);
     // The body's positions count from the buffer's start; `offset` is a multiple of
     // BODY_ALIGN, so the archive is laid out exactly as it would be on its own.
-    let mut out = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&body_v4(&store.state), out)
+    let mut out = rkyv::api::high::to_bytes_in::<_, rancor::Error>(&body_v6(&store.state), out)
         .expect("invariant: archiving in-memory state into a growable buffer cannot fail");
     seal(&mut out, offset);
     out
@@ -552,7 +576,16 @@ pub fn decode_with(
         copy = aligned;
         &copy
     };
-    let mut state = if version == FORMAT_VERSION || version == FORMAT_VERSION_V4 {
+    let mut state = if version == FORMAT_VERSION {
+        let archived = rkyv::access::<ArchivedBodyV6<'_>, rancor::Error>(body)
+            .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
+        let mut state = state_from_v4(&archived.base)?;
+        if !archived.quotas.is_empty() {
+            state.quotas = prost::Message::decode(archived.quotas.as_slice())
+                .map_err(|e| Error::Corrupt(format!("tenant quotas: {e}")))?;
+        }
+        state
+    } else if version == FORMAT_VERSION_V5 || version == FORMAT_VERSION_V4 {
         let archived = rkyv::access::<ArchivedBodyV4<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
         state_from_v4(archived)?
@@ -671,6 +704,7 @@ fn state_from_v4(a: &ArchivedBodyV4<'_>) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore: restore_stage(&a.restore_stage)?,
+        quotas: Default::default(),
     })
 }
 
@@ -704,6 +738,7 @@ fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore,
+        quotas: Default::default(),
     })
 }
 
@@ -722,6 +757,7 @@ fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore: None,
+        quotas: Default::default(),
     })
 }
 
@@ -764,6 +800,7 @@ fn state_from_v1(a: &ArchivedStateV1) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore: None,
+        quotas: Default::default(),
     })
 }
 
@@ -1019,6 +1056,30 @@ mod tests {
         assert_eq!(reloaded.compact_revision(), 0);
     }
 
+    /// Format 6 keeps the tenant's quotas; a format 5 object (the same body without them) loads
+    /// as a store without quotas.
+    #[test]
+    fn quotas_are_kept_and_older_formats_have_none() {
+        let mut store = store_of_rounds(2, 20, |round, k| (vec![b'k', k as u8], vec![round; 4]));
+        let meta = meta_now(&store, "t", 0, 0);
+        let v5 = frame(
+            &meta,
+            FORMAT_VERSION_V5,
+            &rkyv::to_bytes::<rancor::Error>(&body_v4(&store.state)).unwrap(),
+        );
+        store.state.quotas = api::strata::entry::TenantQuotas {
+            stored_bytes: 1 << 20,
+            leases: 3,
+            ..Default::default()
+        };
+        let (_, loaded) = decode(&encode(&meta, &store)).unwrap();
+        assert!(loaded == store);
+        assert_eq!(loaded.tenant_quotas().leases, 3);
+        let (_, old) = decode(&v5).unwrap();
+        assert_eq!(old.tenant_quotas(), Default::default());
+        assert_eq!(old.revision(), store.revision());
+    }
+
     /// `encode` archives the body in place after the header; the object is byte for byte the
     /// one framing a separately archived body gives, and the buffer was sized once.
     #[test]
@@ -1031,7 +1092,7 @@ mod tests {
         });
         for tenant in ["t", "a-longer-tenant-name-that-moves-the-body-offset"] {
             let meta = meta_now(&store, tenant, 1, 5);
-            let body = rkyv::to_bytes::<rancor::Error>(&body_v4(&store.state)).unwrap();
+            let body = rkyv::to_bytes::<rancor::Error>(&body_v6(&store.state)).unwrap();
             let framed = frame(&meta, FORMAT_VERSION, &body);
             let encoded = encode(&meta, &store);
             assert!(encoded == framed, "tenant {tenant:?}");

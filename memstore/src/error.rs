@@ -107,6 +107,9 @@ pub enum Error {
     /// that is not deleted).
     #[error("strata: tenant {name} is {state}")]
     TenantState { name: String, state: &'static str },
+    /// A lease grant with the tenant's lease quota (from the catalogue) reached.
+    #[error("strata: lease quota of {0} reached")]
+    LeaseQuota(i64),
     #[error("strata: shard {shard} is not one of the deployment's {shards} shards")]
     NoSuchShard { shard: u32, shards: u32 },
     /// A checkpoint failed its checks (magic, version, checksum, archive validation).
@@ -130,6 +133,7 @@ impl Error {
             Error::NoSpace => Code::ResourceExhausted,
             Error::Unsupported(_) => Code::Unimplemented,
             Error::TenantExists(_) => Code::AlreadyExists,
+            Error::LeaseQuota(_) => Code::ResourceExhausted,
             Error::TenantNotFound(_) => Code::NotFound,
             Error::TenantName(_) | Error::NoSuchShard { .. } => Code::InvalidArgument,
             Error::TenantState { .. } => Code::FailedPrecondition,

@@ -26,6 +26,10 @@ pub(crate) struct LeaseTable {
 }
 
 impl LeaseTable {
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
     pub fn contains(&self, id: i64) -> bool {
         self.leases.contains_key(&id)
     }

@@ -144,6 +144,8 @@ pub enum Outcome {
     Alarm(AlarmResponse),
     /// An auth change was applied (the frontend answers it with the response its RPC names).
     Auth,
+    /// The tenant's own quotas were set (a `TenantChange` of its own name, no revision).
+    Quotas,
     /// A catalogue change was applied (`_system` only): the tenant's record after it.
     Tenant(Box<api::strata::admin::TenantRecord>),
     /// A step of a staged restore (`RestoreBegin`, `RestoreChunk`, `RestoreCommit`).

@@ -47,6 +47,9 @@ pub(crate) struct State {
     pub auth: AuthState,
     /// The restore being staged, if any (see `restore`).
     pub restore: Option<Stage>,
+    /// The quotas the tenant catalogue gave this tenant (`TenantChange` of its own name: see
+    /// `catalogue`); each 0 is "the configuration's".
+    pub quotas: api::strata::entry::TenantQuotas,
 }
 
 impl State {
@@ -62,6 +65,7 @@ impl State {
             alarms: BTreeSet::new(),
             auth: AuthState::default(),
             restore: None,
+            quotas: api::strata::entry::TenantQuotas::default(),
         }
     }
 }
@@ -800,7 +804,10 @@ impl MemStore {
         if self.nospace() {
             return Err(Error::NoSpace);
         }
-        let quota = self.config.quota_bytes;
+        let quota = match self.state.quotas.stored_bytes {
+            0 => self.config.quota_bytes,
+            own => own,
+        };
         if quota > 0 && self.charged_bytes().saturating_add(cost) > quota as u64 {
             self.state.alarms.insert((0, AlarmType::Nospace as i32));
             return Err(Error::NoSpace);
@@ -1008,9 +1015,10 @@ impl MemStore {
                 self.auth_changed();
                 Outcome::Auth
             }),
-            Request::TenantChange(c) => self
+            Request::TenantChange(c) if tenant == api::tenant::SYSTEM_TENANT => self
                 .apply_tenant_change(index, tenant, c, events)
                 .map(|r| Outcome::Tenant(Box::new(r))),
+            Request::TenantChange(c) => self.apply_own_quotas(tenant, c).map(|()| Outcome::Quotas),
             Request::RestoreBegin(b) => Ok(self.apply_restore_begin(b)),
             Request::RestoreChunk(c) => Ok(self.apply_restore_chunk(c)),
             Request::RestoreCommit(c) => Ok(self.apply_restore_commit(c, events)),
@@ -1128,6 +1136,10 @@ impl MemStore {
         };
         if self.state.leases.contains(id) {
             return Err(Error::LeaseExists);
+        }
+        let quota = self.state.quotas.leases;
+        if quota > 0 && self.state.leases.len() >= quota.unsigned_abs() as usize {
+            return Err(Error::LeaseQuota(quota));
         }
         let ttl = g.ttl.max(self.config.min_lease_ttl_secs);
         let deadline = self.state.time_ms.saturating_add(ttl.saturating_mul(1000));

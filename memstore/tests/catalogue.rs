@@ -361,3 +361,85 @@ proptest! {
         prop_assert_eq!(loaded.tenant_records(), c.store.tenant_records());
     }
 }
+
+/// A tenant's own `TenantChange` sets its quotas (what the catalogue's followers append to the
+/// tenant's shard): no revision, enforced by the apply, kept by checkpoints. Nothing else of
+/// the catalogue is a tenant's to change.
+#[test]
+fn a_tenant_s_own_quotas_are_enforced_where_it_applies() {
+    use api::etcdserverpb::{LeaseGrantRequest, PutRequest};
+    let mut c = Catalogue::new();
+    let apply = |c: &mut Catalogue, request: Request| {
+        c.index += 1;
+        let entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            time_ms: 1_000,
+            request: Some(request),
+            ..Default::default()
+        };
+        c.store.apply(c.index, &entry).outcome
+    };
+    let quotas = |q: TenantQuotas| Request::TenantChange(change("t", Change::UpdateQuotas(q)));
+    let grant = |id| Request::LeaseGrant(LeaseGrantRequest { id, ttl: 60 });
+    let put = |v: usize| {
+        Request::Put(PutRequest {
+            key: b"k".to_vec(),
+            value: vec![b'v'; v],
+            ..Default::default()
+        })
+    };
+    let q = TenantQuotas {
+        leases: 1,
+        stored_bytes: 4096,
+        ..Default::default()
+    };
+    assert_eq!(apply(&mut c, quotas(q)), Outcome::Quotas);
+    assert_eq!(c.store.revision(), 1, "quotas change no key");
+    assert_eq!(c.store.tenant_quotas(), q);
+    assert!(matches!(apply(&mut c, grant(1)), Outcome::LeaseGrant(_)));
+    let Outcome::Failed(e) = apply(&mut c, grant(2)) else {
+        panic!("a second lease over a quota of 1")
+    };
+    assert_eq!(e.to_string(), "strata: lease quota of 1 reached");
+    assert_eq!(e.grpc_code(), Code::ResourceExhausted);
+    assert!(matches!(apply(&mut c, put(100)), Outcome::Put(_)));
+    assert_eq!(apply(&mut c, put(8000)), Outcome::Failed(Error::NoSpace));
+    // Checkpoints carry them.
+    let meta = CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: c.store.applied_index(),
+        revision: c.store.revision(),
+        created_ms: 1_000,
+    };
+    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &c.store)).unwrap();
+    assert_eq!(loaded.tenant_quotas(), q);
+    // Lifted (0: the configuration's), the NOSPACE alarm the quota raised stays until it is
+    // disarmed, as etcd's does; then a second lease and the large put go through.
+    assert_eq!(
+        apply(&mut c, quotas(TenantQuotas::default())),
+        Outcome::Quotas
+    );
+    assert_eq!(apply(&mut c, grant(2)), Outcome::Failed(Error::NoSpace));
+    let disarm = Request::Alarm(api::etcdserverpb::AlarmRequest {
+        action: api::etcdserverpb::alarm_request::AlarmAction::Deactivate as i32,
+        member_id: 0,
+        alarm: api::etcdserverpb::AlarmType::Nospace as i32,
+    });
+    assert!(matches!(apply(&mut c, disarm), Outcome::Alarm(_)));
+    assert!(matches!(apply(&mut c, grant(2)), Outcome::LeaseGrant(_)));
+    assert!(matches!(apply(&mut c, put(8000)), Outcome::Put(_)));
+    // Another tenant's quotas, or any other catalogue change, are not a tenant's to apply.
+    let other = Request::TenantChange(change("u", Change::UpdateQuotas(q)));
+    assert!(matches!(
+        apply(&mut c, other),
+        Outcome::Failed(Error::Unsupported(_))
+    ));
+    let create = Request::TenantChange(create("t", None, 1, 1));
+    assert!(matches!(
+        apply(&mut c, create),
+        Outcome::Failed(Error::Unsupported(_))
+    ));
+    assert_eq!(c.store.tenant_quotas(), TenantQuotas::default());
+}

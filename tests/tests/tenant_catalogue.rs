@@ -1,7 +1,8 @@
 //! The tenant catalogue and the admin API (docs/design/tenants.md, T1, T6; `--catalogue`,
 //! `--admin-listen`, `strata admin tenant`), against real processes:
 //! - through `strata dev` and the `strata admin tenant` command: create, duplicate create,
-//!   bad names, get, list, update (a request rate enforced at once, for that tenant only),
+//!   bad names, get, list, update (a request rate enforced at once, for that tenant only; a
+//!   lease quota enforced by the tenant's replicas once appended to its shard),
 //!   suspend (every RPC but Status refused with FailedPrecondition), resume, delete
 //!   (NotFound), undelete (the data is back), and a restart that keeps all of it;
 //! - across frontends, the admin port under mutual TLS (no certificate, or another CA's, is
@@ -12,7 +13,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use api::etcdserverpb::{PutRequest, RangeRequest, StatusRequest};
+use api::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest, StatusRequest};
 use strata_tests::certs::Ca;
 use strata_tests::curl;
 use strata_tests::deployment::{Deployment, DevDeployment, Setup, frontend_args};
@@ -178,6 +179,33 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     admin(&admin_at, &["update", "team-a", "--leases", "10"]).unwrap();
     for _ in 0..20 {
         get(&mut a, "k").await.expect("no rate limit any more");
+    }
+
+    // The lease quota changes state, so the tenant's replicas enforce it: the frontend appends
+    // it to the tenant's shard after the catalogue change, and a grant over it is refused.
+    admin(&admin_at, &["update", "team-a", "--leases", "1"]).unwrap();
+    let grant = || LeaseGrantRequest { ttl: 60, id: 0 };
+    let deadline = Instant::now() + WAIT;
+    let refused = loop {
+        match a.lease.lease_grant(grant()).await {
+            Ok(_) => assert!(Instant::now() < deadline, "lease quota never enforced"),
+            Err(e) => break e,
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+    assert_eq!(refused.message(), "strata: lease quota of 1 reached");
+    default
+        .lease
+        .lease_grant(grant())
+        .await
+        .expect("the default tenant has no lease quota");
+    admin(&admin_at, &["update", "team-a", "--leases", "10"]).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = a.lease.lease_grant(grant()).await {
+        assert_eq!(e.code(), Code::ResourceExhausted, "{e:?}");
+        assert!(Instant::now() < deadline, "lease quota never raised");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
     // Deleted: not served at all, not listed, its name still taken; undeleted with its data.

@@ -56,7 +56,9 @@ pub const TICKS_ONLY_DIR: &str = "ticks-only";
 /// Digits of the zero-padded shard number in paths (`u32::MAX` has 10).
 const SHARD_DIGITS: usize = 10;
 /// Longest tenant name accepted in an object path (a DNS label is at most 63 bytes).
-pub const MAX_TENANT_NAME_LEN: usize = 63;
+/// A catalogue tenant's journal key is its name (a DNS label, at most 63 bytes), a dot and its
+/// generation (16 hex digits: `crate::tenant::journal_key`).
+pub const MAX_TENANT_NAME_LEN: usize = 80;
 /// Digits of the zero-padded sequence numbers and indexes in names (`u64::MAX` has 20).
 const INDEX_DIGITS: usize = 20;
 /// Digits of the zero-padded creation time in checkpoint names (milliseconds until year 2286).
@@ -470,7 +472,7 @@ mod tests {
             "a b",
             "..",
             "ä",
-            &"a".repeat(64),
+            &"a".repeat(81),
         ] {
             assert!(validate_tenant(bad).is_err(), "{bad:?} must be refused");
         }

@@ -37,6 +37,22 @@ pub fn valid_name(name: &str) -> bool {
         && b.iter().all(|c| alnum(c) || *c == b'-')
 }
 
+/// Bytes of a create's uid that name a tenant's generation in its journal key.
+const GENERATION_BYTES: usize = 8;
+
+/// The key a catalogue tenant's generation is journalled, replicated and checkpointed under:
+/// `<name>.<generation>`, the generation being the first bytes of its record's uid in hex. A
+/// tenant deleted and created again under the same name is another tenant: another key, so
+/// none of the old generation's entries, checkpoints or tokens is ever the new one's.
+pub fn journal_key(name: &str, uid: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut key = format!("{name}.");
+    for b in uid.iter().take(GENERATION_BYTES) {
+        let _ = write!(key, "{b:02x}");
+    }
+    key
+}
+
 /// A record decoded from a catalogue value, its `revision` set to the key's mod revision.
 pub fn decode_record(value: &[u8], mod_revision: i64) -> Result<TenantRecord, prost::DecodeError> {
     let mut r: TenantRecord = prost::Message::decode(value)?;
@@ -66,6 +82,19 @@ mod tests {
         ] {
             assert!(!valid_name(bad), "{bad}");
         }
+    }
+
+    #[test]
+    fn generations_have_keys_of_their_own() {
+        let long = "x".repeat(MAX_NAME_LEN);
+        let key = journal_key(&long, &[0xab; 16]);
+        assert_eq!(key.len(), crate::manifest::MAX_TENANT_NAME_LEN);
+        assert!(crate::manifest::validate_tenant(&key).is_ok(), "{key}");
+        assert_eq!(
+            journal_key("a", &[1, 2, 3, 4, 5, 6, 7, 8, 9]),
+            "a.0102030405060708"
+        );
+        assert_ne!(journal_key("a", &[1; 16]), journal_key("a", &[2; 16]));
     }
 
     #[test]

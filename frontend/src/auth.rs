@@ -220,7 +220,7 @@ impl AuthService {
         };
         Ok(AuthenticateResponse {
             header: Some(t.header(store_revision)),
-            token: tokens.sign(&t.name, &name, &credential, revision, now_ms),
+            token: tokens.sign(&t.key, &name, &credential, revision, now_ms),
         })
     }
 }

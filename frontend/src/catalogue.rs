@@ -27,19 +27,23 @@ pub struct Loader {
 }
 
 impl Loader {
-    /// Starts tenant `name`'s replica from its newest checkpoint (or the journal's start).
-    async fn load(&self, name: &str) -> Result<Arc<Tenant>, crate::server::ServeError> {
+    /// Starts the replica of `r`'s generation from its newest checkpoint (or the journal's
+    /// start), journalled under its key.
+    async fn load(&self, r: &TenantRecord) -> Result<Arc<Tenant>, crate::server::ServeError> {
+        let (name, key) = (r.name.as_str(), api::tenant::journal_key(&r.name, &r.uid));
         let store =
-            crate::server::initial_store(name, self.shard, self.checkpoints.as_ref()).await?;
-        Ok(Tenant::start(
+            crate::server::initial_store(&key, self.shard, self.checkpoints.as_ref()).await?;
+        Ok(Tenant::start_as(
             name,
+            &key,
             self.shard,
             store,
             self.checkpoints.clone(),
             self.log.clone(),
             self.limits,
             Identity {
-                cluster_id: crate::config::stable_id(&format!("strata/{name}")),
+                // Another generation is another cluster to its clients.
+                cluster_id: crate::config::stable_id(&format!("strata/{key}")),
                 member_id: self.member_id,
             },
         ))
@@ -98,16 +102,36 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
     for r in records.iter().filter(|r| r.shard == loader.shard) {
         let served = served_of(r);
         let quotas = r.quotas.unwrap_or_default();
-        match tenants.named(&r.name) {
-            Some(t) => {
-                if t.served() != served {
-                    tracing::info!(tenant = %r.name, state = ?served, "catalogue changed a tenant's state");
-                    t.set_served(served);
-                }
-                t.set_quotas(quotas);
+        let follow = |t: &Tenant| {
+            if t.served() != served {
+                tracing::info!(tenant = %r.name, state = ?served, "catalogue changed a tenant's state");
+                t.set_served(served);
             }
-            None if served == Served::Deleted => {}
-            None => match loader.load(&r.name).await {
+            t.set_quotas(quotas);
+        };
+        // A tenant this frontend was given (`--tenant`, `--tenants`) under the same name keeps
+        // its own keyspace and follows the record's state and quotas.
+        if let Some(t) = tenants.fixed(&r.name) {
+            follow(&t);
+            continue;
+        }
+        let key = api::tenant::journal_key(&r.name, &r.uid);
+        match tenants.loaded(&r.name) {
+            Some(t) if t.key == key => {
+                follow(&t);
+                continue;
+            }
+            // A generation the record no longer names: refused from now on, wherever it is
+            // still held (an open stream), and replaced by the record's below.
+            Some(old) => {
+                tracing::info!(tenant = %r.name, old = %old.key, new = %key, "tenant created again: a new generation");
+                old.set_served(Served::Deleted);
+            }
+            None => {}
+        }
+        match served {
+            Served::Deleted => {}
+            _ => match loader.load(r).await {
                 Ok(t) => {
                     t.set_served(served);
                     t.set_quotas(quotas);
@@ -158,7 +182,7 @@ fn sync_quotas(tenants: &Tenants, records: &[TenantRecord], shard: u32, syncing:
         let syncing = syncing.clone();
         tokio::spawn(async move {
             let change = TenantChange {
-                name: t.name.clone(),
+                name: t.key.clone(),
                 change: Some(Change::UpdateQuotas(want)),
                 ..Default::default()
             };
@@ -286,5 +310,26 @@ mod tests {
         let mut names = tenants.names();
         names.sort();
         assert_eq!(names, ["active", "fixed", "paused"]);
+
+        // Deleted and created again: a new generation under another key replaces the old one,
+        // which is refused from then on by whoever still holds it.
+        let old = tenants.named("active").unwrap();
+        let again = TenantRecord {
+            uid: vec![7; 16],
+            ..record("active", 1, TenantState::Active)
+        };
+        assert!(reconcile(&tenants, std::slice::from_ref(&again), &loader).await);
+        let new = tenants.named("active").unwrap();
+        assert_eq!(new.key, "active.0707070707070707");
+        assert_eq!(new.served(), Served::Active);
+        assert_eq!(old.served(), Served::Deleted);
+        assert_ne!(new.identity.cluster_id, old.identity.cluster_id);
+        // The fixed tenant keeps its own key, whatever the record's uid.
+        let fixed = TenantRecord {
+            uid: vec![9; 16],
+            ..record("fixed", 1, TenantState::Active)
+        };
+        assert!(reconcile(&tenants, &[fixed], &loader).await);
+        assert_eq!(tenants.named("fixed").unwrap().key, "fixed");
     }
 }

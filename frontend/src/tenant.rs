@@ -61,7 +61,11 @@ pub enum Served {
 }
 
 pub struct Tenant {
+    /// The name clients know it by (resolution, errors, logs and metrics).
     pub name: String,
+    /// What it is journalled, replicated, checkpointed and signed under: its name, or for a
+    /// tenant of the catalogue its generation's key (`api::tenant::journal_key`).
+    pub key: String,
     pub shard: u32,
     pub replica: Arc<Replica>,
     pub limits: Limits,
@@ -100,10 +104,26 @@ impl Tenant {
         limits: Limits,
         identity: Identity,
     ) -> Arc<Self> {
-        let replica = Replica::with_checkpoints(name, shard, store, checkpoints);
+        Self::start_as(name, name, shard, store, checkpoints, log, limits, identity)
+    }
+
+    /// [`Tenant::start`] of a tenant journalled under `key` (a catalogue tenant's generation).
+    #[allow(clippy::too_many_arguments)] // `start`'s, and the key
+    pub fn start_as(
+        name: &str,
+        key: &str,
+        shard: u32,
+        store: MemStore,
+        checkpoints: Option<crate::checkpoint::Store>,
+        log: Arc<dyn Log>,
+        limits: Limits,
+        identity: Identity,
+    ) -> Arc<Self> {
+        let replica = Replica::with_checkpoints(key, shard, store, checkpoints);
         tokio::spawn(replica.clone().run(log.clone()));
         Arc::new(Self {
             name: name.to_string(),
+            key: key.to_string(),
             shard,
             replica,
             limits,
@@ -284,7 +304,7 @@ impl Tenant {
         }
         let entry = Entry {
             format_version: ENTRY_FORMAT_VERSION,
-            tenant: self.name.clone(),
+            tenant: self.key.clone(),
             request_id: id.bytes().to_vec(),
             time_ms: 0,
             request: Some(request),

@@ -97,7 +97,7 @@ impl Tenants {
         self.catalogue.as_ref()
     }
 
-    /// Adds a tenant loaded from the catalogue.
+    /// Adds a tenant loaded from the catalogue (in place of an older generation of its name).
     pub fn insert_loaded(&self, t: Arc<Tenant>) {
         self.loaded
             .write()
@@ -105,15 +105,23 @@ impl Tenants {
             .insert(t.name.clone(), t);
     }
 
+    /// A tenant this frontend was given (`--tenant`, `--tenants`), by name.
+    pub fn fixed(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.by_name.get(name).cloned()
+    }
+
+    /// A tenant loaded from the catalogue, by name (its newest generation here).
+    pub fn loaded(&self, name: &str) -> Option<Arc<Tenant>> {
+        self.loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
     /// A served tenant by name, fixed or loaded, whatever its state.
     pub fn named(&self, name: &str) -> Option<Arc<Tenant>> {
-        self.by_name.get(name).cloned().or_else(|| {
-            self.loaded
-                .read()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .get(name)
-                .cloned()
-        })
+        self.fixed(name).or_else(|| self.loaded(name))
     }
 
     /// The names of every tenant served (TLS connections may name them by certificate).
@@ -265,7 +273,7 @@ impl Tenants {
         let tokens = self.tokens.as_ref().ok_or(Error::InvalidAuthToken)?;
         let store = t.replica.read();
         let claims = tokens
-            .verify(token, &t.name, store.time_ms())
+            .verify(token, &t.key, store.time_ms())
             .ok_or(Error::InvalidAuthToken)?;
         let revision = store.auth_revision();
         if claims.revision > revision && !ahead_ok {

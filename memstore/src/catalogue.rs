@@ -96,6 +96,16 @@ impl MemStore {
         let now = self.time_ms();
         let record = match (what, current) {
             (Change::Create(quotas), None) => self.new_record(index, change, quotas, now)?,
+            // A deleted name makes a new generation: another uid, so another journal key
+            // (`api::tenant::journal_key`), an empty keyspace and none of the old data.
+            (Change::Create(quotas), Some(r)) if r.state == TenantState::Deleted as i32 => {
+                if r.uid == change.uid {
+                    return Err(Error::Unsupported(
+                        "a tenant's new generation needs a new uid".into(),
+                    ));
+                }
+                self.new_record(index, change, quotas, now)?
+            }
             (Change::Create(_), Some(_)) => return Err(Error::TenantExists(name.to_string())),
             (_, None) => return Err(Error::TenantNotFound(name.to_string())),
             (Change::Undelete(true), Some(mut r)) if r.state == TenantState::Deleted as i32 => {
@@ -150,7 +160,8 @@ impl MemStore {
         })
     }
 
-    /// The record a create makes: placed on the shard it asks for, or on the one of the
+    /// The record a create makes (of a new name, or of a deleted one's next generation):
+    /// placed on the shard it asks for, or on the one of the
     /// deployment's `shards` with the fewest tenants that are not deleted (ties: the lowest).
     fn new_record(
         &self,

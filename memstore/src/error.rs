@@ -94,7 +94,7 @@ pub enum Error {
     /// A request kind this release does not apply (tenant changes).
     #[error("etcdserver: not capable: {0}")]
     Unsupported(String),
-    /// Catalogue: a create of a name the catalogue holds (deleted ones included).
+    /// Catalogue: a create of a name the catalogue holds and has not deleted.
     #[error("strata: tenant {0} already exists")]
     TenantExists(String),
     #[error("strata: tenant {0} not found")]

@@ -148,11 +148,6 @@ fn states_move_as_the_admin_api_says() {
         let e = c.apply(change("a", refused)).unwrap_err();
         assert_eq!(e.to_string(), "strata: tenant a is deleted");
     }
-    // A deleted name is still taken (its data is still there).
-    assert!(matches!(
-        c.apply(create("a", None, 1, 2)),
-        Err(Error::TenantExists(_))
-    ));
     let u = c.apply(change("a", Change::Undelete(true))).unwrap();
     assert_eq!(
         (u.state, u.deleted_ms, u.quotas),
@@ -163,7 +158,27 @@ fn states_move_as_the_admin_api_says() {
     assert_eq!(missing.to_string(), "strata: tenant zz not found");
     assert_eq!(missing.grpc_code(), Code::NotFound);
     // The record read back is the one the change answered.
-    assert_eq!(c.store.tenant_record("a"), Some(u));
+    assert_eq!(c.store.tenant_record("a"), Some(u.clone()));
+
+    // Created again once deleted: a new generation (new uid, new creation, default quotas,
+    // active), never the old one's uid; the old one cannot be undeleted any more.
+    c.apply(change("a", Change::Delete(true))).unwrap();
+    let same_uid = c.apply(create("a", None, 1, 1)).unwrap_err();
+    assert_eq!(same_uid.grpc_code(), Code::Unimplemented);
+    let g = c.apply(create("a", None, 1, 2)).unwrap();
+    assert_eq!(
+        (g.uid.clone(), g.state),
+        (vec![2; 16], TenantState::Active as i32)
+    );
+    assert_eq!(
+        (g.created_index, g.quotas),
+        (c.index, Some(TenantQuotas::default()))
+    );
+    assert_ne!(
+        api::tenant::journal_key("a", &g.uid),
+        api::tenant::journal_key("a", &u.uid)
+    );
+    assert!(c.apply(change("a", Change::Undelete(true))).is_err());
 }
 
 #[test]
@@ -237,7 +252,8 @@ fn model_step(model: &BTreeMap<&str, Model>, op: &Op, index: u64) -> Option<Mode
     let live = |m: &Model| m.state != TenantState::Deleted;
     match *op {
         Op::Create(i, shard, shards, uid) => {
-            if model.contains_key(NAMES[i]) {
+            // A new name, or a deleted one's next generation (with another uid).
+            if model.get(NAMES[i]).is_some_and(|m| live(m) || m.uid == uid) {
                 return None;
             }
             let shard = match shard {

@@ -4,7 +4,8 @@
 //!   bad names, get, list, update (a request rate enforced at once, for that tenant only; a
 //!   lease quota enforced by the tenant's replicas once appended to its shard),
 //!   suspend (every RPC but Status refused with FailedPrecondition), resume, delete
-//!   (NotFound), undelete (the data is back), and a restart that keeps all of it;
+//!   (NotFound), undelete (the data is back), a restart that keeps all of it, and a name
+//!   created again after a delete: a new tenant with none of the old one's keys;
 //! - across frontends, the admin port under mutual TLS (no certificate, or another CA's, is
 //!   refused): a tenant created through one frontend's admin port is served by another
 //!   frontend that was running already, isolated from the default tenant, and still after the
@@ -208,7 +209,7 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
-    // Deleted: not served at all, not listed, its name still taken; undeleted with its data.
+    // Deleted: not served at all, not listed; undeleted with its data.
     assert_eq!(
         admin(&admin_at, &["delete", "team-a"]).unwrap()["state"],
         "deleted"
@@ -219,8 +220,6 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     assert_eq!(list.as_array().unwrap().len(), 1);
     let all = admin(&admin_at, &["list", "--deleted"]).unwrap();
     assert_eq!(all.as_array().unwrap().len(), 2);
-    let again = admin(&admin_at, &["create", "team-a"]).unwrap_err();
-    assert!(again.contains("already exists"), "{again}");
     let e = admin(&admin_at, &["suspend", "team-a"]).unwrap_err();
     assert!(e.contains("strata: tenant team-a is deleted"), "{e}");
     assert_eq!(
@@ -255,6 +254,21 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
         (got["state"].as_str(), got["quotas"]["leases"].as_i64()),
         (Some("active"), Some(10))
     );
+
+    // Deleted and created again: another tenant under the same name (a new uid, an empty
+    // keyspace from revision 1, no quotas), never the old one's data.
+    admin(&admin_at, &["delete", "team-a"]).unwrap();
+    let again = admin(&admin_at, &["create", "team-a"]).unwrap();
+    assert_ne!(again["uid"], got["uid"]);
+    assert_eq!(again["quotas"]["leases"], 0);
+    assert_eq!(
+        get(&mut a, "k2").await.unwrap(),
+        None,
+        "the old generation's key"
+    );
+    assert_eq!(put(&mut a, "k", "new").await.unwrap(), 2);
+    let e = admin(&admin_at, &["undelete", "team-a"]).unwrap_err();
+    assert!(e.contains("is not deleted"), "{e}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,7 @@ impl Loader {
         let (name, key) = (r.name.as_str(), api::tenant::journal_key(&r.name, &r.uid));
         let store =
             crate::server::initial_store(&key, self.shard, self.checkpoints.as_ref()).await?;
-        Ok(Tenant::start_as(
+        Ok(Tenant::start(
             name,
             &key,
             self.shard,

@@ -168,6 +168,7 @@ impl Frontend {
         let mut started = config.served_tenants().zip(stores).map(|(name, store)| {
             Tenant::start(
                 name,
+                name,
                 config.shard,
                 store,
                 checkpoints.clone(),
@@ -193,6 +194,7 @@ impl Frontend {
             let system = api::tenant::SYSTEM_TENANT;
             let shard = api::tenant::SYSTEM_SHARD;
             tenants = tenants.with_catalogue(Tenant::start(
+                system,
                 system,
                 shard,
                 initial_store(system, shard, checkpoints.as_ref()).await?,

@@ -93,23 +93,11 @@ struct OwnQuotas {
 }
 
 impl Tenant {
-    /// Starts a tenant's replica (tailing from `store`'s applied index, reloading from
-    /// `checkpoints` if the journal is trimmed past it), writer and read-index driver.
+    /// Starts the replica of tenant `name`, journalled under `key` (its name, or a catalogue
+    /// tenant's generation), tailing from `store`'s applied index and reloading from
+    /// `checkpoints` if the journal is trimmed past it, and its writer and read-index driver.
+    #[allow(clippy::too_many_arguments)] // each is one thing a tenant is made of
     pub fn start(
-        name: &str,
-        shard: u32,
-        store: MemStore,
-        checkpoints: Option<crate::checkpoint::Store>,
-        log: Arc<dyn Log>,
-        limits: Limits,
-        identity: Identity,
-    ) -> Arc<Self> {
-        Self::start_as(name, name, shard, store, checkpoints, log, limits, identity)
-    }
-
-    /// [`Tenant::start`] of a tenant journalled under `key` (a catalogue tenant's generation).
-    #[allow(clippy::too_many_arguments)] // `start`'s, and the key
-    pub fn start_as(
         name: &str,
         key: &str,
         shard: u32,
@@ -368,6 +356,7 @@ pub fn test_tenant_named(
     member_id: u64,
 ) -> Arc<Tenant> {
     Tenant::start(
+        name,
         name,
         0,
         store,

@@ -70,6 +70,28 @@ async fn get(c: &mut TenantClient, key: &str) -> Result<Option<Vec<u8>>, tonic::
     Ok(r.into_inner().kvs.first().map(|kv| kv.value.clone()))
 }
 
+/// `get` once the frontend serves it (a restart, another frontend's catalogue change), within
+/// `WAIT`; `log` says why not.
+async fn get_eventually(
+    c: &mut TenantClient,
+    key: &str,
+    log: impl Fn() -> String,
+) -> Option<Vec<u8>> {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match get(c, key).await {
+            Ok(v) => return v,
+            Err(e) => assert!(
+                Instant::now() < deadline,
+                "{} not served: {e:?}\n{}",
+                c.tenant,
+                log()
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     let mut dev = DevDeployment::start().await;
@@ -234,21 +256,8 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     // A restart keeps the catalogue and every tenant's keys.
     dev.restart().await;
     let mut a = TenantClient::connect(&endpoint, "team-a").await.unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match get(&mut a, "k2").await {
-            Ok(v) => {
-                assert_eq!(v.as_deref(), Some(&b"back"[..]));
-                break;
-            }
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "team-a not served after a restart: {e:?}\n{}",
-                dev.log_tail()
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let v = get_eventually(&mut a, "k2", || dev.log_tail()).await;
+    assert_eq!(v.as_deref(), Some(&b"back"[..]), "after a restart");
     let got = admin(&admin_at, &["get", "team-a"]).unwrap();
     assert_eq!(
         (got["state"].as_str(), got["quotas"]["leases"].as_i64()),
@@ -418,19 +427,6 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
         "blue not back as suspended: {e:?}"
     );
     admin(&["resume", "blue"]).unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match get(&mut blue, "k").await {
-            Ok(v) => {
-                assert_eq!(v.as_deref(), Some(&b"blue-1"[..]));
-                break;
-            }
-            Err(e) => assert!(
-                Instant::now() < deadline,
-                "blue not resumed: {e:?}\n{}",
-                tail_file(d.frontend_log(0))
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let v = get_eventually(&mut blue, "k", || tail_file(d.frontend_log(0))).await;
+    assert_eq!(v.as_deref(), Some(&b"blue-1"[..]), "after resume");
 }

@@ -31,6 +31,8 @@ pub struct AdminService {
     system: Arc<Tenant>,
     /// How many shards the deployment has (`--shards`), for placement.
     shards: u32,
+    /// `--deleted-tenant-retention`, in milliseconds.
+    retention_ms: i64,
     /// The catalogue revision this frontend serves up to (`crate::catalogue::follow`).
     reconciled: watch::Receiver<i64>,
 }
@@ -40,8 +42,15 @@ impl AdminService {
         Self {
             system,
             shards,
+            retention_ms: 0,
             reconciled,
         }
+    }
+
+    /// Deletes can be undone for `retention` (then the compactor purges the tenant).
+    pub fn with_retention(mut self, retention: Duration) -> Self {
+        self.retention_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
+        self
     }
 
     /// Appends `change` to the catalogue and answers the record it made, once this frontend
@@ -99,6 +108,7 @@ impl Admin for AdminService {
             uid: rand::random::<[u8; memstore::TENANT_UID_LEN]>().to_vec(),
             shard: r.shard,
             shards: self.shards,
+            retention_ms: 0,
         };
         self.change("CreateTenant", change).await
     }
@@ -158,7 +168,10 @@ impl Admin for AdminService {
     }
 
     async fn delete(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
-        let change = Self::named(req.into_inner().name, Change::Delete(true));
+        let change = TenantChange {
+            retention_ms: self.retention_ms,
+            ..Self::named(req.into_inner().name, Change::Delete(true))
+        };
         self.change("Delete", change).await
     }
 

@@ -117,15 +117,22 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
         }
         let key = api::tenant::journal_key(&r.name, &r.uid);
         match tenants.loaded(&r.name) {
+            // Deleted: unloaded (its memory goes); an undelete loads it again from its
+            // checkpoint, which the compactor keeps until the retention is over.
+            Some(t) if t.key == key && served == Served::Deleted => {
+                tracing::info!(tenant = %r.name, key = %key, "tenant deleted: unloaded");
+                tenants.unload(&r.name);
+                continue;
+            }
             Some(t) if t.key == key => {
                 follow(&t);
                 continue;
             }
-            // A generation the record no longer names: refused from now on, wherever it is
-            // still held (an open stream), and replaced by the record's below.
+            // A generation the record no longer names: unloaded, and replaced by the record's
+            // below.
             Some(old) => {
                 tracing::info!(tenant = %r.name, old = %old.key, new = %key, "tenant created again: a new generation");
-                old.set_served(Served::Deleted);
+                tenants.unload(&r.name);
             }
             None => {}
         }
@@ -278,13 +285,21 @@ mod tests {
         // The catalogue itself is no tenant a client can name.
         assert!(tenants.named(api::tenant::SYSTEM_TENANT).is_none());
 
+        // Deleted: unloaded, refused by whoever still holds it, its replica stopped; undeleted:
+        // loaded again.
+        let deleted = tenants.named("active").unwrap();
         let later = [
             record("active", 1, TenantState::Deleted),
             record("paused", 1, TenantState::Active),
         ];
         assert!(reconcile(&tenants, &later, &loader).await);
-        assert_eq!(state("active"), Some(Served::Deleted));
+        assert_eq!(state("active"), None);
+        assert_eq!(deleted.served(), Served::Deleted);
+        assert!(deleted.replica.is_stopped());
         assert_eq!(state("paused"), Some(Served::Active));
+        let undeleted = [record("active", 1, TenantState::Active)];
+        assert!(reconcile(&tenants, &undeleted, &loader).await);
+        assert_eq!(state("active"), Some(Served::Active));
 
         // The record's quotas replace the frontend's flags (none in this test) while non-zero.
         let limited = TenantRecord {
@@ -323,6 +338,7 @@ mod tests {
         assert_eq!(new.key, "active.0707070707070707");
         assert_eq!(new.served(), Served::Active);
         assert_eq!(old.served(), Served::Deleted);
+        assert!(old.replica.is_stopped() && !new.replica.is_stopped());
         assert_ne!(new.identity.cluster_id, old.identity.cluster_id);
         // The fixed tenant keeps its own key, whatever the record's uid.
         let fixed = TenantRecord {

@@ -126,6 +126,11 @@ pub struct Config {
     #[arg(long)]
     pub admin_listen: Option<SocketAddr>,
 
+    /// How long a tenant deleted through this frontend's admin API can be undeleted; then its
+    /// compactor purges its checkpoints (docs/design/tenants.md, T7).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    pub deleted_tenant_retention: Duration,
+
     /// The admin port's certificate and key (PEM).
     #[arg(long)]
     pub admin_cert_file: Option<std::path::PathBuf>,
@@ -299,6 +304,7 @@ impl Config {
             catalogue: false,
             shards: 1,
             admin_listen: None,
+            deleted_tenant_retention: Duration::from_secs(7 * 24 * 3600),
             admin_cert_file: None,
             admin_key_file: None,
             admin_trusted_ca_file: None,

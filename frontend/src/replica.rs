@@ -45,6 +45,8 @@ pub struct Replica {
     hub: Arc<WatchHub>,
     applied: watch::Sender<u64>,
     state: watch::Sender<ReplicaState>,
+    /// Turned true by `stop`: the apply loop and its helpers end (a tenant unloaded).
+    stopped: watch::Sender<bool>,
     term: AtomicU64,
     /// Whether the store's auth is enabled, as of the last apply: lets a request skip token
     /// verification without the store's lock when it is not (the checks themselves run
@@ -118,6 +120,7 @@ impl Replica {
             hub: Arc::new(hub),
             applied: watch::channel(applied_index).0,
             state: watch::channel(ReplicaState::CatchingUp).0,
+            stopped: watch::channel(false).0,
             term: AtomicU64::new(0),
             auth_enabled,
             heard_at_ms: AtomicU64::new(0),
@@ -314,10 +317,43 @@ impl Replica {
         self.waiters.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Ends the apply loop for good (the tenant is unloaded): no more records are applied, and
+    /// the loop's tasks let go of the replica, so its memory goes once the last holder of the
+    /// tenant lets go too.
+    pub fn stop(&self) {
+        self.stopped.send_replace(true);
+    }
+
+    pub fn is_stopped(&self) -> bool {
+        *self.stopped.borrow()
+    }
+
+    /// Resolves once `stop` was called.
+    async fn until_stopped(&self) {
+        let mut rx = self.stopped.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+
     /// The apply loop: tails the shard from the replica's applied index and applies every
-    /// record. Returns only when the replica failed.
+    /// record. Returns only when the replica failed or was stopped.
     pub async fn run(self: Arc<Self>, log: Arc<dyn Log>) {
-        tokio::spawn(self.clone().watch_readiness(log.clone()));
+        let stop = self.clone();
+        tokio::select! {
+            () = self.apply_loop(log) => {}
+            () = stop.until_stopped() => {
+                tracing::info!(tenant = %stop.tenant, shard = stop.shard, "replica stopped: tenant unloaded");
+            }
+        }
+    }
+
+    async fn apply_loop(self: Arc<Self>, log: Arc<dyn Log>) {
+        let (readiness, until_stopped, status) = (self.clone(), self.clone(), log.clone());
+        tokio::spawn(async move {
+            tokio::select! {
+                () = readiness.watch_readiness(status) => {}
+                () = until_stopped.until_stopped() => {}
+            }
+        });
         let mut backoff = READ_RETRY_MIN;
         loop {
             let from = self.applied_index() + 1;

@@ -328,7 +328,8 @@ impl Frontend {
                 let (addr, task) = serve_admin(
                     &config,
                     addr,
-                    crate::admin::AdminService::new(system.clone(), config.shards, reconciled),
+                    crate::admin::AdminService::new(system.clone(), config.shards, reconciled)
+                        .with_retention(config.deleted_tenant_retention),
                     stop.clone(),
                 )
                 .await?;

@@ -382,3 +382,43 @@ pub fn test_limits() -> Limits {
         max_watchers: None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::MemLog;
+
+    /// A stopped replica applies nothing more, while its neighbours on the shard go on.
+    #[tokio::test]
+    async fn a_stopped_replica_applies_nothing_more() {
+        let log: Arc<dyn Log> = Arc::new(MemLog::new());
+        let fresh = || MemStore::new(memstore::Config::default());
+        let (a, b) = (
+            test_tenant_named("a", fresh(), log.clone(), 1, 1),
+            test_tenant_named("b", fresh(), log.clone(), 1, 1),
+        );
+        let put = || {
+            Request::Put(api::etcdserverpb::PutRequest {
+                key: b"k".to_vec(),
+                value: b"v".to_vec(),
+                ..Default::default()
+            })
+        };
+        let caller = Caller::default();
+        a.propose(&RequestId::random(), &caller, put())
+            .await
+            .unwrap();
+        b.barrier().await.unwrap();
+        let stopped_at = a.replica.applied_index();
+        a.replica.stop();
+        assert!(a.replica.is_stopped());
+        for _ in 0..3 {
+            b.propose(&RequestId::random(), &caller, put())
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(b.replica.applied_index() >= stopped_at + 3);
+        assert_eq!(a.replica.applied_index(), stopped_at);
+    }
+}

@@ -110,6 +110,21 @@ impl Tenants {
         self.by_name.get(name).cloned()
     }
 
+    /// Stops serving a tenant loaded from the catalogue (deleted, or replaced by a newer
+    /// generation): whoever still holds it (an open stream) is refused from now on, and its
+    /// replica stops, so its memory goes once they let go.
+    pub fn unload(&self, name: &str) {
+        let t = self
+            .loaded
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(name);
+        if let Some(t) = t {
+            t.set_served(crate::tenant::Served::Deleted);
+            t.replica.stop();
+        }
+    }
+
     /// A tenant loaded from the catalogue, by name (its newest generation here).
     pub fn loaded(&self, name: &str) -> Option<Arc<Tenant>> {
         self.loaded

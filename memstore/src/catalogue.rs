@@ -109,8 +109,15 @@ impl MemStore {
             (Change::Create(_), Some(_)) => return Err(Error::TenantExists(name.to_string())),
             (_, None) => return Err(Error::TenantNotFound(name.to_string())),
             (Change::Undelete(true), Some(mut r)) if r.state == TenantState::Deleted as i32 => {
+                if purgeable(&r, now) {
+                    return Err(Error::TenantState {
+                        name: name.to_string(),
+                        state: "purged (deleted longer ago than its retention)",
+                    });
+                }
                 r.state = TenantState::Active as i32;
                 r.deleted_ms = 0;
+                r.retention_ms = 0;
                 r
             }
             (Change::Undelete(_), Some(_)) => {
@@ -139,8 +146,12 @@ impl MemStore {
                 r
             }
             (Change::Delete(true), Some(mut r)) => {
+                if change.retention_ms < 0 {
+                    return Err(Error::Unsupported("a negative retention".into()));
+                }
                 r.state = TenantState::Deleted as i32;
                 r.deleted_ms = now;
+                r.retention_ms = change.retention_ms;
                 r
             }
             (Change::Delete(false), Some(_)) => {
@@ -203,8 +214,17 @@ impl MemStore {
             created_ms: now,
             deleted_ms: 0,
             revision: 0,
+            retention_ms: 0,
         })
     }
+}
+
+/// Whether a deleted tenant's retention is over at journal time `now_ms`: it cannot be
+/// undeleted any more, and its compactor purges it (`compactor`'s purge uses the catalogue's
+/// own journal time, never later than this check's, so nothing is purged that could still be
+/// undeleted).
+pub fn purgeable(r: &TenantRecord, now_ms: i64) -> bool {
+    r.state == TenantState::Deleted as i32 && now_ms >= r.deleted_ms.saturating_add(r.retention_ms)
 }
 
 /// Quotas are counts: none may be negative (zero is "the deployment's default").

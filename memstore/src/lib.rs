@@ -27,7 +27,7 @@ pub use api::etcdserverpb::{
     AlarmMember, LeaseLeasesResponse, LeaseTimeToLiveResponse, RangeRequest, RangeResponse,
 };
 pub use auth::{Access, Caller, INITIAL_AUTH_REVISION, ROOT, root_permission};
-pub use catalogue::UID_LEN as TENANT_UID_LEN;
+pub use catalogue::{UID_LEN as TENANT_UID_LEN, purgeable};
 pub use error::{Code, Error};
 pub use point::RangeView;
 pub use restore::{MAX_STAGE_BYTES, RestoreStep};

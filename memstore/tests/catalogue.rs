@@ -57,6 +57,14 @@ fn change(name: &str, c: Change) -> TenantChange {
     }
 }
 
+/// A delete that can be undone for `retention_ms` of journal time.
+fn delete(name: &str, retention_ms: i64) -> TenantChange {
+    TenantChange {
+        retention_ms,
+        ..change(name, Change::Delete(true))
+    }
+}
+
 fn create(name: &str, shard: Option<u32>, shards: u32, uid: u8) -> TenantChange {
     TenantChange {
         uid: vec![uid; 16],
@@ -135,10 +143,10 @@ fn states_move_as_the_admin_api_says() {
     let not_deleted = c.apply(change("a", Change::Undelete(true))).unwrap_err();
     assert_eq!(not_deleted.to_string(), "strata: tenant a is not deleted");
     assert_eq!(not_deleted.grpc_code(), Code::FailedPrecondition);
-    let d = c.apply(change("a", Change::Delete(true))).unwrap();
+    let d = c.apply(delete("a", 60_000)).unwrap();
     assert_eq!(
-        (d.state, d.deleted_ms),
-        (TenantState::Deleted as i32, c.now_ms)
+        (d.state, d.deleted_ms, d.retention_ms),
+        (TenantState::Deleted as i32, c.now_ms, 60_000)
     );
     for refused in [
         Change::Suspended(true),
@@ -150,8 +158,8 @@ fn states_move_as_the_admin_api_says() {
     }
     let u = c.apply(change("a", Change::Undelete(true))).unwrap();
     assert_eq!(
-        (u.state, u.deleted_ms, u.quotas),
-        (TenantState::Active as i32, 0, Some(q))
+        (u.state, u.deleted_ms, u.retention_ms, u.quotas),
+        (TenantState::Active as i32, 0, 0, Some(q))
     );
     assert_eq!(u.uid, vec![1; 16], "undelete keeps the generation");
     let missing = c.apply(change("zz", Change::Suspended(true))).unwrap_err();
@@ -160,9 +168,30 @@ fn states_move_as_the_admin_api_says() {
     // The record read back is the one the change answered.
     assert_eq!(c.store.tenant_record("a"), Some(u.clone()));
 
+    // Past its retention (journal time), a deleted tenant cannot be undeleted: its compactor
+    // may have purged it.
+    c.apply(create("b", None, 1, 3)).unwrap();
+    c.apply(delete("b", 25)).unwrap();
+    assert!(!memstore::purgeable(
+        &c.store.tenant_record("b").unwrap(),
+        c.now_ms + 24
+    ));
+    assert!(memstore::purgeable(
+        &c.store.tenant_record("b").unwrap(),
+        c.now_ms + 25
+    ));
+    c.apply(change("zz", Change::Suspended(true))).unwrap_err(); // 10 ms pass
+    c.apply(change("zz", Change::Suspended(true))).unwrap_err(); // 20 ms
+    let late = c.apply(change("b", Change::Undelete(true))).unwrap_err(); // 30 ms
+    assert!(
+        late.to_string().contains("strata: tenant b is purged"),
+        "{late}"
+    );
+    assert!(c.apply(delete("a", -1)).is_err(), "a negative retention");
+
     // Created again once deleted: a new generation (new uid, new creation, default quotas,
     // active), never the old one's uid; the old one cannot be undeleted any more.
-    c.apply(change("a", Change::Delete(true))).unwrap();
+    c.apply(delete("a", 60_000)).unwrap();
     let same_uid = c.apply(create("a", None, 1, 1)).unwrap_err();
     assert_eq!(same_uid.grpc_code(), Code::Unimplemented);
     let g = c.apply(create("a", None, 1, 2)).unwrap();
@@ -217,6 +246,8 @@ struct Model {
     quotas: TenantQuotas,
     uid: u8,
     created_index: u64,
+    /// Journal time after which a deleted tenant cannot be undeleted.
+    purge_at: i64,
 }
 
 #[derive(Clone, Debug)]
@@ -224,7 +255,7 @@ enum Op {
     Create(usize, Option<u32>, u32, u8),
     Quotas(usize, i64),
     Suspend(usize, bool),
-    Delete(usize),
+    Delete(usize, i64),
     Undelete(usize),
 }
 
@@ -242,13 +273,13 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(i, s, n, u)| Op::Create(i, s, n, u)),
         (n.clone(), -1i64..1000).prop_map(|(i, q)| Op::Quotas(i, q)),
         (n.clone(), any::<bool>()).prop_map(|(i, s)| Op::Suspend(i, s)),
-        n.clone().prop_map(Op::Delete),
+        (n.clone(), 0i64..60).prop_map(|(i, r)| Op::Delete(i, r)),
         n.prop_map(Op::Undelete),
     ]
 }
 
 /// What the model expects of `op`: the new record, or None for a refusal.
-fn model_step(model: &BTreeMap<&str, Model>, op: &Op, index: u64) -> Option<Model> {
+fn model_step(model: &BTreeMap<&str, Model>, op: &Op, index: u64, now: i64) -> Option<Model> {
     let live = |m: &Model| m.state != TenantState::Deleted;
     match *op {
         Op::Create(i, shard, shards, uid) => {
@@ -269,6 +300,7 @@ fn model_step(model: &BTreeMap<&str, Model>, op: &Op, index: u64) -> Option<Mode
                 quotas: TenantQuotas::default(),
                 uid,
                 created_index: index,
+                purge_at: 0,
             })
         }
         Op::Quotas(i, q) => {
@@ -290,15 +322,18 @@ fn model_step(model: &BTreeMap<&str, Model>, op: &Op, index: u64) -> Option<Mode
             };
             Some(Model { state, ..m.clone() })
         }
-        Op::Delete(i) => {
+        Op::Delete(i, retention) => {
             let m = model.get(NAMES[i]).filter(|m| live(m))?;
             Some(Model {
                 state: TenantState::Deleted,
+                purge_at: now + retention,
                 ..m.clone()
             })
         }
         Op::Undelete(i) => {
-            let m = model.get(NAMES[i]).filter(|m| !live(m))?;
+            let m = model
+                .get(NAMES[i])
+                .filter(|m| !live(m) && now < m.purge_at)?;
             Some(Model {
                 state: TenantState::Active,
                 ..m.clone()
@@ -318,7 +353,7 @@ fn to_change(op: &Op) -> TenantChange {
             }),
         ),
         Op::Suspend(i, s) => change(NAMES[i], Change::Suspended(s)),
-        Op::Delete(i) => change(NAMES[i], Change::Delete(true)),
+        Op::Delete(i, retention) => delete(NAMES[i], retention),
         Op::Undelete(i) => change(NAMES[i], Change::Undelete(true)),
     }
 }
@@ -329,6 +364,7 @@ fn matches_model(r: &TenantRecord, m: &Model) -> bool {
         && r.quotas == Some(m.quotas)
         && r.uid == vec![m.uid; 16]
         && r.created_index == m.created_index
+        && (m.state != TenantState::Deleted || r.deleted_ms + r.retention_ms == m.purge_at)
 }
 
 proptest! {
@@ -337,7 +373,7 @@ proptest! {
         let mut c = Catalogue::new();
         let mut model: BTreeMap<&str, Model> = BTreeMap::new();
         for op in &ops {
-            let expected = model_step(&model, op, c.index + 1);
+            let expected = model_step(&model, op, c.index + 1, c.now_ms + 10);
             let before = c.store.revision();
             let got = c.apply(to_change(op));
             match (&expected, &got) {
@@ -346,7 +382,7 @@ proptest! {
                     prop_assert_eq!(r.revision, before + 1);
                     let name = match *op {
                         Op::Create(i, ..) | Op::Quotas(i, _) | Op::Suspend(i, _)
-                        | Op::Delete(i) | Op::Undelete(i) => NAMES[i],
+                        | Op::Delete(i, _) | Op::Undelete(i) => NAMES[i],
                     };
                     model.insert(name, m.clone());
                 }

@@ -220,6 +220,7 @@ fn json_of(r: &TenantRecord) -> serde_json::Value {
         "created_index": r.created_index,
         "created_ms": r.created_ms,
         "deleted_ms": r.deleted_ms,
+        "retention_ms": r.retention_ms,
         "revision": r.revision,
     })
 }

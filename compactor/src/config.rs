@@ -18,6 +18,8 @@ pub const DEFAULT_TRIM_LAG: usize = 1;
 /// Default: first pause after a failed round; doubles up to `DEFAULT_RETRY_MAX`.
 pub const DEFAULT_RETRY_MIN: Duration = Duration::from_millis(500);
 pub const DEFAULT_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Default: how often the tenant catalogue is read for tenants to purge.
+pub const DEFAULT_CATALOGUE_EVERY: Duration = Duration::from_secs(60);
 /// Largest `keep` accepted (a manifest stays small).
 pub const MAX_KEEP: usize = 1_000;
 
@@ -38,6 +40,9 @@ pub struct Config {
     /// Auto-compaction of every tenant's MVCC history (etcd's `--auto-compaction-*`); `None`
     /// is etcd's default: off.
     pub auto_compaction: Option<Policy>,
+    /// How often the tenant catalogue's newest checkpoint is read for tenants the catalogue is
+    /// done with (deleted past their retention, older generations), which are purged.
+    pub catalogue_every: Duration,
     /// Testing only: a pause after each checkpoint upload and after each manifest publish, so
     /// a fault test's `kill -9` reliably lands between the steps of a round. Zero otherwise.
     pub step_pause: Duration,
@@ -55,6 +60,7 @@ impl Default for Config {
             retry_min: DEFAULT_RETRY_MIN,
             retry_max: DEFAULT_RETRY_MAX,
             auto_compaction: None,
+            catalogue_every: DEFAULT_CATALOGUE_EVERY,
             step_pause: Duration::ZERO,
         }
     }
@@ -67,7 +73,7 @@ pub enum ConfigError {
     NoShards,
     #[error("every-entries must be at least 1")]
     ZeroEntries,
-    #[error("every must be longer than zero")]
+    #[error("every and catalogue-every must be longer than zero")]
     ZeroEvery,
     #[error(
         "keep must be between {min} and {MAX_KEEP} (trim-lag {trim_lag} needs at least trim-lag + 1)"
@@ -87,7 +93,7 @@ impl Config {
         if self.every_entries == 0 {
             return Err(ConfigError::ZeroEntries);
         }
-        if self.every.is_zero() {
+        if self.every.is_zero() || self.catalogue_every.is_zero() {
             return Err(ConfigError::ZeroEvery);
         }
         let min = self.trim_lag + 1;

@@ -7,6 +7,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod journal_source;
+pub mod purge;
 pub mod reader;
 pub mod restore;
 pub mod shard;

@@ -30,6 +30,7 @@ use crate::catalog::Catalog;
 use crate::clock::wall_ms;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::purge::Catalogue;
 use crate::reader;
 use crate::source::Journal;
 
@@ -91,6 +92,9 @@ const TRIM_MANIFEST_READS: usize = 16;
 struct Start {
     tenants: BTreeMap<String, Tenant>,
     elsewhere: BTreeMap<String, u32>,
+    /// Tenants the catalogue is done with (`crate::purge`): not loaded, their objects deleted,
+    /// their entries applied as ticks.
+    purged: BTreeSet<String>,
     first_index: u64,
 }
 
@@ -159,7 +163,20 @@ impl<J: Journal> ShardWorker<J> {
         );
         let mut tenants = BTreeMap::new();
         let mut elsewhere = BTreeMap::new();
-        for name in names {
+        let purged = match Catalogue::read(&self.catalog).await {
+            Ok(Some(c)) => c.done_with(names.iter()),
+            Ok(None) => BTreeSet::new(),
+            Err(e) if e.is_retryable() => return Err(e),
+            // A catalogue that cannot be read only delays purging: every tenant stays.
+            Err(e) => {
+                warn!(shard = self.shard, error = %e, "cannot read the tenant catalogue; purging later");
+                BTreeSet::new()
+            }
+        };
+        for name in &purged {
+            self.purge(name).await?;
+        }
+        for name in names.into_iter().filter(|n| !purged.contains(n)) {
             let configured_here = self
                 .config
                 .tenants
@@ -239,6 +256,7 @@ impl<J: Journal> ShardWorker<J> {
         Ok(Start {
             tenants,
             elsewhere,
+            purged,
             first_index,
         })
     }
@@ -247,8 +265,14 @@ impl<J: Journal> ShardWorker<J> {
         let Start {
             mut tenants,
             elsewhere,
+            mut purged,
             first_index,
         } = self.load().await?;
+        // Purged tenants whose objects are still to be deleted.
+        let mut undeleted: BTreeSet<String> = BTreeSet::new();
+        let mut catalogue_ticker = tokio::time::interval(self.config.catalogue_every);
+        catalogue_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        catalogue_ticker.tick().await; // `load` just read it
         let mut stream = self.journal.read(self.shard, first_index).await?;
         let mut applied = first_index - 1;
         let mut refused: BTreeSet<String> = BTreeSet::new();
@@ -302,7 +326,7 @@ impl<J: Journal> ShardWorker<J> {
                             reason: format!("record {} after {applied}: gap or repeat", record.index),
                         });
                     }
-                    if let Err(e) = apply(&mut tenants, &elsewhere, &mut refused, &record) {
+                    if let Err(e) = apply(&mut tenants, &elsewhere, &mut refused, &purged, &record) {
                         break Err(e);
                     }
                     applied = record.index;
@@ -357,6 +381,31 @@ impl<J: Journal> ShardWorker<J> {
                         warn!(shard = self.shard, behind_entries = behind, behind_seconds = behind_secs as u64, failed_rounds = failures, retry_in = ?next_attempt.saturating_duration_since(Instant::now()), "compactor is behind: object store rounds failing; the journal keeps growing until they succeed");
                     }
                 }
+                // Not while a round uploads: it could publish a purged tenant's checkpoint after
+                // its objects were deleted.
+                _ = catalogue_ticker.tick(), if round.is_none() => {
+                    match Catalogue::read(&self.catalog).await {
+                        Ok(Some(c)) => {
+                            for name in c.done_with(tenants.keys()) {
+                                tenants.remove(&name);
+                                trackers.remove(&name);
+                                purged.insert(name.clone());
+                                undeleted.insert(name);
+                            }
+                        }
+                        Ok(None) => {}
+                        Err(e) => warn!(shard = self.shard, error = %e, "cannot read the tenant catalogue; purging later"),
+                    }
+                    // Objects of purged tenants, deleted now or at a later tick if the store fails.
+                    let mut left = BTreeSet::new();
+                    for name in std::mem::take(&mut undeleted) {
+                        if let Err(e) = self.purge(&name).await {
+                            warn!(shard = self.shard, tenant = %name, error = %e, "cannot delete a purged tenant's objects yet");
+                            left.insert(name);
+                        }
+                    }
+                    undeleted = left;
+                }
                 _ = async { auto_ticker.as_mut().expect("guarded by the if").tick().await }, if auto_ticker.is_some() => {
                     self.auto_compact(&tenants, &mut trackers, started.elapsed(), &auto_tx);
                 }
@@ -399,6 +448,20 @@ impl<J: Journal> ShardWorker<J> {
             r.abort();
         }
         result
+    }
+
+    /// Deletes the objects of a tenant the catalogue is done with.
+    async fn purge(&self, tenant: &str) -> Result<()> {
+        let objects = self.catalog.delete_tenant(tenant).await?;
+        info!(
+            shard = self.shard,
+            tenant,
+            objects,
+            "tenant purged: deleted past its retention, or an older generation of its name"
+        );
+        metrics::counter!("strata_compactor_tenants_purged_total", "shard" => self.shard.to_string())
+            .increment(1);
+        Ok(())
     }
 
     /// One auto-compaction check of every tenant: a due compaction is appended to the journal
@@ -661,12 +724,14 @@ fn apply(
     tenants: &mut BTreeMap<String, Tenant>,
     elsewhere: &BTreeMap<String, u32>,
     refused: &mut BTreeSet<String>,
+    purged: &BTreeSet<String>,
     record: &Record,
 ) -> Result<()> {
     let owner = owner(record)?;
     if let Some(o) = &owner
         && !tenants.contains_key(o)
         && !refused.contains(o)
+        && !purged.contains(o)
     {
         if let Some(shard) = elsewhere.get(o) {
             error!(tenant = %o, index = record.index, checkpoints_for_shard = shard, "tenant has entries on this shard but its checkpoints are another shard's: its entries here are not checkpointed and the journal will not be trimmed");
@@ -828,6 +893,57 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(m.newest().unwrap().index, 10);
+    }
+
+    /// A purged tenant's entries still in the journal are applied as ticks: they never bring
+    /// the tenant back (its checkpoints would reappear and hold the trim floor).
+    #[test]
+    fn a_purged_tenant_s_entries_do_not_bring_it_back() {
+        let record = |index: u64, tenant: &str| Record {
+            index,
+            time_ms: 1_000,
+            kind: Some(Kind::Data(api::record::encode_entry(&Entry {
+                format_version: api::ENTRY_FORMAT_VERSION,
+                tenant: tenant.into(),
+                request: Some(api::strata::entry::entry::Request::Put(
+                    api::etcdserverpb::PutRequest {
+                        key: b"k".to_vec(),
+                        value: b"v".to_vec(),
+                        ..Default::default()
+                    },
+                )),
+                ..Default::default()
+            }))),
+            ..Default::default()
+        };
+        let mut tenants = BTreeMap::new();
+        let mut refused = BTreeSet::new();
+        let purged = BTreeSet::from(["gone.0101010101010101".to_string()]);
+        let elsewhere = BTreeMap::new();
+        apply(
+            &mut tenants,
+            &elsewhere,
+            &mut refused,
+            &purged,
+            &record(1, "kept"),
+        )
+        .unwrap();
+        apply(
+            &mut tenants,
+            &elsewhere,
+            &mut refused,
+            &purged,
+            &record(2, "gone.0101010101010101"),
+        )
+        .unwrap();
+        assert_eq!(tenants.keys().collect::<Vec<_>>(), ["kept"]);
+        assert!(refused.is_empty(), "a purged tenant does not hold the trim");
+        assert_eq!(
+            tenants["kept"].store.applied_index(),
+            2,
+            "its entry is a tick"
+        );
+        assert_eq!(tenants["kept"].store.revision(), 2);
     }
 
     fn reference(index: u64) -> CheckpointRef {

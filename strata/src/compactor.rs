@@ -61,6 +61,10 @@ pub struct Args {
     /// Serve Prometheus metrics at http://<addr>/metrics.
     #[arg(long)]
     metrics_listen: Option<SocketAddr>,
+    /// How often the tenant catalogue is read for tenants to purge (deleted longer ago than
+    /// their retention, older generations of a name created again).
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    catalogue_every: Duration,
     /// Testing only: pause this long after each checkpoint upload and each manifest publish
     /// (fault tests kill the compactor between the steps of a round).
     #[arg(long, hide = true, default_value = "0s", value_parser = humantime::parse_duration)]
@@ -98,6 +102,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             &args.auto_compaction_retention,
             args.auto_compaction_check_interval,
         )?,
+        catalogue_every: args.catalogue_every,
         step_pause: args.test_step_pause,
     };
     config.validate()?;

@@ -430,3 +430,149 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
     let v = get_eventually(&mut blue, "k", || tail_file(d.frontend_log(0))).await;
     assert_eq!(v.as_deref(), Some(&b"blue-1"[..]), "after resume");
 }
+
+/// Files under `dir`, recursively (none if it does not exist).
+fn files_under(dir: &std::path::Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| {
+            let p = e.path();
+            if p.is_dir() { files_under(&p) } else { 1 }
+        })
+        .sum()
+}
+
+/// T7 end to end: a deleted tenant can be undeleted within its retention; past it the
+/// compactor purges its checkpoints and the journal is trimmed without it, while its
+/// neighbour keeps everything; an older generation of a name created again is purged at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compactor_purges_what_the_catalogue_is_done_with() {
+    let admin_port = free_port();
+    let mut d = Deployment::start_with(
+        1,
+        Setup {
+            frontend_extra: Box::new(move |dir| {
+                vec![
+                    "--catalogue".into(),
+                    "--trust-tenant-header".into(),
+                    "--object-store".into(),
+                    dir.join("objects").display().to_string(),
+                    "--admin-listen".into(),
+                    format!("127.0.0.1:{admin_port}"),
+                    "--deleted-tenant-retention".into(),
+                    "3s".into(),
+                ]
+            }),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let admin_at = format!("http://127.0.0.1:{admin_port}");
+    let endpoint = d.frontend(0).endpoint();
+    let _compactor = d.start_compactor(&[
+        "--every-entries",
+        "10",
+        "--every",
+        "1s",
+        "--trim-lag",
+        "0",
+        "--catalogue-every",
+        "1s",
+    ]);
+    let folder = |r: &serde_json::Value| {
+        let uid = r["uid"].as_str().unwrap();
+        d.objects()
+            .join("tenants")
+            .join(format!("{}.{}", r["name"].as_str().unwrap(), &uid[..16]))
+    };
+    let gone = admin(&admin_at, &["create", "gone"]).unwrap();
+    let kept = admin(&admin_at, &["create", "kept"]).unwrap();
+    let twice = admin(&admin_at, &["create", "twice"]).unwrap();
+    let mut clients = Vec::new();
+    for t in ["gone", "kept", "twice"] {
+        let mut c = TenantClient::connect(&endpoint, t).await.unwrap();
+        put(&mut c, "k", t).await.unwrap();
+        clients.push(c);
+    }
+    let [mut c_gone, mut c_kept, _] = <[TenantClient; 3]>::try_from(clients).ok().unwrap();
+    // Every tenant checkpointed.
+    let deadline = Instant::now() + WAIT;
+    let mut i = 0;
+    while [&gone, &kept, &twice]
+        .iter()
+        .any(|r| files_under(&folder(r)) == 0)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "never checkpointed\n{}",
+            tail_file(&d.dir().join("compactor.log"))
+        );
+        put(&mut c_kept, &format!("n{i}"), "x").await.unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Within the retention an undelete brings the data back.
+    admin(&admin_at, &["delete", "gone"]).unwrap();
+    admin(&admin_at, &["undelete", "gone"]).unwrap();
+    assert_eq!(
+        get_eventually(&mut c_gone, "k", || tail_file(d.frontend_log(0))).await,
+        Some(b"gone".to_vec())
+    );
+    // Created again within its retention: the older generation is purged at once.
+    admin(&admin_at, &["delete", "twice"]).unwrap();
+    let twice_again = admin(&admin_at, &["create", "twice"]).unwrap();
+    assert_ne!(folder(&twice), folder(&twice_again));
+    // Past the retention: purged, never undeleted.
+    let deleted = admin(&admin_at, &["delete", "gone"]).unwrap();
+    assert_eq!(deleted["retention_ms"], 3000);
+    let deadline = Instant::now() + WAIT;
+    while files_under(&folder(&gone)) > 0 || files_under(&folder(&twice)) > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "never purged ({} and {} files left)\n{}",
+            files_under(&folder(&gone)),
+            files_under(&folder(&twice)),
+            tail_file(&d.dir().join("compactor.log"))
+        );
+        // Writes move the journal on, so the catalogue is checkpointed with a later time.
+        put(&mut c_kept, &format!("n{i}"), "x").await.unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let e = admin(&admin_at, &["undelete", "gone"]).unwrap_err();
+    assert!(e.contains("strata: tenant gone is purged"), "{e}");
+    let log = std::fs::read_to_string(d.dir().join("compactor.log")).unwrap();
+    assert_eq!(log.matches("tenant purged").count(), 2, "{log}");
+
+    // The neighbour keeps its keys and checkpoints, and the journal is trimmed past the purged
+    // tenants' entries (nothing of theirs holds it).
+    assert!(files_under(&folder(&kept)) > 0);
+    assert_eq!(get(&mut c_kept, "k").await.unwrap(), Some(b"kept".to_vec()));
+    let purged_at = first_index_of(&d.journal_addrs()[0], 0).await;
+    let deadline = Instant::now() + WAIT;
+    while first_index_of(&d.journal_addrs()[0], 0).await <= purged_at {
+        assert!(
+            Instant::now() < deadline,
+            "journal not trimmed after the purge\n{}",
+            tail_file(&d.dir().join("compactor.log"))
+        );
+        put(&mut c_kept, &format!("n{i}"), "x").await.unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A frontend restarted after all this serves the neighbour and the new generation.
+    d.kill_frontend(0);
+    d.restart_frontend(0).await;
+    let mut c_kept = TenantClient::connect(&endpoint, "kept").await.unwrap();
+    let v = get_eventually(&mut c_kept, "k", || tail_file(d.frontend_log(0))).await;
+    assert_eq!(v, Some(b"kept".to_vec()));
+    let mut c_twice = TenantClient::connect(&endpoint, "twice").await.unwrap();
+    assert_eq!(
+        get_eventually(&mut c_twice, "k", || tail_file(d.frontend_log(0))).await,
+        None
+    );
+}

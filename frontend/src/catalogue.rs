@@ -254,8 +254,8 @@ mod tests {
             1,
             1,
         );
-        let tenants =
-            Tenants::serving(Some(fixed.clone()), Vec::new(), true).with_catalogue(system);
+        let tenants = Tenants::serving(Some(fixed.clone()), Vec::new(), true)
+            .with_catalogue(system, watch::channel(0).1);
         let loader = Loader {
             shard: 1,
             checkpoints: None,

@@ -193,19 +193,22 @@ impl Frontend {
         if config.catalogue {
             let system = api::tenant::SYSTEM_TENANT;
             let shard = api::tenant::SYSTEM_SHARD;
-            tenants = tenants.with_catalogue(Tenant::start(
-                system,
-                system,
-                shard,
-                initial_store(system, shard, checkpoints.as_ref()).await?,
-                checkpoints.clone(),
-                tails.clone(),
-                limits,
-                Identity {
-                    cluster_id: stable_id(&format!("strata/{system}")),
-                    member_id,
-                },
-            ));
+            tenants = tenants.with_catalogue(
+                Tenant::start(
+                    system,
+                    system,
+                    shard,
+                    initial_store(system, shard, checkpoints.as_ref()).await?,
+                    checkpoints.clone(),
+                    tails.clone(),
+                    limits,
+                    Identity {
+                        cluster_id: stable_id(&format!("strata/{system}")),
+                        member_id,
+                    },
+                ),
+                reconciled.clone(),
+            );
         }
         let tenants = Arc::new(tenants);
         if config.catalogue {

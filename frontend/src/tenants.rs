@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 
+use tokio::sync::watch;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
@@ -20,6 +21,10 @@ use crate::tenant::Tenant;
 use crate::tls::{CONNECTION_REFUSED, CONNECTION_TENANT, CONNECTION_USER};
 use crate::token::{Tokens, credential_of};
 use crate::watch::{WatchSource, WatchTarget};
+
+/// How long a request naming a tenant this frontend does not know waits for the catalogue's
+/// follower to load it (`Tenants::catch_up_with_catalogue`).
+const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Metadata header naming the tenant of a request.
 pub const TENANT_HEADER: &str = "x-strata-tenant";
@@ -44,6 +49,8 @@ pub struct Tenants {
     tokens: Option<Arc<Tokens>>,
     /// With `--catalogue`: the catalogue's own replica (`_system`), which no client can name.
     catalogue: Option<Arc<Tenant>>,
+    /// The catalogue revision the follower serves up to (`crate::catalogue::follow`).
+    reconciled: Option<watch::Receiver<i64>>,
     /// Tenants loaded from the catalogue since start (`crate::catalogue`), by name; looked up
     /// only when a name is not one of the fixed ones.
     loaded: std::sync::RwLock<HashMap<String, Arc<Tenant>>>,
@@ -74,9 +81,27 @@ impl Tenants {
             trust_header,
             tokens: None,
             catalogue: None,
+            reconciled: None,
             loaded: std::sync::RwLock::default(),
             catalogue_loaded: std::sync::atomic::AtomicBool::new(false),
         }
+    }
+
+    /// Waits until this frontend serves what the catalogue said when this was called: a read
+    /// point of the catalogue (every change committed before), then the follower's reconcile
+    /// of it. A request naming a tenant created a moment ago through another frontend waits
+    /// for it here instead of being refused as unknown (NotFound, which clients do not retry).
+    /// Bounded: on a journal outage the request is refused as before.
+    async fn catch_up_with_catalogue(&self) {
+        let (Some(system), Some(reconciled)) = (&self.catalogue, &self.reconciled) else {
+            return;
+        };
+        if system.barrier().await.is_err() {
+            return;
+        }
+        let revision = system.replica.read().revision();
+        let mut reconciled = reconciled.clone();
+        let _ = tokio::time::timeout(CATCH_UP_WAIT, reconciled.wait_for(|r| *r >= revision)).await;
     }
 
     /// Called by the catalogue follower once it serves what the caught-up catalogue says.
@@ -87,8 +112,9 @@ impl Tenants {
 
     /// Tenants that also serve what the catalogue replicated by `system` places on this
     /// frontend's shard, loaded by `crate::catalogue::follow`.
-    pub fn with_catalogue(mut self, system: Arc<Tenant>) -> Self {
+    pub fn with_catalogue(mut self, system: Arc<Tenant>, reconciled: watch::Receiver<i64>) -> Self {
         self.catalogue = Some(system);
+        self.reconciled = Some(reconciled);
         self
     }
 
@@ -319,7 +345,14 @@ impl Tenants {
     where
         Fut: Future<Output = Result<T, Error>>,
     {
-        let t = self.admit(metadata).map_err(handled)?;
+        let t = match self.admit(metadata) {
+            Ok(t) => t,
+            Err(Error::UnknownTenant(_)) if self.catalogue.is_some() => {
+                self.catch_up_with_catalogue().await;
+                self.admit(metadata).map_err(handled)?
+            }
+            Err(e) => return Err(handled(e)),
+        };
         let id = RequestId::random();
         let name = t.name.clone();
         unary(rpc, &name, id, async {
@@ -521,11 +554,55 @@ mod tests {
         ));
     }
 
+    /// A request naming a tenant this frontend does not know yet waits for the catalogue's
+    /// follower (a create applied elsewhere first) instead of being refused at once.
+    #[tokio::test]
+    async fn an_unknown_tenant_waits_for_the_catalogue_s_follower() {
+        let log = MemLog::new();
+        let (reconciled_tx, reconciled) = watch::channel(0i64);
+        let tenants = Arc::new(
+            Tenants::serving(Some(tenant("d", &log)), Vec::new(), true)
+                .with_catalogue(tenant(api::tenant::SYSTEM_TENANT, &log), reconciled),
+        );
+        let follower = {
+            let (tenants, log) = (tenants.clone(), log.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tenants.insert_loaded(tenant("late", &log));
+                reconciled_tx.send_replace(i64::MAX);
+            })
+        };
+        let served = tenants
+            .serve(
+                "Range",
+                &naming(Some("late")),
+                (),
+                |t, _, _, ()| async move { Ok(t.name.clone()) },
+            )
+            .await
+            .expect("served once the follower loaded it");
+        assert_eq!(served.into_inner(), "late");
+        follower.await.unwrap();
+        // A name the catalogue never had is refused as before, after the same wait.
+        let e = tenants
+            .serve(
+                "Range",
+                &naming(Some("never")),
+                (),
+                |t, _, _, ()| async move { Ok(t.name.clone()) },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+    }
+
     #[tokio::test]
     async fn readiness_waits_for_the_catalogue_s_tenants() {
         let log = MemLog::new();
-        let tenants = Tenants::serving(Some(tenant("d", &log)), Vec::new(), true)
-            .with_catalogue(tenant(api::tenant::SYSTEM_TENANT, &log));
+        let tenants = Tenants::serving(Some(tenant("d", &log)), Vec::new(), true).with_catalogue(
+            tenant(api::tenant::SYSTEM_TENANT, &log),
+            watch::channel(0).1,
+        );
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
         while tenants
             .replicas()

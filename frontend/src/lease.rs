@@ -286,6 +286,10 @@ impl Lease for LeaseService {
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         let (metadata, _, incoming) = req.into_parts();
+        // A tenant not known here may have been created a moment ago through another frontend.
+        if let Err(crate::errors::Error::UnknownTenant(_)) = self.tenants.resolve(&metadata) {
+            self.tenants.catch_up_with_catalogue().await;
+        }
         self.keep_alives(&metadata, incoming).map(Response::new)
     }
 

@@ -92,7 +92,7 @@ impl Tenants {
     /// of it. A request naming a tenant created a moment ago through another frontend waits
     /// for it here instead of being refused as unknown (NotFound, which clients do not retry).
     /// Bounded: on a journal outage the request is refused as before.
-    async fn catch_up_with_catalogue(&self) {
+    pub async fn catch_up_with_catalogue(&self) {
         let (Some(system), Some(reconciled)) = (&self.catalogue, &self.reconciled) else {
             return;
         };
@@ -490,6 +490,10 @@ impl WatchSource for Tenants {
             header: tenant.header(0),
             max_watchers: tenant.max_watchers(),
         })
+    }
+
+    fn catch_up(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(self.catch_up_with_catalogue())
     }
 
     fn has_leader(&self, metadata: &MetadataMap) -> bool {

@@ -62,6 +62,35 @@ impl TenantClient {
         Self::over(self.channel.clone(), &self.tenant, Some(token))
     }
 
+    /// Opens a watch of `key` from `start_revision` (0: from now) and answers the stream once
+    /// the watch is created; the open or the creation failing is the error.
+    pub async fn watch_key(
+        &mut self,
+        key: &str,
+        start_revision: i64,
+    ) -> Result<tonic::Streaming<api::etcdserverpb::WatchResponse>, tonic::Status> {
+        use api::etcdserverpb::watch_request::RequestUnion;
+        use api::etcdserverpb::{WatchCreateRequest, WatchRequest};
+        use futures::StreamExt;
+        let create = WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key: key.into(),
+                start_revision,
+                ..Default::default()
+            })),
+        };
+        let requests = futures::stream::iter([create]).chain(futures::stream::pending());
+        let mut events = self.watch.watch(requests).await?.into_inner();
+        let created = events
+            .message()
+            .await?
+            .ok_or_else(|| tonic::Status::unavailable("the watch stream ended"))?;
+        if !created.created {
+            return Err(tonic::Status::internal(format!("not created: {created:?}")));
+        }
+        Ok(events)
+    }
+
     fn over(channel: Channel, tenant: &str, token: Option<&str>) -> Self {
         let named = Named {
             tenant: tenant.parse().expect("an ASCII tenant name"),

@@ -110,18 +110,9 @@ async fn watch(
     key: &str,
     start_revision: i64,
 ) -> tonic::Streaming<api::etcdserverpb::WatchResponse> {
-    let create = WatchRequest {
-        request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-            key: key.into(),
-            start_revision,
-            ..Default::default()
-        })),
-    };
-    let requests = futures::stream::iter([create]).chain(futures::stream::pending());
-    let mut events = c.watch.watch(requests).await.unwrap().into_inner();
-    let created = events.message().await.unwrap().unwrap();
-    assert!(created.created, "{created:?}");
-    events
+    c.watch_key(key, start_revision)
+        .await
+        .unwrap_or_else(|e| panic!("watch {key} in {}: {e:?}", c.tenant))
 }
 
 /// The values of the next `n` events a watch delivers (waiting at most 10 s for each).

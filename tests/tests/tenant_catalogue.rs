@@ -368,6 +368,20 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
     admin(&["create", "cyan"]).unwrap();
     let mut cyan = TenantClient::connect(&endpoint, "cyan").await.unwrap();
     assert_eq!(put(&mut cyan, "k", "cyan-1").await.unwrap(), 2);
+    // A watch stream too (kube-apiserver opens watches as it starts).
+    admin(&["create", "teal"]).unwrap();
+    let mut teal = TenantClient::connect(&endpoint, "teal").await.unwrap();
+    let mut events = teal
+        .watch_key("k", 0)
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\n{}", tail_file(d.frontend_log(0))));
+    put(&mut teal, "k", "teal-1").await.unwrap();
+    let event = tokio::time::timeout(WAIT, events.message())
+        .await
+        .expect("an event")
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.events[0].kv.as_ref().unwrap().value, b"teal-1");
     let mut default = TenantClient::connect(&endpoint, "default").await.unwrap();
     assert_eq!(get(&mut default, "k").await.unwrap(), None);
     let stranger = TenantClient::connect(&endpoint, "green").await.unwrap();

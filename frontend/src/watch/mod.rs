@@ -93,6 +93,13 @@ pub trait WatchSource: Send + Sync + 'static {
     fn has_leader(&self, _metadata: &tonic::metadata::MetadataMap) -> bool {
         true
     }
+
+    /// Waits until the source knows every tenant created before the call (the tenant
+    /// catalogue's followers), so a stream naming a tenant created a moment ago elsewhere is
+    /// opened, not refused. Nothing to wait for by default.
+    fn catch_up(&self) -> futures::future::BoxFuture<'_, ()> {
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// etcd's metadata key and value by which a stream asks to end when its member has no leader

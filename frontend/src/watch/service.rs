@@ -11,7 +11,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{OUTPUT_BUFFER, WatchConfig, WatchSource, output_channel, run_stream};
+use super::{OUTPUT_BUFFER, WatchConfig, WatchSource, WatchTarget, output_channel, run_stream};
 
 /// etcd's `Watch` service over the frontend's tenants.
 pub struct WatchService<S: WatchSource> {
@@ -42,6 +42,19 @@ impl<S: WatchSource> WatchService<S> {
         I: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     {
         let target = self.source.resolve(&metadata)?;
+        self.open_for(target, metadata, input)
+    }
+
+    /// `open` of a stream whose tenant is resolved.
+    fn open_for<I>(
+        &self,
+        target: WatchTarget,
+        metadata: MetadataMap,
+        input: I,
+    ) -> Result<ResponseStream, Status>
+    where
+        I: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
+    {
         let (source, md) = (self.source.clone(), metadata.clone());
         let (tx, rx) = output_channel(&metadata, OUTPUT_BUFFER, move || source.has_leader(&md))?;
         tokio::spawn(run_stream(target, self.config.clone(), input, tx));
@@ -58,6 +71,14 @@ impl<S: WatchSource> Watch for WatchService<S> {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let (metadata, _, input) = request.into_parts();
-        self.open(metadata, input).map(Response::new)
+        // A tenant not known here may have been created a moment ago through another frontend.
+        let target = match self.source.resolve(&metadata) {
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                self.source.catch_up().await;
+                self.source.resolve(&metadata)?
+            }
+            r => r?,
+        };
+        self.open_for(target, metadata, input).map(Response::new)
     }
 }

@@ -92,6 +92,27 @@ async fn get_eventually(
     }
 }
 
+/// Writes fresh keys to `c` until `done` holds, within `WAIT`: the journal moves on, so the
+/// compactor has rounds to run. `what` and `log` say what never happened.
+async fn write_until<F, Fut>(
+    c: &mut TenantClient,
+    what: &str,
+    log: impl Fn() -> String,
+    mut done: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + WAIT;
+    let mut i = 0u64;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}\n{}", log());
+        put(c, &format!("filler/{i}"), "x").await.unwrap();
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     let mut dev = DevDeployment::start().await;
@@ -394,18 +415,15 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
     // The compactor checkpoints `blue` and the catalogue and trims shard 0 below them.
     let _compactor =
         d.start_compactor(&["--every-entries", "20", "--every", "1s", "--trim-lag", "0"]);
-    let mut i = 0;
-    let deadline = Instant::now() + WAIT;
-    while first_index_of(&d.journal_addrs()[0], 0).await <= 1 {
-        assert!(
-            Instant::now() < deadline,
-            "journal never trimmed\n--- compactor log ---\n{}",
-            tail_file(&d.dir().join("compactor.log"))
-        );
-        put(&mut blue, &format!("k{i}"), "x").await.unwrap();
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let compactor_log = || tail_file(&d.dir().join("compactor.log"));
+    let journal = d.journal_addrs()[0].clone();
+    write_until(
+        &mut blue,
+        "journal never trimmed",
+        compactor_log,
+        || async { first_index_of(&journal, 0).await > 1 },
+    )
+    .await;
     let suspended = admin(&["suspend", "blue"]).unwrap();
     assert_eq!(suspended["state"], "suspended");
 
@@ -512,21 +530,15 @@ async fn the_compactor_purges_what_the_catalogue_is_done_with() {
     }
     let [mut c_gone, mut c_kept, _] = <[TenantClient; 3]>::try_from(clients).ok().unwrap();
     // Every tenant checkpointed.
-    let deadline = Instant::now() + WAIT;
-    let mut i = 0;
-    while [&gone, &kept, &twice]
-        .iter()
-        .any(|r| files_under(&folder(r)) == 0)
-    {
-        assert!(
-            Instant::now() < deadline,
-            "never checkpointed\n{}",
-            tail_file(&d.dir().join("compactor.log"))
-        );
-        put(&mut c_kept, &format!("n{i}"), "x").await.unwrap();
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let compactor_log = || tail_file(&d.dir().join("compactor.log"));
+    write_until(&mut c_kept, "never checkpointed", compactor_log, || {
+        std::future::ready(
+            [&gone, &kept, &twice]
+                .iter()
+                .all(|r| files_under(&folder(r)) > 0),
+        )
+    })
+    .await;
 
     // Within the retention an undelete brings the data back.
     admin(&admin_at, &["delete", "gone"]).unwrap();
@@ -542,20 +554,11 @@ async fn the_compactor_purges_what_the_catalogue_is_done_with() {
     // Past the retention: purged, never undeleted.
     let deleted = admin(&admin_at, &["delete", "gone"]).unwrap();
     assert_eq!(deleted["retention_ms"], 3000);
-    let deadline = Instant::now() + WAIT;
-    while files_under(&folder(&gone)) > 0 || files_under(&folder(&twice)) > 0 {
-        assert!(
-            Instant::now() < deadline,
-            "never purged ({} and {} files left)\n{}",
-            files_under(&folder(&gone)),
-            files_under(&folder(&twice)),
-            tail_file(&d.dir().join("compactor.log"))
-        );
-        // Writes move the journal on, so the catalogue is checkpointed with a later time.
-        put(&mut c_kept, &format!("n{i}"), "x").await.unwrap();
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // Writes move the journal on, so the catalogue is checkpointed with a later time.
+    write_until(&mut c_kept, "never purged", compactor_log, || {
+        std::future::ready(files_under(&folder(&gone)) + files_under(&folder(&twice)) == 0)
+    })
+    .await;
     let e = admin(&admin_at, &["undelete", "gone"]).unwrap_err();
     assert!(e.contains("strata: tenant gone is purged"), "{e}");
     let log = std::fs::read_to_string(d.dir().join("compactor.log")).unwrap();
@@ -565,18 +568,15 @@ async fn the_compactor_purges_what_the_catalogue_is_done_with() {
     // tenants' entries (nothing of theirs holds it).
     assert!(files_under(&folder(&kept)) > 0);
     assert_eq!(get(&mut c_kept, "k").await.unwrap(), Some(b"kept".to_vec()));
-    let purged_at = first_index_of(&d.journal_addrs()[0], 0).await;
-    let deadline = Instant::now() + WAIT;
-    while first_index_of(&d.journal_addrs()[0], 0).await <= purged_at {
-        assert!(
-            Instant::now() < deadline,
-            "journal not trimmed after the purge\n{}",
-            tail_file(&d.dir().join("compactor.log"))
-        );
-        put(&mut c_kept, &format!("n{i}"), "x").await.unwrap();
-        i += 1;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let journal = d.journal_addrs()[0].clone();
+    let purged_at = first_index_of(&journal, 0).await;
+    write_until(
+        &mut c_kept,
+        "journal not trimmed after the purge",
+        compactor_log,
+        || async { first_index_of(&journal, 0).await > purged_at },
+    )
+    .await;
     // A frontend restarted after all this serves the neighbour and the new generation.
     d.kill_frontend(0);
     d.restart_frontend(0).await;

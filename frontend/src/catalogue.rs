@@ -16,6 +16,9 @@ use crate::tenants::Tenants;
 
 /// How long a failed load waits before the follower tries again.
 const LOAD_RETRY: Duration = Duration::from_secs(1);
+/// How often the follower looks again without a catalogue change: to see that the catalogue's
+/// replica caught up, and to retry a quota append that did not land.
+const LOOK_AGAIN: Duration = Duration::from_secs(1);
 
 /// What a tenant loaded from the catalogue starts with: the frontend's own settings.
 pub struct Loader {
@@ -62,7 +65,6 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
     let mut records = Vec::new();
     let syncing: Syncing = Arc::default();
     loop {
-        let applied = system.replica.applied_index();
         let caught_up = system.replica.state() == crate::replica::ReplicaState::Ready;
         let revision = system.replica.read().revision();
         if revision != done || (caught_up && !loaded) {
@@ -85,10 +87,9 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
         if let Some(t) = tenants.upgrade() {
             sync_quotas(&t, &records, loader.shard, &syncing);
         }
-        // The next record of shard 0: a change, or the journal's idle tick (every 500 ms).
-        if !system.replica.until_applied(applied + 1).await {
-            tokio::time::sleep(LOAD_RETRY).await;
-        }
+        // The next catalogue change (not every record of shard 0: those are mostly other
+        // tenants' writes), or a second.
+        system.replica.hub().reached(revision + 1, LOOK_AGAIN).await;
         if tenants.strong_count() == 0 {
             return;
         }

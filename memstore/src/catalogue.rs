@@ -71,20 +71,15 @@ impl MemStore {
         }
     }
 
-    /// Applies a catalogue change of tenant `tenant`'s entry at journal `index`: the record as
-    /// it is after the change (its `revision` is the put's), or why it was refused.
+    /// Applies a catalogue change (an entry of `_system`: `apply_request` sends every other
+    /// tenant's to `apply_own_quotas`) at journal `index`: the record as it is after the change
+    /// (its `revision` is the put's), or why it was refused.
     pub(crate) fn apply_tenant_change(
         &mut self,
         index: u64,
-        tenant: &str,
         change: &TenantChange,
         events: &mut Vec<Event>,
     ) -> Result<TenantRecord, Error> {
-        if tenant != SYSTEM_TENANT {
-            return Err(Error::Unsupported(format!(
-                "tenant changes are applied by the catalogue ({SYSTEM_TENANT}) only"
-            )));
-        }
         let name = change.name.as_str();
         if !valid_name(name) {
             return Err(Error::TenantName(name.to_string()));

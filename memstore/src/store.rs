@@ -1016,7 +1016,7 @@ impl MemStore {
                 Outcome::Auth
             }),
             Request::TenantChange(c) if tenant == api::tenant::SYSTEM_TENANT => self
-                .apply_tenant_change(index, tenant, c, events)
+                .apply_tenant_change(index, c, events)
                 .map(|r| Outcome::Tenant(Box::new(r))),
             Request::TenantChange(c) => self.apply_own_quotas(tenant, c).map(|()| Outcome::Quotas),
             Request::RestoreBegin(b) => Ok(self.apply_restore_begin(b)),

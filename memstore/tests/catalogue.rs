@@ -1,43 +1,48 @@
 //! The tenant catalogue (`_system`'s TenantChange entries): every rule by example, and random
 //! change sequences against a naive model, through a checkpoint round trip.
 
+mod common;
+
 use std::collections::BTreeMap;
 
 use api::strata::admin::{TenantRecord, TenantState};
-use api::strata::entry::{
-    Entry, TenantChange, TenantQuotas, entry::Request, tenant_change::Change,
-};
+use api::strata::entry::{TenantChange, TenantQuotas, entry::Request, tenant_change::Change};
 use api::tenant::SYSTEM_TENANT;
+use common::Harness;
 use memstore::checkpoint::{self, CheckpointMeta};
-use memstore::{Code, Config, Error, MemStore, Outcome};
+use memstore::{Code, Error, MemStore, Outcome};
 use proptest::prelude::*;
 
-struct Catalogue {
-    store: MemStore,
-    index: u64,
-    now_ms: i64,
+/// The shared harness, whose journal clock moves 10 ms before each catalogue change.
+struct Catalogue(Harness);
+
+impl std::ops::Deref for Catalogue {
+    type Target = Harness;
+    fn deref(&self) -> &Harness {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Catalogue {
+    fn deref_mut(&mut self) -> &mut Harness {
+        &mut self.0
+    }
 }
 
 impl Catalogue {
     fn new() -> Self {
-        Self {
-            store: MemStore::new(Config::default()),
-            index: 0,
-            now_ms: 5_000,
-        }
+        let mut h = Harness::new();
+        h.now_ms = 5_000;
+        Self(h)
     }
 
     fn apply_as(&mut self, tenant: &str, change: TenantChange) -> Result<TenantRecord, Error> {
-        self.index += 1;
         self.now_ms += 10;
-        let entry = Entry {
-            format_version: api::ENTRY_FORMAT_VERSION,
-            tenant: tenant.into(),
-            time_ms: self.now_ms,
-            request: Some(Request::TenantChange(change)),
-            ..Default::default()
-        };
-        match self.store.apply(self.index, &entry).outcome {
+        match self
+            .0
+            .apply_as(tenant, Request::TenantChange(change))
+            .outcome
+        {
             Outcome::Tenant(r) => Ok(*r),
             Outcome::Failed(e) => Err(e),
             other => panic!("unexpected outcome {other:?}"),
@@ -221,16 +226,11 @@ fn only_the_catalogue_applies_tenant_changes() {
 
 #[test]
 fn a_catalogue_change_is_an_event_for_its_watchers() {
-    let mut c = Catalogue::new();
-    c.index += 1;
-    let entry = Entry {
-        format_version: api::ENTRY_FORMAT_VERSION,
-        tenant: SYSTEM_TENANT.into(),
-        time_ms: 1,
-        request: Some(Request::TenantChange(create("a", None, 2, 7))),
-        ..Default::default()
-    };
-    let applied = c.store.apply(c.index, &entry);
+    let mut h = Harness::new();
+    let applied = h.apply_as(
+        SYSTEM_TENANT,
+        Request::TenantChange(create("a", None, 2, 7)),
+    );
     assert_eq!(applied.events.len(), 1);
     let kv = applied.events[0].kv.as_ref().unwrap();
     assert_eq!(kv.key, b"/tenants/a");
@@ -420,18 +420,8 @@ proptest! {
 #[test]
 fn a_tenant_s_own_quotas_are_enforced_where_it_applies() {
     use api::etcdserverpb::{LeaseGrantRequest, PutRequest};
-    let mut c = Catalogue::new();
-    let apply = |c: &mut Catalogue, request: Request| {
-        c.index += 1;
-        let entry = Entry {
-            format_version: api::ENTRY_FORMAT_VERSION,
-            tenant: "t".into(),
-            time_ms: 1_000,
-            request: Some(request),
-            ..Default::default()
-        };
-        c.store.apply(c.index, &entry).outcome
-    };
+    let mut c = Harness::new();
+    let apply = |c: &mut Harness, request: Request| c.apply(request).outcome;
     let quotas = |q: TenantQuotas| Request::TenantChange(change("t", Change::UpdateQuotas(q)));
     let grant = |id| Request::LeaseGrant(LeaseGrantRequest { id, ttl: 60 });
     let put = |v: usize| {

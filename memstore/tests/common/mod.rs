@@ -35,10 +35,19 @@ impl Harness {
     }
 
     pub fn apply_with_id(&mut self, request: Request, request_id: Vec<u8>) -> Applied {
+        self.apply_entry("t", request, request_id)
+    }
+
+    /// `apply` of an entry of tenant `tenant` (the catalogue's `_system`, another tenant).
+    pub fn apply_as(&mut self, tenant: &str, request: Request) -> Applied {
+        self.apply_entry(tenant, request, Vec::new())
+    }
+
+    fn apply_entry(&mut self, tenant: &str, request: Request, request_id: Vec<u8>) -> Applied {
         self.index += 1;
         let entry = Entry {
             format_version: api::ENTRY_FORMAT_VERSION,
-            tenant: "t".into(),
+            tenant: tenant.into(),
             request_id,
             time_ms: self.now_ms,
             request: Some(request),

@@ -14,37 +14,34 @@ use api::strata::admin::{
 };
 use api::strata::entry::{TenantChange, entry::Request as Intent, tenant_change::Change};
 use memstore::Outcome;
-use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use crate::auth::Caller;
 use crate::errors::Error;
 use crate::rpc::{RequestId, unary};
 use crate::tenant::Tenant;
-
-/// How long a change waits for this frontend to serve what it says after it is applied
-/// (loading a tenant from its checkpoint) before it is answered anyway.
-const RECONCILE_WAIT: Duration = Duration::from_secs(10);
+use crate::tenants::Tenants;
 
 pub struct AdminService {
-    /// The catalogue's replica.
+    /// The catalogue's replica (`tenants`' own).
     system: Arc<Tenant>,
     /// How many shards the deployment has (`--shards`), for placement.
     shards: u32,
     /// `--deleted-tenant-retention`, in milliseconds.
     retention_ms: i64,
-    /// The catalogue revision this frontend serves up to (`crate::catalogue::follow`).
-    reconciled: watch::Receiver<i64>,
+    /// What this frontend serves (`Tenants::until_reconciled`).
+    tenants: Arc<Tenants>,
 }
 
 impl AdminService {
-    pub fn new(system: Arc<Tenant>, shards: u32, reconciled: watch::Receiver<i64>) -> Self {
-        Self {
-            system,
+    /// The admin API of `tenants`' catalogue; None if they follow none.
+    pub fn new(tenants: Arc<Tenants>, shards: u32) -> Option<Self> {
+        Some(Self {
+            system: tenants.catalogue()?.clone(),
             shards,
             retention_ms: 0,
-            reconciled,
-        }
+            tenants,
+        })
     }
 
     /// Deletes can be undone for `retention` (then the compactor purges the tenant).
@@ -73,12 +70,7 @@ impl AdminService {
                 Outcome::Failed(e) => return Err(e.into()),
                 _ => return Err(Error::UnexpectedOutcome(rpc)),
             };
-            let mut reconciled = self.reconciled.clone();
-            let _ = tokio::time::timeout(
-                RECONCILE_WAIT,
-                reconciled.wait_for(|r| *r >= record.revision),
-            )
-            .await;
+            self.tenants.until_reconciled(record.revision).await;
             Ok(TenantResponse {
                 tenant: Some(record),
             })

@@ -44,11 +44,7 @@ impl Loader {
             self.checkpoints.clone(),
             self.log.clone(),
             self.limits,
-            Identity {
-                // Another generation is another cluster to its clients.
-                cluster_id: crate::config::stable_id(&format!("strata/{key}")),
-                member_id: self.member_id,
-            },
+            Identity::of(&key, self.member_id),
         ))
     }
 }

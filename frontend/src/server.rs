@@ -174,11 +174,7 @@ impl Frontend {
                 checkpoints.clone(),
                 tails.clone(),
                 limits,
-                // Each tenant is its own etcd cluster to its clients.
-                Identity {
-                    cluster_id: stable_id(&format!("strata/{name}")),
-                    member_id,
-                },
+                Identity::of(name, member_id),
             )
         });
         let default = match config.default_tenant() {
@@ -202,10 +198,7 @@ impl Frontend {
                     checkpoints.clone(),
                     tails.clone(),
                     limits,
-                    Identity {
-                        cluster_id: stable_id(&format!("strata/{system}")),
-                        member_id,
-                    },
+                    Identity::of(system, member_id),
                 ),
                 reconciled.clone(),
             );
@@ -326,13 +319,13 @@ impl Frontend {
                 stop.clone(),
             ),
         );
-        let (admin_addr, admin) = match (config.admin_listen, tenants.catalogue()) {
-            (Some(addr), Some(system)) => {
+        let service = crate::admin::AdminService::new(tenants.clone(), config.shards);
+        let (admin_addr, admin) = match (config.admin_listen, service) {
+            (Some(addr), Some(service)) => {
                 let (addr, task) = serve_admin(
                     &config,
                     addr,
-                    crate::admin::AdminService::new(system.clone(), config.shards, reconciled)
-                        .with_retention(config.deleted_tenant_retention),
+                    service.with_retention(config.deleted_tenant_retention),
                     stop.clone(),
                 )
                 .await?;

@@ -48,6 +48,17 @@ pub struct Identity {
     pub member_id: u64,
 }
 
+impl Identity {
+    /// This frontend (`member_id`) as a member of the tenant journalled under `key`: each
+    /// tenant, and each generation of one, is its own etcd cluster to its clients.
+    pub fn of(key: &str, member_id: u64) -> Self {
+        Self {
+            cluster_id: crate::config::stable_id(&format!("strata/{key}")),
+            member_id,
+        }
+    }
+}
+
 /// What the catalogue says of a tenant this frontend serves (`Tenant::state`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]

@@ -22,9 +22,10 @@ use crate::tls::{CONNECTION_REFUSED, CONNECTION_TENANT, CONNECTION_USER};
 use crate::token::{Tokens, credential_of};
 use crate::watch::{WatchSource, WatchTarget};
 
-/// How long a request naming a tenant this frontend does not know waits for the catalogue's
-/// follower to load it (`Tenants::catch_up_with_catalogue`).
-const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a request naming a tenant this frontend does not know, or an admin change, waits
+/// for the catalogue's follower to serve it (loading a tenant from its checkpoint) before it
+/// goes on anyway.
+const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Metadata header naming the tenant of a request.
 pub const TENANT_HEADER: &str = "x-strata-tenant";
@@ -93,15 +94,24 @@ impl Tenants {
     /// for it here instead of being refused as unknown (NotFound, which clients do not retry).
     /// Bounded: on a journal outage the request is refused as before.
     pub async fn catch_up_with_catalogue(&self) {
-        let (Some(system), Some(reconciled)) = (&self.catalogue, &self.reconciled) else {
+        let Some(system) = &self.catalogue else {
             return;
         };
         if system.barrier().await.is_err() {
             return;
         }
         let revision = system.replica.read().revision();
-        let mut reconciled = reconciled.clone();
-        let _ = tokio::time::timeout(CATCH_UP_WAIT, reconciled.wait_for(|r| *r >= revision)).await;
+        self.until_reconciled(revision).await;
+    }
+
+    /// Waits (at most `CATCH_UP_WAIT`) until the catalogue's follower serves the catalogue
+    /// up to `revision` (the admin API answers a change once it does).
+    pub async fn until_reconciled(&self, revision: i64) {
+        if let Some(reconciled) = &self.reconciled {
+            let mut reconciled = reconciled.clone();
+            let _ =
+                tokio::time::timeout(CATCH_UP_WAIT, reconciled.wait_for(|r| *r >= revision)).await;
+        }
     }
 
     /// Called by the catalogue follower once it serves what the caught-up catalogue says.

@@ -148,14 +148,17 @@ impl Gateway {
             "kv/deleterange" => unary(md, body, max, |r| self.kv.delete_range(r)).await,
             "kv/txn" => unary(md, body, max, |r| self.kv.txn(r)).await,
             "kv/compaction" => unary(md, body, max, |r| self.kv.compact(r)).await,
-            "watch" => bidi(md, body, max, |md, input| self.watch.open(md, input)),
+            "watch" => bidi(md, body, max, |md, input| self.watch.open(md, input)).await,
             "lease/grant" => unary(md, body, max, |r| self.lease.lease_grant(r)).await,
             "lease/revoke" | "kv/lease/revoke" => {
                 unary(md, body, max, |r| self.lease.lease_revoke(r)).await
             }
-            "lease/keepalive" => bidi(md, body, max, |md, input| {
-                self.lease.keep_alives(&md, input)
-            }),
+            "lease/keepalive" => {
+                bidi(md, body, max, |md, input| async move {
+                    self.lease.keep_alives(&md, input).await
+                })
+                .await
+            }
             "lease/timetolive" | "kv/lease/timetolive" => {
                 unary(md, body, max, |r| self.lease.lease_time_to_live(r)).await
             }
@@ -276,14 +279,15 @@ type Answers<Resp> = Pin<Box<dyn Stream<Item = Result<Resp, Status>> + Send + 's
 
 /// A bidirectional stream: the body's JSON requests in (each at most `max_body` bytes), one
 /// line per answer out.
-fn bidi<Req, Resp, F>(md: MetadataMap, body: Body, max_body: usize, open: F) -> Answer
+async fn bidi<Req, Resp, F, Opened>(md: MetadataMap, body: Body, max_body: usize, open: F) -> Answer
 where
     Req: DeserializeOwned + Send + 'static,
     Resp: Serialize + Send + 'static,
-    F: FnOnce(MetadataMap, ReceiverStream<Result<Req, Status>>) -> Result<Answers<Resp>, Status>,
+    F: FnOnce(MetadataMap, ReceiverStream<Result<Req, Status>>) -> Opened,
+    Opened: Future<Output = Result<Answers<Resp>, Status>>,
 {
     let (tx, rx) = mpsc::channel(STREAM_INPUT_QUEUE);
-    match open(md, ReceiverStream::new(rx)) {
+    match open(md, ReceiverStream::new(rx)).await {
         Ok(answers) => {
             tokio::spawn(read_messages(body, max_body, tx));
             streamed(answers)

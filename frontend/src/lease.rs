@@ -43,8 +43,9 @@ impl LeaseService {
     }
 
     /// A keep-alive stream over any source of requests: the gRPC call's, or the JSON
-    /// gateway's (`crate::gateway`).
-    pub fn keep_alives<S>(
+    /// gateway's (`crate::gateway`). A tenant not known here may have been created a moment
+    /// ago through another frontend: the catalogue is caught up with before refusing.
+    pub async fn keep_alives<S>(
         &self,
         metadata: &tonic::metadata::MetadataMap,
         incoming: S,
@@ -52,7 +53,14 @@ impl LeaseService {
     where
         S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
     {
-        let t = self.tenants.resolve(metadata).map_err(handled)?;
+        let t = match self.tenants.resolve(metadata) {
+            Err(crate::errors::Error::UnknownTenant(_)) => {
+                self.tenants.catch_up_with_catalogue().await;
+                self.tenants.resolve(metadata)
+            }
+            r => r,
+        }
+        .map_err(handled)?;
         let leader_of = t.clone();
         let (tx, rx) = crate::watch::output_channel(metadata, KEEPALIVE_QUEUE, move || {
             leader_of.has_leader()
@@ -60,7 +68,8 @@ impl LeaseService {
         let stream_id = RequestId::random();
         let span =
             tracing::info_span!("lease_keep_alive", tenant = %t.name, stream_id = %stream_id);
-        tokio::spawn(serve_keep_alives(t, incoming, tx).instrument(span));
+        let refusal = t.refusal(false);
+        tokio::spawn(serve_keep_alives(t, incoming, tx, refusal).instrument(span));
         Ok(Box::pin(ReceiverStream::new(rx)))
     }
 }
@@ -206,6 +215,7 @@ async fn serve_keep_alives<S>(
     t: Arc<Tenant>,
     mut incoming: S,
     tx: mpsc::Sender<Result<LeaseKeepAliveResponse, Status>>,
+    mut refusal: crate::tenant::Refusal,
 ) where
     S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin,
 {
@@ -247,6 +257,13 @@ async fn serve_keep_alives<S>(
                     return;
                 }
             }
+            // Suspended or deleted: the stream ends as a new one would be refused, and lets
+            // go of the tenant.
+            e = refusal.wait(), if reading || !in_flight.is_empty() => {
+                tracing::debug!(error = %e, "keep-alive stream ended: the tenant is not served");
+                let _ = tx.send(Err(handled(e))).await;
+                return;
+            }
             else => return,
         }
     }
@@ -286,11 +303,9 @@ impl Lease for LeaseService {
         req: Request<Streaming<LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         let (metadata, _, incoming) = req.into_parts();
-        // A tenant not known here may have been created a moment ago through another frontend.
-        if let Err(crate::errors::Error::UnknownTenant(_)) = self.tenants.resolve(&metadata) {
-            self.tenants.catch_up_with_catalogue().await;
-        }
-        self.keep_alives(&metadata, incoming).map(Response::new)
+        self.keep_alives(&metadata, incoming)
+            .await
+            .map(Response::new)
     }
 
     async fn lease_time_to_live(
@@ -407,6 +422,51 @@ mod tests {
         assert_eq!((renewed.id, renewed.ttl), (elsewhere, 40));
     }
 
+    /// A keep-alive stream open when the catalogue suspends its tenant ends with the
+    /// suspension's error (and lets go of the tenant); keep-alives before it are answered.
+    #[tokio::test]
+    async fn a_suspension_ends_an_open_keep_alive_stream() {
+        let log = MemLog::new();
+        let t = tenant(&log);
+        let granted = grant(
+            &t,
+            RequestId::random(),
+            &Caller::default(),
+            LeaseGrantRequest { ttl: 30, id: 0 },
+        )
+        .await
+        .unwrap()
+        .id;
+        let (req_tx, req_rx) = mpsc::unbounded_channel();
+        let (tx, mut answers) = mpsc::channel(KEEPALIVE_QUEUE);
+        let task = tokio::spawn(serve_keep_alives(
+            t.clone(),
+            tokio_stream::wrappers::UnboundedReceiverStream::new(req_rx),
+            tx,
+            t.refusal(false),
+        ));
+        req_tx
+            .send(Ok(LeaseKeepAliveRequest { id: granted }))
+            .unwrap();
+        let live = answers.recv().await.expect("an answer").expect("renewed");
+        assert_eq!((live.id, live.ttl), (granted, 30));
+
+        t.set_served(crate::tenant::Served::Suspended);
+        let end = tokio::time::timeout(std::time::Duration::from_secs(10), answers.recv())
+            .await
+            .expect("the stream ends at once")
+            .expect("an answer")
+            .expect_err("the suspension");
+        assert_eq!(end.code(), tonic::Code::FailedPrecondition);
+        assert!(end.message().contains("is suspended"), "{end:?}");
+        tokio::time::timeout(std::time::Duration::from_secs(10), task)
+            .await
+            .expect("the task ends")
+            .unwrap();
+        assert!(answers.recv().await.is_none(), "nothing after the error");
+        assert_eq!(Arc::strong_count(&t), 1, "the stream let go of the tenant");
+    }
+
     /// A keep-alive stream whose receive fails ends with that error, as etcd's does; tonic's
     /// refusal of an oversized message is answered as grpc-go's.
     #[tokio::test]
@@ -417,7 +477,8 @@ mod tests {
             "Error, decoded message length too large: found 3000000 bytes, the limit is: 2097152 bytes",
         );
         let (tx, mut answers) = mpsc::channel(KEEPALIVE_QUEUE);
-        serve_keep_alives(t, futures::stream::iter([Err(oversized)]), tx).await;
+        let refusal = t.refusal(false);
+        serve_keep_alives(t, futures::stream::iter([Err(oversized)]), tx, refusal).await;
         let end = answers
             .recv()
             .await
@@ -467,6 +528,7 @@ mod tests {
             t.clone(),
             tokio_stream::wrappers::UnboundedReceiverStream::new(req_rx),
             tx,
+            t.refusal(false),
         ));
         for &(id, _) in &leases {
             req_tx.send(Ok(LeaseKeepAliveRequest { id })).unwrap();

@@ -66,9 +66,49 @@ pub enum Served {
     Active = 0,
     /// Every RPC but Status and Snapshot is refused.
     Suspended = 1,
-    /// Refused as a tenant this frontend does not serve; its replica stays loaded, so an
-    /// undelete serves it at once.
+    /// Refused as a tenant this frontend does not serve (and unloaded by the catalogue
+    /// follower, `Tenants::unload`).
     Deleted = 2,
+}
+
+impl Served {
+    /// What a request of tenant `name` gets in this state (`even_suspended`: Status and
+    /// Snapshot, which the owner of a suspended tenant may still use).
+    fn check(self, name: &str, even_suspended: bool) -> Result<(), Error> {
+        match self {
+            Served::Active => Ok(()),
+            Served::Suspended if even_suspended => Ok(()),
+            Served::Suspended => Err(Error::Suspended(name.to_string())),
+            Served::Deleted => Err(Error::UnknownTenant(name.to_string())),
+        }
+    }
+}
+
+/// Waits for a tenant to stop being served (`Tenant::refusal`): a stream opened while it was
+/// served ends with the error a new request would get, as soon as the catalogue suspends or
+/// deletes it, so a suspended tenant's watches stop delivering and an unloaded tenant's store
+/// is not kept alive by its streams.
+#[derive(Clone)]
+pub struct Refusal {
+    name: String,
+    even_suspended: bool,
+    states: tokio::sync::watch::Receiver<Served>,
+}
+
+impl Refusal {
+    /// Resolves with the refusal once the tenant's state refuses what the stream does.
+    pub async fn wait(&mut self) -> Error {
+        loop {
+            let state = *self.states.borrow_and_update();
+            if let Err(e) = state.check(&self.name, self.even_suspended) {
+                return e;
+            }
+            if self.states.changed().await.is_err() {
+                // The tenant itself is gone.
+                return Error::UnknownTenant(self.name.clone());
+            }
+        }
+    }
 }
 
 pub struct Tenant {
@@ -87,8 +127,10 @@ pub struct Tenant {
     rate: Option<crate::quota::RateLimit>,
     /// [`APPLY_WAIT_SECONDS`], resolved once: a write records into it without a registry lookup.
     apply_wait: metrics::Histogram,
-    /// A [`Served`], set by the catalogue follower (`crate::catalogue`).
+    /// A [`Served`], set by the catalogue follower (`crate::catalogue`): read by every request.
     served: std::sync::atomic::AtomicU8,
+    /// The same, for the streams that end when it refuses them ([`Refusal`]).
+    served_changes: tokio::sync::watch::Sender<Served>,
     /// Whether the catalogue gives this tenant quotas of its own (`quotas`): requests look
     /// at them only then, so a tenant without any pays no lock.
     own_quotas: std::sync::atomic::AtomicBool,
@@ -132,6 +174,7 @@ impl Tenant {
             rate: crate::quota::RateLimit::new(limits.request_rate, limits.request_burst),
             apply_wait: metrics::histogram!(APPLY_WAIT_SECONDS),
             served: std::sync::atomic::AtomicU8::new(Served::Active as u8),
+            served_changes: tokio::sync::watch::Sender::new(Served::Active),
             own_quotas: std::sync::atomic::AtomicBool::new(false),
             quotas: std::sync::RwLock::default(),
         })
@@ -185,16 +228,26 @@ impl Tenant {
     pub fn set_served(&self, s: Served) {
         self.served
             .store(s as u8, std::sync::atomic::Ordering::Release);
+        self.served_changes.send_if_modified(|now| {
+            let changed = *now != s;
+            *now = s;
+            changed
+        });
     }
 
     /// Refuses a suspended or deleted tenant's request (`even_suspended`: Status and Snapshot,
     /// which the owner of a suspended tenant may still use).
     pub fn check_served(&self, even_suspended: bool) -> Result<(), Error> {
-        match self.served() {
-            Served::Active => Ok(()),
-            Served::Suspended if even_suspended => Ok(()),
-            Served::Suspended => Err(Error::Suspended(self.name.clone())),
-            Served::Deleted => Err(Error::UnknownTenant(self.name.clone())),
+        self.served().check(&self.name, even_suspended)
+    }
+
+    /// What a stream of this tenant waits on to end when the tenant stops being served
+    /// (watches and lease keep-alives: `even_suspended` false).
+    pub fn refusal(&self, even_suspended: bool) -> Refusal {
+        Refusal {
+            name: self.name.clone(),
+            even_suspended,
+            states: self.served_changes.subscribe(),
         }
     }
 

@@ -499,6 +499,7 @@ impl WatchSource for Tenants {
             hub: tenant.replica.hub().clone(),
             header: tenant.header(0),
             max_watchers: tenant.max_watchers(),
+            refusal: Some(tenant.refusal(false)),
         })
     }
 
@@ -608,6 +609,94 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(e.code(), tonic::Code::NotFound);
+    }
+
+    /// A watch stream (gRPC's or the JSON gateway's, both through `WatchService::open`)
+    /// naming a tenant created a moment ago waits for the follower; one open when the tenant
+    /// is suspended ends with the suspension's error, one open when it is unloaded with
+    /// NotFound, and neither keeps the tenant's store.
+    #[tokio::test]
+    async fn watch_streams_wait_for_a_new_tenant_and_end_when_it_stops_being_served() {
+        use api::etcdserverpb::{WatchCreateRequest, WatchRequest, watch_request::RequestUnion};
+        use futures::StreamExt;
+
+        let log = MemLog::new();
+        let (reconciled_tx, reconciled) = watch::channel(0i64);
+        let tenants = Arc::new(
+            Tenants::serving(Some(tenant("d", &log)), Vec::new(), true)
+                .with_catalogue(tenant(api::tenant::SYSTEM_TENANT, &log), reconciled),
+        );
+        let service = crate::watch::WatchService::new(tenants.clone());
+        let late = tenant("late", &log);
+        let follower = {
+            let (tenants, late) = (tenants.clone(), late.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                tenants.insert_loaded(late);
+                reconciled_tx.send_replace(i64::MAX);
+            })
+        };
+        let create = || {
+            futures::stream::iter([Ok(WatchRequest {
+                request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                    key: b"k".to_vec(),
+                    ..Default::default()
+                })),
+            })])
+            .chain(futures::stream::pending())
+        };
+        let within = std::time::Duration::from_secs(10);
+        let mut suspended = service
+            .open(naming(Some("late")), Box::pin(create()))
+            .await
+            .expect("opened once the follower loaded it");
+        follower.await.unwrap();
+        let created = suspended.next().await.unwrap().unwrap();
+        assert!(created.created);
+
+        late.set_served(crate::tenant::Served::Suspended);
+        let end = tokio::time::timeout(within, suspended.next())
+            .await
+            .expect("ended at once")
+            .expect("an answer")
+            .expect_err("the suspension");
+        assert_eq!(end.code(), tonic::Code::FailedPrecondition, "{end:?}");
+        assert!(end.message().contains("late is suspended"), "{end:?}");
+        let refused = service.open(naming(Some("late")), Box::pin(create())).await;
+        assert_eq!(
+            refused.err().map(|s| s.code()),
+            Some(tonic::Code::FailedPrecondition)
+        );
+
+        late.set_served(crate::tenant::Served::Active);
+        let mut unloaded = service
+            .open(naming(Some("late")), Box::pin(create()))
+            .await
+            .expect("resumed");
+        assert!(unloaded.next().await.unwrap().unwrap().created);
+        let store = Arc::downgrade(late.replica.store());
+        drop(late);
+        tenants.unload("late");
+        let end = tokio::time::timeout(within, unloaded.next())
+            .await
+            .expect("ended at once")
+            .expect("an answer")
+            .expect_err("unloaded");
+        assert_eq!(end.code(), tonic::Code::NotFound, "{end:?}");
+        assert!(
+            tokio::time::timeout(within, unloaded.next())
+                .await
+                .expect("closed")
+                .is_none()
+        );
+        let deadline = tokio::time::Instant::now() + within;
+        while store.strong_count() > 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the ended stream still holds the unloaded tenant's store"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
     }
 
     #[tokio::test]

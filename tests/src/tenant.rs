@@ -107,3 +107,27 @@ impl TenantClient {
         }
     }
 }
+
+/// `strata admin tenant <args> --endpoint <admin> --json` with `tls` flags (`--cacert`,
+/// `--cert`, `--key`; none for a plain loopback admin port): the JSON printed, or the error
+/// text.
+pub fn admin_as(
+    endpoint: &str,
+    tls: &[String],
+    args: &[&str],
+) -> Result<serde_json::Value, String> {
+    let out = std::process::Command::new(crate::process::strata_bin())
+        .args(["admin", "tenant"])
+        .args(args)
+        .args(tls)
+        .args(["--endpoint", endpoint, "--json"])
+        .output()
+        .expect("run strata admin tenant");
+    if out.status.success() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {text}")))
+    } else {
+        Err(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}

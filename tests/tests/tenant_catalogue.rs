@@ -11,17 +11,18 @@
 //!   frontend that was running already, isolated from the default tenant, and still after the
 //!   compactor trimmed the journal and that frontend was killed with `kill -9`.
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use api::etcdserverpb::{LeaseGrantRequest, PutRequest, RangeRequest, StatusRequest};
+use api::etcdserverpb::{
+    LeaseGrantRequest, LeaseKeepAliveRequest, PutRequest, RangeRequest, StatusRequest,
+};
 use strata_tests::certs::Ca;
 use strata_tests::curl;
 use strata_tests::deployment::{Deployment, DevDeployment, Setup, frontend_args};
 use strata_tests::journal::first_index_of;
-use strata_tests::process::{ChildGuard, free_port, strata_bin};
+use strata_tests::process::{ChildGuard, free_port};
 use strata_tests::readiness::{tail_file, wait_ready};
-use strata_tests::tenant::TenantClient;
+use strata_tests::tenant::{TenantClient, admin_as};
 use tonic::Code;
 
 const WAIT: Duration = Duration::from_secs(90);
@@ -29,24 +30,6 @@ const WAIT: Duration = Duration::from_secs(90);
 /// `strata admin tenant <args> --endpoint <admin> --json`: the JSON printed, or the error text.
 fn admin(endpoint: &str, args: &[&str]) -> Result<serde_json::Value, String> {
     admin_as(endpoint, &[], args)
-}
-
-/// `admin` with `tls` flags (`--cacert`, `--cert`, `--key`).
-fn admin_as(endpoint: &str, tls: &[String], args: &[&str]) -> Result<serde_json::Value, String> {
-    let out = Command::new(strata_bin())
-        .args(["admin", "tenant"])
-        .args(args)
-        .args(tls)
-        .args(["--endpoint", endpoint, "--json"])
-        .output()
-        .expect("run strata admin tenant");
-    if out.status.success() {
-        let text = String::from_utf8_lossy(&out.stdout);
-        Ok(serde_json::from_str(text.trim())
-            .unwrap_or_else(|e| panic!("{args:?} printed no JSON ({e}): {text}")))
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).into_owned())
-    }
 }
 
 async fn put(c: &mut TenantClient, key: &str, value: &str) -> Result<i64, tonic::Status> {
@@ -169,11 +152,52 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     );
 
     // Suspended: refused with FailedPrecondition (clients do not retry it for ever), but the
-    // owner can still look at it.
+    // owner can still look at it. Streams open at the time end with the same error: a watch
+    // delivers nothing more, a lease is kept alive no longer.
+    let mut watching = a.watch_key("k", 0).await.unwrap();
+    let lease = a
+        .lease
+        .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
+        .await
+        .unwrap()
+        .into_inner()
+        .id;
+    let (keep_tx, keep_rx) = futures::channel::mpsc::unbounded();
+    keep_tx
+        .unbounded_send(LeaseKeepAliveRequest { id: lease })
+        .unwrap();
+    let mut keeping = a
+        .lease
+        .lease_keep_alive(keep_rx)
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(keeping.message().await.unwrap().unwrap().ttl, 60);
     assert_eq!(
         admin(&admin_at, &["suspend", "team-a"]).unwrap()["state"],
         "suspended"
     );
+    for (what, ended) in [
+        (
+            "watch",
+            tokio::time::timeout(WAIT, watching.message())
+                .await
+                .map(|r| r.map(|_| ())),
+        ),
+        (
+            "keep-alive",
+            tokio::time::timeout(WAIT, keeping.message())
+                .await
+                .map(|r| r.map(|_| ())),
+        ),
+    ] {
+        let e = ended
+            .unwrap_or_else(|_| panic!("the {what} stream goes on after the suspension"))
+            .expect_err("ended by the suspension");
+        assert_eq!(e.code(), Code::FailedPrecondition, "{what}: {e:?}");
+        assert_eq!(e.message(), "strata: tenant team-a is suspended", "{what}");
+    }
+    drop(keep_tx);
     let e = put(&mut a, "k", "x").await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition, "{e:?}");
     assert_eq!(e.message(), "strata: tenant team-a is suspended");

@@ -179,4 +179,7 @@ pub struct WatchTarget {
     pub caller: crate::auth::Caller,
     /// Most watchers the tenant may have on this frontend (`--tenant-max-watchers`).
     pub max_watchers: Option<usize>,
+    /// Ends the stream, with the tenant's refusal, once the catalogue suspends or deletes
+    /// the tenant (none: served for as long as the stream lasts).
+    pub refusal: Option<crate::tenant::Refusal>,
 }

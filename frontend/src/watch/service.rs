@@ -36,12 +36,19 @@ pub type ResponseStream =
 
 impl<S: WatchSource> WatchService<S> {
     /// A watch stream over any source of requests: the gRPC call's, or the JSON gateway's
-    /// (`crate::gateway`).
-    pub fn open<I>(&self, metadata: MetadataMap, input: I) -> Result<ResponseStream, Status>
+    /// (`crate::gateway`). A tenant not known here may have been created a moment ago
+    /// through another frontend: the source catches up with its catalogue before refusing.
+    pub async fn open<I>(&self, metadata: MetadataMap, input: I) -> Result<ResponseStream, Status>
     where
         I: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     {
-        let target = self.source.resolve(&metadata)?;
+        let target = match self.source.resolve(&metadata) {
+            Err(s) if s.code() == tonic::Code::NotFound => {
+                self.source.catch_up().await;
+                self.source.resolve(&metadata)?
+            }
+            r => r?,
+        };
         self.open_for(target, metadata, input)
     }
 
@@ -71,14 +78,6 @@ impl<S: WatchSource> Watch for WatchService<S> {
         request: Request<Streaming<WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         let (metadata, _, input) = request.into_parts();
-        // A tenant not known here may have been created a moment ago through another frontend.
-        let target = match self.source.resolve(&metadata) {
-            Err(s) if s.code() == tonic::Code::NotFound => {
-                self.source.catch_up().await;
-                self.source.resolve(&metadata)?
-            }
-            r => r?,
-        };
-        self.open_for(target, metadata, input).map(Response::new)
+        self.open(metadata, input).await.map(Response::new)
     }
 }

@@ -102,7 +102,9 @@ pub async fn run_stream<S>(
         caller: target.caller,
         max_watchers: target.max_watchers,
     };
-    serve(task, input, deliveries, wake).instrument(span).await;
+    serve(task, input, deliveries, wake, target.refusal)
+        .instrument(span)
+        .await;
 }
 
 async fn serve<S>(
@@ -110,6 +112,7 @@ async fn serve<S>(
     mut input: S,
     mut deliveries: mpsc::Receiver<Delivery>,
     wake: Arc<tokio::sync::Notify>,
+    mut refusal: Option<crate::tenant::Refusal>,
 ) where
     S: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send,
 {
@@ -143,12 +146,25 @@ async fn serve<S>(
                 task.periodic_progress();
                 Ok(())
             }
+            e = refused(&mut refusal) => {
+                tracing::debug!(error = %e, "watch stream ended: the tenant is not served");
+                let _ = task.out.send(Err(crate::rpc::handled(e))).await;
+                Err(Closed)
+            }
         };
         if step.is_err() {
             break;
         }
     }
     tracing::debug!("watch stream closed");
+}
+
+/// The tenant's refusal once it stops being served; never without one.
+async fn refused(refusal: &mut Option<crate::tenant::Refusal>) -> crate::errors::Error {
+    match refusal {
+        Some(r) => r.wait().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// etcd's interval: clamped to its minimum, plus up to 10 % jitter so watchers created

@@ -131,6 +131,7 @@ impl Harness {
             },
             caller: Default::default(),
             max_watchers: self.max_watchers,
+            refusal: None,
         }
     }
 

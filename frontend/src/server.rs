@@ -303,10 +303,7 @@ impl Frontend {
             // (etcdctl 3.4 with `http://` endpoints) reaches h2 as `host:port` (authority.rs).
             grpc.serve_with_incoming_shutdown(
                 tokio_stream::StreamExt::map(
-                    crate::tls::incoming(client, tls.clone(), {
-                        let tenants = Arc::downgrade(&tenants);
-                        Arc::new(move || tenants.upgrade().map(|t| t.names()).unwrap_or_default())
-                    }),
+                    crate::tls::incoming(client, tls.clone(), Arc::new(Arc::downgrade(&tenants))),
                     // Innermost, `Coalesced` lets many small answers share one write.
                     |conn| {
                         conn.map(|s| {
@@ -460,7 +457,7 @@ async fn serve_admin(
     let bound = listener
         .local_addr()
         .map_err(|source| ServeError::Bind { addr, source })?;
-    let incoming = crate::tls::incoming(listener, tls.clone(), Arc::new(Vec::new));
+    let incoming = crate::tls::incoming(listener, tls.clone(), Arc::new(Vec::<String>::new()));
     let server = tonic::transport::Server::builder()
         .add_service(api::strata::admin::admin_server::AdminServer::new(service));
     tracing::info!(admin_addr = %bound, tls = tls.is_some(), "admin API serving");

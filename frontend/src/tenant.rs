@@ -216,6 +216,20 @@ impl Tenant {
         self.limits.max_watchers
     }
 
+    /// Most connections the tenant may hold open to this frontend, if the catalogue gives it
+    /// a quota of its own (else `--tenant-max-connections`, which the client port applies).
+    pub fn max_connections(&self) -> Option<usize> {
+        if !self.own_quotas.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let own = self
+            .quotas
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (own.quotas.connections > 0)
+            .then(|| usize::try_from(own.quotas.connections).unwrap_or(usize::MAX))
+    }
+
     /// What the catalogue says of this tenant (Active when no catalogue is followed).
     pub fn served(&self) -> Served {
         match self.served.load(std::sync::atomic::Ordering::Acquire) {

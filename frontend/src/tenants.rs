@@ -487,6 +487,17 @@ fn token_of<'m>(t: &Tenant, metadata: &'m MetadataMap) -> Result<Option<&'m str>
     Ok(Some(token.strip_prefix("Bearer ").unwrap_or(token)))
 }
 
+/// The tenants a TLS connection may name, while the frontend runs.
+impl crate::tls::Directory for std::sync::Weak<Tenants> {
+    fn names(&self) -> Vec<String> {
+        self.upgrade().map(|t| t.names()).unwrap_or_default()
+    }
+
+    fn max_connections(&self, name: &str) -> Option<usize> {
+        self.upgrade()?.named(name)?.max_connections()
+    }
+}
+
 impl WatchSource for Tenants {
     fn resolve(&self, metadata: &MetadataMap) -> Result<WatchTarget, tonic::Status> {
         let tenant = self.admit(metadata).map_err(crate::rpc::handled)?;

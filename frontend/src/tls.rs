@@ -124,9 +124,14 @@ impl TlsSetup {
     }
 
     /// A place for one more connection of `tenant`, held until the slot is dropped; `Err(max)`
-    /// when the tenant has its quota open already.
-    fn take_slot(self: &Arc<Self>, tenant: &str) -> Result<Option<TenantSlot>, usize> {
-        let Some(max) = self.max_connections else {
+    /// when the tenant has its quota open already. `own`: the tenant's quota from the
+    /// catalogue, which replaces `--tenant-max-connections`.
+    fn take_slot(
+        self: &Arc<Self>,
+        tenant: &str,
+        own: Option<usize>,
+    ) -> Result<Option<TenantSlot>, usize> {
+        let Some(max) = own.or(self.max_connections) else {
             return Ok(None);
         };
         let mut open = self.open.lock().unwrap_or_else(|e| e.into_inner());
@@ -420,17 +425,33 @@ impl AsyncWrite for ClientStream {
     }
 }
 
+/// What the client port asks of the tenants served as it accepts a connection (the catalogue
+/// adds and changes them while the frontend runs).
+pub trait Directory: Send + Sync {
+    /// The names of the tenants served: a client certificate names one of them.
+    fn names(&self) -> Vec<String>;
+
+    /// The most connections tenant `name` may hold open here, if its catalogue record gives
+    /// it a quota (else `--tenant-max-connections` counts).
+    fn max_connections(&self, _name: &str) -> Option<usize> {
+        None
+    }
+}
+
+/// A fixed list of names and no quotas of their own (the admin port, tests).
+impl Directory for Vec<String> {
+    fn names(&self) -> Vec<String> {
+        self.clone()
+    }
+}
+
 /// The client port's connections: accepted, with `TCP_NODELAY` (every answer would otherwise
 /// wait for Nagle's timer), and with `tls` each handshake run in its own task, so a slow client
 /// holds up no other. Ends when the receiving side is dropped.
-/// The names of the tenants served as a connection is accepted (the catalogue adds some while
-/// the frontend runs): a client certificate names one of them.
-pub type ServedNames = Arc<dyn Fn() -> Vec<String> + Send + Sync>;
-
 pub fn incoming(
     listener: TcpListener,
     tls: Option<Arc<TlsSetup>>,
-    served: ServedNames,
+    served: Arc<dyn Directory>,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<ClientStream>> {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
@@ -461,7 +482,7 @@ pub fn incoming(
                 continue;
             };
             let tx = tx.clone();
-            let served = served();
+            let served = served.clone();
             tokio::spawn(async move {
                 let peer = tcp.peer_addr().ok();
                 match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {
@@ -470,9 +491,13 @@ pub fn incoming(
                         let connection = tls.connection(
                             session.server_name(),
                             session.peer_certificates().and_then(<[_]>::first),
-                            &served,
+                            &served.names(),
                         );
-                        let slot = match connection.tenant.as_deref().map(|t| tls.take_slot(t)) {
+                        let slot = match connection
+                            .tenant
+                            .as_deref()
+                            .map(|t| tls.take_slot(t, served.max_connections(t)))
+                        {
                             None => None,
                             Some(Ok(slot)) => slot,
                             Some(Err(max)) => {
@@ -572,6 +597,37 @@ mod tests {
             tenant: Some(t.into()),
             ..Connection::default()
         }
+    }
+
+    /// A tenant's own quota (the catalogue's) replaces `--tenant-max-connections`, for that
+    /// tenant only; a closed connection frees its place.
+    #[test]
+    fn a_tenants_own_connection_quota_replaces_the_flag() {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let unlimited = Arc::new(setup(&Ca::new(), dir.path(), false));
+        assert!(
+            unlimited.take_slot("a", None).unwrap().is_none(),
+            "not counted"
+        );
+        let one = unlimited.take_slot("a", Some(1)).unwrap().expect("counted");
+        assert_eq!(unlimited.take_slot("a", Some(1)).err(), Some(1));
+        assert!(unlimited.take_slot("b", Some(1)).unwrap().is_some());
+        drop(one);
+        assert!(unlimited.take_slot("a", Some(1)).unwrap().is_some());
+
+        let flagged = Arc::new(setup(&Ca::new(), dir.path(), false).with_max_connections(Some(1)));
+        let _a = flagged.take_slot("a", None).unwrap().expect("counted");
+        assert_eq!(flagged.take_slot("a", None).err(), Some(1), "the flag");
+        let _more = flagged
+            .take_slot("a", Some(3))
+            .unwrap()
+            .expect("its own quota");
+        let _again = flagged
+            .take_slot("a", Some(3))
+            .unwrap()
+            .expect("its own quota");
+        assert_eq!(flagged.take_slot("a", Some(3)).err(), Some(3));
     }
 
     #[test]

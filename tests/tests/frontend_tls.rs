@@ -432,3 +432,78 @@ async fn a_tenants_connections_beyond_its_quota_are_closed() {
         "no refused-connections counter for b"
     );
 }
+
+/// The catalogue's connection quota of a tenant (`strata admin tenant create --connections`)
+/// is enforced on TLS connections that name it, as `--tenant-max-connections` is, and changed
+/// live: raised by `update`, the next connection is served. A tenant created without one has
+/// no limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalogue_s_connection_quota_is_enforced_and_changed_live() {
+    let (d, pki) = deployment_with_pki().await;
+    let admin_listen = format!("127.0.0.1:{}", free_port());
+    let fe = start_tls(
+        &d,
+        &pki,
+        &[
+            TENANT_DOMAIN,
+            "--catalogue",
+            &format!("--admin-listen={admin_listen}"),
+        ],
+    )
+    .await;
+    let log = &fe.log;
+    let admin = |args: &[&str]| {
+        strata_tests::tenant::admin_as(&format!("http://{admin_listen}"), &[], args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}\n{}", tail_file(log)))
+    };
+    admin(&["create", "a", "--connections", "1"]);
+    admin(&["create", "b"]);
+    let endpoint = format!("https://{}", fe.listen);
+    let a1 = pki.channel(&endpoint, "a", "a.tenants.test").await;
+    put(&a1, None, "k").await.unwrap();
+    let refused = match pki.try_channel(&endpoint, "a", "a.tenants.test").await {
+        Err(_) => None,
+        Ok(a2) => Some(put(&a2, None, "k").await),
+    };
+    assert!(
+        matches!(refused, None | Some(Err(_))),
+        "a's second connection was served\n{}",
+        tail_file(log)
+    );
+    // b has no quota of its own, and there is no flag: no limit.
+    let b = [
+        pki.channel(&endpoint, "b", "b.tenants.test").await,
+        pki.channel(&endpoint, "b", "b.tenants.test").await,
+        pki.channel(&endpoint, "b", "b.tenants.test").await,
+    ];
+    for c in &b {
+        put(c, None, "k").await.unwrap();
+    }
+    // Raised: a's next connection is served, its first still is.
+    admin(&["update", "a", "--connections", "2"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let a2 = loop {
+        if let Ok(a2) = pki.try_channel(&endpoint, "a", "a.tenants.test").await
+            && put(&a2, None, "k2").await.is_ok()
+        {
+            break a2;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the raised quota never let a second connection in\n{}",
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    put(&a1, None, "k3").await.unwrap();
+    put(&a2, None, "k4").await.unwrap();
+    let third = match pki.try_channel(&endpoint, "a", "a.tenants.test").await {
+        Err(_) => None,
+        Ok(a3) => Some(put(&a3, None, "k").await),
+    };
+    assert!(
+        matches!(third, None | Some(Err(_))),
+        "a's third connection was served with a quota of 2\n{}",
+        tail_file(log)
+    );
+}

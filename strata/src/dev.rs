@@ -41,7 +41,10 @@ const DEV_SEGMENT_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Flags of `strata dev`.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    #[command(subcommand)]
+    command: Option<DevCommand>,
     /// Directory for all data: journal segments, object storage, logs (created if missing;
     /// a second run reuses it, journal ports included).
     #[arg(long, default_value = ".strata-dev")]
@@ -82,6 +85,18 @@ pub struct Args {
     /// On shutdown, how long each child gets after SIGTERM before it is killed.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     stop_grace: Duration,
+    /// Serve etcd clients over TLS, with a CA of this deployment (made once, kept in
+    /// `<data-dir>/tls/`): a client certificate from `strata dev cert <tenant>` names a
+    /// tenant of the catalogue, so etcdctl reaches it; no certificate, the default tenant.
+    #[arg(long)]
+    tls: bool,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum DevCommand {
+    /// Issue a client certificate naming a tenant, signed by the CA of a `strata dev --tls`
+    /// deployment: `etcdctl --cacert <data-dir>/tls/ca.pem --cert .. --key ..` reaches it.
+    Cert(crate::dev_tls::CertArgs),
 }
 
 /// One supervised child process.
@@ -94,6 +109,9 @@ struct Proc {
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(DevCommand::Cert(cert)) = args.command {
+        return crate::dev_tls::cert(cert);
+    }
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("create data dir {}", args.data_dir.display()))?;
     let data_dir = args
@@ -150,7 +168,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     for (i, a) in journal_addrs.iter().enumerate() {
         println!("  journal-{}   {a}", i + 1);
     }
-    println!("  frontend    http://{} (etcd v3 gRPC)", args.listen);
+    let scheme = if args.tls { "https" } else { "http" };
+    println!("  frontend    {scheme}://{} (etcd v3 gRPC)", args.listen);
     println!("  metrics     http://{metrics}/metrics  (/health, /readyz)");
     println!(
         "  admin       http://{} (strata admin tenant ...)",
@@ -201,19 +220,37 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     // sends as the HTTP/2 authority; docs/frontend.md); host:port is the shorter.
     println!("ready. Try:");
     println!("  export ETCDCTL_API=3");
-    println!("  etcdctl --endpoints={} put greeting hello", args.listen);
-    println!("  etcdctl --endpoints={} get greeting", args.listen);
-    println!(
-        "  etcdctl --endpoints={} endpoint status -w table",
-        args.listen
-    );
-    println!(
-        "  curl -s -X POST http://{}/v3/kv/range -d '{{\"key\": \"Z3JlZXRpbmc=\"}}'   # etcd's JSON gateway",
-        args.listen
-    );
-    println!(
-        "  strata admin tenant create team-a   # another keyspace, named by the x-strata-tenant header"
-    );
+    if args.tls {
+        let tls = data_dir.join(crate::dev_tls::TLS_DIR);
+        let etcdctl = format!(
+            "etcdctl --endpoints=https://{} --cacert={}",
+            args.listen,
+            tls.join("ca.pem").display()
+        );
+        let data = data_dir.display();
+        println!("  {etcdctl} put greeting hello");
+        println!("  {etcdctl} endpoint status -w table");
+        println!("  strata admin tenant create team-a");
+        println!("  strata dev cert team-a --data-dir {data}   # a client certificate naming it");
+        println!(
+            "  {etcdctl} --cert={0}/team-a.pem --key={0}/team-a.key put greeting hi   # team-a's keyspace",
+            tls.display()
+        );
+    } else {
+        println!("  etcdctl --endpoints={} put greeting hello", args.listen);
+        println!("  etcdctl --endpoints={} get greeting", args.listen);
+        println!(
+            "  etcdctl --endpoints={} endpoint status -w table",
+            args.listen
+        );
+        println!(
+            "  curl -s -X POST http://{}/v3/kv/range -d '{{\"key\": \"Z3JlZXRpbmc=\"}}'   # etcd's JSON gateway",
+            args.listen
+        );
+        println!(
+            "  strata admin tenant create team-a   # another keyspace, named by the x-strata-tenant header (or by a client certificate with --tls)"
+        );
+    }
     println!("Ctrl-C stops everything.");
 
     // Supervision: any child that exits is reported; the others keep running.
@@ -326,6 +363,22 @@ async fn start_all(
         "--admin-listen".into(),
         args.admin_listen.to_string(),
     ];
+    if args.tls {
+        // A client certificate for `<tenant>.tenants.localhost` names a tenant; none, or one
+        // naming no tenant, is the default tenant's, as without TLS.
+        let files = crate::dev_tls::ensure(data_dir)?;
+        let path = |p: &Path| p.display().to_string();
+        frontend.extend([
+            "--cert-file".into(),
+            path(&files.cert),
+            "--key-file".into(),
+            path(&files.key),
+            "--trusted-ca-file".into(),
+            path(&files.ca),
+            "--tenant-domain".into(),
+            crate::dev_tls::TENANT_DOMAIN.into(),
+        ]);
+    }
     frontend.extend(args.frontend_args.iter().cloned());
     procs.push(spawn(exe, "frontend", &frontend, logs)?);
     if !args.no_compactor {

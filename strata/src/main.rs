@@ -5,6 +5,7 @@ mod admin;
 mod bench;
 mod compactor;
 mod dev;
+mod dev_tls;
 mod frontend;
 mod journal;
 mod metrics_http;

@@ -31,6 +31,8 @@ pub struct DevDeployment {
     /// Whether the last `stop` found processes of dev's group still alive once dev itself had
     /// exited (before it killed them).
     left_behind: Option<bool>,
+    /// Started with `--tls`: the client port speaks TLS only.
+    tls: bool,
 }
 
 impl DevDeployment {
@@ -62,15 +64,18 @@ impl DevDeployment {
             admin_addr.clone(),
         ];
         args.extend(extra.iter().cloned());
+        let tls = extra.iter().any(|a| a == "--tls");
+        let scheme = if tls { "https" } else { "http" };
         let mut dev = Self {
             child: None,
-            endpoint: format!("http://{listen}"),
+            endpoint: format!("{scheme}://{listen}"),
             admin_endpoint: format!("http://{admin_addr}"),
             metrics_addr,
             log,
             args,
             dir,
             left_behind: None,
+            tls,
         };
         dev.spawn_and_wait().await;
         dev
@@ -87,13 +92,33 @@ impl DevDeployment {
         self.child = Some(spawn_in_own_group(&strata_bin(), &self.args, &self.log));
         let dev = self;
         let endpoint = dev.endpoint.clone();
+        let readyz = format!("http://{}", dev.metrics_addr);
+        let tls = dev.tls;
         let child = dev.child.as_mut().expect("just spawned");
-        let ready = wait_ready_while(&endpoint, START_TIMEOUT, || match child.try_wait() {
+        let mut alive = || match child.try_wait() {
             Ok(None) => Ok(()),
             Ok(Some(status)) => Err(format!("strata dev exited during start-up ({status})")),
             Err(e) => Err(format!("cannot wait for strata dev: {e}")),
-        })
-        .await;
+        };
+        let ready = if tls {
+            // The probe's client has no CA to trust: the frontend's own readiness (it serves
+            // linearizable reads once /readyz answers 200).
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                if let Err(e) = alive() {
+                    break Err(e);
+                }
+                if crate::curl::request(&readyz, "GET", "/readyz", "").0 == 200 {
+                    break Ok(());
+                }
+                if Instant::now() > deadline {
+                    break Err(format!("{readyz}/readyz not 200 after {START_TIMEOUT:?}"));
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        } else {
+            wait_ready_while(&endpoint, START_TIMEOUT, alive).await
+        };
         if let Err(e) = ready {
             panic!(
                 "strata dev did not become ready: {e}\n--- strata dev log ---\n{}\n--- frontend log ---\n{}",
@@ -108,7 +133,7 @@ impl DevDeployment {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// The frontend's client URL, `http://127.0.0.1:<port>`.
+    /// The frontend's client URL, `http://127.0.0.1:<port>` (`https` with `--tls`).
     pub fn endpoint(&self) -> &str {
         &self.endpoint
     }

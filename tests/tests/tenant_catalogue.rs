@@ -613,3 +613,88 @@ async fn the_compactor_purges_what_the_catalogue_is_done_with() {
         None
     );
 }
+
+/// `strata dev --tls` and `strata dev cert`: etcdctl, which cannot set a header, reaches a
+/// tenant of the catalogue with a client certificate naming it, and the default tenant with
+/// none; the deployment's CA is kept, so a certificate issued before a restart still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
+    let mut dev = DevDeployment::start_with(&["--tls".to_string()]).await;
+    let admin_at = dev.admin_endpoint().to_string();
+    let data = dev.dir().join("data");
+    let tls_dir = data.join("tls");
+    admin(&admin_at, &["create", "team-a"]).unwrap();
+    let out = std::process::Command::new(strata_tests::process::strata_bin())
+        .args(["dev", "cert", "team-a", "--data-dir"])
+        .arg(&data)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8_lossy(&out.stdout);
+    let files: Vec<&str> = printed.lines().collect();
+    assert_eq!(
+        files,
+        [
+            tls_dir.join("team-a.pem").display().to_string(),
+            tls_dir.join("team-a.key").display().to_string()
+        ]
+    );
+    let etcdctl = strata_tests::etcdctl::Etcdctl::new(dev.endpoint());
+    let ca = format!("--cacert={}", tls_dir.join("ca.pem").display());
+    let as_team_a = |args: &[&str]| {
+        let mut all = vec![
+            ca.clone(),
+            format!("--cert={}", files[0]),
+            format!("--key={}", files[1]),
+        ];
+        all.extend(args.iter().map(|a| a.to_string()));
+        etcdctl.ok(&all.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let as_default = |args: &[&str]| {
+        let mut all = vec![ca.as_str()];
+        all.extend_from_slice(args);
+        etcdctl.ok(&all)
+    };
+    as_team_a(&["put", "greeting", "hi from a"]);
+    as_default(&["put", "greeting", "hello"]);
+    assert_eq!(
+        as_team_a(&["get", "greeting", "--print-value-only"]).trim(),
+        "hi from a"
+    );
+    assert_eq!(
+        as_default(&["get", "greeting", "--print-value-only"]).trim(),
+        "hello"
+    );
+    // Its own revisions: team-a's first put was its revision 2, whatever the default's.
+    let status = as_team_a(&["get", "greeting", "-w", "json"]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(status["kvs"][0]["create_revision"], 2, "{status}");
+    // Plain text to the TLS port is not served.
+    let plain = strata_tests::etcdctl::Etcdctl::new(&dev.endpoint().replace("https", "http"))
+        .run(&["get", "greeting"]);
+    assert!(!plain.success, "served over plain text: {}", plain.stdout);
+
+    // Restarted: the same CA, so the certificate issued before still names team-a.
+    dev.restart().await;
+    assert_eq!(
+        as_team_a(&["get", "greeting", "--print-value-only"]).trim(),
+        "hi from a"
+    );
+    // A tenant suspended is refused to etcdctl as to any client.
+    admin(&admin_at, &["suspend", "team-a"]).unwrap();
+    let mut all = vec![
+        ca.clone(),
+        format!("--cert={}", files[0]),
+        format!("--key={}", files[1]),
+    ];
+    all.extend(["get", "greeting"].map(String::from));
+    let refused = etcdctl.fails(&all.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(
+        refused.contains("strata: tenant team-a is suspended"),
+        "{refused}"
+    );
+}

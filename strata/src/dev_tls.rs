@@ -1,0 +1,266 @@
+//! `strata dev --tls` and `strata dev cert`: the local deployment's own certificate authority,
+//! so that etcdctl (which cannot set the `x-strata-tenant` header) reaches any tenant of the
+//! catalogue the way a managed cluster's clients do: over TLS, with a client certificate whose
+//! DNS name is `<tenant>.tenants.localhost` (docs/design/tenants.md, T3).
+//!
+//! The CA's key and the server's certificate are made on the first `--tls` start and kept in
+//! `<data-dir>/tls/`, so certificates issued once stay valid across restarts. This is a
+//! laptop's CA: its key sits unencrypted next to the data, readable by its owner only.
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+
+/// Sub-directory of the data directory holding the CA, the server's certificate and the
+/// client certificates `strata dev cert` issues.
+pub const TLS_DIR: &str = "tls";
+/// `--tenant-domain` of a dev frontend: a client certificate for `team-a.tenants.localhost`
+/// names tenant `team-a`.
+pub const TENANT_DOMAIN: &str = "tenants.localhost";
+const CA_CERT: &str = "ca.pem";
+const CA_KEY: &str = "ca.key";
+const SERVER_CERT: &str = "server.pem";
+const SERVER_KEY: &str = "server.key";
+/// The CA's subject: a certificate it signs names this issuer.
+const CA_COMMON_NAME: &str = "strata dev CA";
+/// The names the dev frontend answers to.
+const SERVER_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
+/// The files a TLS dev frontend is started with.
+pub struct ServerFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// The deployment's CA and the frontend's certificate, made if missing.
+pub fn ensure(data_dir: &Path) -> anyhow::Result<ServerFiles> {
+    let dir = data_dir.join(TLS_DIR);
+    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let files = ServerFiles {
+        ca: dir.join(CA_CERT),
+        cert: dir.join(SERVER_CERT),
+        key: dir.join(SERVER_KEY),
+    };
+    if !dir.join(CA_KEY).exists() {
+        let key = KeyPair::generate().context("generate the CA's key")?;
+        let cert = ca_params().self_signed(&key).context("self-sign the CA")?;
+        write_private(&dir.join(CA_KEY), &key.serialize_pem())?;
+        write_public(&files.ca, &cert.pem())?;
+        // A new CA: the old server certificate (if any) is not signed by it.
+        let _ = std::fs::remove_file(&files.cert);
+    }
+    if !files.cert.exists() {
+        let mut names: Vec<String> = SERVER_NAMES.iter().map(|n| n.to_string()).collect();
+        names.push(format!("*.{TENANT_DOMAIN}"));
+        let (cert, key) = issue(
+            &dir,
+            names,
+            "strata dev frontend",
+            ExtendedKeyUsagePurpose::ServerAuth,
+        )?;
+        write_private(&files.key, &key)?;
+        write_public(&files.cert, &cert)?;
+    }
+    Ok(files)
+}
+
+/// Flags of `strata dev cert`.
+#[derive(clap::Args, Debug)]
+pub struct CertArgs {
+    /// The tenant the certificate names (its DNS name is `<tenant>.tenants.localhost`).
+    tenant: String,
+    /// The data directory of the `strata dev --tls` deployment whose CA signs it.
+    #[arg(long, default_value = ".strata-dev")]
+    data_dir: PathBuf,
+    /// Where to write `<tenant>.pem` and `<tenant>.key` (default: the deployment's `tls/`).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The certificate's common name: etcd's user of a certificate, when the frontend runs
+    /// with `--client-cert-auth`.
+    #[arg(long, default_value = "strata-dev-client")]
+    common_name: String,
+}
+
+/// `strata dev cert`: a client certificate for one tenant, signed by the deployment's CA.
+pub fn cert(args: CertArgs) -> anyhow::Result<()> {
+    if !api::tenant::valid_name(&args.tenant) {
+        bail!(
+            "{:?} is not a tenant name (a DNS label: lower-case letters, digits and '-')",
+            args.tenant
+        );
+    }
+    let dir = args.data_dir.join(TLS_DIR);
+    if !dir.join(CA_KEY).exists() {
+        bail!(
+            "no dev CA in {}: start the deployment once with `strata dev --tls` (same --data-dir)",
+            dir.display()
+        );
+    }
+    let out = args.out.unwrap_or_else(|| dir.clone());
+    std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
+    let (cert, key) = issue(
+        &dir,
+        vec![format!("{}.{TENANT_DOMAIN}", args.tenant)],
+        &args.common_name,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    )?;
+    let (cert_file, key_file) = (
+        out.join(format!("{}.pem", args.tenant)),
+        out.join(format!("{}.key", args.tenant)),
+    );
+    write_private(&key_file, &key)?;
+    write_public(&cert_file, &cert)?;
+    println!("{}", cert_file.display());
+    println!("{}", key_file.display());
+    eprintln!(
+        "etcdctl --endpoints=https://127.0.0.1:2379 --cacert={} --cert={} --key={} get '' --prefix   # tenant {}",
+        dir.join(CA_CERT).display(),
+        cert_file.display(),
+        key_file.display(),
+        args.tenant
+    );
+    Ok(())
+}
+
+/// The CA's parameters: the same at every call, so that the CA made once signs again from its
+/// key alone (its certificate is not parsed back).
+fn ca_params() -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params
+        .distinguished_name
+        .push(DnType::CommonName, CA_COMMON_NAME);
+    params
+}
+
+/// A certificate for `names` signed by the CA in `dir`: (certificate PEM, key PEM).
+fn issue(
+    dir: &Path,
+    names: Vec<String>,
+    common_name: &str,
+    usage: ExtendedKeyUsagePurpose,
+) -> anyhow::Result<(String, String)> {
+    let ca_key_file = dir.join(CA_KEY);
+    let ca_key = std::fs::read_to_string(&ca_key_file)
+        .with_context(|| format!("read {}", ca_key_file.display()))?;
+    let ca_key =
+        KeyPair::from_pem(&ca_key).with_context(|| format!("parse {}", ca_key_file.display()))?;
+    let issuer = Issuer::new(ca_params(), ca_key);
+    let key = KeyPair::generate().context("generate a key")?;
+    let mut params = CertificateParams::new(names).context("certificate names")?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, common_name);
+    params.extended_key_usages = vec![usage];
+    let cert = params
+        .signed_by(&key, &issuer)
+        .context("sign the certificate")?;
+    Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// Writes a key, readable by its owner only.
+fn write_private(path: &Path, pem: &str) -> anyhow::Result<()> {
+    let _ = std::fs::remove_file(path);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("create {}", path.display()))?;
+    f.write_all(pem.as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}
+
+fn write_public(path: &Path, pem: &str) -> anyhow::Result<()> {
+    std::fs::write(path, pem).with_context(|| format!("write {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CA made at the first start signs later certificates from its key alone: a client
+    /// certificate issued afterwards verifies against the kept `ca.pem`, and names its tenant
+    /// under the dev domain; a second `ensure` keeps everything.
+    #[test]
+    fn certificates_issued_later_chain_to_the_kept_ca() {
+        use rustls::client::danger::ServerCertVerifier;
+        use rustls::pki_types::pem::PemObject;
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let data = tempfile::tempdir().unwrap();
+        let first = ensure(data.path()).unwrap();
+        let ca_pem = std::fs::read(&first.ca).unwrap();
+        let server_pem = std::fs::read(&first.cert).unwrap();
+        let again = ensure(data.path()).unwrap();
+        assert_eq!(std::fs::read(&again.ca).unwrap(), ca_pem, "the CA is kept");
+        assert_eq!(std::fs::read(&again.cert).unwrap(), server_pem);
+
+        let out = data.path().join("issued");
+        cert(CertArgs {
+            tenant: "team-a".into(),
+            data_dir: data.path().to_path_buf(),
+            out: Some(out.clone()),
+            common_name: "app".into(),
+        })
+        .unwrap();
+        let der = |path: &Path| {
+            let pem = std::fs::read(path).unwrap();
+            rustls::pki_types::CertificateDer::from_pem_slice(&pem).unwrap()
+        };
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der(&first.ca)).unwrap();
+        let verifier =
+            rustls::server::WebPkiClientVerifier::builder(std::sync::Arc::new(roots.clone()))
+                .build()
+                .unwrap();
+        let client = der(&out.join("team-a.pem"));
+        verifier
+            .verify_client_cert(&client, &[], rustls::pki_types::UnixTime::now())
+            .expect("the client certificate chains to the kept CA");
+        let server = rustls::client::WebPkiServerVerifier::builder(std::sync::Arc::new(roots))
+            .build()
+            .unwrap();
+        for name in ["localhost", "127.0.0.1", "team-a.tenants.localhost"] {
+            server
+                .verify_server_cert(
+                    &der(&first.cert),
+                    &[],
+                    &rustls::pki_types::ServerName::try_from(name).unwrap(),
+                    &[],
+                    rustls::pki_types::UnixTime::now(),
+                )
+                .unwrap_or_else(|e| panic!("the server certificate is not valid for {name}: {e}"));
+        }
+        let key_mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(out.join("team-a.key"))
+                .unwrap()
+                .permissions(),
+        );
+        assert_eq!(key_mode & 0o077, 0, "a key readable by others");
+
+        let bad = cert(CertArgs {
+            tenant: "Not_A_Label".into(),
+            data_dir: data.path().to_path_buf(),
+            out: None,
+            common_name: "app".into(),
+        });
+        assert!(bad.is_err());
+        let no_ca = cert(CertArgs {
+            tenant: "team-a".into(),
+            data_dir: data.path().join("elsewhere"),
+            out: None,
+            common_name: "app".into(),
+        })
+        .unwrap_err();
+        assert!(no_ca.to_string().contains("strata dev --tls"), "{no_ca}");
+    }
+}

@@ -343,6 +343,15 @@ mod tests {
         crate::tenant::test_tenant(store, Arc::new(log.clone()), 7, 9)
     }
 
+    /// A lease of `ttl` seconds granted through `t`: its id.
+    async fn lease_of(t: &Tenant, ttl: i64) -> i64 {
+        let req = LeaseGrantRequest { ttl, id: 0 };
+        grant(t, RequestId::random(), &Caller::default(), req)
+            .await
+            .unwrap()
+            .id
+    }
+
     /// A keep-alive of a lease that exists is journalled; one of a lease that never existed
     /// or was revoked is answered TTL 0 after a read barrier, with nothing journalled; one of a
     /// lease another frontend granted is found after the barrier even if this replica had not
@@ -356,15 +365,7 @@ mod tests {
                 .await
                 .unwrap()
         };
-        let granted = grant(
-            &t,
-            RequestId::random(),
-            &Caller::default(),
-            LeaseGrantRequest { ttl: 30, id: 0 },
-        )
-        .await
-        .unwrap()
-        .id;
+        let granted = lease_of(&t, 30).await;
         let before = log.last_index();
         let live = keep(t.clone(), granted).await;
         assert_eq!((live.id, live.ttl), (granted, 30));
@@ -409,15 +410,7 @@ mod tests {
         );
 
         let other = tenant(&log);
-        let elsewhere = grant(
-            &other,
-            RequestId::random(),
-            &Caller::default(),
-            LeaseGrantRequest { ttl: 40, id: 0 },
-        )
-        .await
-        .unwrap()
-        .id;
+        let elsewhere = lease_of(&other, 40).await;
         let renewed = keep(t.clone(), elsewhere).await;
         assert_eq!((renewed.id, renewed.ttl), (elsewhere, 40));
     }
@@ -428,15 +421,7 @@ mod tests {
     async fn a_suspension_ends_an_open_keep_alive_stream() {
         let log = MemLog::new();
         let t = tenant(&log);
-        let granted = grant(
-            &t,
-            RequestId::random(),
-            &Caller::default(),
-            LeaseGrantRequest { ttl: 30, id: 0 },
-        )
-        .await
-        .unwrap()
-        .id;
+        let granted = lease_of(&t, 30).await;
         let (req_tx, req_rx) = mpsc::unbounded_channel();
         let (tx, mut answers) = mpsc::channel(KEEPALIVE_QUEUE);
         let task = tokio::spawn(serve_keep_alives(

@@ -2,7 +2,8 @@
 //! frontend runs a replica of the reserved tenant `_system` (shard 0), whose keyspace holds a
 //! record per tenant, and serves every tenant the catalogue places on its shard: loaded (from
 //! its newest checkpoint, then the journal) as soon as the catalogue names it, refused while
-//! suspended or deleted. Each change reaches every frontend as the journal entry it is.
+//! suspended or deleted, unloaded while idle (`--tenant-idle-unload`) and loaded again for the
+//! next request naming it. Each change reaches every frontend as the journal entry it is.
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -27,6 +28,9 @@ pub struct Loader {
     pub log: Arc<dyn Log>,
     pub limits: Limits,
     pub member_id: u64,
+    /// `--tenant-idle-unload`: a tenant of the catalogue no request named for this long, with
+    /// no stream open, is unloaded until a request names it again (None: never).
+    pub idle_unload: Option<Duration>,
 }
 
 impl Loader {
@@ -60,6 +64,9 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
     let mut loaded = false;
     let mut records = Vec::new();
     let syncing: Syncing = Arc::default();
+    let Some(mut wakes) = tenants.upgrade().and_then(|t| t.take_wakes()) else {
+        return;
+    };
     loop {
         let caught_up = system.replica.state() == crate::replica::ReplicaState::Ready;
         let revision = system.replica.read().revision();
@@ -82,12 +89,67 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
         }
         if let Some(t) = tenants.upgrade() {
             sync_quotas(&t, &records, loader.shard, &syncing);
+            if let Some(idle) = loader.idle_unload {
+                unload_idle(&t, idle);
+            }
+            metrics::gauge!("strata_frontend_tenants_loaded").set(t.loaded_all().len() as f64);
         }
         // The next catalogue change (not every record of shard 0: those are mostly other
-        // tenants' writes), or a second.
-        system.replica.hub().reached(revision + 1, LOOK_AGAIN).await;
+        // tenants' writes), a request for a dormant tenant, or a second.
+        tokio::select! {
+            _ = system.replica.hub().reached(revision + 1, LOOK_AGAIN) => {}
+            Some(name) = wakes.recv() => {
+                let Some(t) = tenants.upgrade() else { return };
+                wake(&t, &records, &loader, &name).await;
+            }
+        }
         if tenants.strong_count() == 0 {
             return;
+        }
+    }
+}
+
+/// Unloads the tenants of the catalogue idle for `idle` (`Tenants::unload_if_idle`).
+fn unload_idle(tenants: &Tenants, idle: Duration) {
+    for t in tenants.loaded_all() {
+        let name = t.name.clone();
+        drop(t);
+        if tenants.unload_if_idle(&name, idle) {
+            tracing::info!(tenant = %name, idle = ?idle, "tenant idle: unloaded until a request names it");
+            metrics::counter!("strata_frontend_tenants_unloaded_idle_total").increment(1);
+        }
+    }
+}
+
+/// Loads dormant tenant `name` again for the request that named it, as its record says now;
+/// forgets it if the record no longer serves that generation here (the reconcile that saw
+/// the change loads a new generation itself).
+async fn wake(tenants: &Tenants, records: &[TenantRecord], loader: &Loader, name: &str) {
+    let Some(dormant_key) = tenants.dormant(name) else {
+        return;
+    };
+    let record = records.iter().find(|r| {
+        r.name == name
+            && r.shard == loader.shard
+            && api::tenant::journal_key(&r.name, &r.uid) == dormant_key
+            && served_of(r) != Served::Deleted
+    });
+    let Some(r) = record else {
+        tenants.forget_dormant(name);
+        return;
+    };
+    match loader.load(r).await {
+        Ok(t) => {
+            t.set_served(served_of(r));
+            t.set_quotas(r.quotas.unwrap_or_default());
+            tracing::info!(tenant = %name, "idle tenant loaded again for a request");
+            tenants.insert_loaded(t);
+        }
+        Err(e) => {
+            // The waiting request is answered Unavailable, which clients retry: it wakes the
+            // tenant again.
+            tracing::warn!(tenant = %name, error = %e, "cannot load an idle tenant again");
+            tenants.forget_waking(name);
         }
     }
 }
@@ -113,6 +175,14 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
             continue;
         }
         let key = api::tenant::journal_key(&r.name, &r.uid);
+        // Unloaded while idle: loaded again by the next request naming it, unless the record
+        // deleted it or created it again.
+        if let Some(dormant) = tenants.dormant(&r.name) {
+            if dormant == key && served != Served::Deleted {
+                continue;
+            }
+            tenants.forget_dormant(&r.name);
+        }
         match tenants.loaded(&r.name) {
             // Deleted: unloaded (its memory goes); an undelete loads it again from its
             // checkpoint, which the compactor keeps until the retention is over.
@@ -234,32 +304,29 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn the_tenants_of_this_shard_are_served_in_the_state_the_catalogue_says() {
-        let log: Arc<dyn Log> = Arc::new(MemLog::new());
-        let system = test_tenant_named(
-            api::tenant::SYSTEM_TENANT,
-            memstore::MemStore::new(memstore::Config::default()),
-            log.clone(),
-            1,
-            1,
-        );
-        let fixed = test_tenant_named(
-            "fixed",
-            memstore::MemStore::new(memstore::Config::default()),
-            log.clone(),
-            1,
-            1,
-        );
-        let tenants = Tenants::serving(Some(fixed.clone()), Vec::new(), true)
-            .with_catalogue(system, watch::channel(0).1);
+    /// Tenants following a catalogue over `log` (with `fixed` as the default tenant, if
+    /// any), and the loader of shard 1's tenants.
+    fn following(log: Arc<dyn Log>, fixed: Option<&str>) -> (Tenants, Loader) {
+        let tenant = |name: &str| {
+            let store = memstore::MemStore::new(memstore::Config::default());
+            test_tenant_named(name, store, log.clone(), 1, 1)
+        };
+        let tenants = Tenants::serving(fixed.map(tenant), Vec::new(), true)
+            .with_catalogue(tenant(api::tenant::SYSTEM_TENANT), watch::channel(0).1);
         let loader = Loader {
             shard: 1,
             checkpoints: None,
             log,
             limits: test_limits(),
             member_id: 1,
+            idle_unload: None,
         };
+        (tenants, loader)
+    }
+
+    #[tokio::test]
+    async fn the_tenants_of_this_shard_are_served_in_the_state_the_catalogue_says() {
+        let (tenants, loader) = following(Arc::new(MemLog::new()), Some("fixed"));
         let records = [
             record("active", 1, TenantState::Active),
             record("paused", 1, TenantState::Suspended),
@@ -344,5 +411,117 @@ mod tests {
         };
         assert!(reconcile(&tenants, &[fixed], &loader).await);
         assert_eq!(tenants.named("fixed").unwrap().key, "fixed");
+    }
+
+    use api::etcdserverpb::{PutRequest, RangeRequest};
+    use tonic::metadata::MetadataMap;
+
+    fn naming(name: &str) -> MetadataMap {
+        let mut m = MetadataMap::new();
+        m.insert(crate::tenants::TENANT_HEADER, name.parse().unwrap());
+        m
+    }
+
+    async fn until_ready(t: &Tenant) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while t.replica.state() != crate::replica::ReplicaState::Ready {
+            assert!(tokio::time::Instant::now() < deadline, "never caught up");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// An idle tenant of the catalogue is unloaded (its store let go) unless a request named
+    /// it lately or a stream of it is open; a request naming it then is answered as loading,
+    /// wakes it, and once the follower loaded it again it has its keys. A dormant tenant the
+    /// catalogue deletes is forgotten: not served, not woken.
+    #[tokio::test]
+    async fn idle_tenants_are_unloaded_and_woken_by_a_request() {
+        let (tenants, loader) = following(Arc::new(MemLog::new()), None);
+        let mut wakes = tenants.take_wakes().expect("the follower's");
+        let records = [TenantRecord {
+            name: "a".into(),
+            shard: 1,
+            ..Default::default()
+        }];
+        assert!(reconcile(&tenants, &records, &loader).await);
+        let a = tenants.resolve(&naming("a")).unwrap();
+        until_ready(&a).await;
+        let put = PutRequest {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        };
+        let id = crate::rpc::RequestId::random();
+        let caller = crate::auth::Caller::default();
+        use api::strata::entry::entry::Request as Intent;
+        a.propose(&id, &caller, Intent::Put(put)).await.unwrap();
+        let store = Arc::downgrade(a.replica.store());
+
+        let short = Duration::from_millis(20);
+        assert!(!tenants.unload_if_idle("a", Duration::from_secs(3600)));
+        let stream = a.refusal(false);
+        tokio::time::sleep(short * 2).await;
+        assert!(
+            !tenants.unload_if_idle("a", short),
+            "a tenant with an open stream is not idle"
+        );
+        drop(stream);
+        tokio::time::sleep(short * 2).await;
+        tenants.resolve(&naming("a")).unwrap();
+        assert!(
+            !tenants.unload_if_idle("a", short),
+            "a request just named it"
+        );
+        tokio::time::sleep(short * 2).await;
+        assert!(tenants.unload_if_idle("a", short));
+        assert!(a.replica.is_stopped());
+        drop(a);
+        assert!(tenants.named("a").is_none());
+        assert_eq!(
+            tenants.names(),
+            ["a"],
+            "still served: a certificate may name it"
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while store.strong_count() > 0 {
+            assert!(tokio::time::Instant::now() < deadline, "the store is kept");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        // Named again: loading (Unavailable, which clients retry), and woken once.
+        for _ in 0..2 {
+            let e = tenants.resolve(&naming("a")).err().unwrap();
+            assert!(matches!(e, crate::errors::Error::Loading(_)), "{e:?}");
+            assert_eq!(tonic::Status::from(e).code(), tonic::Code::Unavailable);
+        }
+        assert_eq!(wakes.recv().await.as_deref(), Some("a"));
+        assert!(wakes.try_recv().is_err(), "woken once");
+        wake(&tenants, &records, &loader, "a").await;
+        let a = tenants.resolve(&naming("a")).expect("loaded again");
+        until_ready(&a).await;
+        let got = a
+            .replica
+            .read()
+            .range(&RangeRequest {
+                key: b"k".to_vec(),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(got.kvs[0].value, b"v", "its keys are back");
+
+        // Dormant, then deleted: forgotten.
+        tokio::time::sleep(short * 2).await;
+        drop(a);
+        assert!(tenants.unload_if_idle("a", short));
+        let deleted = [TenantRecord {
+            state: TenantState::Deleted as i32,
+            ..records[0].clone()
+        }];
+        assert!(reconcile(&tenants, &deleted, &loader).await);
+        assert!(tenants.names().is_empty());
+        assert!(matches!(
+            tenants.resolve(&naming("a")),
+            Err(crate::errors::Error::UnknownTenant(_))
+        ));
     }
 }

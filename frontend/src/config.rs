@@ -114,6 +114,12 @@ pub struct Config {
     #[arg(long)]
     pub catalogue: bool,
 
+    /// A tenant of the catalogue that no request named for this long, with no watch or lease
+    /// keep-alive stream open, is unloaded (its memory goes) until a request names it again,
+    /// which waits for the load (newest checkpoint, then the journal). `0s`: never.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub tenant_idle_unload: Duration,
+
     /// How many journal shards the deployment has: a tenant created here without a shard is
     /// placed on the one with the fewest tenants.
     #[arg(long, default_value_t = 1)]
@@ -305,6 +311,7 @@ impl Config {
             shards: 1,
             admin_listen: None,
             deleted_tenant_retention: Duration::from_secs(7 * 24 * 3600),
+            tenant_idle_unload: Duration::from_secs(600),
             admin_cert_file: None,
             admin_key_file: None,
             admin_trusted_ca_file: None,

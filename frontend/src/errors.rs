@@ -42,6 +42,11 @@ pub enum Error {
     /// The request names a tenant this frontend does not serve.
     #[error("tenant {0:?} is not served by this frontend")]
     UnknownTenant(String),
+    /// The request names a tenant this frontend unloaded while it was idle and is loading
+    /// again; answered as etcd's timeout (Unavailable: clients retry) if the load takes longer
+    /// than a request waits.
+    #[error("tenant {0} is being loaded")]
+    Loading(String),
     /// The catalogue has the tenant suspended: every RPC but Status and Snapshot is refused
     /// (FailedPrecondition, not Unavailable, which clients retry for ever).
     #[error("tenant {0} is suspended")]
@@ -167,7 +172,7 @@ impl From<Error> for Status {
                 Status::unavailable(msg::UNHEALTHY)
             }
             Error::RequestTooLarge { .. } => Status::invalid_argument(msg::REQUEST_TOO_LARGE),
-            Error::Timeout { .. } | Error::OutcomeUnknown { .. } => {
+            Error::Timeout { .. } | Error::OutcomeUnknown { .. } | Error::Loading(_) => {
                 Status::unavailable(msg::TIMEOUT)
             }
             Error::Stopped => Status::unavailable(msg::STOPPED),

@@ -54,7 +54,7 @@ impl LeaseService {
         S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
     {
         let t = match self.tenants.resolve(metadata) {
-            Err(crate::errors::Error::UnknownTenant(_)) => {
+            Err(crate::errors::Error::UnknownTenant(_) | crate::errors::Error::Loading(_)) => {
                 self.tenants.catch_up_with_catalogue().await;
                 self.tenants.resolve(metadata)
             }

@@ -213,6 +213,8 @@ impl Frontend {
                     log: tails.clone(),
                     limits,
                     member_id,
+                    idle_unload: (!config.tenant_idle_unload.is_zero())
+                        .then_some(config.tenant_idle_unload),
                 },
                 reconciled_tx,
             ));

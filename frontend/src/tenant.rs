@@ -87,12 +87,37 @@ impl Served {
 /// Waits for a tenant to stop being served (`Tenant::refusal`): a stream opened while it was
 /// served ends with the error a new request would get, as soon as the catalogue suspends or
 /// deletes it, so a suspended tenant's watches stop delivering and an unloaded tenant's store
-/// is not kept alive by its streams.
-#[derive(Clone)]
+/// is not kept alive by its streams. Held for the stream's life, it also counts the stream
+/// as a use of the tenant: a tenant with an open stream is never idle (`Tenant::idle_for`).
 pub struct Refusal {
     name: String,
     even_suspended: bool,
     states: tokio::sync::watch::Receiver<Served>,
+    _open: OpenStream,
+}
+
+/// One open stream of a tenant, counted until dropped.
+struct OpenStream(Arc<std::sync::atomic::AtomicUsize>);
+
+impl OpenStream {
+    fn new(count: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        count.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(count.clone())
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+/// Milliseconds since the process's first call, a clock for `Tenant::touch` that fits an
+/// atomic.
+fn now_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    let start = *START.get_or_init(std::time::Instant::now);
+    u64::try_from(start.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Refusal {
@@ -131,6 +156,10 @@ pub struct Tenant {
     served: std::sync::atomic::AtomicU8,
     /// The same, for the streams that end when it refuses them ([`Refusal`]).
     served_changes: tokio::sync::watch::Sender<Served>,
+    /// When a request last named it (`now_ms`), and how many streams it has open: what
+    /// decides that a tenant of the catalogue is idle and may be unloaded.
+    last_used: std::sync::atomic::AtomicU64,
+    open_streams: Arc<std::sync::atomic::AtomicUsize>,
     /// Whether the catalogue gives this tenant quotas of its own (`quotas`): requests look
     /// at them only then, so a tenant without any pays no lock.
     own_quotas: std::sync::atomic::AtomicBool,
@@ -175,6 +204,8 @@ impl Tenant {
             apply_wait: metrics::histogram!(APPLY_WAIT_SECONDS),
             served: std::sync::atomic::AtomicU8::new(Served::Active as u8),
             served_changes: tokio::sync::watch::Sender::new(Served::Active),
+            last_used: std::sync::atomic::AtomicU64::new(now_ms()),
+            open_streams: Arc::default(),
             own_quotas: std::sync::atomic::AtomicBool::new(false),
             quotas: std::sync::RwLock::default(),
         })
@@ -262,7 +293,24 @@ impl Tenant {
             name: self.name.clone(),
             even_suspended,
             states: self.served_changes.subscribe(),
+            _open: OpenStream::new(&self.open_streams),
         }
+    }
+
+    /// Records that a request named this tenant now.
+    pub fn touch(&self) {
+        self.last_used
+            .store(now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long no request named this tenant and no stream of it was open: zero while a stream
+    /// is open.
+    pub fn idle_for(&self) -> Duration {
+        if self.open_streams.load(std::sync::atomic::Ordering::Acquire) > 0 {
+            return Duration::ZERO;
+        }
+        let last = self.last_used.load(std::sync::atomic::Ordering::Relaxed);
+        Duration::from_millis(now_ms().saturating_sub(last))
     }
 
     /// A response header at `revision`.

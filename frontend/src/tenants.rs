@@ -59,6 +59,16 @@ pub struct Tenants {
     /// then a request for one would be refused as unknown (NotFound, which clients do not
     /// retry), so the frontend is not ready.
     catalogue_loaded: std::sync::atomic::AtomicBool,
+    /// Tenants of the catalogue unloaded while idle (`--tenant-idle-unload`), by name, with
+    /// the key of the generation unloaded: still served here, loaded again by the first
+    /// request naming one.
+    dormant: std::sync::RwLock<HashMap<String, String>>,
+    /// Dormant tenants a request is waiting for; the follower loads them (`take_wakes`).
+    waking: std::sync::Mutex<std::collections::HashSet<String>>,
+    wakes: tokio::sync::mpsc::UnboundedSender<String>,
+    wakes_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
+    /// Bumped when a woken tenant is loaded or given up on; waiting requests look again.
+    woken: watch::Sender<u64>,
 }
 
 impl Tenants {
@@ -75,6 +85,7 @@ impl Tenants {
     ) -> Self {
         let all: Vec<Arc<Tenant>> = default.iter().cloned().chain(more).collect();
         let by_name = all.iter().map(|t| (t.name.clone(), t.clone())).collect();
+        let (wakes, wakes_rx) = tokio::sync::mpsc::unbounded_channel();
         Self {
             default,
             all,
@@ -85,6 +96,11 @@ impl Tenants {
             reconciled: None,
             loaded: std::sync::RwLock::default(),
             catalogue_loaded: std::sync::atomic::AtomicBool::new(false),
+            dormant: std::sync::RwLock::default(),
+            waking: std::sync::Mutex::default(),
+            wakes,
+            wakes_rx: std::sync::Mutex::new(Some(wakes_rx)),
+            woken: watch::Sender::new(0),
         }
     }
 
@@ -102,6 +118,93 @@ impl Tenants {
         }
         let revision = system.replica.read().revision();
         self.until_reconciled(revision).await;
+        // And for the dormant tenants requests woke to be loaded again.
+        let mut woken = self.woken.subscribe();
+        let _ = tokio::time::timeout(
+            CATCH_UP_WAIT,
+            woken.wait_for(|_| self.lock_waking().is_empty()),
+        )
+        .await;
+    }
+
+    fn lock_waking(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<String>> {
+        self.waking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The names requests woke, for the catalogue follower to load (once: it owns them).
+    pub fn take_wakes(&self) -> Option<tokio::sync::mpsc::UnboundedReceiver<String>> {
+        self.wakes_rx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    /// The key of the generation of `name` unloaded while idle, if it is dormant.
+    pub fn dormant(&self, name: &str) -> Option<String> {
+        self.dormant
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Forgets a dormant tenant (deleted, or created again): a request waiting for it looks
+    /// again and finds it is not served.
+    pub fn forget_dormant(&self, name: &str) {
+        self.dormant
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(name);
+        self.done_waking(name);
+    }
+
+    /// Gives up loading dormant `name` for now: waiting requests are answered Unavailable
+    /// (clients retry, and wake it again).
+    pub fn forget_waking(&self, name: &str) {
+        self.done_waking(name);
+    }
+
+    fn done_waking(&self, name: &str) {
+        if self.lock_waking().remove(name) {
+            self.woken.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Asks the follower to load dormant `name` again (once, however many requests ask).
+    fn wake(&self, name: &str) {
+        if self.lock_waking().insert(name.to_string()) {
+            let _ = self.wakes.send(name.to_string());
+        }
+    }
+
+    /// Unloads catalogue tenant `name` if no request named it for `idle` and it has no open
+    /// stream: it becomes dormant, its replica stops and its memory goes; the next request
+    /// naming it loads it again. A request that found the tenant marked it used under the
+    /// map's read lock, and this decides under its write lock, so no request is left holding
+    /// an unloaded tenant.
+    pub fn unload_if_idle(&self, name: &str, idle: std::time::Duration) -> bool {
+        let t = {
+            let mut loaded = self
+                .loaded
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            match loaded.get(name) {
+                Some(t) if t.idle_for() >= idle && t.replica.state() == ReplicaState::Ready => {}
+                _ => return false,
+            }
+            let Some(t) = loaded.remove(name) else {
+                return false;
+            };
+            self.dormant
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(name.to_string(), t.key.clone());
+            t
+        };
+        t.replica.stop();
+        true
     }
 
     /// Waits (at most `CATCH_UP_WAIT`) until the catalogue's follower serves the catalogue
@@ -133,12 +236,48 @@ impl Tenants {
         self.catalogue.as_ref()
     }
 
-    /// Adds a tenant loaded from the catalogue (in place of an older generation of its name).
+    /// Adds a tenant loaded from the catalogue (in place of an older generation of its name,
+    /// or of its dormant self).
     pub fn insert_loaded(&self, t: Arc<Tenant>) {
+        let name = t.name.clone();
         self.loaded
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(t.name.clone(), t);
+            .insert(name.clone(), t);
+        self.forget_dormant(&name);
+    }
+
+    /// The tenants loaded from the catalogue (not the fixed ones).
+    pub fn loaded_all(&self) -> Vec<Arc<Tenant>> {
+        self.loaded
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// A served tenant a request names: fixed, or loaded and marked used now (under the
+    /// map's lock: `unload_if_idle`); a dormant one is woken and answered as loading.
+    fn used(&self, name: &str) -> Result<Arc<Tenant>, Error> {
+        if let Some(t) = self.fixed(name) {
+            return Ok(t);
+        }
+        {
+            let loaded = self
+                .loaded
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if let Some(t) = loaded.get(name) {
+                t.touch();
+                return Ok(t.clone());
+            }
+        }
+        if self.dormant(name).is_some() {
+            self.wake(name);
+            return Err(Error::Loading(name.to_string()));
+        }
+        Err(Error::UnknownTenant(name.to_string()))
     }
 
     /// A tenant this frontend was given (`--tenant`, `--tenants`), by name.
@@ -175,9 +314,18 @@ impl Tenants {
         self.fixed(name).or_else(|| self.loaded(name))
     }
 
-    /// The names of every tenant served (TLS connections may name them by certificate).
+    /// The names of every tenant served, dormant ones included (TLS connections may name
+    /// them by certificate).
     pub fn names(&self) -> Vec<String> {
-        self.all().iter().map(|t| t.name.clone()).collect()
+        let mut names: Vec<String> = self.all().iter().map(|t| t.name.clone()).collect();
+        names.extend(
+            self.dormant
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .keys()
+                .cloned(),
+        );
+        names
     }
 
     /// Tenants whose auth tokens `tokens` signs and verifies.
@@ -357,7 +505,7 @@ impl Tenants {
     {
         let t = match self.admit(metadata) {
             Ok(t) => t,
-            Err(Error::UnknownTenant(_)) if self.catalogue.is_some() => {
+            Err(Error::UnknownTenant(_) | Error::Loading(_)) if self.catalogue.is_some() => {
                 self.catch_up_with_catalogue().await;
                 self.admit(metadata).map_err(handled)?
             }
@@ -434,9 +582,7 @@ impl Tenants {
                     named: named.to_string(),
                 });
             }
-            return self
-                .named(connection)
-                .ok_or_else(|| Error::UnknownTenant(connection.to_string()));
+            return self.used(connection);
         }
         let Some(name) = header else {
             return self.default.clone().ok_or(Error::NoTenant);
@@ -445,10 +591,10 @@ impl Tenants {
         if let Some(d) = self.default.as_ref().filter(|d| d.name == name) {
             return Ok(d.clone());
         }
-        match self.named(name) {
-            Some(t) if self.trust_header => Ok(t),
-            _ => Err(Error::UnknownTenant(name.to_string())),
+        if !self.trust_header {
+            return Err(Error::UnknownTenant(name.to_string()));
         }
+        self.used(name)
     }
 }
 

@@ -19,6 +19,15 @@ pub fn request(endpoint: &str, method: &str, path: &str, body: &str) -> (u16, St
     request_with(endpoint, method, path, body, &[])
 }
 
+/// Whether the Prometheus text a component serves at `http://<addr>/metrics` has a line
+/// starting with `prefix` (a metric's name, with its labels if they matter).
+pub fn has_metric(addr: &str, prefix: &str) -> bool {
+    request(&format!("http://{addr}"), "GET", "/metrics", "")
+        .1
+        .lines()
+        .any(|l| l.starts_with(prefix))
+}
+
 /// `post` with HTTP headers (`("Authorization", token)`: how a gateway client sends its token).
 pub fn post_with(
     endpoint: &str,

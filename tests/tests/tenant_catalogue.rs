@@ -698,3 +698,70 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
         "{refused}"
     );
 }
+
+/// `--tenant-idle-unload`: a tenant no request named for that long, with no stream open, is
+/// unloaded; the next request naming it waits for it to be loaded again and finds its keys. A
+/// tenant with a watch open is never idle, and its watch goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_tenant_is_unloaded_and_the_next_request_loads_it_again() {
+    let dev =
+        DevDeployment::start_with(&["--frontend-arg=--tenant-idle-unload=2s".to_string()]).await;
+    let (admin_at, endpoint) = (dev.admin_endpoint().to_string(), dev.endpoint().to_string());
+    let frontend_log = dev.dir().join("data/logs/frontend.log");
+    admin(&admin_at, &["create", "sleepy"]).unwrap();
+    admin(&admin_at, &["create", "watched"]).unwrap();
+    let mut sleepy = TenantClient::connect(&endpoint, "sleepy").await.unwrap();
+    put(&mut sleepy, "k", "kept").await.unwrap();
+    let mut watched = TenantClient::connect(&endpoint, "watched").await.unwrap();
+    let mut events = watched.watch_key("w", 0).await.unwrap();
+
+    let unloaded = |name: &str| {
+        std::fs::read_to_string(&frontend_log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("tenant idle: unloaded") && l.contains(&format!("tenant={name}")))
+    };
+    let deadline = Instant::now() + WAIT;
+    while !unloaded("sleepy") {
+        assert!(
+            Instant::now() < deadline,
+            "sleepy never unloaded\n{}",
+            tail_file(&frontend_log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        curl::has_metric(
+            dev.metrics_addr(),
+            "strata_frontend_tenants_unloaded_idle_total "
+        ),
+        "no idle-unload counter"
+    );
+    // The first request after it is served, with the keys it had: it waited for the load.
+    assert_eq!(
+        get(&mut sleepy, "k").await.unwrap().as_deref(),
+        Some(&b"kept"[..])
+    );
+    assert!(
+        std::fs::read_to_string(&frontend_log)
+            .unwrap()
+            .contains("idle tenant loaded again for a request"),
+        "{}",
+        tail_file(&frontend_log)
+    );
+    // Its revisions go on from where they were.
+    assert_eq!(put(&mut sleepy, "k2", "more").await.unwrap(), 3);
+
+    // `watched` had its watch open all along: never unloaded, and the watch still delivers.
+    assert!(
+        !unloaded("watched"),
+        "a tenant with an open watch was unloaded"
+    );
+    put(&mut watched, "w", "seen").await.unwrap();
+    let event = tokio::time::timeout(WAIT, events.message())
+        .await
+        .expect("an event")
+        .unwrap()
+        .unwrap();
+    assert_eq!(event.events[0].kv.as_ref().unwrap().value, b"seen");
+}

@@ -168,7 +168,6 @@ pub fn no_leader() -> tonic::Status {
 }
 
 /// A tenant's store and hub, and the header fields this frontend answers with.
-#[derive(Clone)]
 pub struct WatchTarget {
     pub store: Arc<RwLock<MemStore>>,
     pub hub: Arc<WatchHub>,

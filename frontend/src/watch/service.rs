@@ -43,7 +43,8 @@ impl<S: WatchSource> WatchService<S> {
         I: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     {
         let target = match self.source.resolve(&metadata) {
-            Err(s) if s.code() == tonic::Code::NotFound => {
+            // Not known here yet, or being loaded again (Unavailable): worth the wait.
+            Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::Unavailable) => {
                 self.source.catch_up().await;
                 self.source.resolve(&metadata)?
             }

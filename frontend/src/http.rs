@@ -73,18 +73,33 @@ async fn health(State(s): State<HttpState>, headers: HeaderMap) -> impl IntoResp
         all
     };
     let several = tenants.len() > 1;
-    let checks = tenants.iter().map(|t| async move {
-        tenant_health(t).await.map_err(|why| {
-            if several {
-                format!("tenant {}: {why}", t.name)
-            } else {
-                why
-            }
-        })
+    // One journal round trip per shard, however many tenants share it: each tenant then only
+    // waits for its replica to apply up to that shard's read index.
+    let mut by_shard: std::collections::BTreeMap<u32, Vec<&Arc<Tenant>>> = Default::default();
+    for t in &tenants {
+        by_shard.entry(t.shard).or_default().push(t);
+    }
+    let shards = by_shard.into_values().map(|shard| async move {
+        let index = match tokio::time::timeout(HEALTH_TIMEOUT, shard[0].read_index()).await {
+            Ok(Ok(index)) => Some(index),
+            // Each tenant's own check says why (its replica's state first).
+            _ => None,
+        };
+        let checks = shard.into_iter().map(|t| async move {
+            tenant_health(t, index).await.map_err(|why| {
+                if several {
+                    format!("tenant {}: {why}", t.name)
+                } else {
+                    why
+                }
+            })
+        });
+        futures::future::join_all(checks).await
     });
-    match futures::future::join_all(checks)
+    match futures::future::join_all(shards)
         .await
         .into_iter()
+        .flatten()
         .find_map(Result::err)
     {
         None => (StatusCode::OK, json, health_body(true, "")),
@@ -96,14 +111,21 @@ async fn health(State(s): State<HttpState>, headers: HeaderMap) -> impl IntoResp
     }
 }
 
-/// One tenant's `/health`: its replica serves and a read barrier through the journal succeeds.
-async fn tenant_health(t: &Tenant) -> Result<(), String> {
+/// One tenant's `/health`: its replica serves and a read barrier through the journal succeeds
+/// (at `index`, its shard's read index, if already taken).
+async fn tenant_health(t: &Tenant, index: Option<u64>) -> Result<(), String> {
     match t.replica.state() {
         ReplicaState::Ready => {}
         ReplicaState::CatchingUp => return Err("catching up".into()),
         ReplicaState::Failed(r) => return Err(format!("replica stopped: {r}")),
     }
-    match tokio::time::timeout(HEALTH_TIMEOUT, t.barrier()).await {
+    let barrier = async {
+        match index {
+            Some(i) => t.barrier_at(i).await,
+            None => t.barrier().await,
+        }
+    };
+    match tokio::time::timeout(HEALTH_TIMEOUT, barrier).await {
         Ok(Ok(())) => Ok(()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("journal round trip timed out".into()),
@@ -170,5 +192,42 @@ async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
             [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
             "another metrics recorder is installed in this process\n".to_string(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::log::MemLog;
+
+    /// `/health` with no tenant named checks every tenant, but takes one read index per shard:
+    /// three tenants of one shard cost one journal round trip, not three.
+    #[tokio::test]
+    async fn health_takes_one_read_index_per_shard() {
+        let log = MemLog::new();
+        let tenant = |name: &str| {
+            let store = memstore::MemStore::new(memstore::Config::default());
+            crate::tenant::test_tenant_named(name, store, Arc::new(log.clone()), 1, 1)
+        };
+        let tenants = Tenants::serving(Some(tenant("d")), vec![tenant("a"), tenant("b")], true);
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while tenants
+            .all()
+            .iter()
+            .any(|t| t.replica.state() != ReplicaState::Ready)
+        {
+            assert!(tokio::time::Instant::now() < deadline, "never caught up");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        let state = HttpState {
+            tenants: Arc::new(tenants),
+            log: Arc::new(log.clone()),
+            etcd_version: "3.5.17".into(),
+            draining: Arc::default(),
+        };
+        let before = log.read_index_calls();
+        let answer = health(State(state), HeaderMap::new()).await.into_response();
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(log.read_index_calls(), before + 1);
     }
 }

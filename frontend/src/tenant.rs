@@ -383,10 +383,31 @@ impl Tenant {
     /// read-index round, then wait for apply), under one deadline: a timer is armed only if
     /// the read has to wait at all, and then one, not one per step.
     pub async fn barrier(&self) -> Result<(), Error> {
+        self.barrier_after(None).await
+    }
+
+    /// `barrier` with the read index of the tenant's shard already known (`/health` takes one
+    /// per shard, not one per tenant).
+    pub async fn barrier_at(&self, index: u64) -> Result<(), Error> {
+        self.barrier_after(Some(index)).await
+    }
+
+    /// The journal's read index of the tenant's shard: every entry committed before this call
+    /// is at or below it.
+    pub async fn read_index(&self) -> Result<u64, Error> {
+        tokio::time::timeout(REQUEST_TIMEOUT, self.reads.read_index())
+            .await
+            .map_err(|_| Error::Timeout { index: 0 })?
+            .map_err(Error::from)
+    }
+
+    async fn barrier_after(&self, known: Option<u64>) -> Result<(), Error> {
         self.check_replica()?;
-        let mut index = 0;
+        let mut index = known.unwrap_or(0);
         let waited = tokio::time::timeout(REQUEST_TIMEOUT, async {
-            index = self.reads.read_index().await?;
+            if known.is_none() {
+                index = self.reads.read_index().await?;
+            }
             Ok::<bool, Error>(self.replica.until_applied(index).await)
         })
         .await;

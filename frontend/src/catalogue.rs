@@ -17,6 +17,8 @@ use crate::tenants::Tenants;
 
 /// How long a failed load waits before the follower tries again.
 const LOAD_RETRY: Duration = Duration::from_secs(1);
+/// Tenants loaded at once (checkpoint fetch and decode) when the catalogue names several.
+const LOADS_AT_ONCE: usize = 4;
 /// How often the follower looks again without a catalogue change: to see that the catalogue's
 /// replica caught up, and to retry a quota append that did not land.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
@@ -157,7 +159,8 @@ async fn wake(tenants: &Tenants, records: &[TenantRecord], loader: &Loader, name
 /// Serves what `records` say of this frontend's shard; false if a tenant could not be loaded
 /// (tried again later).
 async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader) -> bool {
-    let mut all_loaded = true;
+    use futures::StreamExt;
+    let mut to_load = Vec::new();
     for r in records.iter().filter(|r| r.shard == loader.shard) {
         let served = served_of(r);
         let quotas = r.quotas.unwrap_or_default();
@@ -203,23 +206,48 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
             }
             None => {}
         }
-        match served {
-            Served::Deleted => {}
-            _ => match loader.load(r).await {
-                Ok(t) => {
-                    t.set_served(served);
-                    t.set_quotas(quotas);
-                    tracing::info!(tenant = %r.name, state = ?served, "tenant loaded from the catalogue");
-                    tenants.insert_loaded(t);
-                }
-                Err(e) => {
-                    tracing::warn!(tenant = %r.name, error = %e, "cannot load a tenant of the catalogue; trying again");
-                    all_loaded = false;
-                }
-            },
+        if served != Served::Deleted {
+            to_load.push((r, served, quotas));
+        }
+    }
+    // Several at a time: a frontend starting with many tenants fetches their checkpoints in
+    // parallel, each served as soon as it is loaded.
+    let loads: Vec<_> = to_load
+        .into_iter()
+        .map(|(r, served, quotas)| load_one(loader, r, served, quotas))
+        .collect();
+    let mut loads = futures::stream::iter(loads).buffer_unordered(LOADS_AT_ONCE);
+    let mut all_loaded = true;
+    while let Some((r, served, quotas, loaded)) = loads.next().await {
+        match loaded {
+            Ok(t) => {
+                t.set_served(served);
+                t.set_quotas(quotas);
+                tracing::info!(tenant = %r.name, state = ?served, "tenant loaded from the catalogue");
+                tenants.insert_loaded(t);
+            }
+            Err(e) => {
+                tracing::warn!(tenant = %r.name, error = %e, "cannot load a tenant of the catalogue; trying again");
+                all_loaded = false;
+            }
         }
     }
     all_loaded
+}
+
+/// One load of `reconcile`, with what to set on the tenant once loaded.
+async fn load_one<'a>(
+    loader: &'a Loader,
+    r: &'a TenantRecord,
+    served: Served,
+    quotas: api::strata::entry::TenantQuotas,
+) -> (
+    &'a TenantRecord,
+    Served,
+    api::strata::entry::TenantQuotas,
+    Result<Arc<Tenant>, crate::server::ServeError>,
+) {
+    (r, served, quotas, loader.load(r).await)
 }
 
 /// The tenants whose quotas this frontend is appending to their shard.

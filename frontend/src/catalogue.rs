@@ -128,6 +128,8 @@ fn unload_idle(tenants: &Tenants, idle: Duration) {
 /// the change loads a new generation itself).
 async fn wake(tenants: &Tenants, records: &[TenantRecord], loader: &Loader, name: &str) {
     let Some(dormant_key) = tenants.dormant(name) else {
+        // Loaded (or forgotten) between the request's look and its wake: nothing to wait for.
+        tenants.forget_waking(name);
         return;
     };
     let record = records.iter().find(|r| {

@@ -452,14 +452,6 @@ mod tests {
         m
     }
 
-    async fn until_ready(t: &Tenant) {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while t.replica.state() != crate::replica::ReplicaState::Ready {
-            assert!(tokio::time::Instant::now() < deadline, "never caught up");
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    }
-
     /// An idle tenant of the catalogue is unloaded (its store let go) unless a request named
     /// it lately or a stream of it is open; a request naming it then is answered as loading,
     /// wakes it, and once the follower loaded it again it has its keys. A dormant tenant the
@@ -475,7 +467,7 @@ mod tests {
         }];
         assert!(reconcile(&tenants, &records, &loader).await);
         let a = tenants.resolve(&naming("a")).unwrap();
-        until_ready(&a).await;
+        crate::tenant::until_ready(std::slice::from_ref(&a)).await;
         let put = PutRequest {
             key: b"k".to_vec(),
             value: b"v".to_vec(),
@@ -528,7 +520,7 @@ mod tests {
         assert!(wakes.try_recv().is_err(), "woken once");
         wake(&tenants, &records, &loader, "a").await;
         let a = tenants.resolve(&naming("a")).expect("loaded again");
-        until_ready(&a).await;
+        crate::tenant::until_ready(std::slice::from_ref(&a)).await;
         let got = a
             .replica
             .read()

@@ -210,15 +210,7 @@ mod tests {
             crate::tenant::test_tenant_named(name, store, Arc::new(log.clone()), 1, 1)
         };
         let tenants = Tenants::serving(Some(tenant("d")), vec![tenant("a"), tenant("b")], true);
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while tenants
-            .all()
-            .iter()
-            .any(|t| t.replica.state() != ReplicaState::Ready)
-        {
-            assert!(tokio::time::Instant::now() < deadline, "never caught up");
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-        }
+        crate::tenant::until_ready(&tenants.all()).await;
         let state = HttpState {
             tenants: Arc::new(tenants),
             log: Arc::new(log.clone()),

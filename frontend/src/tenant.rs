@@ -481,6 +481,19 @@ impl Tenant {
     }
 }
 
+/// Waits (at most 10 s, else panics) until every replica of `tenants` caught up (unit tests).
+#[cfg(test)]
+pub async fn until_ready(tenants: &[Arc<Tenant>]) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while tenants
+        .iter()
+        .any(|t| t.replica.state() != ReplicaState::Ready)
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never caught up");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// Unit tests' tenant: "t" on shard 0 over `log`, starting from `store`, with requests up to
 /// 1 MiB and etcd's 128 ops per txn.
 #[cfg(test)]

@@ -863,15 +863,7 @@ mod tests {
             tenant(api::tenant::SYSTEM_TENANT, &log),
             watch::channel(0).1,
         );
-        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
-        while tenants
-            .replicas()
-            .iter()
-            .any(|t| t.replica.state() != ReplicaState::Ready)
-        {
-            assert!(tokio::time::Instant::now() < deadline, "never caught up");
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
+        crate::tenant::until_ready(&tenants.replicas()).await;
         // Caught up, but a request for a tenant of the catalogue would still be NotFound.
         assert_eq!(
             tenants.readiness(),

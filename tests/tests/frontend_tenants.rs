@@ -468,13 +468,7 @@ async fn a_tenant_over_its_quotas_is_refused_alone() {
     );
     let _b_watches = [watch(&mut b, "w1", 0).await, watch(&mut b, "w2", 0).await];
 
-    let lease = a
-        .lease
-        .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
+    let lease = a.grant(60).await.unwrap();
     let (keep_alive_tx, keep_alive_rx) = tokio::sync::mpsc::channel(4);
     let mut keep_alives = a
         .lease

@@ -155,13 +155,7 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     // owner can still look at it. Streams open at the time end with the same error: a watch
     // delivers nothing more, a lease is kept alive no longer.
     let mut watching = a.watch_key("k", 0).await.unwrap();
-    let lease = a
-        .lease
-        .lease_grant(LeaseGrantRequest { ttl: 60, id: 0 })
-        .await
-        .unwrap()
-        .into_inner()
-        .id;
+    let lease = a.grant(60).await.unwrap();
     let (keep_tx, keep_rx) = futures::channel::mpsc::unbounded();
     keep_tx
         .unbounded_send(LeaseKeepAliveRequest { id: lease })

@@ -53,14 +53,11 @@ impl LeaseService {
     where
         S: Stream<Item = Result<LeaseKeepAliveRequest, Status>> + Unpin + Send + 'static,
     {
-        let t = match self.tenants.resolve(metadata) {
-            Err(crate::errors::Error::UnknownTenant(_) | crate::errors::Error::Loading(_)) => {
-                self.tenants.catch_up_with_catalogue().await;
-                self.tenants.resolve(metadata)
-            }
-            r => r,
-        }
-        .map_err(handled)?;
+        let t = self
+            .tenants
+            .waiting_for(metadata, Tenants::resolve)
+            .await
+            .map_err(handled)?;
         let leader_of = t.clone();
         let (tx, rx) = crate::watch::output_channel(metadata, KEEPALIVE_QUEUE, move || {
             leader_of.has_leader()

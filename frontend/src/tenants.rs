@@ -109,7 +109,7 @@ impl Tenants {
     /// of it. A request naming a tenant created a moment ago through another frontend waits
     /// for it here instead of being refused as unknown (NotFound, which clients do not retry).
     /// Bounded: on a journal outage the request is refused as before.
-    pub async fn catch_up_with_catalogue(&self) {
+    async fn catch_up_with_catalogue(&self) {
         let Some(system) = &self.catalogue else {
             return;
         };
@@ -490,6 +490,24 @@ impl Tenants {
         }))
     }
 
+    /// `look` (`admit`, `resolve`) of a request's tenant; a tenant not known here, which may
+    /// have been created a moment ago through another frontend, or one being loaded again
+    /// after an idle unload, is looked for again once this frontend caught up with the
+    /// catalogue (every unary RPC and stream opening comes through here).
+    pub async fn waiting_for(
+        &self,
+        metadata: &MetadataMap,
+        look: fn(&Self, &MetadataMap) -> Result<Arc<Tenant>, Error>,
+    ) -> Result<Arc<Tenant>, Error> {
+        match look(self, metadata) {
+            Err(Error::UnknownTenant(_) | Error::Loading(_)) if self.catalogue.is_some() => {
+                self.catch_up_with_catalogue().await;
+                look(self, metadata)
+            }
+            r => r,
+        }
+    }
+
     /// One unary RPC as every service runs it: the request's tenant, a request id and the
     /// caller its token names, then `body`, inside the RPC's span, metrics and error mapping
     /// (`rpc::unary`).
@@ -503,14 +521,10 @@ impl Tenants {
     where
         Fut: Future<Output = Result<T, Error>>,
     {
-        let t = match self.admit(metadata) {
-            Ok(t) => t,
-            Err(Error::UnknownTenant(_) | Error::Loading(_)) if self.catalogue.is_some() => {
-                self.catch_up_with_catalogue().await;
-                self.admit(metadata).map_err(handled)?
-            }
-            Err(e) => return Err(handled(e)),
-        };
+        let t = self
+            .waiting_for(metadata, Tenants::admit)
+            .await
+            .map_err(handled)?;
         let id = RequestId::random();
         let name = t.name.clone();
         unary(rpc, &name, id, async {
@@ -645,23 +659,27 @@ impl crate::tls::Directory for std::sync::Weak<Tenants> {
 }
 
 impl WatchSource for Tenants {
-    fn resolve(&self, metadata: &MetadataMap) -> Result<WatchTarget, tonic::Status> {
-        let tenant = self.admit(metadata).map_err(crate::rpc::handled)?;
-        let caller = self
-            .identify(&tenant, metadata)
-            .map_err(crate::rpc::handled)?;
-        Ok(WatchTarget {
-            caller,
-            store: tenant.replica.store().clone(),
-            hub: tenant.replica.hub().clone(),
-            header: tenant.header(0),
-            max_watchers: tenant.max_watchers(),
-            refusal: Some(tenant.refusal(false)),
+    fn resolve<'a>(
+        &'a self,
+        metadata: &'a MetadataMap,
+    ) -> futures::future::BoxFuture<'a, Result<WatchTarget, tonic::Status>> {
+        Box::pin(async move {
+            let tenant = self
+                .waiting_for(metadata, Tenants::admit)
+                .await
+                .map_err(crate::rpc::handled)?;
+            let caller = self
+                .identify(&tenant, metadata)
+                .map_err(crate::rpc::handled)?;
+            Ok(WatchTarget {
+                caller,
+                store: tenant.replica.store().clone(),
+                hub: tenant.replica.hub().clone(),
+                header: tenant.header(0),
+                max_watchers: tenant.max_watchers(),
+                refusal: Some(tenant.refusal(false)),
+            })
         })
-    }
-
-    fn catch_up(&self) -> futures::future::BoxFuture<'_, ()> {
-        Box::pin(self.catch_up_with_catalogue())
     }
 
     fn has_leader(&self, metadata: &MetadataMap) -> bool {

@@ -82,23 +82,16 @@ pub enum WatchError {
 /// Where a watch stream's tenant lives. Implemented by the frontend core.
 pub trait WatchSource: Send + Sync + 'static {
     /// Resolves the tenant of a Watch stream (from its request metadata/peer) to its store and
-    /// hub.
-    fn resolve(
-        &self,
-        metadata: &tonic::metadata::MetadataMap,
-    ) -> Result<WatchTarget, tonic::Status>;
+    /// hub; a tenant the source is still learning of (the catalogue's) is waited for.
+    fn resolve<'a>(
+        &'a self,
+        metadata: &'a tonic::metadata::MetadataMap,
+    ) -> futures::future::BoxFuture<'a, Result<WatchTarget, tonic::Status>>;
 
     /// Whether the stream's tenant has a journal leader as etcd's `hasleader` check means it
     /// (`Tenant::has_leader`).
     fn has_leader(&self, _metadata: &tonic::metadata::MetadataMap) -> bool {
         true
-    }
-
-    /// Waits until the source knows every tenant created before the call (the tenant
-    /// catalogue's followers), so a stream naming a tenant created a moment ago elsewhere is
-    /// opened, not refused. Nothing to wait for by default.
-    fn catch_up(&self) -> futures::future::BoxFuture<'_, ()> {
-        Box::pin(std::future::ready(()))
     }
 }
 

@@ -36,20 +36,12 @@ pub type ResponseStream =
 
 impl<S: WatchSource> WatchService<S> {
     /// A watch stream over any source of requests: the gRPC call's, or the JSON gateway's
-    /// (`crate::gateway`). A tenant not known here may have been created a moment ago
-    /// through another frontend: the source catches up with its catalogue before refusing.
+    /// (`crate::gateway`).
     pub async fn open<I>(&self, metadata: MetadataMap, input: I) -> Result<ResponseStream, Status>
     where
         I: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send + 'static,
     {
-        let target = match self.source.resolve(&metadata) {
-            // Not known here yet, or being loaded again (Unavailable): worth the wait.
-            Err(s) if matches!(s.code(), tonic::Code::NotFound | tonic::Code::Unavailable) => {
-                self.source.catch_up().await;
-                self.source.resolve(&metadata)?
-            }
-            r => r?,
-        };
+        let target = self.source.resolve(&metadata).await?;
         self.open_for(target, metadata, input)
     }
 

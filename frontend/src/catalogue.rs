@@ -37,12 +37,12 @@ pub struct Loader {
 
 impl Loader {
     /// Starts the replica of `r`'s generation from its newest checkpoint (or the journal's
-    /// start), journalled under its key.
+    /// start), journalled under its key, in the state and with the quotas `r` gives it.
     async fn load(&self, r: &TenantRecord) -> Result<Arc<Tenant>, crate::server::ServeError> {
         let (name, key) = (r.name.as_str(), api::tenant::journal_key(&r.name, &r.uid));
         let store =
             crate::server::initial_store(&key, self.shard, self.checkpoints.as_ref()).await?;
-        Ok(Tenant::start(
+        let t = Tenant::start(
             name,
             &key,
             self.shard,
@@ -51,7 +51,21 @@ impl Loader {
             self.log.clone(),
             self.limits,
             Identity::of(&key, self.member_id),
-        ))
+        );
+        t.set_served(served_of(r));
+        t.set_quotas(r.quotas.unwrap_or_default());
+        Ok(t)
+    }
+
+    /// `load`, answered with the record it loads (several run at once in `reconcile`).
+    async fn load_of<'a>(
+        &self,
+        r: &'a TenantRecord,
+    ) -> (
+        &'a TenantRecord,
+        Result<Arc<Tenant>, crate::server::ServeError>,
+    ) {
+        (r, self.load(r).await)
     }
 }
 
@@ -113,9 +127,12 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
 
 /// Unloads the tenants of the catalogue idle for `idle` (`Tenants::unload_if_idle`).
 fn unload_idle(tenants: &Tenants, idle: Duration) {
-    for t in tenants.loaded_all() {
-        let name = t.name.clone();
-        drop(t);
+    let names: Vec<String> = tenants
+        .loaded_all()
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    for name in names {
         if tenants.unload_if_idle(&name, idle) {
             tracing::info!(tenant = %name, idle = ?idle, "tenant idle: unloaded until a request names it");
             metrics::counter!("strata_frontend_tenants_unloaded_idle_total").increment(1);
@@ -144,8 +161,6 @@ async fn wake(tenants: &Tenants, records: &[TenantRecord], loader: &Loader, name
     };
     match loader.load(r).await {
         Ok(t) => {
-            t.set_served(served_of(r));
-            t.set_quotas(r.quotas.unwrap_or_default());
             tracing::info!(tenant = %name, "idle tenant loaded again for a request");
             tenants.insert_loaded(t);
         }
@@ -209,23 +224,18 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
             None => {}
         }
         if served != Served::Deleted {
-            to_load.push((r, served, quotas));
+            to_load.push(r);
         }
     }
     // Several at a time: a frontend starting with many tenants fetches their checkpoints in
     // parallel, each served as soon as it is loaded.
-    let loads: Vec<_> = to_load
-        .into_iter()
-        .map(|(r, served, quotas)| load_one(loader, r, served, quotas))
-        .collect();
+    let loads: Vec<_> = to_load.into_iter().map(|r| loader.load_of(r)).collect();
     let mut loads = futures::stream::iter(loads).buffer_unordered(LOADS_AT_ONCE);
     let mut all_loaded = true;
-    while let Some((r, served, quotas, loaded)) = loads.next().await {
+    while let Some((r, loaded)) = loads.next().await {
         match loaded {
             Ok(t) => {
-                t.set_served(served);
-                t.set_quotas(quotas);
-                tracing::info!(tenant = %r.name, state = ?served, "tenant loaded from the catalogue");
+                tracing::info!(tenant = %r.name, state = ?t.served(), "tenant loaded from the catalogue");
                 tenants.insert_loaded(t);
             }
             Err(e) => {
@@ -235,21 +245,6 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
         }
     }
     all_loaded
-}
-
-/// One load of `reconcile`, with what to set on the tenant once loaded.
-async fn load_one<'a>(
-    loader: &'a Loader,
-    r: &'a TenantRecord,
-    served: Served,
-    quotas: api::strata::entry::TenantQuotas,
-) -> (
-    &'a TenantRecord,
-    Served,
-    api::strata::entry::TenantQuotas,
-    Result<Arc<Tenant>, crate::server::ServeError>,
-) {
-    (r, served, quotas, loader.load(r).await)
 }
 
 /// The tenants whose quotas this frontend is appending to their shard.

@@ -157,16 +157,12 @@ impl Tenants {
             .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(name);
-        self.done_waking(name);
+        self.forget_waking(name);
     }
 
-    /// Gives up loading dormant `name` for now: waiting requests are answered Unavailable
-    /// (clients retry, and wake it again).
+    /// Ends the wait for dormant `name`: loaded, forgotten, or given up on for now (waiting
+    /// requests are then answered Unavailable; clients retry, and wake it again).
     pub fn forget_waking(&self, name: &str) {
-        self.done_waking(name);
-    }
-
-    fn done_waking(&self, name: &str) {
         if self.lock_waking().remove(name) {
             self.woken.send_modify(|n| *n += 1);
         }

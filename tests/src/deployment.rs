@@ -7,7 +7,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::process::{ChildGuard, free_port, strata_bin};
-use crate::readiness::{tail_file, wait_ready, wait_ready_while};
+use crate::readiness::{tail_file, wait_ready, wait_ready_while, wait_readyz_while};
 
 /// How long a fresh deployment may take to serve linearizable reads.
 pub const START_TIMEOUT: Duration = Duration::from_secs(90);
@@ -92,30 +92,17 @@ impl DevDeployment {
         self.child = Some(spawn_in_own_group(&strata_bin(), &self.args, &self.log));
         let dev = self;
         let endpoint = dev.endpoint.clone();
-        let readyz = format!("http://{}", dev.metrics_addr);
+        let metrics = dev.metrics_addr.clone();
         let tls = dev.tls;
         let child = dev.child.as_mut().expect("just spawned");
-        let mut alive = || match child.try_wait() {
+        let alive = || match child.try_wait() {
             Ok(None) => Ok(()),
             Ok(Some(status)) => Err(format!("strata dev exited during start-up ({status})")),
             Err(e) => Err(format!("cannot wait for strata dev: {e}")),
         };
         let ready = if tls {
-            // The probe's client has no CA to trust: the frontend's own readiness (it serves
-            // linearizable reads once /readyz answers 200).
-            let deadline = Instant::now() + START_TIMEOUT;
-            loop {
-                if let Err(e) = alive() {
-                    break Err(e);
-                }
-                if crate::curl::request(&readyz, "GET", "/readyz", "").0 == 200 {
-                    break Ok(());
-                }
-                if Instant::now() > deadline {
-                    break Err(format!("{readyz}/readyz not 200 after {START_TIMEOUT:?}"));
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            // The probe's client has no CA to trust: the frontend's own readiness.
+            wait_readyz_while(&metrics, START_TIMEOUT, alive).await
         } else {
             wait_ready_while(&endpoint, START_TIMEOUT, alive).await
         };

@@ -14,6 +14,29 @@ pub const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bytes of a log file shown in a failure message.
 pub const LOG_TAIL_BYTES: usize = 6000;
 
+/// Polls a frontend's `http://<metrics>/readyz` until it answers 200 (its own word that it
+/// serves linearizable reads: a client that cannot reach the client port, e.g. one without
+/// the TLS CA, waits on this), giving up after `timeout` or as soon as `alive` reports the
+/// process gone.
+pub async fn wait_readyz_while(
+    metrics: &str,
+    timeout: Duration,
+    mut alive: impl FnMut() -> Result<(), String>,
+) -> Result<(), String> {
+    let readyz = format!("http://{metrics}");
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        alive()?;
+        if crate::curl::request(&readyz, "GET", "/readyz", "").0 == 200 {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(format!("{readyz}/readyz not 200 after {timeout:?}"));
+        }
+        tokio::time::sleep(PROBE_INTERVAL).await;
+    }
+}
+
 /// Polls `endpoint` (`http://host:port`) with a linearizable Range until one succeeds, or
 /// returns the last error after `timeout`.
 pub async fn wait_ready(endpoint: &str, timeout: Duration) -> Result<(), String> {

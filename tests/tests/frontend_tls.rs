@@ -46,6 +46,36 @@ impl Pki {
         self.try_channel(endpoint, name, sni).await.unwrap()
     }
 
+    /// A new connection of tenant `tenant` (its certificate and server name) that serves a
+    /// put of `key`, or None if the connection or the put is refused.
+    async fn served(&self, endpoint: &str, tenant: &str, key: &str) -> Option<Channel> {
+        let c = self
+            .try_channel(endpoint, tenant, &format!("{tenant}.tenants.test"))
+            .await
+            .ok()?;
+        put(&c, None, key).await.ok()?;
+        Some(c)
+    }
+
+    /// `served`, tried until it is (30 s at most; then panics saying `why`, with the tail of
+    /// the frontend's `log`).
+    async fn served_within(
+        &self,
+        endpoint: &str,
+        (tenant, key): (&str, &str),
+        why: &str,
+        log: &Path,
+    ) -> Channel {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(c) = self.served(endpoint, tenant, key).await {
+                return c;
+            }
+            assert!(Instant::now() < deadline, "{why}\n{}", tail_file(log));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn try_channel(
         &self,
         endpoint: &str,
@@ -155,11 +185,9 @@ async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> TlsFrontend {
         .dir()
         .join(format!("frontend-tls-{}.log", listen.replace(':', "-")));
     let fe = ChildGuard::strata("frontend-tls", &args, Some(&log));
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while strata_tests::curl::request(&format!("http://{metrics}"), "GET", "/readyz", "").0 != 200 {
-        assert!(Instant::now() < deadline, "not ready:\n{}", tail_file(&log));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    strata_tests::readiness::wait_readyz_while(&metrics, Duration::from_secs(60), || Ok(()))
+        .await
+        .unwrap_or_else(|e| panic!("not ready: {e}\n{}", tail_file(&log)));
     TlsFrontend {
         _child: fe,
         listen,
@@ -398,12 +426,8 @@ async fn a_tenants_connections_beyond_its_quota_are_closed() {
     let b1 = pki.channel(&endpoint, "b", "b.tenants.test").await;
     put(&b1, None, "k").await.unwrap();
     // A second connection of b: closed once its handshake is done.
-    let second = match pki.try_channel(&endpoint, "b", "b.tenants.test").await {
-        Err(_) => None,
-        Ok(b2) => Some(put(&b2, None, "k").await),
-    };
     assert!(
-        matches!(second, None | Some(Err(_))),
+        pki.served(&endpoint, "b", "k").await.is_none(),
         "b's second connection was served\n{}",
         tail_file(log)
     );
@@ -413,16 +437,8 @@ async fn a_tenants_connections_beyond_its_quota_are_closed() {
     put(&b1, None, "k2").await.unwrap();
     // Closing b's connection frees its place.
     drop(b1);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(b3) = pki.try_channel(&endpoint, "b", "b.tenants.test").await
-            && put(&b3, None, "k3").await.is_ok()
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "b never got its place back");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    pki.served_within(&endpoint, ("b", "k3"), "b never got its place back", log)
+        .await;
     let metrics =
         strata_tests::curl::request(&format!("http://{metrics}"), "GET", "/metrics", "").1;
     assert!(
@@ -461,12 +477,8 @@ async fn the_catalogue_s_connection_quota_is_enforced_and_changed_live() {
     let endpoint = format!("https://{}", fe.listen);
     let a1 = pki.channel(&endpoint, "a", "a.tenants.test").await;
     put(&a1, None, "k").await.unwrap();
-    let refused = match pki.try_channel(&endpoint, "a", "a.tenants.test").await {
-        Err(_) => None,
-        Ok(a2) => Some(put(&a2, None, "k").await),
-    };
     assert!(
-        matches!(refused, None | Some(Err(_))),
+        pki.served(&endpoint, "a", "k").await.is_none(),
         "a's second connection was served\n{}",
         tail_file(log)
     );
@@ -481,28 +493,12 @@ async fn the_catalogue_s_connection_quota_is_enforced_and_changed_live() {
     }
     // Raised: a's next connection is served, its first still is.
     admin(&["update", "a", "--connections", "2"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let a2 = loop {
-        if let Ok(a2) = pki.try_channel(&endpoint, "a", "a.tenants.test").await
-            && put(&a2, None, "k2").await.is_ok()
-        {
-            break a2;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the raised quota never let a second connection in\n{}",
-            tail_file(log)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let why = "the raised quota never let a second connection in";
+    let a2 = pki.served_within(&endpoint, ("a", "k2"), why, log).await;
     put(&a1, None, "k3").await.unwrap();
     put(&a2, None, "k4").await.unwrap();
-    let third = match pki.try_channel(&endpoint, "a", "a.tenants.test").await {
-        Err(_) => None,
-        Ok(a3) => Some(put(&a3, None, "k").await),
-    };
     assert!(
-        matches!(third, None | Some(Err(_))),
+        pki.served(&endpoint, "a", "k").await.is_none(),
         "a's third connection was served with a quota of 2\n{}",
         tail_file(log)
     );

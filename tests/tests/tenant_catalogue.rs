@@ -458,16 +458,9 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
     );
     // Ready only once the catalogue's tenants are loaded: the first request after that is
     // answered as the catalogue says, never NotFound (which clients would not retry).
-    let readyz = format!("http://{}", d.frontend(0).metrics);
-    let deadline = Instant::now() + WAIT;
-    while curl::request(&readyz, "GET", "/readyz", "").0 != 200 {
-        assert!(
-            Instant::now() < deadline,
-            "never ready\n{}",
-            tail_file(d.frontend_log(0))
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    strata_tests::readiness::wait_readyz_while(&d.frontend(0).metrics, WAIT, || Ok(()))
+        .await
+        .unwrap_or_else(|e| panic!("never ready: {e}\n{}", tail_file(d.frontend_log(0))));
     let mut blue = TenantClient::connect(&endpoint, "blue").await.unwrap();
     let e = get(&mut blue, "k").await.unwrap_err();
     assert_eq!(

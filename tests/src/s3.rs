@@ -6,14 +6,17 @@
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::process::{ChildGuard, free_port, wait_for_port};
+use crate::process::{ChildGuard, free_port};
 
-/// How long moto may take to start listening (~2 s normally; generous for a loaded CI box).
+/// How long one moto may take to start and create the bucket (~1 s normally; generous for a
+/// loaded CI box).
 pub const MOTO_START_TIMEOUT: Duration = Duration::from_secs(60);
-/// Bound on the bucket-creating request.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+/// Servers started before giving up.
+const START_ATTEMPTS: usize = 3;
+/// Bound on one bucket-creating request.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(20);
 /// Credentials moto accepts (any non-empty values).
 pub const ACCESS_KEY: &str = "test";
 pub const SECRET_KEY: &str = "test";
@@ -40,10 +43,33 @@ pub struct MotoS3 {
 
 impl MotoS3 {
     /// Starts moto on a free loopback port and creates `bucket`. Panics (with moto's log) if it
-    /// cannot; `scripts/test.sh` installs moto.
+    /// cannot after [`START_ATTEMPTS`] servers; `scripts/test.sh` installs moto.
+    ///
+    /// A server that does not answer the bucket's creation in time, or that exits, is killed
+    /// and another one is started on another port: a CI run once saw the first request get an
+    /// empty answer while moto's log was still empty, so a single try is not enough on a
+    /// loaded machine.
     pub fn start(bucket: &str) -> Self {
         let bin =
             moto_bin().expect("moto_server not found: pip install 'moto[s3]' flask flask-cors");
+        let mut failures = Vec::new();
+        for attempt in 1..=START_ATTEMPTS {
+            match Self::try_start(&bin, bucket) {
+                Ok(me) => return me,
+                Err(why) => {
+                    eprintln!("moto start {attempt}/{START_ATTEMPTS} failed: {why}");
+                    failures.push(why);
+                }
+            }
+        }
+        panic!(
+            "moto could not serve bucket {bucket} after {START_ATTEMPTS} starts:\n{}",
+            failures.join("\n")
+        );
+    }
+
+    /// One server: spawn, wait until it listens, create the bucket (retried while it runs).
+    fn try_start(bin: &std::path::Path, bucket: &str) -> Result<Self, String> {
         let dir = tempfile::Builder::new()
             .prefix("strata-moto-")
             .tempdir()
@@ -55,7 +81,7 @@ impl MotoS3 {
         let log = dir.path().join("moto.log");
         let child = ChildGuard::spawn(
             "moto",
-            &bin,
+            bin,
             &[
                 "-H".into(),
                 "127.0.0.1".into(),
@@ -64,34 +90,54 @@ impl MotoS3 {
             ],
             Some(&log),
         );
-        wait_for_port(addr, MOTO_START_TIMEOUT);
-        let me = Self {
+        let mut me = Self {
             child,
             addr,
             bucket: bucket.to_string(),
             _dir: dir,
         };
-        let status = me.http(&format!("PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"));
-        assert!(
-            status.starts_with("HTTP/1.1 200") || status.starts_with("HTTP/1.0 200"),
-            "creating bucket {bucket} failed: {status}\n--- moto log ---\n{}",
-            crate::readiness::tail_file(&log)
+        let deadline = Instant::now() + MOTO_START_TIMEOUT;
+        let request = format!(
+            "PUT /{bucket} HTTP/1.1\r\nHost: {addr}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
         );
-        me
+        let mut last = String::from("never asked");
+        while Instant::now() < deadline {
+            if !me.child.is_running() {
+                last = "moto exited".into();
+                break;
+            }
+            match me.http(&request) {
+                Ok(status)
+                    if status.starts_with("HTTP/1.1 200") || status.starts_with("HTTP/1.0 200") =>
+                {
+                    return Ok(me);
+                }
+                Ok(status) => last = format!("creating the bucket answered {status:?}"),
+                Err(e) => last = format!("creating the bucket failed: {e}"),
+            }
+            // Blocking wait is fine here: this helper runs on a plain test thread.
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Err(format!(
+            "port {port}: {last}\n--- moto log ---\n{}",
+            crate::readiness::tail_file(&log)
+        ))
     }
 
-    /// One raw HTTP/1.1 exchange; returns the status line.
-    fn http(&self, request: &str) -> String {
-        let mut s = TcpStream::connect_timeout(&self.addr, HTTP_TIMEOUT).expect("connect to moto");
-        s.set_read_timeout(Some(HTTP_TIMEOUT)).expect("set timeout");
-        s.write_all(request.as_bytes()).expect("send to moto");
+    /// One raw HTTP/1.1 exchange; returns the status line (empty if the server closed the
+    /// connection without one).
+    fn http(&self, request: &str) -> std::io::Result<String> {
+        let mut s = TcpStream::connect_timeout(&self.addr, HTTP_TIMEOUT)?;
+        s.set_read_timeout(Some(HTTP_TIMEOUT))?;
+        s.write_all(request.as_bytes())?;
         let mut resp = Vec::new();
-        let _ = s.read_to_end(&mut resp);
-        String::from_utf8_lossy(&resp)
+        s.read_to_end(&mut resp)?;
+        Ok(String::from_utf8_lossy(&resp)
             .lines()
             .next()
             .unwrap_or("")
-            .to_string()
+            .to_string())
     }
 
     /// `http://127.0.0.1:<port>`.

@@ -2,7 +2,8 @@
 //! frontend runs a replica of the reserved tenant `_system` (shard 0), whose keyspace holds a
 //! record per tenant, and serves every tenant the catalogue places on its shard: loaded (from
 //! its newest checkpoint, then the journal) as soon as the catalogue names it, refused while
-//! suspended or deleted, unloaded while idle (`--tenant-idle-unload`) and loaded again for the
+//! suspended or deleted, unloaded while idle (`--tenant-idle-unload`) or, least recently used
+//! first, while the loaded tenants hold more than `--memory-budget`, and loaded again for the
 //! next request naming it. Each change reaches every frontend as the journal entry it is.
 
 use std::sync::{Arc, Weak};
@@ -20,8 +21,11 @@ const LOAD_RETRY: Duration = Duration::from_secs(1);
 /// Tenants loaded at once (checkpoint fetch and decode) when the catalogue names several.
 const LOADS_AT_ONCE: usize = 4;
 /// How often the follower looks again without a catalogue change: to see that the catalogue's
-/// replica caught up, and to retry a quota append that did not land.
+/// replica caught up, to retry a quota append that did not land, and to unload idle tenants.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
+/// Under `--memory-budget`, a tenant a request named within this long is not unloaded, however
+/// full the budget: the tenants in use are not made to load again and again.
+const BUDGET_MIN_IDLE: Duration = Duration::from_secs(5);
 
 /// What a tenant loaded from the catalogue starts with: the frontend's own settings.
 pub struct Loader {
@@ -33,6 +37,10 @@ pub struct Loader {
     /// `--tenant-idle-unload`: a tenant of the catalogue no request named for this long, with
     /// no stream open, is unloaded until a request names it again (None: never).
     pub idle_unload: Option<Duration>,
+    /// `--memory-budget`: the loaded tenants' database sizes (`Tenants::loaded_bytes`) this
+    /// frontend keeps under, by unloading the least recently used idle ones, and by leaving
+    /// further tenants unloaded until a request names one (None: no budget).
+    pub memory_budget: Option<u64>,
 }
 
 impl Loader {
@@ -67,12 +75,20 @@ impl Loader {
     ) {
         (r, self.load(r).await)
     }
+
+    /// Whether the tenants loaded fill the memory budget: further tenants are left dormant.
+    fn budget_full(&self, tenants: &Tenants) -> bool {
+        self.memory_budget
+            .is_some_and(|budget| tenants.loaded_bytes() >= budget)
+    }
 }
 
 /// Keeps `tenants` in step with the catalogue its `_system` replica holds, for as long as the
 /// tenants live. `reconciled` says up to which catalogue revision this frontend serves what
 /// the catalogue says (the admin API answers a change once it does here).
 pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::Sender<i64>) {
+    let loader = Arc::new(loader);
+    let loads = Arc::new(tokio::sync::Semaphore::new(LOADS_AT_ONCE));
     let Some(system) = tenants.upgrade().and_then(|t| t.catalogue().cloned()) else {
         return;
     };
@@ -108,7 +124,11 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
             if let Some(idle) = loader.idle_unload {
                 unload_idle(&t, idle);
             }
+            if let Some(budget) = loader.memory_budget {
+                unload_over_budget(&t, budget, BUDGET_MIN_IDLE);
+            }
             metrics::gauge!("strata_frontend_tenants_loaded").set(t.loaded_all().len() as f64);
+            metrics::gauge!("strata_frontend_tenants_loaded_bytes").set(t.loaded_bytes() as f64);
         }
         // The next catalogue change (not every record of shard 0: those are mostly other
         // tenants' writes), a request for a dormant tenant, or a second.
@@ -116,7 +136,14 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
             _ = system.replica.hub().reached(revision + 1, LOOK_AGAIN) => {}
             Some(name) = wakes.recv() => {
                 let Some(t) = tenants.upgrade() else { return };
-                wake(&t, &records, &loader, &name).await;
+                // Loaded in its own task, several at once: many clients coming back at once
+                // (a frontend restarted under a budget) do not wait for each other's loads.
+                let record = woken_record(&t, &records, loader.shard, &name);
+                let (loader, loads) = (loader.clone(), loads.clone());
+                tokio::spawn(async move {
+                    let Ok(_permit) = loads.acquire_owned().await else { return };
+                    wake(&t, record.as_ref(), &loader, &name).await;
+                });
             }
         }
         if tenants.strong_count() == 0 {
@@ -140,29 +167,75 @@ fn unload_idle(tenants: &Tenants, idle: Duration) {
     }
 }
 
-/// Loads dormant tenant `name` again for the request that named it, as its record says now;
-/// forgets it if the record no longer serves that generation here (the reconcile that saw
-/// the change loads a new generation itself).
-async fn wake(tenants: &Tenants, records: &[TenantRecord], loader: &Loader, name: &str) {
-    let Some(dormant_key) = tenants.dormant(name) else {
+/// Unloads idle tenants, least recently used first, while the tenants loaded hold more than
+/// `budget` bytes; none a request named within `min_idle`, none with a stream open.
+fn unload_over_budget(tenants: &Tenants, budget: u64, min_idle: Duration) {
+    let mut held = tenants.loaded_bytes();
+    if held <= budget {
+        return;
+    }
+    let mut idle: Vec<(Duration, Arc<Tenant>)> = tenants
+        .loaded_all()
+        .into_iter()
+        .map(|t| (t.idle_for(), t))
+        .filter(|(idle, _)| *idle >= min_idle)
+        .collect();
+    idle.sort_by_key(|(idle, _)| std::cmp::Reverse(*idle));
+    for (_, t) in idle {
+        if held <= budget {
+            return;
+        }
+        let bytes = t.replica.read().stats().charged_bytes;
+        let name = t.name.clone();
+        drop(t);
+        if tenants.unload_if_idle(&name, min_idle) {
+            held = held.saturating_sub(bytes);
+            tracing::info!(tenant = %name, bytes, budget, "over the memory budget: unloaded until a request names it");
+            metrics::counter!("strata_frontend_tenants_unloaded_budget_total").increment(1);
+        }
+    }
+}
+
+/// The record that serves dormant tenant `name` here, as the catalogue says now; None if it
+/// no longer serves that generation here (the reconcile that saw the change loads a new
+/// generation itself).
+fn woken_record(
+    tenants: &Tenants,
+    records: &[TenantRecord],
+    shard: u32,
+    name: &str,
+) -> Option<TenantRecord> {
+    let dormant_key = tenants.dormant(name)?;
+    records
+        .iter()
+        .find(|r| {
+            r.name == name
+                && r.shard == shard
+                && api::tenant::journal_key(&r.name, &r.uid) == dormant_key
+                && served_of(r) != Served::Deleted
+        })
+        .cloned()
+}
+
+/// Loads dormant tenant `name` again for the request that named it, as `record` (the one
+/// `woken_record` found) says; forgets it if there is none.
+async fn wake(tenants: &Tenants, record: Option<&TenantRecord>, loader: &Loader, name: &str) {
+    if tenants.dormant(name).is_none() {
         // Loaded (or forgotten) between the request's look and its wake: nothing to wait for.
         tenants.forget_waking(name);
         return;
-    };
-    let record = records.iter().find(|r| {
-        r.name == name
-            && r.shard == loader.shard
-            && api::tenant::journal_key(&r.name, &r.uid) == dormant_key
-            && served_of(r) != Served::Deleted
-    });
+    }
     let Some(r) = record else {
         tenants.forget_dormant(name);
         return;
     };
     match loader.load(r).await {
         Ok(t) => {
-            tracing::info!(tenant = %name, "idle tenant loaded again for a request");
-            tenants.insert_loaded(t);
+            if tenants.insert_woken(t) {
+                tracing::info!(tenant = %name, "idle tenant loaded again for a request");
+            } else {
+                tracing::info!(tenant = %name, "tenant changed while it was loaded for a request: not served");
+            }
         }
         Err(e) => {
             // The waiting request is answered Unavailable, which clients retry: it wakes the
@@ -228,23 +301,40 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
         }
     }
     // Several at a time: a frontend starting with many tenants fetches their checkpoints in
-    // parallel, each served as soon as it is loaded.
-    let loads: Vec<_> = to_load.into_iter().map(|r| loader.load_of(r)).collect();
-    let mut loads = futures::stream::iter(loads).buffer_unordered(LOADS_AT_ONCE);
+    // parallel, each served as soon as it is loaded. Once the loaded tenants fill the memory
+    // budget, the rest are served dormant: the first request naming one loads it.
     let mut all_loaded = true;
-    while let Some((r, loaded)) = loads.next().await {
-        match loaded {
-            Ok(t) => {
-                tracing::info!(tenant = %r.name, state = ?t.served(), "tenant loaded from the catalogue");
-                tenants.insert_loaded(t);
+    for batch in to_load.chunks(LOADS_AT_ONCE) {
+        if loader.budget_full(tenants) {
+            for r in batch {
+                let key = api::tenant::journal_key(&r.name, &r.uid);
+                tracing::info!(tenant = %r.name, "memory budget full: tenant served unloaded until a request names it");
+                tenants.add_dormant(&r.name, &key, own_connections(r));
             }
-            Err(e) => {
-                tracing::warn!(tenant = %r.name, error = %e, "cannot load a tenant of the catalogue; trying again");
-                all_loaded = false;
+            continue;
+        }
+        let mut loads: futures::stream::FuturesUnordered<_> =
+            batch.iter().map(|r| loader.load_of(r)).collect();
+        while let Some((r, loaded)) = loads.next().await {
+            match loaded {
+                Ok(t) => {
+                    tracing::info!(tenant = %r.name, state = ?t.served(), "tenant loaded from the catalogue");
+                    tenants.insert_loaded(t);
+                }
+                Err(e) => {
+                    tracing::warn!(tenant = %r.name, error = %e, "cannot load a tenant of the catalogue; trying again");
+                    all_loaded = false;
+                }
             }
         }
     }
     all_loaded
+}
+
+/// The connection quota `r` gives its tenant (`Tenant::max_connections`), if any.
+fn own_connections(r: &TenantRecord) -> Option<usize> {
+    let connections = r.quotas.unwrap_or_default().connections;
+    (connections > 0).then(|| usize::try_from(connections).unwrap_or(usize::MAX))
 }
 
 /// The tenants whose quotas this frontend is appending to their shard.
@@ -345,6 +435,7 @@ mod tests {
             limits: test_limits(),
             member_id: 1,
             idle_unload: None,
+            memory_budget: None,
         };
         (tenants, loader)
     }
@@ -513,7 +604,8 @@ mod tests {
         }
         assert_eq!(wakes.recv().await.as_deref(), Some("a"));
         assert!(wakes.try_recv().is_err(), "woken once");
-        wake(&tenants, &records, &loader, "a").await;
+        let woken = woken_record(&tenants, &records, 1, "a");
+        wake(&tenants, woken.as_ref(), &loader, "a").await;
         let a = tenants.resolve(&naming("a")).expect("loaded again");
         crate::tenant::until_ready(std::slice::from_ref(&a)).await;
         let got = a
@@ -538,6 +630,156 @@ mod tests {
         assert!(tenants.names().is_empty());
         assert!(matches!(
             tenants.resolve(&naming("a")),
+            Err(crate::errors::Error::UnknownTenant(_))
+        ));
+    }
+
+    /// Puts `value` under `key` in `t` through its journal, as a request would.
+    async fn put(t: &Tenant, key: &str, value: &[u8]) {
+        use api::strata::entry::entry::Request as Intent;
+        let put = PutRequest {
+            key: key.as_bytes().to_vec(),
+            value: value.to_vec(),
+            ..Default::default()
+        };
+        let id = crate::rpc::RequestId::random();
+        t.propose(&id, &crate::auth::Caller::default(), Intent::Put(put))
+            .await
+            .unwrap();
+    }
+
+    fn records_of(names: &[&str]) -> Vec<TenantRecord> {
+        names
+            .iter()
+            .map(|n| record(n, 1, TenantState::Active))
+            .collect()
+    }
+
+    /// Over the budget, idle tenants are unloaded least recently used first, only as many as
+    /// bring the loaded bytes under it; a tenant named lately or with a stream open stays.
+    #[tokio::test]
+    async fn over_the_memory_budget_the_least_recently_used_idle_tenants_are_unloaded() {
+        let (tenants, loader) = following(Arc::new(MemLog::new()), None);
+        let tenants = Arc::new(tenants);
+        let mut records = records_of(&["a", "b", "c"]);
+        records[0].quotas = Some(api::strata::entry::TenantQuotas {
+            connections: 2,
+            ..Default::default()
+        });
+        assert!(reconcile(&tenants, &records, &loader).await);
+        let short = Duration::from_millis(20);
+        // Used in the order a, b, c, each some time after the other.
+        for name in ["a", "b", "c"] {
+            let t = tenants.resolve(&naming(name)).unwrap();
+            crate::tenant::until_ready(std::slice::from_ref(&t)).await;
+            put(&t, "k", &[b'v'; 1000]).await;
+            tokio::time::sleep(short * 2).await;
+        }
+        let held = tenants.loaded_bytes();
+        assert!(held >= 3000, "{held}");
+        let loaded = |n: &str| tenants.loaded(n).is_some();
+
+        unload_over_budget(&tenants, held, short);
+        assert!(
+            loaded("a") && loaded("b") && loaded("c"),
+            "within the budget"
+        );
+        unload_over_budget(&tenants, held - 1, short);
+        assert!(!loaded("a"), "the least recently used goes first");
+        assert!(loaded("b") && loaded("c"), "and no more than needed");
+        assert_eq!(
+            tenants.dormant("a"),
+            Some(api::tenant::journal_key("a", &[]))
+        );
+        assert!(tenants.loaded_bytes() < held);
+        use crate::tls::Directory;
+        assert_eq!(
+            Arc::downgrade(&tenants).max_connections("a"),
+            Some(2),
+            "its own connection quota holds while it sleeps"
+        );
+
+        // b has a stream open, c was named just now: neither goes, however full the budget.
+        let b = tenants.loaded("b").unwrap();
+        let stream = b.refusal(false);
+        tenants.resolve(&naming("c")).unwrap();
+        unload_over_budget(&tenants, 0, Duration::from_secs(5));
+        assert!(loaded("b") && loaded("c"));
+        tokio::time::sleep(short * 2).await;
+        unload_over_budget(&tenants, 0, short);
+        assert!(loaded("b"), "a tenant with an open stream stays");
+        assert!(!loaded("c"), "idle long enough now");
+        drop(stream);
+        tokio::time::sleep(short * 2).await;
+        unload_over_budget(&tenants, 0, short);
+        assert!(!loaded("b"));
+        assert_eq!(tenants.loaded_bytes(), 0);
+        let mut names = tenants.names();
+        names.sort();
+        assert_eq!(names, ["a", "b", "c"], "all still served");
+    }
+
+    /// With the budget full, tenants the catalogue names are served without being loaded (their
+    /// own connection quota enforced all the same); a request wakes one and it is loaded. A
+    /// tenant deleted while it was being loaded for a request is not served.
+    #[tokio::test]
+    async fn with_the_budget_full_further_tenants_are_served_unloaded_until_a_request() {
+        let (tenants, mut loader) = following(Arc::new(MemLog::new()), Some("fixed"));
+        let tenants = Arc::new(tenants);
+        let fixed = tenants.fixed("fixed").unwrap();
+        crate::tenant::until_ready(std::slice::from_ref(&fixed)).await;
+        put(&fixed, "k", b"fills the budget").await;
+        loader.memory_budget = Some(tenants.loaded_bytes() + 1);
+        let mut records = records_of(&["first"]);
+        assert!(reconcile(&tenants, &records, &loader).await);
+        let first = tenants
+            .loaded("first")
+            .expect("loaded: the budget had room");
+        crate::tenant::until_ready(std::slice::from_ref(&first)).await;
+        put(&first, "k", b"and now it is full").await;
+
+        records.extend(records_of(&["p", "q", "r", "s", "t"]));
+        records[1].quotas = Some(api::strata::entry::TenantQuotas {
+            connections: 3,
+            ..Default::default()
+        });
+        assert!(reconcile(&tenants, &records, &loader).await);
+        for name in ["p", "q", "r", "s", "t"] {
+            assert!(tenants.loaded(name).is_none(), "{name} loaded");
+            assert_eq!(
+                tenants.dormant(name),
+                Some(api::tenant::journal_key(name, &[]))
+            );
+        }
+        let mut names = tenants.names();
+        names.sort();
+        assert_eq!(names, ["first", "fixed", "p", "q", "r", "s", "t"]);
+        use crate::tls::Directory;
+        let directory = Arc::downgrade(&tenants);
+        assert_eq!(directory.max_connections("p"), Some(3), "p's own quota");
+        assert_eq!(directory.max_connections("r"), None);
+
+        // A request wakes p; the follower loads it.
+        let e = tenants.resolve(&naming("p")).err().unwrap();
+        assert!(matches!(e, crate::errors::Error::Loading(_)), "{e:?}");
+        let woken = woken_record(&tenants, &records, 1, "p");
+        wake(&tenants, woken.as_ref(), &loader, "p").await;
+        let p = tenants
+            .resolve(&naming("p"))
+            .expect("loaded for the request");
+        crate::tenant::until_ready(std::slice::from_ref(&p)).await;
+
+        // q is deleted while it is being loaded for a request: not served.
+        tenants.resolve(&naming("q")).err().unwrap();
+        let woken = woken_record(&tenants, &records, 1, "q").expect("q's record");
+        let mut deleted = records.clone();
+        deleted[2].state = TenantState::Deleted as i32;
+        assert!(reconcile(&tenants, &deleted, &loader).await);
+        let t = loader.load(&woken).await.unwrap();
+        assert!(!tenants.insert_woken(t.clone()));
+        assert!(t.replica.is_stopped());
+        assert!(matches!(
+            tenants.resolve(&naming("q")),
             Err(crate::errors::Error::UnknownTenant(_))
         ));
     }

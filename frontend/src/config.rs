@@ -120,6 +120,15 @@ pub struct Config {
     #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
     pub tenant_idle_unload: Duration,
 
+    /// Most bytes the tenants loaded here may hold, counted as their database sizes (Status's
+    /// dbSize: keys, values and history; the process's resident memory is about twice that):
+    /// over it, the tenants of the catalogue that no request named for a few seconds and that
+    /// have no stream open are unloaded, least recently used first, and further tenants are
+    /// served unloaded until a request names one. Accepts `512MiB`, `4GiB`, `2GB` or bytes;
+    /// `0`: no budget.
+    #[arg(long, default_value = "0", value_parser = parse_bytes)]
+    pub memory_budget: u64,
+
     /// How many journal shards the deployment has: a tenant created here without a shard is
     /// placed on the one with the fewest tenants.
     #[arg(long, default_value_t = 1)]
@@ -312,6 +321,7 @@ impl Config {
             admin_listen: None,
             deleted_tenant_retention: Duration::from_secs(7 * 24 * 3600),
             tenant_idle_unload: Duration::from_secs(600),
+            memory_budget: 0,
             admin_cert_file: None,
             admin_key_file: None,
             admin_trusted_ca_file: None,
@@ -497,9 +507,51 @@ pub fn stable_id(name: &str) -> u64 {
     ((hi << 32) | lo).max(1)
 }
 
+/// A size in bytes: a number, optionally followed by `KiB`, `MiB`, `GiB`, `TiB` (powers of
+/// 1024) or `KB`, `MB`, `GB`, `TB` (powers of 1000), as Kubernetes quantities and etcd's
+/// documentation write them.
+pub fn parse_bytes(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (a number of bytes, or 512MiB, 4GiB)"))?;
+    let scale: u64 = match unit.trim() {
+        "" | "B" => 1,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        "KB" | "kB" => 1_000,
+        "MB" => 1_000_000,
+        "GB" => 1_000_000_000,
+        "TB" => 1_000_000_000_000,
+        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
+    };
+    number
+        .checked_mul(scale)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_parse_with_binary_and_decimal_units() {
+        assert_eq!(parse_bytes("0"), Ok(0));
+        assert_eq!(parse_bytes("1234"), Ok(1234));
+        assert_eq!(parse_bytes("512MiB"), Ok(512 << 20));
+        assert_eq!(parse_bytes("4GiB"), Ok(4 << 30));
+        assert_eq!(parse_bytes("2GB"), Ok(2_000_000_000));
+        assert_eq!(parse_bytes("3 KiB"), Ok(3 << 10));
+        for bad in ["", "GiB", "1.5GiB", "4gib", "-1", "99999999999TiB"] {
+            assert!(parse_bytes(bad).is_err(), "{bad:?} parsed");
+        }
+    }
 
     #[test]
     fn defaults_validate() {

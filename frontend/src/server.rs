@@ -215,6 +215,7 @@ impl Frontend {
                     member_id,
                     idle_unload: (!config.tenant_idle_unload.is_zero())
                         .then_some(config.tenant_idle_unload),
+                    memory_budget: (config.memory_budget > 0).then_some(config.memory_budget),
                 },
                 reconciled_tx,
             ));

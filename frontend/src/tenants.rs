@@ -59,16 +59,25 @@ pub struct Tenants {
     /// then a request for one would be refused as unknown (NotFound, which clients do not
     /// retry), so the frontend is not ready.
     catalogue_loaded: std::sync::atomic::AtomicBool,
-    /// Tenants of the catalogue unloaded while idle (`--tenant-idle-unload`), by name, with
-    /// the key of the generation unloaded: still served here, loaded again by the first
-    /// request naming one.
-    dormant: std::sync::RwLock<HashMap<String, String>>,
+    /// Tenants of the catalogue not loaded although served here: unloaded while idle
+    /// (`--tenant-idle-unload`), unloaded or left unloaded under `--memory-budget`; by name.
+    /// The first request naming one loads it.
+    dormant: std::sync::RwLock<HashMap<String, Dormant>>,
     /// Dormant tenants a request is waiting for; the follower loads them (`take_wakes`).
     waking: std::sync::Mutex<std::collections::HashSet<String>>,
     wakes: tokio::sync::mpsc::UnboundedSender<String>,
     wakes_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<String>>>,
     /// Bumped when a woken tenant is loaded or given up on; waiting requests look again.
     woken: watch::Sender<u64>,
+}
+
+/// A tenant served here but not loaded (`Tenants::dormant`).
+#[derive(Debug, Clone)]
+struct Dormant {
+    /// The key of the generation served.
+    key: String,
+    /// Its own connection quota (`Tenant::max_connections`), enforced while it sleeps too.
+    max_connections: Option<usize>,
 }
 
 impl Tenants {
@@ -141,13 +150,66 @@ impl Tenants {
             .take()
     }
 
-    /// The key of the generation of `name` unloaded while idle, if it is dormant.
+    /// The key of the generation of `name` served here unloaded, if it is dormant.
     pub fn dormant(&self, name: &str) -> Option<String> {
         self.dormant
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(name)
-            .cloned()
+            .map(|d| d.key.clone())
+    }
+
+    /// Serves generation `key` of `name` without loading it: the first request naming it
+    /// wakes it (`--memory-budget`, when the loaded tenants fill it). `max_connections` is its
+    /// own connection quota, if its record gives one.
+    pub fn add_dormant(&self, name: &str, key: &str, max_connections: Option<usize>) {
+        self.dormant
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(
+                name.to_string(),
+                Dormant {
+                    key: key.to_string(),
+                    max_connections,
+                },
+            );
+    }
+
+    /// Serves `t`, loaded for a request that woke it, if it is still the dormant generation
+    /// of its name; else (deleted or created again meanwhile) stops it and answers false.
+    pub fn insert_woken(&self, t: Arc<Tenant>) -> bool {
+        let name = t.name.clone();
+        let inserted = {
+            let mut loaded = self
+                .loaded
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut dormant = self
+                .dormant
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let still = dormant.get(&name).is_some_and(|d| d.key == t.key);
+            if still {
+                dormant.remove(&name);
+                t.touch();
+                loaded.insert(name.clone(), t.clone());
+            }
+            still
+        };
+        if !inserted {
+            t.replica.stop();
+        }
+        self.forget_waking(&name);
+        inserted
+    }
+
+    /// What the tenants loaded here hold: the sum of their database sizes (Status's `dbSize`,
+    /// what the stored-bytes quota counts), the catalogue's own replica excluded.
+    pub fn loaded_bytes(&self) -> u64 {
+        self.all()
+            .iter()
+            .map(|t| t.replica.read().stats().charged_bytes)
+            .sum()
     }
 
     /// Forgets a dormant tenant (deleted, or created again): a request waiting for it looks
@@ -193,10 +255,7 @@ impl Tenants {
             let Some(t) = loaded.remove(name) else {
                 return false;
             };
-            self.dormant
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .insert(name.to_string(), t.key.clone());
+            self.add_dormant(name, &t.key, t.max_connections());
             t
         };
         t.replica.stop();
@@ -650,7 +709,18 @@ impl crate::tls::Directory for std::sync::Weak<Tenants> {
     }
 
     fn max_connections(&self, name: &str) -> Option<usize> {
-        self.upgrade()?.named(name)?.max_connections()
+        let tenants = self.upgrade()?;
+        match tenants.named(name) {
+            Some(t) => t.max_connections(),
+            None => {
+                tenants
+                    .dormant
+                    .read()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .get(name)?
+                    .max_connections
+            }
+        }
     }
 }
 

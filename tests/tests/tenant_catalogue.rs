@@ -752,3 +752,100 @@ async fn an_idle_tenant_is_unloaded_and_the_next_request_loads_it_again() {
         .unwrap();
     assert_eq!(event.events[0].kv.as_ref().unwrap().value, b"seen");
 }
+
+/// `--memory-budget`: over it, the least recently used idle tenant is unloaded (and only as
+/// many as bring the loaded bytes under it); the next request naming it finds its keys. After
+/// a restart, the tenants beyond the budget are served unloaded until a request names one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_the_memory_budget_the_least_recently_used_tenants_are_unloaded() {
+    const VALUE: usize = 100_000;
+    let mut dev = DevDeployment::start_with(&[
+        "--frontend-arg=--memory-budget=250KB".to_string(),
+        // Only the budget unloads here.
+        "--frontend-arg=--tenant-idle-unload=0s".to_string(),
+    ])
+    .await;
+    let (admin_at, endpoint) = (dev.admin_endpoint().to_string(), dev.endpoint().to_string());
+    let frontend_log = dev.dir().join("data/logs/frontend.log");
+    let lines_with = |needle: &str| -> Vec<String> {
+        std::fs::read_to_string(&frontend_log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(needle))
+            .map(str::to_string)
+            .collect()
+    };
+    let unloaded = |name: &str| {
+        lines_with("over the memory budget: unloaded")
+            .iter()
+            .filter(|l| l.contains(&format!("tenant={name} ")))
+            .count()
+    };
+    let names = ["t1", "t2", "t3", "t4", "t5", "t6"];
+    let mut clients = Vec::new();
+    for name in names {
+        admin(&admin_at, &["create", name]).unwrap();
+        let mut c = TenantClient::connect(&endpoint, name).await.unwrap();
+        put(&mut c, "k", &name.repeat(VALUE / 2)).await.unwrap();
+        clients.push(c);
+        // One after the other: t1 is the least recently used.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // 600 KB loaded against a 250 KB budget: the four least recently used go, t1 first, and
+    // t5 and t6 stay (500 KB would still be over; 200 KB is under).
+    let deadline = Instant::now() + WAIT;
+    while unloaded("t4") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "nothing unloaded\n{}",
+            tail_file(&frontend_log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for name in ["t1", "t2", "t3", "t4"] {
+        assert_eq!(unloaded(name), 1, "{name}\n{}", tail_file(&frontend_log));
+    }
+    assert_eq!(unloaded("t5") + unloaded("t6"), 0, "more than needed went");
+    let order: Vec<String> = lines_with("over the memory budget: unloaded");
+    assert!(
+        order[0].contains("tenant=t1 "),
+        "the least recently used first: {order:?}"
+    );
+    assert!(curl::has_metric(
+        dev.metrics_addr(),
+        "strata_frontend_tenants_unloaded_budget_total "
+    ));
+    assert!(curl::has_metric(
+        dev.metrics_addr(),
+        "strata_frontend_tenants_loaded_bytes "
+    ));
+    // Named again: loaded for the request, with its keys and revisions.
+    assert_eq!(
+        get(&mut clients[0], "k").await.unwrap(),
+        Some("t1".repeat(VALUE / 2).into_bytes())
+    );
+    assert_eq!(put(&mut clients[0], "k2", "more").await.unwrap(), 3);
+
+    // Restarted: the first tenants loaded fill the budget, the rest are served unloaded
+    // until a request names one.
+    drop(clients);
+    dev.restart().await;
+    let deadline = Instant::now() + WAIT;
+    while lines_with("memory budget full: tenant served unloaded").is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "every tenant loaded at start\n{}",
+            tail_file(&frontend_log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for name in names {
+        let mut c = TenantClient::connect(&endpoint, name).await.unwrap();
+        assert_eq!(
+            get(&mut c, "k").await.unwrap(),
+            Some(name.repeat(VALUE / 2).into_bytes()),
+            "{name}"
+        );
+    }
+}

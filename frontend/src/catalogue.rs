@@ -89,6 +89,9 @@ impl Loader {
 pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::Sender<i64>) {
     let loader = Arc::new(loader);
     let loads = Arc::new(tokio::sync::Semaphore::new(LOADS_AT_ONCE));
+    if let Some(budget) = loader.memory_budget {
+        metrics::gauge!("strata_frontend_memory_budget_bytes").set(budget as f64);
+    }
     let Some(system) = tenants.upgrade().and_then(|t| t.catalogue().cloned()) else {
         return;
     };

@@ -295,6 +295,10 @@ pub enum ConfigError {
     #[error("--admin-listen needs --catalogue (the admin API changes the catalogue)")]
     AdminWithoutCatalogue,
     #[error(
+        "--memory-budget needs --catalogue (only tenants of the catalogue are unloaded and loaded again)"
+    )]
+    BudgetWithoutCatalogue,
+    #[error(
         "--admin-listen {0} is not a loopback address: it needs --admin-cert-file, --admin-key-file and --admin-trusted-ca-file (mutual TLS)"
     )]
     AdminWithoutTls(SocketAddr),
@@ -405,6 +409,9 @@ impl Config {
             if !seen.insert(t) {
                 return Err(ConfigError::DuplicateTenant(t.to_string()));
             }
+        }
+        if self.memory_budget > 0 && !self.catalogue {
+            return Err(ConfigError::BudgetWithoutCatalogue);
         }
         if seen.is_empty() && !self.catalogue {
             return Err(ConfigError::NoTenant);
@@ -632,6 +639,14 @@ mod tests {
             c.validate(),
             Err(ConfigError::AdminWithoutCatalogue)
         ));
+        c.admin_listen = None;
+        c.memory_budget = 1 << 30;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::BudgetWithoutCatalogue)
+        ));
+        c.catalogue = true;
+        assert!(c.validate().is_ok());
     }
 
     #[test]

@@ -1,7 +1,8 @@
 # Provisions one Strata deployment: the checkpoint bucket, a namespace, the object-store secret,
-# the frontends' auth token key,
-# and the Kubernetes objects of infra/kubernetes (journal StatefulSet, frontends, compactor),
-# with the image and bucket substituted for the manifests' defaults.
+# the frontends' auth token key, the deployment's CA with the frontends' and the admin API's
+# certificates (and client certificates for the operators and the tenants named), and the
+# Kubernetes objects of infra/kubernetes (journal StatefulSet, frontends, compactor), with the
+# image, bucket and tenant domain substituted for the manifests' defaults.
 
 locals {
   manifests_dir = coalesce(var.manifests_dir, "${path.module}/../../infra/kubernetes")
@@ -10,6 +11,8 @@ locals {
   # `kubectl apply -k infra/kubernetes` works on the same files).
   image_placeholder  = "image: strata:dev"
   bucket_placeholder = "s3://strata-checkpoints"
+  # The domain under which each tenant has its name (<tenant>.<domain>).
+  tenant_domain_placeholder = "tenants.example.com"
   # The journal's volume claim; the storage class goes in front of it when one is given.
   storage_placeholder = "        resources:\n          requests: {storage: 50Gi}"
   storage_class_line  = var.journal_storage_class == null ? "" : "        storageClassName: ${var.journal_storage_class}\n"
@@ -22,11 +25,21 @@ locals {
     "compactor.yaml" = coalesce(var.compactor_image, var.image)
   }
 
+  namespace = kubernetes_namespace_v1.strata.metadata[0].name
+  # The names clients dial: a tenant's own, and the Services' inside the cluster.
+  frontend_dns_names = [
+    "*.${var.tenant_domain}",
+    "strata-frontend",
+    "strata-frontend.${var.namespace}.svc",
+  ]
+  admin_dns_names = ["strata-admin", "strata-admin.${var.namespace}.svc"]
+
   documents = flatten([
     for f in local.manifest_files : [
-      for doc in split("\n---\n", replace(replace(replace(file("${local.manifests_dir}/${f}"),
+      for doc in split("\n---\n", replace(replace(replace(replace(file("${local.manifests_dir}/${f}"),
         local.image_placeholder, "image: ${local.images[f]}"),
         local.bucket_placeholder, "s3://${var.bucket_name}"),
+        local.tenant_domain_placeholder, var.tenant_domain),
       local.storage_placeholder, "${local.storage_class_line}${local.storage_placeholder}")) : yamldecode(doc)
     ]
   ])
@@ -102,9 +115,130 @@ resource "kubernetes_secret_v1" "auth_token" {
   }
 }
 
+# Two CAs, kept in the Terraform state: one for the etcd port (the frontends' certificate and
+# every tenant's client certificate, which names it as <tenant>.<domain>), one for the admin
+# API (its server certificate and the operators'). Separate, so that no tenant's certificate
+# passes the admin API's mutual TLS. Issue more certificates from the `ca` outputs.
+locals {
+  # Which CA signs what: server certificates and clients by purpose.
+  signer = { frontend = "tenants", admin = "admin" }
+  clients = merge(
+    { for o in var.admin_operators : "admin/${o}" => {
+      ca          = "admin"
+      common_name = o
+      dns_names   = []
+    } },
+    { for t in var.tenant_client_certificates : "tenant/${t}" => {
+      ca          = "tenants"
+      common_name = t
+      dns_names   = ["${t}.${var.tenant_domain}"]
+    } },
+  )
+}
+
+resource "tls_private_key" "ca" {
+  for_each    = toset(["tenants", "admin"])
+  algorithm   = "ECDSA"
+  ecdsa_curve = "P256"
+}
+
+resource "tls_self_signed_cert" "ca" {
+  for_each              = tls_private_key.ca
+  private_key_pem       = each.value.private_key_pem
+  is_ca_certificate     = true
+  validity_period_hours = var.ca_validity_hours
+  allowed_uses          = ["cert_signing", "crl_signing", "digital_signature"]
+  subject {
+    common_name  = "strata ${var.namespace} ${each.key} CA"
+    organization = "strata"
+  }
+}
+
+# Server certificates: the frontends' (every tenant's name under the domain, and the
+# Service's) and the admin API's.
+resource "tls_private_key" "server" {
+  for_each    = local.signer
+  algorithm   = "ECDSA"
+  ecdsa_curve = "P256"
+}
+
+resource "tls_cert_request" "server" {
+  for_each        = tls_private_key.server
+  private_key_pem = each.value.private_key_pem
+  dns_names       = each.key == "frontend" ? local.frontend_dns_names : local.admin_dns_names
+  subject {
+    common_name = "strata-${each.key}"
+  }
+}
+
+resource "tls_locally_signed_cert" "server" {
+  for_each              = tls_cert_request.server
+  cert_request_pem      = each.value.cert_request_pem
+  ca_private_key_pem    = tls_private_key.ca[local.signer[each.key]].private_key_pem
+  ca_cert_pem           = tls_self_signed_cert.ca[local.signer[each.key]].cert_pem
+  validity_period_hours = var.certificate_validity_hours
+  early_renewal_hours   = var.certificate_validity_hours / 4
+  allowed_uses          = ["digital_signature", "key_encipherment", "server_auth"]
+}
+
+resource "kubernetes_secret_v1" "frontend_tls" {
+  metadata {
+    name      = "strata-frontend-tls"
+    namespace = local.namespace
+  }
+  type = "kubernetes.io/tls"
+  data = {
+    "tls.crt" = tls_locally_signed_cert.server["frontend"].cert_pem
+    "tls.key" = tls_private_key.server["frontend"].private_key_pem
+    "ca.crt"  = tls_self_signed_cert.ca["tenants"].cert_pem
+  }
+}
+
+resource "kubernetes_secret_v1" "admin_tls" {
+  metadata {
+    name      = "strata-admin-tls"
+    namespace = local.namespace
+  }
+  type = "kubernetes.io/tls"
+  data = {
+    "tls.crt" = tls_locally_signed_cert.server["admin"].cert_pem
+    "tls.key" = tls_private_key.server["admin"].private_key_pem
+    "ca.crt"  = tls_self_signed_cert.ca["admin"].cert_pem
+  }
+}
+
+# Client certificates: one per operator of the admin API (its common name is the operator's
+# name in the frontends' logs), one per tenant of `tenant_client_certificates` (its DNS name
+# <tenant>.<domain> names the tenant, so kube-apiserver's --etcd-certfile reaches its own
+# keyspace whatever it dials).
+resource "tls_private_key" "client" {
+  for_each    = local.clients
+  algorithm   = "ECDSA"
+  ecdsa_curve = "P256"
+}
+
+resource "tls_cert_request" "client" {
+  for_each        = local.clients
+  private_key_pem = tls_private_key.client[each.key].private_key_pem
+  dns_names       = each.value.dns_names
+  subject {
+    common_name = each.value.common_name
+  }
+}
+
+resource "tls_locally_signed_cert" "client" {
+  for_each              = tls_cert_request.client
+  cert_request_pem      = each.value.cert_request_pem
+  ca_private_key_pem    = tls_private_key.ca[local.clients[each.key].ca].private_key_pem
+  ca_cert_pem           = tls_self_signed_cert.ca[local.clients[each.key].ca].cert_pem
+  validity_period_hours = var.certificate_validity_hours
+  early_renewal_hours   = var.certificate_validity_hours / 4
+  allowed_uses          = ["digital_signature", "key_encipherment", "client_auth"]
+}
+
 resource "kubernetes_manifest" "strata" {
   for_each = { for d in local.documents : "${d.kind}/${d.metadata.name}" => d }
   manifest = merge(each.value, {
-    metadata = merge(each.value.metadata, { namespace = kubernetes_namespace_v1.strata.metadata[0].name })
+    metadata = merge(each.value.metadata, { namespace = local.namespace })
   })
 }

@@ -56,3 +56,32 @@ variable "manifests_dir" {
   type        = string
   default     = null
 }
+
+variable "tenant_domain" {
+  description = "Domain under which each tenant has its name: kube-apiserver dials <tenant>.<domain>:2379 (a wildcard DNS record to the strata-frontend Service or its load balancer)."
+  type        = string
+}
+
+variable "tenant_client_certificates" {
+  description = "Tenants to issue a client certificate for (DNS name <tenant>.<domain>), in the `tenant_certificates` output; others are issued from the `ca` output."
+  type        = set(string)
+  default     = []
+}
+
+variable "admin_operators" {
+  description = "Names to issue admin API client certificates for (the `admin_certificates` output)."
+  type        = set(string)
+  default     = ["operator"]
+}
+
+variable "ca_validity_hours" {
+  description = "Validity of the deployment's CA (replacing it means new certificates for every client)."
+  type        = number
+  default     = 87600
+}
+
+variable "certificate_validity_hours" {
+  description = "Validity of the server and client certificates; Terraform renews them in the last quarter, on the next apply."
+  type        = number
+  default     = 8760
+}

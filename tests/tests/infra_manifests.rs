@@ -547,6 +547,126 @@ fn terraform_substitutes_values_the_manifests_hold() {
         bucket_uses >= 2,
         "frontends and compactor name the bucket placeholder {bucket:?}"
     );
+    // The tenant domain: the frontends' --tenant-domain and the URLs they advertise.
+    let domain = unquoted(&locals["tenant_domain_placeholder"]);
+    let frontend = frontend_argv(&objects());
+    let f = flags(&frontend);
+    assert_eq!(f.get("--tenant-domain"), Some(&domain));
+    assert!(
+        f["--advertise-client-urls"].contains(&format!("{{tenant}}.{domain}:")),
+        "the frontends advertise each tenant's own name under {domain}"
+    );
+}
+
+/// The `strata` argv of the frontends' container (one Deployment of them).
+fn frontend_argv(objects: &[(String, Value)]) -> Vec<String> {
+    let all: Vec<Vec<String>> = workloads(objects)
+        .into_iter()
+        .flat_map(containers)
+        .map(strata_argv)
+        .filter(|argv| argv.first().map(String::as_str) == Some("frontend"))
+        .collect();
+    assert_eq!(all.len(), 1, "one frontend container: {all:?}");
+    all.into_iter().next().expect("one")
+}
+
+/// `strata frontend`'s flags, as the binary parses them.
+#[derive(clap::Parser)]
+struct FrontendCommand {
+    #[command(flatten)]
+    config: frontend::Config,
+}
+
+/// Bytes of a Kubernetes memory quantity (`8Gi`, `512Mi`).
+fn quantity(q: &str) -> u64 {
+    let (n, scale) = if let Some(n) = q.strip_suffix("Gi") {
+        (n, 1u64 << 30)
+    } else if let Some(n) = q.strip_suffix("Mi") {
+        (n, 1 << 20)
+    } else {
+        (q, 1)
+    };
+    n.parse::<u64>().expect("a whole quantity") * scale
+}
+
+/// The frontends' flags make a configuration the frontend accepts (its own checks: tenants
+/// named only by what a client cannot forge, the admin API over mutual TLS, ...), for the
+/// multi-tenant service: the catalogue's tenants, TLS with client certificates, no default
+/// tenant, a memory budget that fits the pod's limit.
+#[test]
+fn the_frontends_flags_make_a_valid_multi_tenant_configuration() {
+    use clap::Parser;
+    let objects = objects();
+    let argv = frontend_argv(&objects);
+    let config = FrontendCommand::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+        .config;
+    config
+        .validate()
+        .unwrap_or_else(|e| panic!("the frontend refuses its manifest's flags: {e}"));
+    assert!(
+        config.catalogue,
+        "the frontends serve the catalogue's tenants"
+    );
+    assert!(config.tenant.is_empty(), "no default tenant");
+    assert!(config.client_cert_auth && config.tenant_domain.is_some());
+    assert!(!config.trust_tenant_header, "no proxy names tenants here");
+    assert!(config.admin_listen.is_some());
+    // The admin API trusts another CA than the etcd port: a tenant's certificate must not
+    // administer tenants.
+    let (etcd_ca, admin_ca) = (
+        config
+            .trusted_ca_file
+            .clone()
+            .expect("a CA for the etcd port"),
+        config
+            .admin_trusted_ca_file
+            .clone()
+            .expect("a CA for the admin API"),
+    );
+    assert_ne!(etcd_ca.parent(), admin_ca.parent(), "two secrets");
+    let main = hcl(&repo().join("terraform/strata/main.tf"));
+    let ca_of = |secret: &str| -> String {
+        for resource in main["resource"].as_array().expect("resources") {
+            for (kind, named) in resource.as_object().expect("a resource block") {
+                if unquoted_str(kind) != "kubernetes_secret_v1" {
+                    continue;
+                }
+                for body in named.as_object().expect("named resources").values() {
+                    if unquoted(&body["metadata"][0]["name"]) == secret {
+                        let data = body["data"].as_object().expect("data");
+                        return data
+                            .iter()
+                            .find(|(k, _)| unquoted_str(k) == "ca.crt")
+                            .map(|(_, v)| unquoted(v))
+                            .expect("ca.crt");
+                    }
+                }
+            }
+        }
+        panic!("no secret {secret}")
+    };
+    assert_ne!(
+        ca_of("strata-frontend-tls"),
+        ca_of("strata-admin-tls"),
+        "the module gives the admin API a CA of its own"
+    );
+    // Resident memory is about twice the budget (docs/OPERATIONS.md).
+    let frontend = workloads(&objects)
+        .into_iter()
+        .find(|w| w["metadata"]["name"] == "strata-frontend")
+        .expect("the frontends' Deployment");
+    let limit = quantity(
+        containers(frontend)[0]["resources"]["limits"]["memory"]
+            .as_str()
+            .expect("a memory limit"),
+    );
+    assert!(config.memory_budget > 0, "a memory budget");
+    assert!(
+        config.memory_budget * 2 <= limit,
+        "--memory-budget {} does not fit twice in the limit {limit}",
+        config.memory_budget
+    );
 }
 
 /// Every secret a workload needs (a volume, or an `envFrom` not marked optional) is one the

@@ -786,4 +786,45 @@ mod tests {
             Err(crate::errors::Error::UnknownTenant(_))
         ));
     }
+
+    /// A request for a dormant tenant waits for that tenant's load, not for another's that is
+    /// slow (here: never comes).
+    #[tokio::test(start_paused = true)]
+    async fn a_request_for_a_dormant_tenant_waits_for_its_own_load_only() {
+        let (tenants, loader) = following(Arc::new(MemLog::new()), None);
+        let tenants = Arc::new(tenants);
+        let records = records_of(&["a", "b"]);
+        for r in &records {
+            tenants.add_dormant(&r.name, &api::tenant::journal_key(&r.name, &r.uid), None);
+        }
+        let mut wakes = tenants.take_wakes().expect("the follower's");
+        assert!(matches!(
+            tenants.resolve(&naming("b")),
+            Err(crate::errors::Error::Loading(_))
+        ));
+        assert_eq!(wakes.recv().await.as_deref(), Some("b"));
+        // The follower loads the next tenant woken, and never b.
+        let follower = {
+            let tenants = tenants.clone();
+            tokio::spawn(async move {
+                let name = wakes.recv().await.expect("a wake");
+                let record = woken_record(&tenants, &records, 1, &name);
+                wake(&tenants, record.as_ref(), &loader, &name).await;
+                name
+            })
+        };
+        let started = tokio::time::Instant::now();
+        let a = tenants
+            .waiting_for(&naming("a"), Tenants::resolve)
+            .await
+            .expect("loaded for the request");
+        assert_eq!(a.name, "a");
+        assert!(
+            started.elapsed() < crate::tenants::CATCH_UP_WAIT,
+            "waited {:?}: for b's load too",
+            started.elapsed()
+        );
+        assert_eq!(follower.await.unwrap(), "a");
+        assert!(tenants.loaded("b").is_none());
+    }
 }

@@ -25,7 +25,7 @@ use crate::watch::{WatchSource, WatchTarget};
 /// How long a request naming a tenant this frontend does not know, or an admin change, waits
 /// for the catalogue's follower to serve it (loading a tenant from its checkpoint) before it
 /// goes on anyway.
-const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+pub(crate) const CATCH_UP_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Metadata header naming the tenant of a request.
 pub const TENANT_HEADER: &str = "x-strata-tenant";
@@ -127,11 +127,15 @@ impl Tenants {
         }
         let revision = system.replica.read().revision();
         self.until_reconciled(revision).await;
-        // And for the dormant tenants requests woke to be loaded again.
+    }
+
+    /// Waits (at most `CATCH_UP_WAIT`) until dormant tenant `name`, which a request woke, is
+    /// loaded, forgotten or given up on; other tenants' loads are not waited for.
+    async fn until_woken(&self, name: &str) {
         let mut woken = self.woken.subscribe();
         let _ = tokio::time::timeout(
             CATCH_UP_WAIT,
-            woken.wait_for(|_| self.lock_waking().is_empty()),
+            woken.wait_for(|_| !self.lock_waking().contains(name)),
         )
         .await;
     }
@@ -546,17 +550,27 @@ impl Tenants {
     }
 
     /// `look` (`admit`, `resolve`) of a request's tenant; a tenant not known here, which may
-    /// have been created a moment ago through another frontend, or one being loaded again
-    /// after an idle unload, is looked for again once this frontend caught up with the
-    /// catalogue (every unary RPC and stream opening comes through here).
+    /// have been created a moment ago through another frontend, is looked for again once this
+    /// frontend caught up with the catalogue, and a dormant one once it is loaded (every unary
+    /// RPC and stream opening comes through here).
     pub async fn waiting_for(
         &self,
         metadata: &MetadataMap,
         look: fn(&Self, &MetadataMap) -> Result<Arc<Tenant>, Error>,
     ) -> Result<Arc<Tenant>, Error> {
-        match look(self, metadata) {
-            Err(Error::UnknownTenant(_) | Error::Loading(_)) if self.catalogue.is_some() => {
+        if self.catalogue.is_none() {
+            return look(self, metadata);
+        }
+        let first = match look(self, metadata) {
+            Err(Error::UnknownTenant(_)) => {
                 self.catch_up_with_catalogue().await;
+                look(self, metadata)
+            }
+            r => r,
+        };
+        match first {
+            Err(Error::Loading(name)) => {
+                self.until_woken(&name).await;
                 look(self, metadata)
             }
             r => r,

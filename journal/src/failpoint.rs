@@ -4,12 +4,22 @@
 //! once at start. Unarmed (the default) every check is one load of an initialised `OnceLock`.
 //! Armed, each check reads the trigger file: while it exists and contains a failpoint's name (`write`,
 //! `fsync`, `truncate`), that operation fails with the error a full or failing disk gives
-//! (`ENOSPC`, `EIO`), or stops where a crash would (`truncate`). Deleting the file clears the fault (a shard that saw a failure stays failed until
-//! its node restarts: after a failed fsync the page cache state is unknown).
+//! (`ENOSPC`, `EIO`), or stops where a crash would (`truncate`); while it contains
+//! `slow-fsync`, every fsync of the log first waits [`SLOW_FSYNC`], as a disk that still works,
+//! slowly, makes it (a worn or overloaded NVMe, a noisy neighbour on shared storage). Deleting
+//! the file clears the fault (a shard that saw a failure stays failed until its node restarts:
+//! after a failed fsync the page cache state is unknown; a slow disk needs no restart).
 
 use std::io;
 use std::path::PathBuf;
 use std::sync::OnceLock;
+use std::time::Duration;
+
+/// What the `slow-fsync` failpoint adds to each fsync of the log: a few hundred times a healthy
+/// NVMe's, enough to hold a node's commits back for the length of a fault.
+pub const SLOW_FSYNC: Duration = Duration::from_millis(250);
+/// The name that arms it in the trigger file.
+pub const SLOW_FSYNC_NAME: &str = "slow-fsync";
 
 /// The environment variable that arms the failpoints: the path of the trigger file.
 pub const FAILPOINT_FILE_ENV: &str = "STRATA_JOURNAL_FAILPOINT_FILE";
@@ -72,14 +82,30 @@ pub fn arm(file: PathBuf) -> bool {
     TRIGGER_FILE.set(Some(file)).is_ok()
 }
 
+/// Whether the trigger file names `name` right now.
+fn armed(name: &str) -> bool {
+    let Some(file) = trigger_file() else {
+        return false;
+    };
+    std::fs::read_to_string(file).is_ok_and(|armed| armed.split_whitespace().any(|w| w == name))
+}
+
 /// Fails if `point` is armed right now.
 pub fn check(point: Failpoint) -> io::Result<()> {
-    let Some(file) = trigger_file() else {
-        return Ok(());
-    };
-    match std::fs::read_to_string(file) {
-        Ok(armed) if armed.split_whitespace().any(|w| w == point.name()) => Err(point.error()),
-        _ => Ok(()),
+    if armed(point.name()) {
+        Err(point.error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Waits [`SLOW_FSYNC`] if the `slow-fsync` failpoint is armed: called right before an fsync of
+/// the log, on the thread that would block in the fsync anyway.
+pub fn slow_fsync() {
+    if armed(SLOW_FSYNC_NAME) {
+        // A slow disk blocks the fsync's caller; this is that block.
+        #[allow(clippy::disallowed_methods)]
+        std::thread::sleep(SLOW_FSYNC);
     }
 }
 

@@ -393,6 +393,7 @@ impl LogShared {
             (log.active_file(), written)
         };
         let started = Instant::now();
+        crate::failpoint::slow_fsync();
         if let Err(e) = crate::failpoint::check(crate::failpoint::Failpoint::Fsync)
             .and_then(|()| file.sync_data())
         {

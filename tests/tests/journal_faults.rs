@@ -186,3 +186,61 @@ async fn a_leader_that_lost_its_unsynced_tail_does_not_resume_its_old_term() {
     }
     c.check_nodes_agree(&[0, 1, 2], SHARD, 1, &acked).await;
 }
+
+/// A slow disk is not a failed one (the `slow-fsync` failpoint: every fsync of the log waits
+/// 250 ms first). With both followers slow, every majority holds a slow fsync, so an append is
+/// acknowledged no sooner than one of them; yet nothing fails, no node reports an error, and
+/// once the disks are fast again every node holds the same log with every acknowledged record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn slow_fsyncs_on_the_followers_slow_commits_and_fail_nothing() {
+    let c = JournalCluster::start(3, 1, &["--failpoints".to_string()]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let leader_addr = c.nodes[leader].addr.clone();
+    let client = c.client().await;
+    let appenders = Appenders::start(&client, SHARD, APPENDERS);
+    appenders.wait_acked(300, WAIT).await;
+
+    let followers: Vec<usize> = (0..3).filter(|&n| n != leader).collect();
+    let triggers: Vec<_> = followers
+        .iter()
+        .map(|&n| c.nodes[n].data_dir.join("FAILPOINTS"))
+        .collect();
+    for t in &triggers {
+        std::fs::write(t, journal::failpoint::SLOW_FSYNC_NAME).unwrap();
+    }
+    // An fsync already under way when the failpoint was armed is not slowed: wait for the
+    // next ones to begin.
+    tokio::time::sleep(journal::failpoint::SLOW_FSYNC * 2).await;
+    for i in 0..3 {
+        let started = tokio::time::Instant::now();
+        append_direct(&leader_addr, format!("slow {i}").into_bytes())
+            .await
+            .expect("a slow disk still acknowledges");
+        let took = started.elapsed();
+        assert!(
+            took >= journal::failpoint::SLOW_FSYNC,
+            "acknowledged after {took:?}, before any follower's slow fsync could finish"
+        );
+    }
+    let during = appenders.acked_count().await;
+    appenders.wait_acked(during + 20, WAIT).await;
+    for n in 0..3 {
+        let st = c
+            .client_of(n)
+            .await
+            .status_of(&c.nodes[n].addr, SHARD)
+            .await
+            .unwrap();
+        assert!(st.errors.is_empty(), "node {n} reports {:?}", st.errors);
+    }
+
+    for t in &triggers {
+        std::fs::remove_file(t).unwrap();
+    }
+    let healed = appenders.acked_count().await;
+    appenders.wait_acked(healed + 300, WAIT).await;
+    let (acked, failures) = appenders.stop().await;
+    assert!(failures.is_empty(), "appends failed: {failures:?}");
+    c.check_nodes_agree(&[0, 1, 2], SHARD, 0, &acked).await;
+}

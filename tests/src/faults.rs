@@ -121,6 +121,10 @@ pub enum Action {
     /// A journal node's disk fails: fsyncs fail with EIO (its `fsync` failpoint). Healing
     /// restarts the node (after a failed fsync the page cache cannot be trusted).
     DiskFailure,
+    /// A journal node's disk slows down: every fsync of its log takes 250 ms more (its
+    /// `slow-fsync` failpoint), so it acknowledges late and lags the others (a frontend's tail
+    /// reading from it is held back). Healing makes the disk fast again; no restart.
+    SlowDisk,
 }
 
 /// One step of the schedule: its faults start together, last `hold`, heal, then the system
@@ -146,7 +150,8 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
         };
         let journal_action = |rng: &mut StdRng| match rng.random_range(0..10) {
             0..7 => action(rng),
-            7..9 => Action::DiskFailure,
+            7 => Action::DiskFailure,
+            8 => Action::SlowDisk,
             _ => Action::DiskFull,
         };
         let journal = if rng.random_bool(0.5) {
@@ -185,7 +190,7 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
 /// Seeds run on every CI run (`tests/tests/faults.rs`); a seed that once failed is added here
 /// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, the second in
 /// a directory with two; together they hit every kind of fault (a unit test checks).
-pub const FIXED_SEEDS: &[u64] = &[0x5eed_f011, 0x5eed_f035];
+pub const FIXED_SEEDS: &[u64] = &[0x5eed_f011, 0x5eed_f150];
 
 /// Everything a seed decides before a run starts.
 #[derive(Debug)]
@@ -759,6 +764,10 @@ impl Faults {
             Action::DiskFailure => {
                 std::fs::write(self.disk(target).1, "fsync").expect("arm the failpoint");
             }
+            Action::SlowDisk => {
+                std::fs::write(self.disk(target).1, journal::failpoint::SLOW_FSYNC_NAME)
+                    .expect("arm the failpoint");
+            }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::cut),
             Action::Pause => self.pid(target).into_iter().for_each(pause_process),
             Action::Kill => match target {
@@ -777,6 +786,9 @@ impl Faults {
                 let (j, trigger) = self.disk(target);
                 std::fs::remove_file(trigger).expect("clear the failpoint");
                 self.deployment.restart_journal(j);
+            }
+            Action::SlowDisk => {
+                std::fs::remove_file(self.disk(target).1).expect("clear the failpoint");
             }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::heal),
             Action::Pause => self.pid(target).into_iter().for_each(resume_process),
@@ -1291,6 +1303,8 @@ mod tests {
         want.insert("DiskFailure journal".to_string());
         want.insert("DiskFull leader".to_string());
         want.insert("DiskFailure leader".to_string());
+        want.insert("SlowDisk journal".to_string());
+        want.insert("SlowDisk leader".to_string());
         want.insert("Kill compactor".to_string());
         want.insert("Pause compactor".to_string());
         want.insert("Pause object store".to_string());

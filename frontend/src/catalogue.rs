@@ -275,6 +275,7 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
         // deleted it or created it again.
         if let Some(dormant) = tenants.dormant(&r.name) {
             if dormant == key && served != Served::Deleted {
+                tenants.update_dormant(&r.name, &key, own_connections(r));
                 continue;
             }
             tenants.forget_dormant(&r.name);
@@ -761,6 +762,15 @@ mod tests {
         let directory = Arc::downgrade(&tenants);
         assert_eq!(directory.max_connections("p"), Some(3), "p's own quota");
         assert_eq!(directory.max_connections("r"), None);
+        // A record's change reaches a sleeping tenant.
+        let mut raised = records.clone();
+        raised[3].quotas = Some(api::strata::entry::TenantQuotas {
+            connections: 5,
+            ..Default::default()
+        });
+        assert!(reconcile(&tenants, &raised, &loader).await);
+        assert_eq!(directory.max_connections("r"), Some(5));
+        assert!(tenants.loaded("r").is_none(), "and it sleeps on");
 
         // A request wakes p; the follower loads it.
         let e = tenants.resolve(&naming("p")).err().unwrap();

@@ -179,6 +179,18 @@ impl Tenants {
             );
     }
 
+    /// Sets the connection quota of dormant tenant `name` if it still sleeps as generation
+    /// `key` (a record's change reaches a tenant that is not loaded).
+    pub fn update_dormant(&self, name: &str, key: &str, max_connections: Option<usize>) {
+        let mut dormant = self
+            .dormant
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(d) = dormant.get_mut(name).filter(|d| d.key == key) {
+            d.max_connections = max_connections;
+        }
+    }
+
     /// Serves `t`, loaded for a request that woke it, if it is still the dormant generation
     /// of its name; else (deleted or created again meanwhile) stops it and answers false.
     pub fn insert_woken(&self, t: Arc<Tenant>) -> bool {

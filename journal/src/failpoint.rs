@@ -3,7 +3,7 @@
 //! `STRATA_JOURNAL_FAILPOINT_FILE` environment variable (naming the trigger file), both read
 //! once at start. Unarmed (the default) every check is one load of an initialised `OnceLock`.
 //! Armed, each check reads the trigger file: while it exists and contains a failpoint's name (`write`,
-//! `fsync`, `truncate`), that operation fails with the error a full or failing disk gives
+//! `fsync`, `truncate`, `dir-fsync`), that operation fails with the error a full or failing disk gives
 //! (`ENOSPC`, `EIO`), or stops where a crash would (`truncate`); while it contains
 //! `slow-fsync`, every fsync of the log first waits [`SLOW_FSYNC`], as a disk that still works,
 //! slowly, makes it (a worn or overloaded NVMe, a noisy neighbour on shared storage). Deleting
@@ -34,6 +34,9 @@ pub enum Failpoint {
     /// A log truncation that removes whole segments stops right after removing the first one,
     /// as a crash there would (`EIO`).
     Truncate,
+    /// fsync of a directory (a segment created or removed, a metadata file renamed into
+    /// place: the vote, the membership, the purge point): fails as a failing disk does (`EIO`).
+    DirFsync,
 }
 
 impl Failpoint {
@@ -43,6 +46,7 @@ impl Failpoint {
             Failpoint::Write => "write",
             Failpoint::Fsync => "fsync",
             Failpoint::Truncate => "truncate",
+            Failpoint::DirFsync => "dir-fsync",
         }
     }
 
@@ -51,6 +55,7 @@ impl Failpoint {
             Failpoint::Write => (libc_enospc(), "write"),
             Failpoint::Fsync => (libc_eio(), "fsync"),
             Failpoint::Truncate => (libc_eio(), "truncate"),
+            Failpoint::DirFsync => (libc_eio(), "dir-fsync"),
         };
         let os = io::Error::from_raw_os_error(errno);
         io::Error::new(

@@ -159,7 +159,7 @@ impl LogShared {
                 log.truncate(unknown.max(first))?;
             }
             std::fs::remove_file(&marker)
-                .and_then(|()| std::fs::File::open(dir)?.sync_all())
+                .and_then(|()| crate::meta::sync_dir(dir))
                 .map_err(|source| MetaError::Io {
                     path: marker.clone(),
                     source,
@@ -426,7 +426,9 @@ impl LogShared {
         self.failed.load(Ordering::Acquire)
     }
 
-    fn fail(&self, what: String) {
+    /// Records that storage failed (`what` for Status and the log): no more appends are
+    /// acknowledged, and the next start drops what was not known durable.
+    pub(crate) fn fail(&self, what: String) {
         crate::metrics::storage_error(self.shard);
         tracing::error!(dir = %self.dir.display(), error = %what, "journal storage failed; no more appends are acknowledged");
         let first_time = !self.failed.swap(true, Ordering::AcqRel);
@@ -856,14 +858,20 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         next.purged = Some(log_id);
         next.floor_time_ms = time_ms.max(meta.floor_time_ms);
         next.floor_record = end_record.max(meta.floor_record);
+        // A purge point that cannot be made durable is a failing disk, as a failed fsync of
+        // the log is: recorded (Status names it, the node acknowledges nothing more), not only
+        // handed to openraft, which stops the shard's core without a word to an operator.
         write_durable(&self.shared.dir.join(META_FILE), &next).map_err(|e| {
+            self.shared
+                .fail(format!("recording the purge point failed: {e}"));
             StorageError::from(StorageIOError::write_logs(openraft::AnyError::new(&e)))
         })?;
         *meta = next;
         drop(meta);
-        lock(&self.shared.log)
-            .purge(log_id.index)
-            .map_err(|e| sio(&e))
+        lock(&self.shared.log).purge(log_id.index).map_err(|e| {
+            self.shared.fail(format!("purging the log failed: {e}"));
+            sio(&e)
+        })
     }
 }
 

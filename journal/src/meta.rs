@@ -66,9 +66,16 @@ pub fn write_bytes_durable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     drop(f);
     std::fs::rename(&tmp, path)?;
     if let Some(dir) = path.parent() {
-        File::open(dir)?.sync_all()?;
+        sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// fsyncs directory `dir`, so the entries created, renamed or removed in it survive a power
+/// loss (the `dir-fsync` failpoint makes it fail as a failing disk would).
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    crate::failpoint::check(crate::failpoint::Failpoint::DirFsync)?;
+    File::open(dir)?.sync_all()
 }
 
 /// Creates `dir` (and what is missing above it) durably: the directory and its parent are
@@ -76,9 +83,9 @@ pub fn write_bytes_durable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 /// written inside it.
 pub fn create_dir_durable(dir: &Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dir)?;
-    File::open(dir)?.sync_all()?;
+    sync_dir(dir)?;
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        File::open(parent)?.sync_all()?;
+        sync_dir(parent)?;
     }
     Ok(())
 }

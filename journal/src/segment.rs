@@ -194,9 +194,7 @@ fn segment_name(first_index: u64) -> String {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), SegmentError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| SegmentError::io(dir, e))
+    crate::meta::sync_dir(dir).map_err(|e| SegmentError::io(dir, e))
 }
 
 impl SegmentLog {

@@ -125,7 +125,14 @@ impl StateMachine {
     /// install write the same temporary file) and tells the log what it now covers: a purge past
     /// the log waits for that (`LogShared::snapshot_covering`).
     fn write_snapshot(&self, blob: &SnapshotBlob) -> Result<(), MetaError> {
-        write_durable(&self.shared.path, blob)?;
+        // A snapshot (a trim's point) that cannot be made durable is a failing disk, as a failed
+        // fsync of the log is: recorded, so Status names it and the node acknowledges nothing
+        // more, instead of a shard that stops trimming without a word.
+        write_durable(&self.shared.path, blob).inspect_err(|e| {
+            self.shared
+                .log
+                .fail(format!("writing the snapshot failed: {e}"));
+        })?;
         if let Some(floor) = blob.floor() {
             self.shared.log.snapshot_persisted(floor);
         }

@@ -79,7 +79,8 @@ struct NodeArgs {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     read_lease: Duration,
     /// Testing only: arm the storage failpoints. While `<data-dir>/FAILPOINTS` exists and names
-    /// `write` and/or `fsync`, segment writes fail as on a full disk and fsyncs fail with EIO;
+    /// `write`, `fsync` and/or `dir-fsync`, segment writes fail as on a full disk and fsyncs
+    /// (of the log, of its directory) fail with EIO;
     /// naming `slow-fsync`, every fsync of the log first waits 250 ms (a slow disk).
     #[arg(long)]
     failpoints: bool,

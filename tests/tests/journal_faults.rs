@@ -1,7 +1,8 @@
 //! Storage faults on three `strata journal` processes (started with `--failpoints`): while the
-//! shard leader's fsync fails, it acknowledges no append and names the error in its Status; the
-//! appenders carry on under a new leader; after the fault is cleared and the node restarted,
-//! every node holds the same gap-free log with every acknowledged record, and appends go on.
+//! shard leader's fsync of its log or of its directory fails, it acknowledges no append and names
+//! the error in its Status; the appenders carry on under a new leader; after the fault is
+//! cleared and the node restarted, every node holds the same gap-free log with every
+//! acknowledged record, and appends go on. A slow disk fails nothing.
 
 use std::time::Duration;
 
@@ -31,7 +32,30 @@ async fn append_direct(addr: &str, payload: Vec<u8>) -> Result<Vec<u64>, tonic::
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restart() {
-    let mut c = JournalCluster::start(3, 1, &["--failpoints".to_string()]);
+    leader_storage_failure("fsync", &[], "fsync failed").await;
+}
+
+/// A directory fsync that fails (a segment created as the log rolls over, with small segments
+/// here so it rolls often) is a storage failure like a failed fsync of the log: the segment's
+/// name may not survive a power loss, so nothing after it may be acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn directory_fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restart() {
+    leader_storage_failure(
+        "dir-fsync",
+        &["--segment-bytes=65536".to_string()],
+        "dir-fsync failpoint",
+    )
+    .await;
+}
+
+/// The leader's storage starts failing at `failpoint` (journal started with `extra` flags):
+/// Status names an error containing `error` and "Input/output error"; the node acknowledges
+/// nothing more, however asked; a new leader takes over; after the fault is cleared and the
+/// node restarted, every node holds the same gap-free log with every acknowledged record.
+async fn leader_storage_failure(failpoint: &str, extra: &[String], error: &str) {
+    let mut args = vec!["--failpoints".to_string()];
+    args.extend(extra.iter().cloned());
+    let mut c = JournalCluster::start(3, 1, &args);
     let leaders = c.wait_leaders(&[0, 1, 2]).await;
     let leader = c.index_of(leaders[SHARD as usize]);
     let leader_addr = c.nodes[leader].addr.clone();
@@ -39,9 +63,9 @@ async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restar
     let appenders = Appenders::start(&client, SHARD, APPENDERS);
     appenders.wait_acked(300, WAIT).await;
 
-    // The leader's disk starts failing its fsyncs.
+    // The leader's disk starts failing.
     let trigger = c.nodes[leader].data_dir.join("FAILPOINTS");
-    std::fs::write(&trigger, "fsync").unwrap();
+    std::fs::write(&trigger, failpoint).unwrap();
     let status_client = c.client_of(leader).await;
     let deadline = tokio::time::Instant::now() + WAIT;
     let errors = loop {
@@ -54,14 +78,14 @@ async fn fsync_failure_on_the_leader_acknowledges_nothing_and_heals_after_restar
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "Status never reported the fsync failure"
+            "Status never reported the {failpoint} failure"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     assert!(
         errors
             .iter()
-            .any(|e| e.contains("fsync failed") && e.contains("Input/output error")),
+            .any(|e| e.contains(error) && e.contains("Input/output error")),
         "{errors:?}"
     );
     // From now on it acknowledges nothing, however it is asked.
@@ -243,4 +267,80 @@ async fn slow_fsyncs_on_the_followers_slow_commits_and_fail_nothing() {
     let (acked, failures) = appenders.stop().await;
     assert!(failures.is_empty(), "appends failed: {failures:?}");
     c.check_nodes_agree(&[0, 1, 2], SHARD, 0, &acked).await;
+}
+
+/// A follower whose directory fsync fails when it makes a trim durable (`dir-fsync`: the
+/// snapshot file, then the purge point, are renamed into place) says so in its Status, as for
+/// a failed fsync of the log; before, the failed snapshot write went to openraft alone and the
+/// follower stopped trimming without a word. The other two trim and go on appending; restarted
+/// on a healthy disk, it reports nothing and holds the same records from the trim point on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_trim_that_cannot_be_made_durable_is_a_storage_failure() {
+    let mut c = JournalCluster::start(3, 1, &["--failpoints".to_string()]);
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let follower = (leader + 1) % 3;
+    let client = c.client().await;
+    let mut acked = std::collections::BTreeMap::new();
+    for i in 0..300u32 {
+        let payload = format!("before {i}").into_bytes();
+        let idx = client.append(SHARD, vec![payload.clone()]).await.unwrap()[0];
+        acked.insert(idx, payload);
+    }
+    let trigger = c.nodes[follower].data_dir.join("FAILPOINTS");
+    std::fs::write(&trigger, "dir-fsync").unwrap();
+    assert_eq!(client.trim(SHARD, 200).await.unwrap(), 200);
+
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let errors = loop {
+        let st = status(&c, follower).await;
+        if !st.errors.is_empty() {
+            break st.errors;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the follower never reported its failed purge: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(
+        errors
+            .iter()
+            .any(|e| (e.contains("snapshot") || e.contains("purge"))
+                && e.contains("dir-fsync failpoint")),
+        "{errors:?}"
+    );
+    // The other two trimmed, and appends go on through them.
+    for i in (0..3).filter(|&i| i != follower) {
+        assert!(status(&c, i).await.errors.is_empty(), "node {i}");
+    }
+    for i in 0..50u32 {
+        let payload = format!("during {i}").into_bytes();
+        let idx = client.append(SHARD, vec![payload.clone()]).await.unwrap()[0];
+        acked.insert(idx, payload);
+    }
+
+    std::fs::remove_file(&trigger).unwrap();
+    c.kill(follower);
+    c.restart(follower);
+    for i in 0..50u32 {
+        let payload = format!("after {i}").into_bytes();
+        let idx = client.append(SHARD, vec![payload.clone()]).await.unwrap()[0];
+        acked.insert(idx, payload);
+    }
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !status(&c, follower).await.errors.is_empty() {
+        assert!(tokio::time::Instant::now() < deadline, "still failed");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    c.check_nodes_agree(&[0, 1, 2], SHARD, 200, &acked).await;
+}
+
+/// Node `i`'s Status of the shard.
+async fn status(c: &JournalCluster, i: usize) -> api::strata::journal::StatusResponse {
+    c.client_of(i)
+        .await
+        .status_of(&c.nodes[i].addr, SHARD)
+        .await
+        .unwrap()
 }

@@ -121,6 +121,10 @@ pub enum Action {
     /// A journal node's disk fails: fsyncs fail with EIO (its `fsync` failpoint). Healing
     /// restarts the node (after a failed fsync the page cache cannot be trusted).
     DiskFailure,
+    /// A journal node's directory fsyncs fail with EIO (its `dir-fsync` failpoint): the next
+    /// vote, purge or segment it makes durable fails its storage, as a failed fsync of the log
+    /// does. Healing restarts the node.
+    DirFailure,
     /// A journal node's disk slows down: every fsync of its log takes 250 ms more (its
     /// `slow-fsync` failpoint), so it acknowledges late and lags the others (a frontend's tail
     /// reading from it is held back). Healing makes the disk fast again; no restart.
@@ -148,10 +152,11 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
             5..8 => Action::Pause,
             _ => Action::Disconnect,
         };
-        let journal_action = |rng: &mut StdRng| match rng.random_range(0..10) {
+        let journal_action = |rng: &mut StdRng| match rng.random_range(0..11) {
             0..7 => action(rng),
             7 => Action::DiskFailure,
             8 => Action::SlowDisk,
+            9 => Action::DirFailure,
             _ => Action::DiskFull,
         };
         let journal = if rng.random_bool(0.5) {
@@ -190,7 +195,7 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
 /// Seeds run on every CI run (`tests/tests/faults.rs`); a seed that once failed is added here
 /// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, the second in
 /// a directory with two; together they hit every kind of fault (a unit test checks).
-pub const FIXED_SEEDS: &[u64] = &[0x5eed_f011, 0x5eed_f150];
+pub const FIXED_SEEDS: &[u64] = &[0x5eed_f23e, 0x5eed_f5ba];
 
 /// Everything a seed decides before a run starts.
 #[derive(Debug)]
@@ -764,6 +769,9 @@ impl Faults {
             Action::DiskFailure => {
                 std::fs::write(self.disk(target).1, "fsync").expect("arm the failpoint");
             }
+            Action::DirFailure => {
+                std::fs::write(self.disk(target).1, "dir-fsync").expect("arm the failpoint");
+            }
             Action::SlowDisk => {
                 std::fs::write(self.disk(target).1, journal::failpoint::SLOW_FSYNC_NAME)
                     .expect("arm the failpoint");
@@ -782,7 +790,7 @@ impl Faults {
 
     async fn heal(&mut self, action: Action, target: Target) {
         match action {
-            Action::DiskFull | Action::DiskFailure => {
+            Action::DiskFull | Action::DiskFailure | Action::DirFailure => {
                 let (j, trigger) = self.disk(target);
                 std::fs::remove_file(trigger).expect("clear the failpoint");
                 self.deployment.restart_journal(j);
@@ -1304,6 +1312,8 @@ mod tests {
         want.insert("DiskFull leader".to_string());
         want.insert("DiskFailure leader".to_string());
         want.insert("SlowDisk journal".to_string());
+        want.insert("DirFailure journal".to_string());
+        want.insert("DirFailure leader".to_string());
         want.insert("SlowDisk leader".to_string());
         want.insert("Kill compactor".to_string());
         want.insert("Pause compactor".to_string());

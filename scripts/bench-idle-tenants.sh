@@ -9,8 +9,13 @@
 #   5. times the first request to each tenant (a JSON gateway range with curl): a load from its
 #      newest checkpoint plus the journal after it, while the request waits;
 #   6. prints a table and writes it, with the raw numbers, to the results directory.
+# With --memory-budget SIZE the frontend runs with that budget and no idle unload instead: step
+# 4 waits until the loaded tenants' bytes are within the budget (the least recently used
+# unloaded) and step 5 sweeps every tenant in turn, each dormant one loaded for its request
+# while others are unloaded behind it.
 #
-#   scripts/bench-idle-tenants.sh [--tenants N] [--keys K] [--value-bytes V] [--idle 5s] [--out DIR]
+#   scripts/bench-idle-tenants.sh [--tenants N] [--keys K] [--value-bytes V] [--idle 5s]
+#                                 [--memory-budget 8MiB] [--out DIR]
 #
 # Environment: STRATA_BIN (use this binary; default: build the release one), CARGO_TARGET_DIR.
 set -euo pipefail
@@ -20,6 +25,7 @@ TENANTS=20
 KEYS=20000
 VALUE_BYTES=256
 IDLE=5s
+BUDGET=""
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -27,8 +33,9 @@ while [ $# -gt 0 ]; do
     --keys) KEYS="$2"; shift ;;
     --value-bytes) VALUE_BYTES="$2"; shift ;;
     --idle) IDLE="$2"; shift ;;
+    --memory-budget) BUDGET="$2"; shift ;;
     --out) OUT="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -48,8 +55,12 @@ LISTEN="127.0.0.1:$(free_port)"
 METRICS="127.0.0.1:$(free_port)"
 ADMIN="127.0.0.1:$(free_port)"
 
+UNLOAD=("--frontend-arg=--tenant-idle-unload=$IDLE")
+if [ -n "$BUDGET" ]; then
+  UNLOAD=("--frontend-arg=--tenant-idle-unload=0s" "--frontend-arg=--memory-budget=$BUDGET")
+fi
 "$STRATA_BIN" dev --data-dir "$WORK/data" --listen "$LISTEN" --metrics-listen "$METRICS" \
-  --admin-listen "$ADMIN" "--frontend-arg=--tenant-idle-unload=$IDLE" \
+  --admin-listen "$ADMIN" "${UNLOAD[@]}" \
   --compactor-arg=--every=2s --compactor-arg=--every-entries=1000 \
   > "$OUT/dev.log" 2>&1 &
 DEV=$!
@@ -80,26 +91,46 @@ for i in $(seq "$TENANTS"); do range "t$i" > /dev/null; done
 loaded_rss=$(metric process_resident_memory_bytes)
 loaded_n=$(metric strata_frontend_tenants_loaded)
 
-echo "waiting for the tenants to be unloaded (idle $IDLE)"
-for _ in $(seq 600); do
-  [ "$(metric strata_frontend_tenants_loaded)" = 0 ] && break
-  sleep 0.5
-done
+if [ -n "$BUDGET" ]; then
+  echo "waiting for the loaded tenants to fit the budget ($BUDGET)"
+  budget_bytes=$(metric strata_frontend_memory_budget_bytes)
+  for _ in $(seq 600); do
+    awk -v l="$(metric strata_frontend_tenants_loaded_bytes)" -v b="$budget_bytes" \
+      'BEGIN { exit !(l + 0 <= b + 0) }' && break
+    sleep 0.5
+  done
+else
+  echo "waiting for the tenants to be unloaded (idle $IDLE)"
+  for _ in $(seq 600); do
+    [ "$(metric strata_frontend_tenants_loaded)" = 0 ] && break
+    sleep 0.5
+  done
+fi
 sleep 2
 idle_rss=$(metric process_resident_memory_bytes)
+idle_n=$(metric strata_frontend_tenants_loaded)
+idle_bytes=$(metric strata_frontend_tenants_loaded_bytes)
 
 : > "$OUT/wake-seconds.txt"
 for i in $(seq "$TENANTS"); do range "t$i" >> "$OUT/wake-seconds.txt"; echo >> "$OUT/wake-seconds.txt"; done
 again_ms=$(for i in $(seq "$TENANTS"); do range "t$i"; echo; done | sort -n | awk '{a[NR]=$1} END {printf "%.2f", a[int((NR+1)/2)]*1000}')
 sleep 1
 woken_rss=$(metric process_resident_memory_bytes)
+woken_n=$(metric strata_frontend_tenants_loaded)
 wake_ms=$(sort -n "$OUT/wake-seconds.txt" | awk '{a[NR]=$1} END {printf "%.1f %.1f", a[int((NR+1)/2)]*1000, a[NR]*1000}')
 
 {
-  echo "tenants=$TENANTS keys_per_tenant=$KEYS value_bytes=$VALUE_BYTES idle=$IDLE"
-  echo "frontend resident, all $loaded_n loaded: $((loaded_rss / 1048576)) MiB"
-  echo "frontend resident, all unloaded:         $((idle_rss / 1048576)) MiB"
-  echo "frontend resident, all loaded again:     $((woken_rss / 1048576)) MiB"
+  if [ -n "$BUDGET" ]; then
+    echo "tenants=$TENANTS keys_per_tenant=$KEYS value_bytes=$VALUE_BYTES memory_budget=$BUDGET"
+    echo "frontend resident, after a request to each ($loaded_n loaded): $((loaded_rss / 1048576)) MiB"
+    echo "frontend resident, within the budget ($idle_n loaded, $((${idle_bytes%.*} / 1048576)) MiB of tenants): $((idle_rss / 1048576)) MiB"
+    echo "frontend resident, after a sweep of every tenant ($woken_n loaded): $((woken_rss / 1048576)) MiB"
+  else
+    echo "tenants=$TENANTS keys_per_tenant=$KEYS value_bytes=$VALUE_BYTES idle=$IDLE"
+    echo "frontend resident, all $loaded_n loaded: $((loaded_rss / 1048576)) MiB"
+    echo "frontend resident, all unloaded:         $((idle_rss / 1048576)) MiB"
+    echo "frontend resident, all loaded again:     $((woken_rss / 1048576)) MiB"
+  fi
   echo "first request after unload (wake), median / max ms: $wake_ms"
   echo "next request, median ms:                            $again_ms"
 } | tee "$OUT/summary.txt"

@@ -363,11 +363,15 @@ fn services_and_probes_reach_ports_that_exist() {
                 "{} has a liveness probe",
                 w["metadata"]["name"]
             );
-            // The binary reads STRATA_LOG (strata/src/main.rs), not RUST_LOG.
+            // The binary reads STRATA_LOG (strata/src/main.rs), not RUST_LOG; AWS_* reach the
+            // object store, MIMALLOC_* the allocator (the one the binary links: strata's
+            // Cargo.toml).
             for env in c["env"].as_array().into_iter().flatten() {
                 let name = env["name"].as_str().expect("env name");
                 assert!(
-                    name.starts_with("STRATA_") || name.starts_with("AWS_"),
+                    name.starts_with("STRATA_")
+                        || name.starts_with("AWS_")
+                        || (name.starts_with("MIMALLOC_") && links_mimalloc()),
                     "{name} is not a variable strata reads"
                 );
             }
@@ -556,6 +560,14 @@ fn terraform_substitutes_values_the_manifests_hold() {
         f["--advertise-client-urls"].contains(&format!("{{tenant}}.{domain}:")),
         "the frontends advertise each tenant's own name under {domain}"
     );
+}
+
+/// Whether the binary's allocator is mimalloc (which reads the `MIMALLOC_*` variables).
+fn links_mimalloc() -> bool {
+    std::fs::read_to_string(repo().join("strata/Cargo.toml"))
+        .expect("strata/Cargo.toml")
+        .lines()
+        .any(|l| l.trim_start().starts_with("mimalloc"))
 }
 
 /// The `strata` argv of the frontends' container (one Deployment of them).

@@ -8,7 +8,8 @@
 //! `slow-fsync`, every fsync of the log first waits [`SLOW_FSYNC`], as a disk that still works,
 //! slowly, makes it (a worn or overloaded NVMe, a noisy neighbour on shared storage). Deleting
 //! the file clears the fault (a shard that saw a failure stays failed until its node restarts:
-//! after a failed fsync the page cache state is unknown; a slow disk needs no restart).
+//! after a failed fsync the page cache state is unknown; a slow disk needs no restart). While
+//! it contains `clock-offset=<ms>`, the node's wall clock reads that much ahead (or behind).
 
 use std::io;
 use std::path::PathBuf;
@@ -20,6 +21,9 @@ use std::time::Duration;
 pub const SLOW_FSYNC: Duration = Duration::from_millis(250);
 /// The name that arms it in the trigger file.
 pub const SLOW_FSYNC_NAME: &str = "slow-fsync";
+/// `clock-offset=<ms>` in the trigger file adds that many milliseconds (negative: takes them
+/// away) to the node's wall clock: a step of the clock, as NTP or an operator makes one.
+pub const CLOCK_OFFSET_PREFIX: &str = "clock-offset=";
 
 /// The environment variable that arms the failpoints: the path of the trigger file.
 pub const FAILPOINT_FILE_ENV: &str = "STRATA_JOURNAL_FAILPOINT_FILE";
@@ -102,6 +106,21 @@ pub fn check(point: Failpoint) -> io::Result<()> {
     } else {
         Ok(())
     }
+}
+
+/// The offset the `clock-offset=<ms>` failpoint adds to the wall clock now (0 unless armed).
+pub fn clock_offset_ms() -> i64 {
+    let Some(file) = trigger_file() else {
+        return 0;
+    };
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|armed| {
+            armed
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix(CLOCK_OFFSET_PREFIX)?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// Waits [`SLOW_FSYNC`] if the `slow-fsync` failpoint is armed: called right before an fsync of

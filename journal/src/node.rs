@@ -482,12 +482,14 @@ async fn proposer(
     idle_tick: Duration,
     batching: Batching,
 ) {
-    let mut last_stamp = i64::MIN;
+    let mut stamps = clock::StampClock::default();
     let mut last_activity = Instant::now();
     let mut stamp = |shard: &Shard| {
-        let t = clock::stamp(clock::now_ms(), last_stamp.max(shard.log.last_time_ms()));
-        last_stamp = t;
-        t
+        stamps.stamp(
+            clock::now_ms(),
+            std::time::Instant::now(),
+            shard.log.last_time_ms(),
+        )
     };
     let inflight = Arc::new(Semaphore::new(batching.max_inflight_entries.max(1)));
     // Callers answered by the most recently committed entry: they tend to come back together.

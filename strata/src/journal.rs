@@ -81,7 +81,8 @@ struct NodeArgs {
     /// Testing only: arm the storage failpoints. While `<data-dir>/FAILPOINTS` exists and names
     /// `write`, `fsync` and/or `dir-fsync`, segment writes fail as on a full disk and fsyncs
     /// (of the log, of its directory) fail with EIO;
-    /// naming `slow-fsync`, every fsync of the log first waits 250 ms (a slow disk).
+    /// naming `slow-fsync`, every fsync of the log first waits 250 ms (a slow disk); holding
+    /// `clock-offset=<ms>`, the node's wall clock reads that much ahead (negative: behind).
     #[arg(long)]
     failpoints: bool,
     /// After a failover, a shard's leadership goes back to its preferred node (the one that

@@ -239,3 +239,58 @@ async fn thousands_of_keep_alives_in_small_frames_on_one_stream_are_all_answered
     }
     drop(send);
 }
+
+/// Steps of the journal leader's wall clock neither expire leases early nor stop them
+/// expiring: stamps advance with the monotonic clock, drawn towards the wall clock by at most
+/// 1 % of the time elapsed (journal/src/clock.rs), as etcd's leases run on the monotonic clock.
+/// Every journal node's clock jumps an hour ahead (the `clock-offset` failpoint): a 60 s lease
+/// keeps its minute. Then two hours back: a 3 s lease granted after it still expires (stamped
+/// with the wall clock, time stood still for as long as the step, and no lease expired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_of_the_journal_clock_neither_expire_leases_early_nor_stop_them() {
+    use strata_tests::deployment::{Deployment, JOURNAL_NODES, Setup};
+    let d = Deployment::start_with(
+        1,
+        Setup {
+            journal_extra: vec!["--failpoints".into()],
+            ..Default::default()
+        },
+    )
+    .await;
+    let step = |offset_ms: i64| {
+        for j in 0..usize::try_from(JOURNAL_NODES).unwrap() {
+            let armed = format!("clock-offset={offset_ms}");
+            std::fs::write(d.journal_dir(j).join("FAILPOINTS"), armed).unwrap();
+        }
+    };
+    let mut c = common::connect(&d.frontend(0).endpoint()).await;
+    let long = c.lease_grant(60, None).await.unwrap().id();
+    c.put("long", "v", Some(PutOptions::new().with_lease(long)))
+        .await
+        .unwrap();
+    step(3_600_000);
+    for i in 0..20 {
+        c.put(format!("k{i}"), "v", None).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ttl = c.lease_time_to_live(long, None).await.unwrap().ttl();
+    assert!(
+        (50..=60).contains(&ttl),
+        "a 60 s lease granted seconds ago has {ttl} s left"
+    );
+    assert_eq!(c.get("long", None).await.unwrap().kvs().len(), 1);
+
+    step(-3_600_000);
+    let short = c.lease_grant(3, None).await.unwrap().id();
+    c.put("short", "v", Some(PutOptions::new().with_lease(short)))
+        .await
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + EXPIRY_DEADLINE;
+    while !c.get("short", None).await.unwrap().kvs().is_empty() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a 3 s lease still lives after {EXPIRY_DEADLINE:?}: journal time stood still"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}

@@ -67,21 +67,7 @@ async fn leader_storage_failure(failpoint: &str, extra: &[String], error: &str) 
     let trigger = c.nodes[leader].data_dir.join("FAILPOINTS");
     std::fs::write(&trigger, failpoint).unwrap();
     let status_client = c.client_of(leader).await;
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let errors = loop {
-        let st = status_client
-            .status_of(&leader_addr, SHARD)
-            .await
-            .expect("the failed node still answers Status");
-        if !st.errors.is_empty() {
-            break st.errors;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "Status never reported the {failpoint} failure"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let errors = reported_errors(&c, leader, failpoint).await;
     assert!(
         errors
             .iter()
@@ -291,18 +277,7 @@ async fn a_trim_that_cannot_be_made_durable_is_a_storage_failure() {
     std::fs::write(&trigger, "dir-fsync").unwrap();
     assert_eq!(client.trim(SHARD, 200).await.unwrap(), 200);
 
-    let deadline = tokio::time::Instant::now() + WAIT;
-    let errors = loop {
-        let st = status(&c, follower).await;
-        if !st.errors.is_empty() {
-            break st.errors;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the follower never reported its failed purge: {st:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let errors = reported_errors(&c, follower, "trim").await;
     assert!(
         errors
             .iter()
@@ -343,4 +318,21 @@ async fn status(c: &JournalCluster, i: usize) -> api::strata::journal::StatusRes
         .status_of(&c.nodes[i].addr, SHARD)
         .await
         .unwrap()
+}
+
+/// The errors node `i`'s Status lists once it lists any (it still answers Status after its
+/// storage failed); fails the test if it lists none within `WAIT`.
+async fn reported_errors(c: &JournalCluster, i: usize, failure: &str) -> Vec<String> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let st = status(c, i).await;
+        if !st.errors.is_empty() {
+            return st.errors;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "node {i}'s Status never reported the {failure} failure: {st:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

@@ -426,9 +426,23 @@ impl LogShared {
         self.failed.load(Ordering::Acquire)
     }
 
+    /// Writes `value` to `path` durably (`meta::write_durable`), or records that storage
+    /// failed (`what` failed) and returns the error: metadata that cannot be made durable
+    /// (the vote, the purge point, the trim's snapshot) is a failing disk, as a failed fsync
+    /// of the log is, so Status names it and nothing more is acknowledged, instead of an error
+    /// handed to openraft alone, which stops the shard's core without a word to an operator.
+    pub(crate) fn write_durable_or_fail<T: serde::Serialize>(
+        &self,
+        path: &Path,
+        value: &T,
+        what: &str,
+    ) -> Result<(), MetaError> {
+        write_durable(path, value).inspect_err(|e| self.fail(format!("{what} failed: {e}")))
+    }
+
     /// Records that storage failed (`what` for Status and the log): no more appends are
     /// acknowledged, and the next start drops what was not known durable.
-    pub(crate) fn fail(&self, what: String) {
+    fn fail(&self, what: String) {
         crate::metrics::storage_error(self.shard);
         tracing::error!(dir = %self.dir.display(), error = %what, "journal storage failed; no more appends are acknowledged");
         let first_time = !self.failed.swap(true, Ordering::AcqRel);
@@ -673,10 +687,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut meta = lock(&self.shared.meta);
         let mut next = meta.clone();
         next.vote = Some(*vote);
-        write_durable(&self.shared.dir.join(META_FILE), &next).map_err(|e| {
-            self.shared.fail(format!("saving the vote failed: {e}"));
-            StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
-        })?;
+        self.shared
+            .write_durable_or_fail(&self.shared.dir.join(META_FILE), &next, "saving the vote")
+            .map_err(|e| {
+                StorageError::from(StorageIOError::write_vote(openraft::AnyError::new(&e)))
+            })?;
         *meta = next;
         Ok(())
     }
@@ -858,14 +873,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         next.purged = Some(log_id);
         next.floor_time_ms = time_ms.max(meta.floor_time_ms);
         next.floor_record = end_record.max(meta.floor_record);
-        // A purge point that cannot be made durable is a failing disk, as a failed fsync of
-        // the log is: recorded (Status names it, the node acknowledges nothing more), not only
-        // handed to openraft, which stops the shard's core without a word to an operator.
-        write_durable(&self.shared.dir.join(META_FILE), &next).map_err(|e| {
-            self.shared
-                .fail(format!("recording the purge point failed: {e}"));
-            StorageError::from(StorageIOError::write_logs(openraft::AnyError::new(&e)))
-        })?;
+        self.shared
+            .write_durable_or_fail(
+                &self.shared.dir.join(META_FILE),
+                &next,
+                "recording the purge point",
+            )
+            .map_err(|e| {
+                StorageError::from(StorageIOError::write_logs(openraft::AnyError::new(&e)))
+            })?;
         *meta = next;
         drop(meta);
         lock(&self.shared.log).purge(log_id.index).map_err(|e| {

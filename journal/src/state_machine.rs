@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::log_store::{LogShared, SnapshotFloor, lock};
-use crate::meta::{MetaError, read_durable, write_durable};
+use crate::meta::{MetaError, read_durable};
 use crate::types::{JEntry, JLogId, JournalRequest, NodeId, TypeConfig};
 
 const SNAPSHOT_FILE: &str = "snapshot";
@@ -125,14 +125,9 @@ impl StateMachine {
     /// install write the same temporary file) and tells the log what it now covers: a purge past
     /// the log waits for that (`LogShared::snapshot_covering`).
     fn write_snapshot(&self, blob: &SnapshotBlob) -> Result<(), MetaError> {
-        // A snapshot (a trim's point) that cannot be made durable is a failing disk, as a failed
-        // fsync of the log is: recorded, so Status names it and the node acknowledges nothing
-        // more, instead of a shard that stops trimming without a word.
-        write_durable(&self.shared.path, blob).inspect_err(|e| {
-            self.shared
-                .log
-                .fail(format!("writing the snapshot failed: {e}"));
-        })?;
+        self.shared
+            .log
+            .write_durable_or_fail(&self.shared.path, blob, "writing the snapshot")?;
         if let Some(floor) = blob.floor() {
             self.shared.log.snapshot_persisted(floor);
         }

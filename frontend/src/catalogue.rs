@@ -127,11 +127,12 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
             if let Some(idle) = loader.idle_unload {
                 unload_idle(&t, idle);
             }
-            if let Some(budget) = loader.memory_budget {
-                unload_over_budget(&t, budget, BUDGET_MIN_IDLE);
-            }
+            let held = match loader.memory_budget {
+                Some(budget) => unload_over_budget(&t, budget, BUDGET_MIN_IDLE),
+                None => t.loaded_bytes(),
+            };
             metrics::gauge!("strata_frontend_tenants_loaded").set(t.loaded_all().len() as f64);
-            metrics::gauge!("strata_frontend_tenants_loaded_bytes").set(t.loaded_bytes() as f64);
+            metrics::gauge!("strata_frontend_tenants_loaded_bytes").set(held as f64);
         }
         // The next catalogue change (not every record of shard 0: those are mostly other
         // tenants' writes), a request for a dormant tenant, or a second.
@@ -171,11 +172,12 @@ fn unload_idle(tenants: &Tenants, idle: Duration) {
 }
 
 /// Unloads idle tenants, least recently used first, while the tenants loaded hold more than
-/// `budget` bytes; none a request named within `min_idle`, none with a stream open.
-fn unload_over_budget(tenants: &Tenants, budget: u64, min_idle: Duration) {
+/// `budget` bytes; none a request named within `min_idle`, none with a stream open. Returns
+/// the bytes the tenants loaded then hold.
+fn unload_over_budget(tenants: &Tenants, budget: u64, min_idle: Duration) -> u64 {
     let mut held = tenants.loaded_bytes();
     if held <= budget {
-        return;
+        return held;
     }
     let mut idle: Vec<(Duration, Arc<Tenant>)> = tenants
         .loaded_all()
@@ -186,7 +188,7 @@ fn unload_over_budget(tenants: &Tenants, budget: u64, min_idle: Duration) {
     idle.sort_by_key(|(idle, _)| std::cmp::Reverse(*idle));
     for (_, t) in idle {
         if held <= budget {
-            return;
+            break;
         }
         let bytes = t.replica.read().stats().charged_bytes;
         let name = t.name.clone();
@@ -197,6 +199,7 @@ fn unload_over_budget(tenants: &Tenants, budget: u64, min_idle: Duration) {
             metrics::counter!("strata_frontend_tenants_unloaded_budget_total").increment(1);
         }
     }
+    held
 }
 
 /// The record that serves dormant tenant `name` here, as the catalogue says now; None if it
@@ -337,8 +340,7 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
 
 /// The connection quota `r` gives its tenant (`Tenant::max_connections`), if any.
 fn own_connections(r: &TenantRecord) -> Option<usize> {
-    let connections = r.quotas.unwrap_or_default().connections;
-    (connections > 0).then(|| usize::try_from(connections).unwrap_or(usize::MAX))
+    crate::tenant::connection_quota(&r.quotas.unwrap_or_default())
 }
 
 /// The tenants whose quotas this frontend is appending to their shard.
@@ -688,7 +690,12 @@ mod tests {
             loaded("a") && loaded("b") && loaded("c"),
             "within the budget"
         );
-        unload_over_budget(&tenants, held - 1, short);
+        let after = unload_over_budget(&tenants, held - 1, short);
+        assert_eq!(
+            after,
+            tenants.loaded_bytes(),
+            "what it returns is what is held"
+        );
         assert!(!loaded("a"), "the least recently used goes first");
         assert!(loaded("b") && loaded("c"), "and no more than needed");
         assert_eq!(

@@ -136,6 +136,11 @@ impl Refusal {
     }
 }
 
+/// The connection quota `quotas` give a tenant of their own (0: none, so the flag's applies).
+pub fn connection_quota(quotas: &api::strata::entry::TenantQuotas) -> Option<usize> {
+    (quotas.connections > 0).then(|| usize::try_from(quotas.connections).unwrap_or(usize::MAX))
+}
+
 pub struct Tenant {
     /// The name clients know it by (resolution, errors, logs and metrics).
     pub name: String,
@@ -257,8 +262,7 @@ impl Tenant {
             .quotas
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        (own.quotas.connections > 0)
-            .then(|| usize::try_from(own.quotas.connections).unwrap_or(usize::MAX))
+        connection_quota(&own.quotas)
     }
 
     /// What the catalogue says of this tenant (Active when no catalogue is followed).

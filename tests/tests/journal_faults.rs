@@ -56,12 +56,8 @@ async fn leader_storage_failure(failpoint: &str, extra: &[String], error: &str) 
     let mut args = vec!["--failpoints".to_string()];
     args.extend(extra.iter().cloned());
     let mut c = JournalCluster::start(3, 1, &args);
-    let leaders = c.wait_leaders(&[0, 1, 2]).await;
-    let leader = c.index_of(leaders[SHARD as usize]);
+    let (leader, appenders) = under_load(&c).await;
     let leader_addr = c.nodes[leader].addr.clone();
-    let client = c.client().await;
-    let appenders = Appenders::start(&client, SHARD, APPENDERS);
-    appenders.wait_acked(300, WAIT).await;
 
     // The leader's disk starts failing.
     let trigger = c.nodes[leader].data_dir.join("FAILPOINTS");
@@ -204,12 +200,8 @@ async fn a_leader_that_lost_its_unsynced_tail_does_not_resume_its_old_term() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_fsyncs_on_the_followers_slow_commits_and_fail_nothing() {
     let c = JournalCluster::start(3, 1, &["--failpoints".to_string()]);
-    let leaders = c.wait_leaders(&[0, 1, 2]).await;
-    let leader = c.index_of(leaders[SHARD as usize]);
+    let (leader, appenders) = under_load(&c).await;
     let leader_addr = c.nodes[leader].addr.clone();
-    let client = c.client().await;
-    let appenders = Appenders::start(&client, SHARD, APPENDERS);
-    appenders.wait_acked(300, WAIT).await;
 
     let followers: Vec<usize> = (0..3).filter(|&n| n != leader).collect();
     let triggers: Vec<_> = followers
@@ -335,4 +327,14 @@ async fn reported_errors(c: &JournalCluster, i: usize, failure: &str) -> Vec<Str
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits for `c`'s shard leaders, starts `APPENDERS` appenders on `SHARD` and waits until 300
+/// appends were acknowledged; returns the shard leader's index and the appenders.
+async fn under_load(c: &JournalCluster) -> (usize, Appenders) {
+    let leaders = c.wait_leaders(&[0, 1, 2]).await;
+    let leader = c.index_of(leaders[SHARD as usize]);
+    let appenders = Appenders::start(&c.client().await, SHARD, APPENDERS);
+    appenders.wait_acked(300, WAIT).await;
+    (leader, appenders)
 }

@@ -77,6 +77,12 @@ pub struct Config {
     #[arg(long)]
     pub trusted_ca_file: Option<std::path::PathBuf>,
 
+    /// How often the client and admin ports read their certificate, key and CA files again;
+    /// new handshakes use what they hold from then on, so certificates are rotated without a
+    /// restart. `0s`: never.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub tls_reload_interval: Duration,
+
     /// Refuse clients without a certificate signed by `--trusted-ca-file` (etcd's
     /// --client-cert-auth). With `--tenant-domain`, a connection that names a tenant by its
     /// server name must present a certificate for that name.
@@ -318,6 +324,7 @@ impl Config {
             cert_file: None,
             key_file: None,
             trusted_ca_file: None,
+            tls_reload_interval: Duration::from_secs(5),
             client_cert_auth: false,
             tenant_domain: None,
             catalogue: false,

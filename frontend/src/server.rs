@@ -116,6 +116,9 @@ impl Frontend {
             )),
             _ => None,
         };
+        if let Some(tls) = &tls {
+            crate::tls::watch(tls, config.tls_reload_interval);
+        }
         let served: Vec<String> = config.served_tenants().map(str::to_string).collect();
         let client = bind(config.listen).await?;
         let metrics = bind(config.metrics_listen).await?;
@@ -447,15 +450,15 @@ async fn serve_admin(
         &config.admin_key_file,
         &config.admin_trusted_ca_file,
     ) {
-        (Some(cert), Some(key), Some(ca)) => Some(Arc::new(crate::tls::TlsSetup::load(
-            cert,
-            key,
-            Some(ca.as_path()),
-            true,
-            None,
-        )?)),
+        (Some(cert), Some(key), Some(ca)) => Some(Arc::new(
+            crate::tls::TlsSetup::load(cert, key, Some(ca.as_path()), true, None)?
+                .for_port("admin"),
+        )),
         _ => None,
     };
+    if let Some(tls) = &tls {
+        crate::tls::watch(tls, config.tls_reload_interval);
+    }
     let listener = bind(addr).await?;
     let bound = listener
         .local_addr()

@@ -13,6 +13,13 @@
 //! wildcard client certificate names no tenant. The connection's tenant reaches the services as
 //! the [`CONNECTION_TENANT`] metadata entry, set by [`ConnectionLayer`] from the connection
 //! alone: a copy sent by a client is removed first.
+//!
+//! Certificates are rotated without a restart: [`watch`] reads the files again every
+//! `--tls-reload-interval` and new handshakes use what they hold from then on (etcd reads them
+//! at each handshake). Connections already open keep the certificate they were made with. Files
+//! that do not load (a key that is not the certificate's, half of a rotation written) are
+//! refused, said in the log and in `strata_frontend_tls_reload_failing`, and the last good
+//! ones go on serving.
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -49,6 +56,8 @@ pub enum TlsError {
         path: PathBuf,
         source: rustls::pki_types::pem::Error,
     },
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
     #[error("{0} holds no certificate")]
     NoCertificate(PathBuf),
     #[error("TLS configuration: {0}")]
@@ -59,7 +68,13 @@ pub enum TlsError {
 
 /// What the client port needs to serve TLS.
 pub struct TlsSetup {
-    acceptor: TlsAcceptor,
+    /// Made from the files as last loaded; each handshake takes the current one.
+    acceptor: std::sync::RwLock<TlsAcceptor>,
+    files: Files,
+    /// What the files held when last read, and why they were refused if they were.
+    last: std::sync::Mutex<LastRead>,
+    /// The port's name in metrics and logs (`client`, `admin`).
+    port: &'static str,
     /// `--tenant-domain`, without a leading dot.
     tenant_domain: Option<String>,
     /// Whether client certificates are verified (`--trusted-ca-file`).
@@ -82,39 +97,90 @@ impl TlsSetup {
         client_cert_auth: bool,
         tenant_domain: Option<&str>,
     ) -> Result<Self, TlsError> {
-        let certs = certificates(cert_file)?;
-        let key = PrivateKeyDer::from_pem_file(key_file).map_err(|source| TlsError::Read {
-            path: key_file.into(),
-            source,
-        })?;
-        let builder = rustls::ServerConfig::builder();
-        let builder = match trusted_ca_file {
-            Some(ca) => {
-                let mut roots = rustls::RootCertStore::empty();
-                for c in certificates(ca)? {
-                    roots.add(c)?;
-                }
-                let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
-                let verifier = if client_cert_auth {
-                    verifier.build()?
-                } else {
-                    verifier.allow_unauthenticated().build()?
-                };
-                builder.with_client_cert_verifier(verifier)
-            }
-            None => builder.with_no_client_auth(),
+        let files = Files {
+            cert: cert_file.into(),
+            key: key_file.into(),
+            ca: trusted_ca_file.map(Into::into),
+            client_cert_auth,
         };
-        let mut config = builder.with_single_cert(certs, key)?;
-        // gRPC needs h2; etcd's JSON gateway and `/health` also come over HTTP/1.1.
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        let contents = files.read()?;
+        let loaded = files.config(&contents)?;
         Ok(Self {
-            acceptor: TlsAcceptor::from(Arc::new(config)),
+            acceptor: std::sync::RwLock::new(TlsAcceptor::from(Arc::new(loaded.config))),
+            files,
+            last: std::sync::Mutex::new(LastRead {
+                contents,
+                refused: None,
+                expires: loaded.expires,
+            }),
+            port: "client",
             tenant_domain: tenant_domain.map(|d| d.trim_start_matches('.').to_string()),
             verifies_clients: trusted_ca_file.is_some(),
             client_cert_auth,
             max_connections: None,
             open: Default::default(),
         })
+    }
+
+    /// Names the port in metrics and logs (`client` unless said).
+    pub fn for_port(mut self, port: &'static str) -> Self {
+        self.port = port;
+        self
+    }
+
+    /// The acceptor of the files as last loaded.
+    fn acceptor(&self) -> TlsAcceptor {
+        self.acceptor
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The earliest expiry (Unix seconds) of the certificate chain served, if it could be read.
+    pub fn expires(&self) -> Option<i64> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner()).expires
+    }
+
+    /// Reads the files again and, if they changed and load, serves them to new handshakes.
+    /// Contents refused once are not tried again until they change.
+    pub fn reload(&self) -> Reload {
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        let loaded = match self.files.read() {
+            Ok(contents) if contents == last.contents => {
+                return match &last.refused {
+                    None => Reload::Unchanged,
+                    Some(error) => Reload::Refused {
+                        error: error.clone(),
+                        new: false,
+                    },
+                };
+            }
+            Ok(contents) => {
+                let loaded = self.files.config(&contents);
+                last.contents = contents;
+                loaded
+            }
+            Err(e) => {
+                // Read again in full once readable, whatever it then holds.
+                last.contents = Vec::new();
+                Err(e)
+            }
+        };
+        match loaded {
+            Ok(loaded) => {
+                *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) =
+                    TlsAcceptor::from(Arc::new(loaded.config));
+                last.refused = None;
+                last.expires = loaded.expires;
+                Reload::Loaded
+            }
+            Err(e) => {
+                let error = e.to_string();
+                let new = last.refused.as_ref() != Some(&error);
+                last.refused = Some(error.clone());
+                Reload::Refused { error, new }
+            }
+        }
     }
 
     /// At most `max` open connections per tenant (those whose handshake names their tenant).
@@ -217,9 +283,91 @@ impl TlsSetup {
     }
 }
 
-fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_file_iter(path)
-        .and_then(|i| i.collect::<Result<Vec<_>, _>>())
+/// What [`TlsSetup::reload`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// The files hold what is served.
+    Unchanged,
+    /// They changed, and new handshakes use them.
+    Loaded,
+    /// They do not load; the last good ones go on serving. `new`: not said before.
+    Refused { error: String, new: bool },
+}
+
+/// The files a port's TLS is made of, and how.
+struct Files {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: Option<PathBuf>,
+    client_cert_auth: bool,
+}
+
+/// What a port's files held when last read.
+struct LastRead {
+    /// Certificate, key and CA file, as read (empty after a failed read).
+    contents: Vec<Vec<u8>>,
+    /// Why they were refused, if they were.
+    refused: Option<String>,
+    /// The earliest expiry in the chain served (Unix seconds).
+    expires: Option<i64>,
+}
+
+/// A server configuration made from a port's files.
+struct Loaded {
+    config: rustls::ServerConfig,
+    expires: Option<i64>,
+}
+
+impl Files {
+    fn read(&self) -> Result<Vec<Vec<u8>>, TlsError> {
+        std::iter::once(&self.cert)
+            .chain(std::iter::once(&self.key))
+            .chain(self.ca.as_ref())
+            .map(|path| {
+                std::fs::read(path).map_err(|source| TlsError::Io {
+                    path: path.clone(),
+                    source,
+                })
+            })
+            .collect()
+    }
+
+    /// The server configuration `contents` (as [`Files::read`] answers them) make.
+    fn config(&self, contents: &[Vec<u8>]) -> Result<Loaded, TlsError> {
+        let certs = certificates(&self.cert, &contents[0])?;
+        let key = PrivateKeyDer::from_pem_slice(&contents[1]).map_err(|source| TlsError::Read {
+            path: self.key.clone(),
+            source,
+        })?;
+        let expires = certs.iter().filter_map(|c| not_after(c)).min();
+        let builder = rustls::ServerConfig::builder();
+        let builder = match (&self.ca, contents.get(2)) {
+            (Some(ca), Some(pem)) => {
+                let mut roots = rustls::RootCertStore::empty();
+                for c in certificates(ca, pem)? {
+                    roots.add(c)?;
+                }
+                let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
+                let verifier = if self.client_cert_auth {
+                    verifier.build()?
+                } else {
+                    verifier.allow_unauthenticated().build()?
+                };
+                builder.with_client_cert_verifier(verifier)
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        // Refuses a key that is not the certificate's.
+        let mut config = builder.with_single_cert(certs, key)?;
+        // gRPC needs h2; etcd's JSON gateway and `/health` also come over HTTP/1.1.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Loaded { config, expires })
+    }
+}
+
+fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
         .map_err(|source| TlsError::Read {
             path: path.into(),
             source,
@@ -228,6 +376,58 @@ fn certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
         return Err(TlsError::NoCertificate(path.into()));
     }
     Ok(certs)
+}
+
+/// Reads `tls`'s files again every `every` (never if zero) and reports what it found in the
+/// log and in metrics; ends once `tls` is dropped.
+pub fn watch(tls: &Arc<TlsSetup>, every: Duration) {
+    let port = tls.port;
+    let expiry = metrics::gauge!("strata_frontend_tls_certificate_expiration_timestamp_seconds", "port" => port);
+    let failing = metrics::gauge!("strata_frontend_tls_reload_failing", "port" => port);
+    failing.set(0.0);
+    if let Some(at) = tls.expires() {
+        expiry.set(at as f64);
+    }
+    if every.is_zero() {
+        return;
+    }
+    let tls = Arc::downgrade(tls);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(tls) = tls.upgrade() else { return };
+            // A file read may block (a slow volume): not on the runtime's threads.
+            let Ok((outcome, expires)) = tokio::task::spawn_blocking(move || {
+                let outcome = tls.reload();
+                (outcome, tls.expires())
+            })
+            .await
+            else {
+                return;
+            };
+            match outcome {
+                Reload::Unchanged => {}
+                Reload::Loaded => {
+                    tracing::info!(port, expires, "TLS certificate files reloaded");
+                    metrics::counter!("strata_frontend_tls_reloads_total", "port" => port, "result" => "loaded").increment(1);
+                    if let Some(at) = expires {
+                        expiry.set(at as f64);
+                    }
+                    failing.set(0.0);
+                }
+                Reload::Refused { error, new } => {
+                    if new {
+                        tracing::warn!(port, %error, "TLS certificate files not reloaded: the last good ones go on serving");
+                        metrics::counter!("strata_frontend_tls_reloads_total", "port" => port, "result" => "refused").increment(1);
+                    }
+                    failing.set(1.0);
+                }
+            }
+        }
+    });
 }
 
 /// What the handshake said about a connection's tenant.
@@ -245,18 +445,7 @@ pub struct Connection {
 /// `Subject.CommonName`), if it has one that is text. The certificate was verified against the
 /// trusted CA before this reads it; still, every length is checked.
 fn common_name(der: &[u8]) -> Option<String> {
-    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serial,
-    // signature, issuer, validity, subject, ... }, ... }
-    let (_, cert, _) = tlv(der)?;
-    let (_, mut tbs, _) = tlv(cert)?;
-    let mut fields = Vec::with_capacity(6);
-    while fields.len() < 6 && !tbs.is_empty() {
-        let (tag, value, rest) = tlv(tbs)?;
-        fields.push((tag, value));
-        tbs = rest;
-    }
-    let explicit_version = fields.first()?.0 == 0xa0;
-    let (tag, mut subject) = *fields.get(if explicit_version { 5 } else { 4 })?;
+    let (tag, mut subject) = tbs_field(der, TbsField::Subject)?;
     if tag != 0x30 {
         return None;
     }
@@ -281,6 +470,73 @@ fn common_name(der: &[u8]) -> Option<String> {
         }
     }
     None
+}
+
+/// The fields of a certificate's `tbsCertificate` that are read here, by their place after the
+/// optional version.
+#[derive(Clone, Copy)]
+enum TbsField {
+    Validity = 3,
+    Subject = 4,
+}
+
+/// A field of a DER certificate's `tbsCertificate`: its tag and contents.
+fn tbs_field(der: &[u8], field: TbsField) -> Option<(u8, &[u8])> {
+    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serial,
+    // signature, issuer, validity, subject, ... }, ... }
+    let (_, cert, _) = tlv(der)?;
+    let (_, mut tbs, _) = tlv(cert)?;
+    let mut fields = Vec::with_capacity(6);
+    while fields.len() < 6 && !tbs.is_empty() {
+        let (tag, value, rest) = tlv(tbs)?;
+        fields.push((tag, value));
+        tbs = rest;
+    }
+    let explicit_version = fields.first()?.0 == 0xa0;
+    fields
+        .get(field as usize + usize::from(explicit_version))
+        .copied()
+}
+
+/// When a DER certificate stops being valid (its `notAfter`), in Unix seconds.
+fn not_after(der: &[u8]) -> Option<i64> {
+    // Validity ::= SEQUENCE { notBefore Time, notAfter Time }
+    let (tag, validity) = tbs_field(der, TbsField::Validity)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (_, _, rest) = tlv(validity)?;
+    let (tag, time, _) = tlv(rest)?;
+    let text = std::str::from_utf8(time).ok()?;
+    // UTCTime YYMMDDHHMMSSZ (years 1950-2049, RFC 5280) or GeneralizedTime YYYYMMDDHHMMSSZ.
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy: i64 = text.get(..2)?.parse().ok()?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, text.get(2..)?)
+        }
+        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
+        _ => return None,
+    };
+    if rest.len() != 11 || !rest.ends_with('Z') || !rest[..10].bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n = |i: usize| -> i64 { rest[i..i + 2].parse().unwrap_or(0) };
+    let (month, day, hour, minute, second) = (n(0), n(2), n(4), n(6), n(8));
+    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
+        return None;
+    }
+    Some(days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second)
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar.
+fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
+    // Years counted from March, so that the leap day ends the year.
+    let year = if month <= 2 { year - 1 } else { year };
+    let era = year.div_euclid(400);
+    let year_of_era = year - era * 400;
+    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
+    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
+    era * 146_097 + day_of_era - 719_468
 }
 
 /// One DER element at the start of `input`: its tag, its contents and what follows it.
@@ -485,7 +741,7 @@ pub fn incoming(
             let served = served.clone();
             tokio::spawn(async move {
                 let peer = tcp.peer_addr().ok();
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor.accept(tcp)).await {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp)).await {
                     Ok(Ok(mut s)) => {
                         let (_, session) = s.get_ref();
                         let connection = tls.connection(
@@ -715,6 +971,116 @@ mod tests {
             s.connection(Some("a.tenants.test"), Some(&of_a), &served()),
             Connection::default()
         );
+    }
+
+    /// The end-entity certificate a client trusting `ca` is served by `tls`, or why the
+    /// handshake failed.
+    async fn served_certificate(tls: &TlsSetup, ca: &Ca) -> Result<Vec<u8>, String> {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let acceptor = tls.acceptor();
+        let server = tokio::spawn(async move { acceptor.accept(server).await.map(drop) });
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
+            .unwrap();
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        let connected = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("localhost").unwrap(), client)
+            .await;
+        let _ = server.await;
+        let stream = connected.map_err(|e| e.to_string())?;
+        Ok(stream.get_ref().1.peer_certificates().unwrap()[0].to_vec())
+    }
+
+    /// Rotated files serve new handshakes once reloaded; files that do not load are refused
+    /// (said once per change) and the last good ones go on serving.
+    #[tokio::test]
+    async fn rotated_files_are_served_and_broken_ones_refused() {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new();
+        let first = ca.server(&["localhost"]);
+        let (cert, key) = first.write(dir.path(), "server");
+        let trusted = ca.write(dir.path());
+        let tls = TlsSetup::load(&cert, &key, Some(&trusted), false, None).unwrap();
+        assert_eq!(served_certificate(&tls, &ca).await, Ok(first.der.clone()));
+        assert_eq!(tls.reload(), Reload::Unchanged);
+
+        let second = ca.server(&["localhost"]);
+        second.write(dir.path(), "server");
+        assert_eq!(
+            served_certificate(&tls, &ca).await,
+            Ok(first.der.clone()),
+            "not before a reload"
+        );
+        assert_eq!(tls.reload(), Reload::Loaded);
+        assert_eq!(served_certificate(&tls, &ca).await, Ok(second.der.clone()));
+
+        // Half a rotation: a new certificate, the old key.
+        let third = ca.server(&["localhost"]);
+        std::fs::write(&cert, &third.cert_pem).unwrap();
+        let Reload::Refused { error, new: true } = tls.reload() else {
+            panic!("a key that is not the certificate's is refused");
+        };
+        assert!(error.contains("TLS configuration"), "{error}");
+        assert_eq!(
+            tls.reload(),
+            Reload::Refused { error, new: false },
+            "said once"
+        );
+        assert_eq!(served_certificate(&tls, &ca).await, Ok(second.der.clone()));
+        std::fs::remove_file(&key).unwrap();
+        let Reload::Refused { error, new: true } = tls.reload() else {
+            panic!("a missing key is refused");
+        };
+        assert!(error.contains("server.key"), "{error}");
+        assert_eq!(
+            tls.reload(),
+            Reload::Refused { error, new: false },
+            "still missing"
+        );
+        // The same mismatched key back: read and judged again.
+        std::fs::write(&key, &second.key_pem).unwrap();
+        let Reload::Refused { error, new: true } = tls.reload() else {
+            panic!("still a key that is not the certificate's");
+        };
+        assert!(error.contains("TLS configuration"), "{error}");
+        std::fs::write(&key, &third.key_pem).unwrap();
+        assert_eq!(tls.reload(), Reload::Loaded);
+        assert_eq!(served_certificate(&tls, &ca).await, Ok(third.der.clone()));
+
+        // A new CA: clients of the old one are refused from then on.
+        let next = Ca::new();
+        let fourth = next.server_until(&["localhost"], (2031, 5, 17));
+        fourth.write(dir.path(), "server");
+        next.write(dir.path());
+        assert_eq!(tls.reload(), Reload::Loaded);
+        assert_eq!(
+            served_certificate(&tls, &next).await,
+            Ok(fourth.der.clone())
+        );
+        assert!(served_certificate(&tls, &ca).await.is_err());
+        assert_eq!(tls.expires(), Some(1_936_742_400), "2031-05-17T00:00:00Z");
+    }
+
+    #[test]
+    fn a_certificates_expiry_is_read_in_both_time_forms() {
+        let ca = Ca::new();
+        // Before 2050 UTCTime, from 2050 GeneralizedTime (RFC 5280).
+        for (date, unix) in [
+            ((2031, 5, 17), 1_936_742_400),
+            ((2051, 1, 2), 2_556_230_400),
+            ((1999, 12, 31), 946_598_400),
+        ] {
+            let der = ca.server_until(&["localhost"], date).der;
+            assert_eq!(not_after(&der), Some(unix), "{date:?}");
+        }
+        let der = ca.server(&["localhost"]).der;
+        for cut in [0, 1, 10, der.len() / 3] {
+            assert_eq!(not_after(&der[..cut]), None, "cut at {cut}");
+        }
     }
 
     #[test]

@@ -68,6 +68,17 @@ impl Ca {
         )
     }
 
+    /// A server certificate for `names` that expires at the start of `year`-`month`-`day`
+    /// (UTC).
+    pub fn server_until(&self, names: &[&str], (year, month, day): (i32, u8, u8)) -> Issued {
+        self.issue_with(
+            names,
+            "strata test server",
+            ExtendedKeyUsagePurpose::ServerAuth,
+            |p| p.not_after = rcgen::date_time_ymd(year, month, day),
+        )
+    }
+
     /// A client certificate with common name `user` (etcd's user of a certificate) and `names`
     /// as DNS subject alternative names.
     pub fn client(&self, user: &str, names: &[&str]) -> Issued {
@@ -75,6 +86,16 @@ impl Ca {
     }
 
     fn issue(&self, names: &[&str], common_name: &str, usage: ExtendedKeyUsagePurpose) -> Issued {
+        self.issue_with(names, common_name, usage, |_| {})
+    }
+
+    fn issue_with(
+        &self,
+        names: &[&str],
+        common_name: &str,
+        usage: ExtendedKeyUsagePurpose,
+        adjust: impl FnOnce(&mut CertificateParams),
+    ) -> Issued {
         let key = KeyPair::generate().expect("a key");
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).expect("certificate parameters");
@@ -82,6 +103,7 @@ impl Ca {
             .distinguished_name
             .push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![usage];
+        adjust(&mut params);
         let cert = params
             .signed_by(&key, &self.issuer)
             .expect("a signed certificate");

@@ -503,3 +503,102 @@ async fn the_catalogue_s_connection_quota_is_enforced_and_changed_live() {
         tail_file(log)
     );
 }
+
+/// Certificates rotated on disk are served to new connections without a restart
+/// (`--tls-reload-interval`; etcd reads its files at each handshake). A connection made before
+/// keeps going. Files that do not load (half a rotation: a certificate without its key) are
+/// refused, said in a metric, and the last good ones serve on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificates_are_rotated_without_a_restart() {
+    let (d, pki) = deployment_with_pki().await;
+    let fe = start_tls(
+        &d,
+        &pki,
+        &["--client-cert-auth", "--tls-reload-interval=100ms"],
+    )
+    .await;
+    let (listen, log) = (&fe.listen, &fe.log);
+    let endpoint = format!("https://{listen}");
+    let metric = |name: &str| {
+        let page =
+            strata_tests::curl::request(&format!("http://{}", fe.metrics), "GET", "/metrics", "").1;
+        page.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+    };
+    let failing = "strata_frontend_tls_reload_failing{port=\"client\"}";
+    assert_eq!(metric(failing), Some(0.0));
+    let expires = "strata_frontend_tls_certificate_expiration_timestamp_seconds{port=\"client\"}";
+    // The test CA's certificates are valid until 4096: after 2100-01-01 at least.
+    assert!(
+        metric(expires).is_some_and(|at| at > 4_102_444_800.0),
+        "{:?}",
+        metric(expires)
+    );
+
+    // The old CA's files, for a client that stays with it.
+    let old = d.dir().join("old");
+    std::fs::create_dir(&old).unwrap();
+    for f in ["ca.pem", "operator.pem", "operator.key"] {
+        std::fs::copy(pki.dir.join(f), old.join(f)).unwrap();
+    }
+    let open = pki.channel(&endpoint, "operator", "localhost").await;
+    put(&open, None, "before").await.unwrap();
+    let with = etcdctl_as(&pki, &endpoint);
+
+    // Half a rotation: the new certificate, the old key. Refused; the old files serve on.
+    let next = Ca::new();
+    let server = next.server(&["localhost", "127.0.0.1"]);
+    std::fs::write(pki.path("server.pem"), &server.cert_pem).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while metric(failing) != Some(1.0) {
+        assert!(
+            Instant::now() < deadline,
+            "half a rotation was not refused\n{}",
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let out = with(Some("operator"), &["get", "before", "--print-value-only"]);
+    assert_eq!(out.stdout.trim(), "v", "{out:?}\n{}", tail_file(log));
+
+    // The rest: its key, the new CA, and the operator's certificate of the new CA.
+    std::fs::write(pki.path("server.key"), &server.key_pem).unwrap();
+    next.write(&pki.dir);
+    next.client("root", &["operator.example"])
+        .write(&pki.dir, "operator");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = with(Some("operator"), &["put", "after", "v"]);
+        if out.success {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the new certificates were never served: {}\n{}",
+            out.stderr,
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(metric(failing), Some(0.0));
+    let reloads = "strata_frontend_tls_reloads_total{port=\"client\",result=";
+    assert!(metric(&format!("{reloads}\"loaded\"}}")).is_some_and(|n| n >= 1.0));
+    assert!(metric(&format!("{reloads}\"refused\"}}")).is_some_and(|n| n >= 1.0));
+
+    // A client of the old CA gets no new connection.
+    let path = |f: &str| old.join(f).display().to_string();
+    let out = Etcdctl::new(&endpoint).run(&[
+        // Refused at the handshake: no need to wait for the default timeouts.
+        "--dial-timeout=2s",
+        "--command-timeout=3s",
+        &format!("--cacert={}", path("ca.pem")),
+        &format!("--cert={}", path("operator.pem")),
+        &format!("--key={}", path("operator.key")),
+        "get",
+        "after",
+    ]);
+    assert!(!out.success, "the old CA's client was served: {out:?}");
+    // The connection made before the rotation serves on.
+    put(&open, None, "still").await.unwrap();
+}

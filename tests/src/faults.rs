@@ -129,6 +129,29 @@ pub enum Action {
     /// `slow-fsync` failpoint), so it acknowledges late and lags the others (a frontend's tail
     /// reading from it is held back). Healing makes the disk fast again; no restart.
     SlowDisk,
+    /// A journal node's wall clock steps [`CLOCK_STEP`] ahead (its `clock-offset` failpoint),
+    /// as a bad NTP source or an operator makes it; healing steps it back. A leader absorbs
+    /// the step slowly; a node that starts leading with no stamp of its own yet takes its
+    /// first from its clock, so a step of a follower is planned with [`Action::TakeOver`] half
+    /// the time (see [`schedule`]). No lease kept alive may expire for it.
+    ClockAhead,
+    /// The same, [`CLOCK_STEP`] behind: journal time must go on, and leases still expire.
+    ClockBehind,
+    /// The journal node restarts (`kill -9`, as a reboot) and, once caught up, the leader
+    /// hands shard 0 to it (`JournalAdmin.Handoff`, as an operator or the preferred-leader
+    /// rebalancing does): a leader whose stamps start from its own clock. Nothing to heal. A
+    /// hand-off still refused after 15 s is written in the schedule, not a failure.
+    TakeOver,
+}
+
+/// How far [`Action::ClockAhead`] and [`Action::ClockBehind`] step a clock: far beyond any
+/// lease's TTL.
+pub const CLOCK_STEP: Duration = Duration::from_secs(3600);
+
+impl Action {
+    fn steps_the_clock(self) -> bool {
+        matches!(self, Action::ClockAhead | Action::ClockBehind)
+    }
 }
 
 /// One step of the schedule: its faults start together, last `hold`, heal, then the system
@@ -152,11 +175,13 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
             5..8 => Action::Pause,
             _ => Action::Disconnect,
         };
-        let journal_action = |rng: &mut StdRng| match rng.random_range(0..11) {
+        let journal_action = |rng: &mut StdRng| match rng.random_range(0..13) {
             0..7 => action(rng),
             7 => Action::DiskFailure,
             8 => Action::SlowDisk,
             9 => Action::DirFailure,
+            10 => Action::ClockAhead,
+            11 => Action::ClockBehind,
             _ => Action::DiskFull,
         };
         let journal = if rng.random_bool(0.5) {
@@ -180,6 +205,15 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
             )],
             _ => vec![(journal_action(rng), journal), (action(rng), frontend)],
         };
+        let mut faults = faults;
+        // A follower's clock stepped, then (half the time) it reboots and the shard is handed
+        // to it: a leader whose clock is off from its first stamp.
+        if let (action, node @ Target::Journal(_)) = faults[0]
+            && action.steps_the_clock()
+            && rng.random_bool(0.5)
+        {
+            faults.insert(1, (Action::TakeOver, node));
+        }
         let hold = Duration::from_millis(rng.random_range(300..3500));
         let settle = Duration::from_millis(rng.random_range(300..2000));
         total += hold + settle;
@@ -195,7 +229,7 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
 /// Seeds run on every CI run (`tests/tests/faults.rs`); a seed that once failed is added here
 /// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, the second in
 /// a directory with two; together they hit every kind of fault (a unit test checks).
-pub const FIXED_SEEDS: &[u64] = &[0x5eed_f23e, 0x5eed_f5ba];
+pub const FIXED_SEEDS: &[u64] = &[0x5eed_8adb, 0x5eed_3c45];
 
 /// Everything a seed decides before a run starts.
 #[derive(Debug)]
@@ -761,7 +795,8 @@ impl Faults {
         (j, self.deployment.journal_dir(j).join("FAILPOINTS"))
     }
 
-    fn start(&mut self, action: Action, target: Target) {
+    /// Starts `action` on `target`; answers what it did when there is more to say than that.
+    async fn start(&mut self, action: Action, target: Target) -> Option<String> {
         match action {
             Action::DiskFull => {
                 std::fs::write(self.disk(target).1, "write").expect("arm the failpoint");
@@ -776,6 +811,45 @@ impl Faults {
                 std::fs::write(self.disk(target).1, journal::failpoint::SLOW_FSYNC_NAME)
                     .expect("arm the failpoint");
             }
+            Action::ClockAhead | Action::ClockBehind => {
+                let step = i64::try_from(CLOCK_STEP.as_millis()).unwrap_or(i64::MAX);
+                let offset = if action == Action::ClockAhead {
+                    step
+                } else {
+                    -step
+                };
+                let armed = format!("{}{offset}", journal::failpoint::CLOCK_OFFSET_PREFIX);
+                std::fs::write(self.disk(target).1, armed).expect("arm the failpoint");
+            }
+            Action::TakeOver => {
+                let j = self.disk(target).0;
+                self.deployment.restart_journal(j);
+                let node = j as u64 + 1;
+                // Refused until the node is back and caught up.
+                let deadline = Instant::now() + Duration::from_secs(15);
+                loop {
+                    let done = tokio::time::timeout(
+                        Duration::from_secs(5),
+                        self.journal.handoff(0, true, node),
+                    )
+                    .await;
+                    let said = match done {
+                        Ok(Ok(r)) => {
+                            return Some(format!("(leader {}: {})", r.leader_id, r.message));
+                        }
+                        Ok(Err(e)) => format!("(not handed over: {e})"),
+                        Err(_) => "(not handed over: no answer in 5 s)".into(),
+                    };
+                    // Elected by itself meanwhile (or handed back as the preferred node).
+                    if self.resolve(Target::JournalLeader).await == target {
+                        return Some("(leads already: elected after its restart)".into());
+                    }
+                    if Instant::now() >= deadline {
+                        return Some(said);
+                    }
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                }
+            }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::cut),
             Action::Pause => self.pid(target).into_iter().for_each(pause_process),
             Action::Kill => match target {
@@ -786,6 +860,7 @@ impl Faults {
                 Target::ObjectStore => unreachable!("the object store is only paused"),
             },
         }
+        None
     }
 
     async fn heal(&mut self, action: Action, target: Target) {
@@ -795,10 +870,11 @@ impl Faults {
                 std::fs::remove_file(trigger).expect("clear the failpoint");
                 self.deployment.restart_journal(j);
             }
-            Action::SlowDisk => {
+            Action::SlowDisk | Action::ClockAhead | Action::ClockBehind => {
                 std::fs::remove_file(self.disk(target).1).expect("clear the failpoint");
             }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::heal),
+            Action::TakeOver => {}
             Action::Pause => self.pid(target).into_iter().for_each(resume_process),
             Action::Kill => match target {
                 // Waits until it serves again (from the newest checkpoint and the journal).
@@ -929,8 +1005,12 @@ impl Faults {
                 } else {
                     format!("{resolved:?} (the leader)")
                 };
-                ran.push(format!("{:7.2}s {action:?} {named}", clock.secs()));
-                self.start(action, resolved);
+                let at = clock.secs();
+                let said = self.start(action, resolved).await;
+                ran.push(format!(
+                    "{at:7.2}s {action:?} {named}{}",
+                    said.map(|s| format!(" {s}")).unwrap_or_default()
+                ));
                 started.push((action, resolved));
             }
             tokio::time::sleep(step.hold).await;
@@ -1315,6 +1395,10 @@ mod tests {
         want.insert("DirFailure journal".to_string());
         want.insert("DirFailure leader".to_string());
         want.insert("SlowDisk leader".to_string());
+        want.insert("ClockAhead journal".to_string());
+        want.insert("ClockBehind journal".to_string());
+        want.insert("ClockAhead leader".to_string());
+        want.insert("TakeOver journal".to_string());
         want.insert("Kill compactor".to_string());
         want.insert("Pause compactor".to_string());
         want.insert("Pause object store".to_string());

@@ -3,7 +3,7 @@
 //! `STRATA_JOURNAL_FAILPOINT_FILE` environment variable (naming the trigger file), both read
 //! once at start. Unarmed (the default) every check is one load of an initialised `OnceLock`.
 //! Armed, each check reads the trigger file: while it exists and contains a failpoint's name (`write`,
-//! `fsync`, `truncate`, `dir-fsync`), that operation fails with the error a full or failing disk gives
+//! `fsync`, `truncate`, `dir-fsync`, `rename`, `remove`), that operation fails with the error a full or failing disk gives
 //! (`ENOSPC`, `EIO`), or stops where a crash would (`truncate`); while it contains
 //! `slow-fsync`, every fsync of the log first waits [`SLOW_FSYNC`], as a disk that still works,
 //! slowly, makes it (a worn or overloaded NVMe, a noisy neighbour on shared storage). Deleting
@@ -41,6 +41,13 @@ pub enum Failpoint {
     /// fsync of a directory (a segment created or removed, a metadata file renamed into
     /// place: the vote, the membership, the purge point): fails as a failing disk does (`EIO`).
     DirFsync,
+    /// A file renamed into place (the vote, the purge point, the state machine's snapshot, the
+    /// storage-failure marker): fails as a failing disk does (`EIO`).
+    Rename,
+    /// A file removed (segments dropped by a purge or a truncation, leftovers of an
+    /// interrupted purge at start, the storage-failure marker): fails as a failing disk does
+    /// (`EIO`).
+    Remove,
 }
 
 impl Failpoint {
@@ -51,6 +58,8 @@ impl Failpoint {
             Failpoint::Fsync => "fsync",
             Failpoint::Truncate => "truncate",
             Failpoint::DirFsync => "dir-fsync",
+            Failpoint::Rename => "rename",
+            Failpoint::Remove => "remove",
         }
     }
 
@@ -60,6 +69,8 @@ impl Failpoint {
             Failpoint::Fsync => (libc_eio(), "fsync"),
             Failpoint::Truncate => (libc_eio(), "truncate"),
             Failpoint::DirFsync => (libc_eio(), "dir-fsync"),
+            Failpoint::Rename => (libc_eio(), "rename"),
+            Failpoint::Remove => (libc_eio(), "remove"),
         };
         let os = io::Error::from_raw_os_error(errno);
         io::Error::new(

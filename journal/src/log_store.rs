@@ -158,7 +158,7 @@ impl LogShared {
                 );
                 log.truncate(unknown.max(first))?;
             }
-            std::fs::remove_file(&marker)
+            crate::meta::remove_file(&marker)
                 .and_then(|()| crate::meta::sync_dir(dir))
                 .map_err(|source| MetaError::Io {
                     path: marker.clone(),
@@ -457,7 +457,7 @@ impl LogShared {
             let marker = self.dir.join(STORAGE_FAILED_FILE);
             let tmp = marker.with_extension("tmp");
             let written = std::fs::write(&tmp, format!("{unknown}\n"))
-                .and_then(|()| std::fs::rename(&tmp, &marker));
+                .and_then(|()| crate::meta::rename(&tmp, &marker));
             match written {
                 Ok(()) => {
                     let _ = std::fs::File::open(&marker).and_then(|f| f.sync_all());

@@ -64,11 +64,23 @@ pub fn write_bytes_durable(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     f.write_all(bytes)?;
     f.sync_all()?;
     drop(f);
-    std::fs::rename(&tmp, path)?;
+    rename(&tmp, path)?;
     if let Some(dir) = path.parent() {
         sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// Renames `from` to `to` (the `rename` failpoint makes it fail as a failing disk would).
+pub fn rename(from: &Path, to: &Path) -> std::io::Result<()> {
+    crate::failpoint::check(crate::failpoint::Failpoint::Rename)?;
+    std::fs::rename(from, to)
+}
+
+/// Removes the file `path` (the `remove` failpoint makes it fail as a failing disk would).
+pub fn remove_file(path: &Path) -> std::io::Result<()> {
+    crate::failpoint::check(crate::failpoint::Failpoint::Remove)?;
+    std::fs::remove_file(path)
 }
 
 /// fsyncs directory `dir`, so the entries created, renamed or removed in it survive a power

@@ -238,7 +238,7 @@ impl SegmentLog {
             let next_start = keys.get(i + 1).copied();
             if next_start.is_some_and(|n| n <= first_index) {
                 let p = dir.join(segment_name(*k));
-                std::fs::remove_file(&p).map_err(|e| SegmentError::io(&p, e))?;
+                crate::meta::remove_file(&p).map_err(|e| SegmentError::io(&p, e))?;
             } else {
                 live.push(*k);
             }
@@ -601,7 +601,7 @@ impl SegmentLog {
             .collect();
         for k in later {
             if let Some(seg) = self.segments.remove(&k) {
-                std::fs::remove_file(&seg.path).map_err(|e| SegmentError::io(&seg.path, e))?;
+                crate::meta::remove_file(&seg.path).map_err(|e| SegmentError::io(&seg.path, e))?;
                 crate::failpoint::check(crate::failpoint::Failpoint::Truncate)
                     .map_err(|e| SegmentError::io(&seg.path, e))?;
             }
@@ -641,7 +641,8 @@ impl SegmentLog {
                 if k != self.first
                     && let Some(seg) = self.segments.remove(&k)
                 {
-                    std::fs::remove_file(&seg.path).map_err(|e| SegmentError::io(&seg.path, e))?;
+                    crate::meta::remove_file(&seg.path)
+                        .map_err(|e| SegmentError::io(&seg.path, e))?;
                 }
             }
         } else {
@@ -649,7 +650,8 @@ impl SegmentLog {
             let dead: Vec<u64> = self.segments.range(..first_live).map(|(k, _)| *k).collect();
             for k in dead {
                 if let Some(seg) = self.segments.remove(&k) {
-                    std::fs::remove_file(&seg.path).map_err(|e| SegmentError::io(&seg.path, e))?;
+                    crate::meta::remove_file(&seg.path)
+                        .map_err(|e| SegmentError::io(&seg.path, e))?;
                 }
             }
         }

@@ -2,7 +2,9 @@
 //! shard leader's fsync of its log or of its directory fails, it acknowledges no append and names
 //! the error in its Status; the appenders carry on under a new leader; after the fault is
 //! cleared and the node restarted, every node holds the same gap-free log with every
-//! acknowledged record, and appends go on. A slow disk fails nothing.
+//! acknowledged record, and appends go on. A follower whose trim cannot be made durable (a
+//! directory fsync, a rename or a remove failing) names the failure too. A slow disk fails
+//! nothing.
 
 use std::time::Duration;
 
@@ -254,27 +256,55 @@ async fn slow_fsyncs_on_the_followers_slow_commits_and_fail_nothing() {
 /// on a healthy disk, it reports nothing and holds the same records from the trim point on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_trim_that_cannot_be_made_durable_is_a_storage_failure() {
-    let mut c = JournalCluster::start(3, 1, &["--failpoints".to_string()]);
+    follower_trim_failure("dir-fsync", &[], 16).await;
+}
+
+/// The same when the snapshot file cannot be renamed into place (`rename`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_trim_whose_snapshot_cannot_be_renamed_is_a_storage_failure() {
+    follower_trim_failure("rename", &[], 16).await;
+}
+
+/// The same when the segments a trim drops cannot be removed (`remove`; small segments and
+/// 1 KiB records, so that the trim point lies segments past the start).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_trim_whose_segments_cannot_be_removed_is_a_storage_failure() {
+    follower_trim_failure("remove", &["--segment-bytes=65536".to_string()], 1024).await;
+}
+
+/// A follower's `failpoint` is armed (journal started with `extra` flags, records of
+/// `record_bytes`) and the shard is trimmed at 200: its Status names the trim's failure, the
+/// other two trim and go on appending; restarted on a healthy disk, it reports nothing and
+/// holds the same records from the trim point on.
+async fn follower_trim_failure(failpoint: &str, extra: &[String], record_bytes: usize) {
+    let mut args = vec!["--failpoints".to_string()];
+    args.extend(extra.iter().cloned());
+    let mut c = JournalCluster::start(3, 1, &args);
     let leaders = c.wait_leaders(&[0, 1, 2]).await;
     let leader = c.index_of(leaders[SHARD as usize]);
     let follower = (leader + 1) % 3;
     let client = c.client().await;
     let mut acked = std::collections::BTreeMap::new();
+    let record = |what: &str, i: u32| {
+        let mut r = format!("{what} {i} ").into_bytes();
+        r.resize(record_bytes.max(r.len()), b'.');
+        r
+    };
     for i in 0..300u32 {
-        let payload = format!("before {i}").into_bytes();
+        let payload = record("before", i);
         let idx = client.append(SHARD, vec![payload.clone()]).await.unwrap()[0];
         acked.insert(idx, payload);
     }
     let trigger = c.nodes[follower].data_dir.join("FAILPOINTS");
-    std::fs::write(&trigger, "dir-fsync").unwrap();
+    std::fs::write(&trigger, failpoint).unwrap();
     assert_eq!(client.trim(SHARD, 200).await.unwrap(), 200);
 
     let errors = reported_errors(&c, follower, "trim").await;
+    let injected = format!("{failpoint} failpoint");
     assert!(
         errors
             .iter()
-            .any(|e| (e.contains("snapshot") || e.contains("purge"))
-                && e.contains("dir-fsync failpoint")),
+            .any(|e| (e.contains("snapshot") || e.contains("purg")) && e.contains(&injected)),
         "{errors:?}"
     );
     // The other two trimmed, and appends go on through them.
@@ -282,7 +312,7 @@ async fn a_trim_that_cannot_be_made_durable_is_a_storage_failure() {
         assert!(status(&c, i).await.errors.is_empty(), "node {i}");
     }
     for i in 0..50u32 {
-        let payload = format!("during {i}").into_bytes();
+        let payload = record("during", i);
         let idx = client.append(SHARD, vec![payload.clone()]).await.unwrap()[0];
         acked.insert(idx, payload);
     }
@@ -291,7 +321,7 @@ async fn a_trim_that_cannot_be_made_durable_is_a_storage_failure() {
     c.kill(follower);
     c.restart(follower);
     for i in 0..50u32 {
-        let payload = format!("after {i}").into_bytes();
+        let payload = record("after", i);
         let idx = client.append(SHARD, vec![payload.clone()]).await.unwrap()[0];
         acked.insert(idx, payload);
     }

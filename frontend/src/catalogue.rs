@@ -1,6 +1,7 @@
 //! Following the tenant catalogue (`--catalogue`; docs/design/tenants.md, T1 and T4): the
 //! frontend runs a replica of the reserved tenant `_system` (shard 0), whose keyspace holds a
-//! record per tenant, and serves every tenant the catalogue places on its shard: loaded (from
+//! record per tenant, and serves every tenant the catalogue places on its shards
+//! (`--catalogue-shards`, each tenant's replica reading its own shard): loaded (from
 //! its newest checkpoint, then the journal) as soon as the catalogue names it, refused while
 //! suspended or deleted, unloaded while idle (`--tenant-idle-unload`) or, least recently used
 //! first, while the loaded tenants hold more than `--memory-budget`, and loaded again for the
@@ -29,7 +30,8 @@ const BUDGET_MIN_IDLE: Duration = Duration::from_secs(5);
 
 /// What a tenant loaded from the catalogue starts with: the frontend's own settings.
 pub struct Loader {
-    pub shard: u32,
+    /// The shards whose tenants are served here (`--catalogue-shards`).
+    pub shards: crate::config::ShardSet,
     pub checkpoints: Option<crate::checkpoint::Store>,
     pub log: Arc<dyn Log>,
     pub limits: Limits,
@@ -45,15 +47,15 @@ pub struct Loader {
 
 impl Loader {
     /// Starts the replica of `r`'s generation from its newest checkpoint (or the journal's
-    /// start), journalled under its key, in the state and with the quotas `r` gives it.
+    /// start) on its shard, journalled under its key, in the state and with the quotas `r`
+    /// gives it.
     async fn load(&self, r: &TenantRecord) -> Result<Arc<Tenant>, crate::server::ServeError> {
         let (name, key) = (r.name.as_str(), api::tenant::journal_key(&r.name, &r.uid));
-        let store =
-            crate::server::initial_store(&key, self.shard, self.checkpoints.as_ref()).await?;
+        let store = crate::server::initial_store(&key, r.shard, self.checkpoints.as_ref()).await?;
         let t = Tenant::start(
             name,
             &key,
-            self.shard,
+            r.shard,
             store,
             self.checkpoints.clone(),
             self.log.clone(),
@@ -123,7 +125,7 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
             }
         }
         if let Some(t) = tenants.upgrade() {
-            sync_quotas(&t, &records, loader.shard, &syncing);
+            sync_quotas(&t, &records, &loader.shards, &syncing);
             if let Some(idle) = loader.idle_unload {
                 unload_idle(&t, idle);
             }
@@ -142,7 +144,7 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
                 let Some(t) = tenants.upgrade() else { return };
                 // Loaded in its own task, several at once: many clients coming back at once
                 // (a frontend restarted under a budget) do not wait for each other's loads.
-                let record = woken_record(&t, &records, loader.shard, &name);
+                let record = woken_record(&t, &records, &loader.shards, &name);
                 let (loader, loads) = (loader.clone(), loads.clone());
                 tokio::spawn(async move {
                     let Ok(_permit) = loads.acquire_owned().await else { return };
@@ -208,7 +210,7 @@ fn unload_over_budget(tenants: &Tenants, budget: u64, min_idle: Duration) -> u64
 fn woken_record(
     tenants: &Tenants,
     records: &[TenantRecord],
-    shard: u32,
+    shards: &crate::config::ShardSet,
     name: &str,
 ) -> Option<TenantRecord> {
     let dormant_key = tenants.dormant(name)?;
@@ -216,7 +218,7 @@ fn woken_record(
         .iter()
         .find(|r| {
             r.name == name
-                && r.shard == shard
+                && shards.contains(r.shard)
                 && api::tenant::journal_key(&r.name, &r.uid) == dormant_key
                 && served_of(r) != Served::Deleted
         })
@@ -252,12 +254,12 @@ async fn wake(tenants: &Tenants, record: Option<&TenantRecord>, loader: &Loader,
     }
 }
 
-/// Serves what `records` say of this frontend's shard; false if a tenant could not be loaded
+/// Serves what `records` say of this frontend's shards; false if a tenant could not be loaded
 /// (tried again later).
 async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader) -> bool {
     use futures::StreamExt;
     let mut to_load = Vec::new();
-    for r in records.iter().filter(|r| r.shard == loader.shard) {
+    for r in records.iter().filter(|r| loader.shards.contains(r.shard)) {
         let served = served_of(r);
         let quotas = r.quotas.unwrap_or_default();
         let follow = |t: &Tenant| {
@@ -353,9 +355,14 @@ type Syncing = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
 /// not land; so a change the admin API made reaches the tenant's shard even if the frontend
 /// that took it died between the two appends. Several frontends may append the same quotas
 /// once each: applying them twice changes nothing.
-fn sync_quotas(tenants: &Tenants, records: &[TenantRecord], shard: u32, syncing: &Syncing) {
+fn sync_quotas(
+    tenants: &Tenants,
+    records: &[TenantRecord],
+    shards: &crate::config::ShardSet,
+    syncing: &Syncing,
+) {
     use api::strata::entry::{TenantChange, entry::Request as Intent, tenant_change::Change};
-    for r in records.iter().filter(|r| r.shard == shard) {
+    for r in records.iter().filter(|r| shards.contains(r.shard)) {
         let want = r.quotas.unwrap_or_default();
         let Some(t) = tenants.named(&r.name) else {
             continue;
@@ -435,7 +442,7 @@ mod tests {
         let tenants = Tenants::serving(fixed.map(tenant), Vec::new(), true)
             .with_catalogue(tenant(api::tenant::SYSTEM_TENANT), watch::channel(0).1);
         let loader = Loader {
-            shard: 1,
+            shards: crate::config::ShardSet::Only([1].into()),
             checkpoints: None,
             log,
             limits: test_limits(),
@@ -444,6 +451,32 @@ mod tests {
             memory_budget: None,
         };
         (tenants, loader)
+    }
+
+    /// `--catalogue-shards`: the tenants of the shards listed, or of every shard, each on its
+    /// own shard.
+    #[tokio::test]
+    async fn the_tenants_of_every_shard_served_here_are_loaded_on_their_shards() {
+        use crate::config::ShardSet;
+        let records = [
+            record("zero", 0, TenantState::Active),
+            record("one", 1, TenantState::Active),
+            record("two", 2, TenantState::Suspended),
+        ];
+        for (shards, want) in [
+            (ShardSet::All, vec![("zero", 0), ("one", 1), ("two", 2)]),
+            (ShardSet::Only([0, 2].into()), vec![("zero", 0), ("two", 2)]),
+        ] {
+            let (tenants, mut loader) = following(Arc::new(MemLog::new()), None);
+            loader.shards = shards.clone();
+            assert!(reconcile(&tenants, &records, &loader).await);
+            let served: Vec<(String, u32)> = ["zero", "one", "two"]
+                .iter()
+                .filter_map(|n| tenants.named(n).map(|t| (t.name.clone(), t.shard)))
+                .collect();
+            let want: Vec<(String, u32)> = want.iter().map(|(n, s)| (n.to_string(), *s)).collect();
+            assert_eq!(served, want, "{shards}");
+        }
     }
 
     #[tokio::test]
@@ -610,7 +643,7 @@ mod tests {
         }
         assert_eq!(wakes.recv().await.as_deref(), Some("a"));
         assert!(wakes.try_recv().is_err(), "woken once");
-        let woken = woken_record(&tenants, &records, 1, "a");
+        let woken = woken_record(&tenants, &records, &loader.shards, "a");
         wake(&tenants, woken.as_ref(), &loader, "a").await;
         let a = tenants.resolve(&naming("a")).expect("loaded again");
         crate::tenant::until_ready(std::slice::from_ref(&a)).await;
@@ -782,7 +815,7 @@ mod tests {
         // A request wakes p; the follower loads it.
         let e = tenants.resolve(&naming("p")).err().unwrap();
         assert!(matches!(e, crate::errors::Error::Loading(_)), "{e:?}");
-        let woken = woken_record(&tenants, &records, 1, "p");
+        let woken = woken_record(&tenants, &records, &loader.shards, "p");
         wake(&tenants, woken.as_ref(), &loader, "p").await;
         let p = tenants
             .resolve(&naming("p"))
@@ -791,7 +824,7 @@ mod tests {
 
         // q is deleted while it is being loaded for a request: not served.
         tenants.resolve(&naming("q")).err().unwrap();
-        let woken = woken_record(&tenants, &records, 1, "q").expect("q's record");
+        let woken = woken_record(&tenants, &records, &loader.shards, "q").expect("q's record");
         let mut deleted = records.clone();
         deleted[2].state = TenantState::Deleted as i32;
         assert!(reconcile(&tenants, &deleted, &loader).await);
@@ -825,7 +858,7 @@ mod tests {
             let tenants = tenants.clone();
             tokio::spawn(async move {
                 let name = wakes.recv().await.expect("a wake");
-                let record = woken_record(&tenants, &records, 1, &name);
+                let record = woken_record(&tenants, &records, &loader.shards, &name);
                 wake(&tenants, record.as_ref(), &loader, &name).await;
                 name
             })

@@ -115,10 +115,18 @@ pub struct Config {
 
     /// Follow the tenant catalogue (the reserved tenant `_system` on shard 0; docs/design/
     /// tenants.md, T1): serve, besides `--tenant` and `--tenants`, every tenant the catalogue
-    /// places on `--shard`, loaded as it is created, refused while suspended (FailedPrecondition)
+    /// places on `--catalogue-shards` (`--shard` unless given), loaded as it is created, refused while suspended (FailedPrecondition)
     /// or deleted (NotFound). Needs `--tenant-domain` or `--trust-tenant-header`.
     #[arg(long)]
     pub catalogue: bool,
+
+    /// The shards whose catalogue tenants this frontend serves: a comma-separated list
+    /// (`0,2`), or `all`: every tenant of the catalogue, whichever shard it is on, so that any
+    /// frontend of the deployment serves any tenant and one Service (one wildcard DNS name)
+    /// reaches them all; `--memory-budget` and `--tenant-idle-unload` keep what is loaded in
+    /// bounds. Default: `--shard` alone.
+    #[arg(long, value_parser = parse_shards)]
+    pub catalogue_shards: Option<ShardSet>,
 
     /// A tenant of the catalogue that no request named for this long, with no watch or lease
     /// keep-alive stream open, is unloaded (its memory goes) until a request names it again,
@@ -298,6 +306,8 @@ pub enum ConfigError {
     ReservedTenant(String),
     #[error("--shard {shard} is not below --shards {shards}")]
     Shard { shard: u32, shards: u32 },
+    #[error("--catalogue-shards needs --catalogue")]
+    ShardsWithoutCatalogue,
     #[error("--admin-listen needs --catalogue (the admin API changes the catalogue)")]
     AdminWithoutCatalogue,
     #[error(
@@ -333,6 +343,7 @@ impl Config {
             deleted_tenant_retention: Duration::from_secs(7 * 24 * 3600),
             tenant_idle_unload: Duration::from_secs(600),
             memory_budget: 0,
+            catalogue_shards: None,
             admin_cert_file: None,
             admin_key_file: None,
             admin_trusted_ca_file: None,
@@ -423,12 +434,21 @@ impl Config {
         if seen.is_empty() && !self.catalogue {
             return Err(ConfigError::NoTenant);
         }
+        if self.catalogue_shards.is_some() && !self.catalogue {
+            return Err(ConfigError::ShardsWithoutCatalogue);
+        }
         // Placement counts on it; without the catalogue nothing does.
-        if self.catalogue && self.shard >= self.shards {
-            return Err(ConfigError::Shard {
-                shard: self.shard,
-                shards: self.shards,
-            });
+        if self.catalogue {
+            let listed = match &self.catalogue_shards {
+                Some(ShardSet::Only(shards)) => shards.iter().copied().collect(),
+                _ => vec![self.shard],
+            };
+            if let Some(&shard) = listed.iter().find(|&&s| s >= self.shards) {
+                return Err(ConfigError::Shard {
+                    shard,
+                    shards: self.shards,
+                });
+            }
         }
         Ok(())
     }
@@ -494,6 +514,14 @@ impl Config {
         (!self.tenant.is_empty()).then_some(self.tenant.as_str())
     }
 
+    /// The shards whose catalogue tenants this frontend serves (`--catalogue-shards`, else
+    /// `--shard`).
+    pub fn catalogue_shards(&self) -> ShardSet {
+        self.catalogue_shards
+            .clone()
+            .unwrap_or_else(|| ShardSet::Only([self.shard].into()))
+    }
+
     /// Every tenant this frontend serves: the default (if any) first, then `--tenants`.
     pub fn served_tenants(&self) -> impl Iterator<Item = &str> {
         self.default_tenant()
@@ -519,6 +547,53 @@ pub fn stable_id(name: &str) -> u64 {
     let rev: Vec<u8> = name.bytes().rev().collect();
     let lo = u64::from(crc32c::crc32c_append(0x5354_5241, &rev));
     ((hi << 32) | lo).max(1)
+}
+
+/// The shards a frontend serves the catalogue's tenants of (`--catalogue-shards`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ShardSet {
+    /// Every shard.
+    All,
+    /// These.
+    Only(std::collections::BTreeSet<u32>),
+}
+
+impl ShardSet {
+    pub fn contains(&self, shard: u32) -> bool {
+        match self {
+            ShardSet::All => true,
+            ShardSet::Only(shards) => shards.contains(&shard),
+        }
+    }
+}
+
+impl std::fmt::Display for ShardSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ShardSet::All => f.write_str("all"),
+            ShardSet::Only(shards) => {
+                let list: Vec<String> = shards.iter().map(u32::to_string).collect();
+                f.write_str(&list.join(","))
+            }
+        }
+    }
+}
+
+/// `all`, or a comma-separated list of shard numbers.
+pub fn parse_shards(text: &str) -> Result<ShardSet, String> {
+    let text = text.trim();
+    if text == "all" {
+        return Ok(ShardSet::All);
+    }
+    let shards = text
+        .split(',')
+        .map(|s| {
+            s.trim().parse::<u32>().map_err(|_| {
+                format!("{s:?} is not a shard number (give a list such as 0,2, or all)")
+            })
+        })
+        .collect::<Result<std::collections::BTreeSet<_>, _>>()?;
+    Ok(ShardSet::Only(shards))
 }
 
 /// A size in bytes: a number, optionally followed by `KiB`, `MiB`, `GiB`, `TiB` (powers of
@@ -654,6 +729,42 @@ mod tests {
         ));
         c.catalogue = true;
         assert!(c.validate().is_ok());
+
+        // --catalogue-shards: with the catalogue, and below --shards.
+        c.shards = 4;
+        c.catalogue_shards = Some(parse_shards("0,3").unwrap());
+        assert!(c.validate().is_ok());
+        c.catalogue_shards = Some(parse_shards("2,4").unwrap());
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::Shard {
+                shard: 4,
+                shards: 4
+            })
+        ));
+        c.catalogue_shards = Some(ShardSet::All);
+        assert!(c.validate().is_ok());
+        c.memory_budget = 0;
+        c.catalogue = false;
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::ShardsWithoutCatalogue)
+        ));
+    }
+
+    #[test]
+    fn shard_sets_parse_as_lists_or_all() {
+        assert_eq!(parse_shards("all"), Ok(ShardSet::All));
+        let only = parse_shards(" 2, 0 ,2").unwrap();
+        assert_eq!(only, ShardSet::Only([0, 2].into()));
+        assert_eq!(only.to_string(), "0,2");
+        assert!(only.contains(0) && !only.contains(1));
+        assert!(ShardSet::All.contains(u32::MAX));
+        assert!(parse_shards("0,x").is_err());
+        assert!(parse_shards("").is_err());
+        let mut c = Config::for_test(vec!["127.0.0.1:1".into()]);
+        c.shard = 3;
+        assert_eq!(c.catalogue_shards(), ShardSet::Only([3].into()), "--shard");
     }
 
     #[test]

@@ -169,17 +169,26 @@ async fn readyz(State(s): State<HttpState>) -> impl IntoResponse {
 }
 
 async fn metrics_text(State(s): State<HttpState>) -> impl IntoResponse {
-    // Every tenant served is on one shard: one status answers the lag of all.
-    let committed = match s.tenants.all().first() {
-        Some(t) => tokio::time::timeout(METRICS_STATUS_TIMEOUT, s.log.status(t.shard))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .map(|st| st.committed_index),
-        None => None,
-    };
-    for t in &s.tenants.all() {
-        crate::metrics::refresh(t, committed);
+    // One status per shard answers the lag of every tenant on it.
+    let tenants = s.tenants.all();
+    let shards: std::collections::BTreeSet<u32> = tenants.iter().map(|t| t.shard).collect();
+    let committed: std::collections::HashMap<u32, u64> =
+        futures::future::join_all(shards.into_iter().map(|shard| {
+            let log = s.log.clone();
+            async move {
+                let st = tokio::time::timeout(METRICS_STATUS_TIMEOUT, log.status(shard)).await;
+                (
+                    shard,
+                    st.ok().and_then(Result::ok).map(|st| st.committed_index),
+                )
+            }
+        }))
+        .await
+        .into_iter()
+        .filter_map(|(shard, committed)| Some((shard, committed?)))
+        .collect();
+    for t in &tenants {
+        crate::metrics::refresh(t, committed.get(&t.shard).copied());
     }
     match crate::metrics::handle() {
         Some(h) => (

@@ -211,7 +211,7 @@ impl Frontend {
             tokio::spawn(crate::catalogue::follow(
                 Arc::downgrade(&tenants),
                 crate::catalogue::Loader {
-                    shard: config.shard,
+                    shards: config.catalogue_shards(),
                     checkpoints: checkpoints.clone(),
                     log: tails.clone(),
                     limits,
@@ -347,6 +347,7 @@ impl Frontend {
             more_tenants = config.tenants.len(),
             tls = tls.is_some(),
             shard = config.shard,
+            catalogue_shards = %config.catalogue_shards(),
             %client_addr,
             %metrics_addr,
             member_id = format!("{member_id:x}"),

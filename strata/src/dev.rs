@@ -355,11 +355,13 @@ async fn start_all(
         token_key(data_dir)?.display().to_string(),
         // The tenant catalogue: tenants created through the admin API are served here, named
         // by the header (a laptop has no proxy to trust, nor anyone else on loopback). Placed
-        // on shard 0, the one this frontend serves.
+        // over every shard, as in production, and all served by this one frontend.
         "--catalogue".into(),
         "--trust-tenant-header".into(),
         "--shards".into(),
-        "1".into(),
+        args.shards.to_string(),
+        "--catalogue-shards".into(),
+        "all".into(),
         "--admin-listen".into(),
         args.admin_listen.to_string(),
     ];

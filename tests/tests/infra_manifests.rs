@@ -286,6 +286,53 @@ fn journal_peers_are_the_statefulset_pods() {
     }
 }
 
+/// Every shard the journal hosts is one the catalogue places tenants on, the frontends serve
+/// and a compactor checkpoints and trims (a shard left out of the compactors would grow its
+/// journal for ever; one left out of the frontends would hold tenants nobody serves).
+#[test]
+fn every_journal_shard_is_served_and_compacted() {
+    use clap::Parser;
+    let objects = objects();
+    let sts = of_kind(&objects, "StatefulSet");
+    let [journal] = sts.as_slice() else {
+        panic!("one StatefulSet, the journal")
+    };
+    let shards: u32 = flags(&strata_argv(&containers(journal)[0]))["--shards"]
+        .parse()
+        .expect("--shards N");
+    let argv = frontend_argv(&objects);
+    let config = FrontendCommand::try_parse_from(&argv)
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"))
+        .config;
+    assert_eq!(
+        config.shards, shards,
+        "the catalogue places tenants over the journal's shards"
+    );
+    let served = config.catalogue_shards();
+    for shard in 0..shards {
+        assert!(served.contains(shard), "no frontend serves shard {shard}");
+    }
+    let mut compacted = BTreeSet::new();
+    for w in workloads(&objects) {
+        for c in containers(w) {
+            let argv = strata_argv(c);
+            if argv.first().map(String::as_str) == Some("compactor") {
+                for s in flags(&argv)["--shards"].split(',') {
+                    assert!(
+                        compacted.insert(s.parse::<u32>().expect("a shard")),
+                        "shard {s} has two compactors"
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(
+        compacted,
+        (0..shards).collect::<BTreeSet<_>>(),
+        "one compactor per shard of the journal"
+    );
+}
+
 #[test]
 fn services_and_probes_reach_ports_that_exist() {
     let objects = objects();

@@ -107,7 +107,7 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     assert_eq!(created["state"], "active");
     assert_eq!(
         created["shard"], 0,
-        "strata dev places every tenant on shard 0"
+        "the first tenant goes to the lowest of the shards with the fewest"
     );
     assert_eq!(created["quotas"]["watchers"], 7);
     assert_eq!(created["uid"].as_str().unwrap().len(), 32);
@@ -848,4 +848,100 @@ async fn over_the_memory_budget_the_least_recently_used_tenants_are_unloaded() {
             "{name}"
         );
     }
+}
+
+/// `--catalogue-shards all`: one frontend serves the tenants of every shard, each tenant's
+/// writes journalled on the shard the catalogue placed it on (the others only tick). A
+/// frontend given `--catalogue-shards 1` serves the tenant of shard 1 alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_frontend_serves_the_tenants_of_every_shard() {
+    let admin_port = free_port();
+    let catalogue = move |shards: &str| -> Vec<String> {
+        [
+            "--catalogue",
+            "--trust-tenant-header",
+            "--shards",
+            "4",
+            "--catalogue-shards",
+            shards,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    let d = Deployment::start_with(
+        1,
+        Setup {
+            frontend_extra: Box::new(move |_| {
+                let mut args = catalogue("all");
+                args.extend(["--admin-listen".into(), format!("127.0.0.1:{admin_port}")]);
+                args
+            }),
+            ..Setup::default()
+        },
+    )
+    .await;
+    let admin_at = format!("http://127.0.0.1:{admin_port}");
+    let tenants = ["t0", "t1", "t2", "t3"];
+    for (i, t) in tenants.iter().enumerate() {
+        let created = admin(&admin_at, &["create", t]).unwrap();
+        assert_eq!(
+            created["shard"], i,
+            "placed on the shard with the fewest tenants"
+        );
+    }
+    let journal = journal::client::JournalClient::connect(d.journal_addrs())
+        .await
+        .unwrap();
+    let committed = || async {
+        let mut all = Vec::new();
+        for shard in 0..4 {
+            all.push(journal.status(shard).await.unwrap().committed_index);
+        }
+        all
+    };
+    let endpoint = d.frontend(0).endpoint();
+    const PUTS: u64 = 40;
+    for (i, t) in tenants.iter().enumerate() {
+        let mut c = TenantClient::connect(&endpoint, t).await.unwrap();
+        let before = committed().await;
+        for k in 0..PUTS {
+            let revision = put(&mut c, &format!("k{k}"), t).await.unwrap();
+            assert_eq!(revision, k as i64 + 2, "{t}: a keyspace of its own");
+        }
+        let after = committed().await;
+        for shard in 0..4 {
+            let grew = after[shard] - before[shard];
+            if shard == i {
+                assert!(grew >= PUTS, "{t}'s shard {shard} grew by {grew}");
+            } else {
+                assert!(grew < PUTS, "shard {shard} grew by {grew} while {t} wrote");
+            }
+        }
+    }
+
+    // A frontend of shard 1's tenants alone.
+    let (listen, metrics) = (free_port(), free_port());
+    let mut args = frontend_args(
+        d.journal_addrs(),
+        &format!("127.0.0.1:{listen}"),
+        &format!("127.0.0.1:{metrics}"),
+        &[],
+    );
+    args.extend(catalogue("1"));
+    let log = d.dir().join("shard-1-frontend.log");
+    let _shard_1 = ChildGuard::strata("shard-1-frontend", &args, Some(&log));
+    let endpoint = format!("http://127.0.0.1:{listen}");
+    wait_ready(&endpoint, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", tail_file(&log)));
+    let mut t1 = TenantClient::connect(&endpoint, "t1").await.unwrap();
+    assert_eq!(
+        get_eventually(&mut t1, "k0", || tail_file(&log))
+            .await
+            .as_deref(),
+        Some(&b"t1"[..])
+    );
+    let mut t0 = TenantClient::connect(&endpoint, "t0").await.unwrap();
+    let e = get(&mut t0, "k0").await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "{e:?}");
 }

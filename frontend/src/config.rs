@@ -83,6 +83,13 @@ pub struct Config {
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pub tls_reload_interval: Duration,
 
+    /// Refuse client certificates this revocation list revokes (PEM; etcd's
+    /// --client-crl-file). Needs `--trusted-ca-file`. Read again with the certificates
+    /// (`--tls-reload-interval`): a certificate revoked then opens no new connection, and its
+    /// open connections are closed.
+    #[arg(long)]
+    pub client_crl_file: Option<std::path::PathBuf>,
+
     /// Refuse clients without a certificate signed by `--trusted-ca-file` (etcd's
     /// --client-cert-auth). With `--tenant-domain`, a connection that names a tenant by its
     /// server name must present a certificate for that name.
@@ -169,6 +176,11 @@ pub struct Config {
     /// The CA whose certificates the admin port accepts: every admin client must present one.
     #[arg(long)]
     pub admin_trusted_ca_file: Option<std::path::PathBuf>,
+
+    /// Admin client certificates this revocation list revokes are refused (PEM; needs
+    /// `--admin-trusted-ca-file`), and their open connections closed when it is reloaded.
+    #[arg(long)]
+    pub admin_crl_file: Option<std::path::PathBuf>,
 
     /// With TLS, a connection to `<tenant>.<domain>` is a connection of that tenant, and so is
     /// one whose client certificate names `<tenant>.<domain>` (docs/design/tenants.md, T3).
@@ -296,6 +308,10 @@ pub enum ConfigError {
         "--client-cert-auth needs --trusted-ca-file (the CA client certificates are checked against)"
     )]
     ClientCertAuthWithoutCa,
+    #[error(
+        "{0} needs the CA it revokes certificates of (--trusted-ca-file, --admin-trusted-ca-file)"
+    )]
+    CrlWithoutCa(&'static str),
     #[error("--tenant-domain {0:?} is not a domain name")]
     TenantDomain(String),
     #[error(
@@ -334,6 +350,8 @@ impl Config {
             cert_file: None,
             key_file: None,
             trusted_ca_file: None,
+            client_crl_file: None,
+            admin_crl_file: None,
             tls_reload_interval: Duration::from_secs(5),
             client_cert_auth: false,
             tenant_domain: None,
@@ -489,6 +507,12 @@ impl Config {
         }
         if self.client_cert_auth && self.trusted_ca_file.is_none() {
             return Err(ConfigError::ClientCertAuthWithoutCa);
+        }
+        if self.client_crl_file.is_some() && self.trusted_ca_file.is_none() {
+            return Err(ConfigError::CrlWithoutCa("--client-crl-file"));
+        }
+        if self.admin_crl_file.is_some() && self.admin_trusted_ca_file.is_none() {
+            return Err(ConfigError::CrlWithoutCa("--admin-crl-file"));
         }
         if let Some(d) = &self.tenant_domain {
             let d = d.trim_start_matches('.');
@@ -834,9 +858,25 @@ mod tests {
             c.validate(),
             Err(ConfigError::ConnectionsWithoutDomain)
         ));
-        let mut c = ok;
+        let mut c = ok.clone();
         c.tenant_domain = Some("tenants.example.com".into());
         assert!(matches!(c.validate(), Err(ConfigError::NeedsTls(_))));
+        // A revocation list revokes certificates of a CA given with it.
+        let mut c = ok;
+        c.cert_file = Some("server.pem".into());
+        c.key_file = Some("server.key".into());
+        c.client_crl_file = Some("crl.pem".into());
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::CrlWithoutCa("--client-crl-file"))
+        ));
+        c.trusted_ca_file = Some("ca.pem".into());
+        c.validate().unwrap();
+        c.admin_crl_file = Some("admin-crl.pem".into());
+        assert!(matches!(
+            c.validate(),
+            Err(ConfigError::CrlWithoutCa("--admin-crl-file"))
+        ));
     }
 
     #[test]

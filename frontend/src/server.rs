@@ -103,10 +103,11 @@ impl Frontend {
         crate::metrics::handle();
         let tls = match (&config.cert_file, &config.key_file) {
             (Some(cert), Some(key)) => Some(Arc::new(
-                crate::tls::TlsSetup::load(
+                crate::tls::TlsSetup::load_with_crl(
                     cert,
                     key,
                     config.trusted_ca_file.as_deref(),
+                    config.client_crl_file.as_deref(),
                     config.client_cert_auth,
                     config.tenant_domain.as_deref(),
                 )?
@@ -452,8 +453,15 @@ async fn serve_admin(
         &config.admin_trusted_ca_file,
     ) {
         (Some(cert), Some(key), Some(ca)) => Some(Arc::new(
-            crate::tls::TlsSetup::load(cert, key, Some(ca.as_path()), true, None)?
-                .for_port("admin"),
+            crate::tls::TlsSetup::load_with_crl(
+                cert,
+                key,
+                Some(ca.as_path()),
+                config.admin_crl_file.as_deref(),
+                true,
+                None,
+            )?
+            .for_port("admin"),
         )),
         _ => None,
     };

@@ -20,6 +20,12 @@
 //! that do not load (a key that is not the certificate's, half of a rotation written) are
 //! refused, said in the log and in `strata_frontend_tls_reload_failing`, and the last good
 //! ones go on serving.
+//!
+//! Client certificates are checked against a certificate revocation list when one is given
+//! (`--client-crl-file`, as etcd's), reloaded with the rest: a revoked certificate opens no
+//! new connection, and the connections it holds open are closed when the list that revokes it
+//! is loaded (etcd leaves those open; a managed service revoking a leaked tenant certificate
+//! must not wait for the client to reconnect).
 
 use std::io;
 use std::path::{Path, PathBuf};
@@ -29,7 +35,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{
+    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
+};
+use rustls::server::danger::ClientCertVerifier;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -60,6 +69,8 @@ pub enum TlsError {
     Io { path: PathBuf, source: io::Error },
     #[error("{0} holds no certificate")]
     NoCertificate(PathBuf),
+    #[error("{0} holds no certificate revocation list")]
+    NoCrl(PathBuf),
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("--trusted-ca-file: {0}")]
@@ -70,6 +81,12 @@ pub enum TlsError {
 pub struct TlsSetup {
     /// Made from the files as last loaded; each handshake takes the current one.
     acceptor: std::sync::RwLock<TlsAcceptor>,
+    /// What checks client certificates, as last loaded (None: none are asked for).
+    verifier: std::sync::RwLock<Option<Arc<dyn ClientCertVerifier>>>,
+    /// The open connections that presented a certificate, by a number of their own: closed
+    /// when a revocation list that revokes their certificate is loaded.
+    certified: std::sync::Mutex<std::collections::HashMap<u64, Certified>>,
+    next_connection: std::sync::atomic::AtomicU64,
     files: Files,
     /// What the files held when last read, and why they were refused if they were.
     last: std::sync::Mutex<LastRead>,
@@ -97,16 +114,42 @@ impl TlsSetup {
         client_cert_auth: bool,
         tenant_domain: Option<&str>,
     ) -> Result<Self, TlsError> {
+        Self::load_with_crl(
+            cert_file,
+            key_file,
+            trusted_ca_file,
+            None,
+            client_cert_auth,
+            tenant_domain,
+        )
+    }
+
+    /// `load`, with client certificates also checked against the revocation list in
+    /// `crl_file` (PEM; needs `trusted_ca_file`).
+    pub fn load_with_crl(
+        cert_file: &Path,
+        key_file: &Path,
+        trusted_ca_file: Option<&Path>,
+        crl_file: Option<&Path>,
+        client_cert_auth: bool,
+        tenant_domain: Option<&str>,
+    ) -> Result<Self, TlsError> {
         let files = Files {
             cert: cert_file.into(),
             key: key_file.into(),
             ca: trusted_ca_file.map(Into::into),
+            crl: crl_file
+                .filter(|_| trusted_ca_file.is_some())
+                .map(Into::into),
             client_cert_auth,
         };
         let contents = files.read()?;
         let loaded = files.config(&contents)?;
         Ok(Self {
             acceptor: std::sync::RwLock::new(TlsAcceptor::from(Arc::new(loaded.config))),
+            verifier: std::sync::RwLock::new(loaded.verifier),
+            certified: Default::default(),
+            next_connection: Default::default(),
             files,
             last: std::sync::Mutex::new(LastRead {
                 contents,
@@ -170,9 +213,14 @@ impl TlsSetup {
             Ok(loaded) => {
                 *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) =
                     TlsAcceptor::from(Arc::new(loaded.config));
+                *self.verifier.write().unwrap_or_else(|e| e.into_inner()) = loaded.verifier.clone();
                 last.refused = None;
                 last.expires = loaded.expires;
-                Reload::Loaded
+                drop(last);
+                let closed = loaded
+                    .verifier
+                    .map_or(0, |v| self.close_revoked(v.as_ref()));
+                Reload::Loaded { closed }
             }
             Err(e) => {
                 let error = e.to_string();
@@ -181,6 +229,65 @@ impl TlsSetup {
                 Reload::Refused { error, new }
             }
         }
+    }
+
+    /// Watches an open connection that presented `chain`, to close it if a revocation list
+    /// loaded later revokes its certificate (at once, if the list loaded since its handshake
+    /// does). None when client certificates are not checked.
+    fn track(self: &Arc<Self>, chain: &[CertificateDer<'_>]) -> Option<Tracked> {
+        let (cert, intermediates) = chain.split_first()?;
+        let verifier = self
+            .verifier
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()?;
+        let certified = Certified {
+            cert: cert.clone().into_owned(),
+            intermediates: intermediates
+                .iter()
+                .map(|c| c.clone().into_owned())
+                .collect(),
+            revocation: Arc::default(),
+        };
+        let revocation = certified.revocation.clone();
+        let id = self
+            .next_connection
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if certified.revoked_by(verifier.as_ref()) {
+            revocation.close();
+        }
+        self.certified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, certified);
+        Some(Tracked {
+            tls: self.clone(),
+            id,
+            revocation,
+        })
+    }
+
+    /// Closes the open connections whose certificate `verifier` finds revoked; answers how
+    /// many.
+    fn close_revoked(&self, verifier: &dyn ClientCertVerifier) -> usize {
+        let certified = self.certified.lock().unwrap_or_else(|e| e.into_inner());
+        let mut closed = 0;
+        for c in certified.values() {
+            if !c.revocation.closed() && c.revoked_by(verifier) {
+                c.revocation.close();
+                closed += 1;
+            }
+        }
+        if closed > 0 {
+            tracing::warn!(
+                port = self.port,
+                closed,
+                "connections closed: their client certificates were revoked"
+            );
+            metrics::counter!("strata_frontend_connections_revoked_total", "port" => self.port)
+                .increment(closed as u64);
+        }
+        closed
     }
 
     /// At most `max` open connections per tenant (those whose handshake names their tenant).
@@ -288,8 +395,9 @@ impl TlsSetup {
 pub enum Reload {
     /// The files hold what is served.
     Unchanged,
-    /// They changed, and new handshakes use them.
-    Loaded,
+    /// They changed, and new handshakes use them; `closed` open connections were closed, their
+    /// certificates revoked.
+    Loaded { closed: usize },
     /// They do not load; the last good ones go on serving. `new`: not said before.
     Refused { error: String, new: bool },
 }
@@ -299,12 +407,14 @@ struct Files {
     cert: PathBuf,
     key: PathBuf,
     ca: Option<PathBuf>,
+    /// Revoked client certificates (only with `ca`).
+    crl: Option<PathBuf>,
     client_cert_auth: bool,
 }
 
 /// What a port's files held when last read.
 struct LastRead {
-    /// Certificate, key and CA file, as read (empty after a failed read).
+    /// Certificate, key, CA and revocation list files, as read (empty after a failed read).
     contents: Vec<Vec<u8>>,
     /// Why they were refused, if they were.
     refused: Option<String>,
@@ -315,6 +425,7 @@ struct LastRead {
 /// A server configuration made from a port's files.
 struct Loaded {
     config: rustls::ServerConfig,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
     expires: Option<i64>,
 }
 
@@ -323,6 +434,7 @@ impl Files {
         std::iter::once(&self.cert)
             .chain(std::iter::once(&self.key))
             .chain(self.ca.as_ref())
+            .chain(self.crl.as_ref())
             .map(|path| {
                 std::fs::read(path).map_err(|source| TlsError::Io {
                     path: path.clone(),
@@ -341,27 +453,47 @@ impl Files {
         })?;
         let expires = certs.iter().filter_map(|c| not_after(c)).min();
         let builder = rustls::ServerConfig::builder();
-        let builder = match (&self.ca, contents.get(2)) {
+        let (builder, verifier) = match (&self.ca, contents.get(2)) {
             (Some(ca), Some(pem)) => {
                 let mut roots = rustls::RootCertStore::empty();
                 for c in certificates(ca, pem)? {
                     roots.add(c)?;
                 }
-                let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
+                let mut verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
+                if let (Some(path), Some(pem)) = (&self.crl, contents.get(3)) {
+                    let crls = CertificateRevocationListDer::pem_slice_iter(pem)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|source| TlsError::Read {
+                            path: path.clone(),
+                            source,
+                        })?;
+                    if crls.is_empty() {
+                        return Err(TlsError::NoCrl(path.clone()));
+                    }
+                    // The client's own certificate: its CA is trusted, not revoked here.
+                    verifier = verifier.with_crls(crls).only_check_end_entity_revocation();
+                }
                 let verifier = if self.client_cert_auth {
                     verifier.build()?
                 } else {
                     verifier.allow_unauthenticated().build()?
                 };
-                builder.with_client_cert_verifier(verifier)
+                (
+                    builder.with_client_cert_verifier(verifier.clone()),
+                    Some(verifier),
+                )
             }
-            _ => builder.with_no_client_auth(),
+            _ => (builder.with_no_client_auth(), None),
         };
         // Refuses a key that is not the certificate's.
         let mut config = builder.with_single_cert(certs, key)?;
         // gRPC needs h2; etcd's JSON gateway and `/health` also come over HTTP/1.1.
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(Loaded { config, expires })
+        Ok(Loaded {
+            config,
+            verifier,
+            expires,
+        })
     }
 }
 
@@ -410,8 +542,8 @@ pub fn watch(tls: &Arc<TlsSetup>, every: Duration) {
             };
             match outcome {
                 Reload::Unchanged => {}
-                Reload::Loaded => {
-                    tracing::info!(port, expires, "TLS certificate files reloaded");
+                Reload::Loaded { closed } => {
+                    tracing::info!(port, expires, closed, "TLS certificate files reloaded");
                     metrics::counter!("strata_frontend_tls_reloads_total", "port" => port, "result" => "loaded").increment(1);
                     if let Some(at) = expires {
                         expiry.set(at as f64);
@@ -608,6 +740,78 @@ pub struct ClientStream {
     entries: ConnectionEntries,
     /// Its place in its tenant's connection quota, if it counts.
     _slot: Option<TenantSlot>,
+    /// Whether its client certificate was revoked since (then it reads and writes no more).
+    tracked: Option<Tracked>,
+}
+
+impl ClientStream {
+    /// The error every read and write meets once the connection's certificate is revoked.
+    fn revoked(&self, cx: &mut Context<'_>) -> Option<io::Error> {
+        let t = self.tracked.as_ref()?;
+        t.revocation.waker.register(cx.waker());
+        t.revocation.closed().then(|| {
+            io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the client certificate was revoked",
+            )
+        })
+    }
+}
+
+/// An open connection's client certificate, kept to be checked again when a revocation list
+/// is loaded.
+struct Certified {
+    cert: CertificateDer<'static>,
+    intermediates: Vec<CertificateDer<'static>>,
+    revocation: Arc<Revocation>,
+}
+
+impl Certified {
+    fn revoked_by(&self, verifier: &dyn ClientCertVerifier) -> bool {
+        matches!(
+            verifier.verify_client_cert(&self.cert, &self.intermediates, UnixTime::now()),
+            Err(rustls::Error::InvalidCertificate(
+                rustls::CertificateError::Revoked
+            ))
+        )
+    }
+}
+
+/// Set once a connection's certificate is revoked; wakes the connection's task, which is
+/// always waiting to read, so that it sees it.
+#[derive(Default)]
+struct Revocation {
+    revoked: std::sync::atomic::AtomicBool,
+    waker: futures::task::AtomicWaker,
+}
+
+impl Revocation {
+    fn close(&self) {
+        self.revoked
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.waker.wake();
+    }
+
+    fn closed(&self) -> bool {
+        self.revoked.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
+/// A connection's entry among the certified ones, removed with the connection.
+struct Tracked {
+    tls: Arc<TlsSetup>,
+    id: u64,
+    revocation: Arc<Revocation>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.tls
+            .certified
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+    }
 }
 
 enum Io {
@@ -629,6 +833,9 @@ impl AsyncRead for ClientStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        if let Some(e) = self.revoked(cx) {
+            return Poll::Ready(Err(e));
+        }
         match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
@@ -642,6 +849,9 @@ impl AsyncWrite for ClientStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.revoked(cx) {
+            return Poll::Ready(Err(e));
+        }
         match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -667,6 +877,9 @@ impl AsyncWrite for ClientStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.revoked(cx) {
+            return Poll::Ready(Err(e));
+        }
         match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
@@ -731,6 +944,7 @@ pub fn incoming(
                     io: Io::Plain(tcp),
                     entries: ConnectionEntries::default(),
                     _slot: None,
+                    tracked: None,
                 };
                 if tx.send(Ok(plain)).await.is_err() {
                     return;
@@ -766,10 +980,16 @@ pub fn incoming(
                                 return;
                             }
                         };
+                        let tracked = s
+                            .get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(|chain| tls.track(chain));
                         let stream = ClientStream {
                             io: Io::Tls(Box::new(s)),
                             entries: ConnectionEntries::from(&connection),
                             _slot: slot,
+                            tracked,
                         };
                         let _ = tx.send(Ok(stream)).await;
                     }
@@ -1015,7 +1235,7 @@ mod tests {
             Ok(first.der.clone()),
             "not before a reload"
         );
-        assert_eq!(tls.reload(), Reload::Loaded);
+        assert_eq!(tls.reload(), Reload::Loaded { closed: 0 });
         assert_eq!(served_certificate(&tls, &ca).await, Ok(second.der.clone()));
 
         // Half a rotation: a new certificate, the old key.
@@ -1048,7 +1268,7 @@ mod tests {
         };
         assert!(error.contains("TLS configuration"), "{error}");
         std::fs::write(&key, &third.key_pem).unwrap();
-        assert_eq!(tls.reload(), Reload::Loaded);
+        assert_eq!(tls.reload(), Reload::Loaded { closed: 0 });
         assert_eq!(served_certificate(&tls, &ca).await, Ok(third.der.clone()));
 
         // A new CA: clients of the old one are refused from then on.
@@ -1056,13 +1276,90 @@ mod tests {
         let fourth = next.server_until(&["localhost"], (2031, 5, 17));
         fourth.write(dir.path(), "server");
         next.write(dir.path());
-        assert_eq!(tls.reload(), Reload::Loaded);
+        assert_eq!(tls.reload(), Reload::Loaded { closed: 0 });
         assert_eq!(
             served_certificate(&tls, &next).await,
             Ok(fourth.der.clone())
         );
         assert!(served_certificate(&tls, &ca).await.is_err());
         assert_eq!(tls.expires(), Some(1_936_742_400), "2031-05-17T00:00:00Z");
+    }
+
+    /// Whether `tls` accepts a handshake from a client trusting `ca` and presenting `client`'s
+    /// certificate; the server's error if not.
+    async fn handshake(
+        tls: &TlsSetup,
+        ca: &Ca,
+        client: &strata_tests::certs::Issued,
+    ) -> Result<(), String> {
+        let (c, s) = tokio::io::duplex(64 * 1024);
+        let acceptor = tls.acceptor();
+        let server = tokio::spawn(async move { acceptor.accept(s).await.map(drop) });
+        let mut roots = rustls::RootCertStore::empty();
+        roots
+            .add(CertificateDer::from_pem_slice(ca.cert_pem.as_bytes()).unwrap())
+            .unwrap();
+        let chain = vec![CertificateDer::from(client.der.clone())];
+        let key = PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).unwrap();
+        let config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        let connected = tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("localhost").unwrap(), c)
+            .await;
+        let accepted = server.await.unwrap().map_err(|e| e.to_string());
+        drop(connected);
+        accepted
+    }
+
+    /// `--client-crl-file`: a revoked certificate opens no connection; a list loaded later
+    /// closes the open connections of the certificates it revokes, and only those; a list that
+    /// does not load leaves the last good one in force.
+    #[tokio::test]
+    async fn revoked_client_certificates_are_refused_and_their_connections_closed() {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new();
+        let (cert, key) = ca.server(&["localhost"]).write(dir.path(), "server");
+        let trusted = ca.write(dir.path());
+        let (alice, bob) = (ca.client("alice", &[]), ca.client("bob", &[]));
+        let crl = dir.path().join("crl.pem");
+        std::fs::write(&crl, ca.crl(&[])).unwrap();
+        let tls = Arc::new(
+            TlsSetup::load_with_crl(&cert, &key, Some(&trusted), Some(&crl), true, None).unwrap(),
+        );
+        assert_eq!(handshake(&tls, &ca, &alice).await, Ok(()));
+        assert_eq!(handshake(&tls, &ca, &bob).await, Ok(()));
+        let of = |i: &strata_tests::certs::Issued| [CertificateDer::from(i.der.clone())];
+        let (open_alice, open_bob) = (
+            tls.track(&of(&alice)).expect("tracked"),
+            tls.track(&of(&bob)).expect("tracked"),
+        );
+
+        std::fs::write(&crl, ca.crl(&[&alice])).unwrap();
+        assert_eq!(tls.reload(), Reload::Loaded { closed: 1 });
+        assert!(open_alice.revocation.closed(), "alice's connection closed");
+        assert!(!open_bob.revocation.closed(), "bob's is not");
+        let refused = handshake(&tls, &ca, &alice).await.unwrap_err();
+        assert!(refused.contains("Revoked"), "{refused}");
+        assert_eq!(handshake(&tls, &ca, &bob).await, Ok(()));
+        // A connection made after the list: closed as it is tracked.
+        assert!(tls.track(&of(&alice)).unwrap().revocation.closed());
+        drop(open_alice);
+        assert_eq!(
+            tls.certified.lock().unwrap().len(),
+            1,
+            "only bob's is watched"
+        );
+
+        std::fs::write(&crl, "not a list").unwrap();
+        assert!(matches!(tls.reload(), Reload::Refused { new: true, .. }));
+        assert!(
+            handshake(&tls, &ca, &alice).await.is_err(),
+            "the last good list"
+        );
+        drop(open_bob);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    BasicConstraints, CertificateParams, CertificateRevocationListParams, DnType,
+    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyIdMethod, KeyPair, RevocationReason,
+    RevokedCertParams, SerialNumber,
 };
 
 /// A certificate and its key.
@@ -12,6 +14,8 @@ pub struct Issued {
     pub cert_pem: String,
     pub key_pem: String,
     pub der: Vec<u8>,
+    /// Its serial number (what a revocation list names).
+    pub serial: u64,
 }
 
 impl Issued {
@@ -68,6 +72,32 @@ impl Ca {
         )
     }
 
+    /// A certificate revocation list of this CA that revokes `revoked` (PEM, as etcd's
+    /// `--client-crl-file` reads it).
+    pub fn crl(&self, revoked: &[&Issued]) -> String {
+        let params = CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2020, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: SerialNumber::from(rand::random::<u64>() >> 1),
+            issuing_distribution_point: None,
+            revoked_certs: revoked
+                .iter()
+                .map(|i| RevokedCertParams {
+                    serial_number: SerialNumber::from(i.serial),
+                    revocation_time: rcgen::date_time_ymd(2020, 1, 1),
+                    reason_code: Some(RevocationReason::KeyCompromise),
+                    invalidity_date: None,
+                })
+                .collect(),
+            key_identifier_method: KeyIdMethod::Sha256,
+        };
+        params
+            .signed_by(&self.issuer)
+            .expect("a signed revocation list")
+            .pem()
+            .expect("PEM")
+    }
+
     /// A server certificate for `names` that expires at the start of `year`-`month`-`day`
     /// (UTC).
     pub fn server_until(&self, names: &[&str], (year, month, day): (i32, u8, u8)) -> Issued {
@@ -103,6 +133,9 @@ impl Ca {
             .distinguished_name
             .push(DnType::CommonName, common_name);
         params.extended_key_usages = vec![usage];
+        // Positive and never zero, as DER integers of serial numbers must be.
+        let serial = (rand::random::<u64>() >> 1) | 1;
+        params.serial_number = Some(SerialNumber::from(serial));
         adjust(&mut params);
         let cert = params
             .signed_by(&key, &self.issuer)
@@ -111,6 +144,7 @@ impl Ca {
             cert_pem: cert.pem(),
             key_pem: key.serialize_pem(),
             der: cert.der().to_vec(),
+            serial,
         }
     }
 }

@@ -602,3 +602,63 @@ async fn certificates_are_rotated_without_a_restart() {
     // The connection made before the rotation serves on.
     put(&open, None, "still").await.unwrap();
 }
+
+/// `--client-crl-file` (etcd's flag): a certificate the list revokes gets no connection, and
+/// when a list that revokes it is written, its open connection is closed (its next request
+/// fails) while another certificate's goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_client_certificate_is_cut_off() {
+    let (d, pki) = deployment_with_pki().await;
+    let crl = pki.path("crl.pem");
+    std::fs::write(&crl, pki.ca.crl(&[])).unwrap();
+    let a = pki.ca.client("app", &["a.tenants.test"]);
+    a.write(&pki.dir, "a");
+    let fe = start_tls(
+        &d,
+        &pki,
+        &[
+            "--client-cert-auth",
+            "--tls-reload-interval=100ms",
+            &format!("--client-crl-file={crl}"),
+        ],
+    )
+    .await;
+    let (listen, log) = (&fe.listen, &fe.log);
+    let endpoint = format!("https://{listen}");
+    let open_a = pki.channel(&endpoint, "a", "localhost").await;
+    let open_operator = pki.channel(&endpoint, "operator", "localhost").await;
+    put(&open_a, None, "by-a").await.unwrap();
+    put(&open_operator, None, "by-operator").await.unwrap();
+
+    std::fs::write(&crl, pki.ca.crl(&[&a])).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while put(&open_a, None, "by-a").await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "a's connection outlived its revocation\n{}",
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Its connection was closed (not only new ones refused), and the operator's goes on.
+    let page =
+        strata_tests::curl::request(&format!("http://{}", fe.metrics), "GET", "/metrics", "").1;
+    assert!(
+        page.lines()
+            .any(|l| l == "strata_frontend_connections_revoked_total{port=\"client\"} 1"),
+        "{}",
+        page.lines()
+            .filter(|l| l.contains("revoked"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    put(&open_operator, None, "still").await.unwrap();
+    let with = etcdctl_as(&pki, &endpoint);
+    let out = with(
+        Some("a"),
+        &["--dial-timeout=2s", "--command-timeout=3s", "get", "by-a"],
+    );
+    assert!(!out.success, "a revoked certificate was served: {out:?}");
+    let out = with(Some("operator"), &["get", "by-a", "--print-value-only"]);
+    assert_eq!(out.stdout.trim(), "v", "{out:?}");
+}

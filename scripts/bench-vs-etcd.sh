@@ -10,6 +10,8 @@
 #   scripts/bench-vs-etcd.sh                 # full run (a few minutes)
 #   scripts/bench-vs-etcd.sh --quick         # small totals: a smoke test of the script itself
 #   scripts/bench-vs-etcd.sh --etcd-only     # only the etcd half
+#   scripts/bench-vs-etcd.sh --tls           # both client ports over TLS with client certificates
+#                                            # (--client-cert-auth), as a managed deployment serves them
 #   scripts/bench-vs-etcd.sh --out DIR       # results directory (default: $CARGO_TARGET_DIR/bench-vs-etcd/<UTC time>)
 #
 # Environment: STRATA_BIN (use this binary, skip the build), CARGO_TARGET_DIR, STRATA_SKIP_INSTALL=1,
@@ -20,13 +22,15 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 
 QUICK=0
 ETCD_ONLY=0
+TLS=0
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1 ;;
     --etcd-only) ETCD_ONLY=1 ;;
     --out) OUT="$2"; shift ;;
-    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+    --tls) TLS=1 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -96,7 +100,20 @@ print(" ".join(str(s.getsockname()[1]) for s in socks))
 EOF
 }
 
-bench() { STRATA_LOG=warn "$STRATA_BIN" bench "$@"; }
+# --tls: one CA (made by `strata dev cert`, with the server certificate for 127.0.0.1), the same
+# server flags for etcd and Strata, and a client certificate for the load generator and etcdctl.
+SCHEME=http; SERVER_TLS=(); CLIENT_TLS=(); ETCDCTL_TLS=()
+if [ "$TLS" = 1 ]; then
+  "$STRATA_BIN" dev cert bench --data-dir "$WORK/pki" --common-name root >>"$OUT/run.log" 2>&1 \
+    || { echo "cannot make certificates: see $OUT/run.log" >&2; exit 1; }
+  PKI="$WORK/pki/tls"; SCHEME=https
+  SERVER_TLS=(--cert-file "$PKI/server.pem" --key-file "$PKI/server.key" --trusted-ca-file "$PKI/ca.pem" --client-cert-auth)
+  CLIENT_TLS=(--cacert "$PKI/ca.pem" --cert "$PKI/bench.pem" --key "$PKI/bench.key")
+  ETCDCTL_TLS=(--cacert="$PKI/ca.pem" --cert="$PKI/bench.pem" --key="$PKI/bench.key")
+  echo "TLS: client ports over TLS, client certificates required" >>"$OUT/run.log"
+fi
+
+bench() { STRATA_LOG=warn "$STRATA_BIN" bench ${CLIENT_TLS[@]+"${CLIENT_TLS[@]}"} "$@"; }
 
 # Waits until a put through ENDPOINTS succeeds.
 wait_serving() { # endpoints
@@ -176,7 +193,8 @@ CLUSTER="e1=http://127.0.0.1:${EP[3]},e2=http://127.0.0.1:${EP[4]},e3=http://127
 for i in 0 1 2; do
   n=$((i + 1))
   etcd --name "e$n" --data-dir "$WORK/etcd-$n" \
-    --listen-client-urls "http://127.0.0.1:${EP[$i]}" --advertise-client-urls "http://127.0.0.1:${EP[$i]}" \
+    --listen-client-urls "$SCHEME://127.0.0.1:${EP[$i]}" --advertise-client-urls "$SCHEME://127.0.0.1:${EP[$i]}" \
+    ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} \
     --listen-peer-urls "http://127.0.0.1:${EP[$((i + 3))]}" --initial-advertise-peer-urls "http://127.0.0.1:${EP[$((i + 3))]}" \
     --initial-cluster "$CLUSTER" --initial-cluster-state new --initial-cluster-token strata-bench \
     >"$OUT/logs/etcd-$n.log" 2>&1 &
@@ -185,11 +203,11 @@ done
 ETCD_ALL="127.0.0.1:${EP[0]},127.0.0.1:${EP[1]},127.0.0.1:${EP[2]}"
 if wait_serving "$ETCD_ALL"; then
   # Writes go to the leader (etcd's best case: no forwarding hop), reads and watches to all members.
-  ETCD_LEADER="$(ETCDCTL_API=3 etcdctl --endpoints="$ETCD_ALL" endpoint status -w json 2>/dev/null | python3 -c '
+  ETCD_LEADER="$(ETCDCTL_API=3 etcdctl ${ETCDCTL_TLS[@]+"${ETCDCTL_TLS[@]}"} --endpoints="$(echo "$ETCD_ALL" | sed "s|[^,]*|$SCHEME://&|g")" endpoint status -w json 2>/dev/null | python3 -c '
 import json, sys
 for s in json.load(sys.stdin):
     if s["Status"]["header"]["member_id"] == s["Status"]["leader"]:
-        print(s["Endpoint"].replace("http://", "")); break')"
+        print(s["Endpoint"].split("://")[-1]); break')"
   ETCD_LEADER="${ETCD_LEADER:-${ETCD_ALL%%,*}}"
   echo "etcd leader: $ETCD_LEADER" >>"$OUT/run.log"
   suite_writes "$ETCD_LEADER"
@@ -217,7 +235,7 @@ if [ "$ETCD_ONLY" = 0 ]; then
   # One tokio worker for the lone frontend too (STRATA_FE_WORKERS to change it): it shares the
   # two cores with three journal nodes and the load generator, and with two workers it spent
   # ~20 % more CPU per put for no more puts/s (docs/benchmarks/frontend.md, session 6).
-  TOKIO_WORKER_THREADS="${STRATA_FE_WORKERS:-1}" STRATA_LOG=warn "$STRATA_BIN" frontend --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
+  TOKIO_WORKER_THREADS="${STRATA_FE_WORKERS:-1}" STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
     >"$OUT/logs/frontend-1.log" 2>&1 &
   PIDS+=($!); FRONTEND_PIDS+=($!)
   if wait_serving "$FE1"; then
@@ -232,10 +250,10 @@ if [ "$ETCD_ONLY" = 0 ]; then
     kill "$FE1_PID" 2>/dev/null; wait "$FE1_PID" 2>/dev/null
     KEEP=(); for p in "${PIDS[@]}"; do [ "$p" = "$FE1_PID" ] || KEEP+=("$p"); done
     PIDS=("${KEEP[@]}"); FRONTEND_PIDS=()
-    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
+    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
       >"$OUT/logs/frontend-1b.log" 2>&1 &
     PIDS+=($!); FRONTEND_PIDS+=($!)
-    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend --journal "$JOURNALS" --listen "$FE2" --metrics-listen "127.0.0.1:${SP[6]}" \
+    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} --journal "$JOURNALS" --listen "$FE2" --metrics-listen "127.0.0.1:${SP[6]}" \
       >"$OUT/logs/frontend-2.log" 2>&1 &
     PIDS+=($!); FRONTEND_PIDS+=($!)
     if wait_serving "$FE1" && wait_serving "$FE2"; then
@@ -253,7 +271,7 @@ fi
 
 # ---------------------------------------------------------------- table
 machine_state "end"
-python3 - "$OUT" "$STRATA_BIN" <<'EOF' | tee "$OUT/results.md"
+BENCH_TLS="$TLS" python3 - "$OUT" "$STRATA_BIN" <<'EOF' | tee "$OUT/results.md"
 import glob, json, os, sys
 out = sys.argv[1]
 res = {}
@@ -345,7 +363,7 @@ cpu_row("bench client CPU ms per serializable range", "range-s-64", "ok", what="
 widths = [max(len(r[i]) for r in rows + [["workload"] + [l for _, l in systems]]) for i in range(4)]
 def line(cells):
     return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, widths)) + " |"
-print("# Strata vs etcd 3.4, same machine, same run\n")
+print("# Strata vs etcd 3.4, same machine, same run" + (", client ports over TLS (client certificates required)" if os.environ.get("BENCH_TLS") == "1" else "") + "\n")
 print(line(["workload"] + [l for _, l in systems]))
 print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
 for r in rows:

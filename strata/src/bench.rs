@@ -79,6 +79,27 @@ pub struct Common {
     /// Seed of the key and value generators (random keys replay with the same seed).
     #[arg(long, global = true, default_value_t = 1)]
     pub seed: u64,
+    /// Connect over TLS, trusting the CA certificates in this file (PEM; etcdctl's
+    /// `--cacert`): bare `host:port` endpoints are then `https://`.
+    #[arg(long, global = true)]
+    pub cacert: Option<std::path::PathBuf>,
+    /// The client certificate to present (PEM; etcdctl's `--cert`), with `--key`.
+    #[arg(long, global = true, requires = "cacert", requires = "tls_key")]
+    pub cert: Option<std::path::PathBuf>,
+    /// The client certificate's private key (PEM; etcdctl's `--key`). (Its id is not `key`:
+    /// the range workload has a `key` argument.)
+    #[arg(long = "key", id = "tls_key", global = true, requires = "cert")]
+    pub key: Option<std::path::PathBuf>,
+}
+
+impl Common {
+    /// The run's TLS, if `--cacert` is given.
+    fn tls(&self) -> Result<Option<conn::ClientTls>, BenchError> {
+        self.cacert
+            .as_deref()
+            .map(|ca| conn::ClientTls::from_files(ca, self.cert.as_deref(), self.key.as_deref()))
+            .transpose()
+    }
 }
 
 /// Flags of `strata bench`.
@@ -398,7 +419,10 @@ fn client_seed(seed: u64, client: usize) -> u64 {
 /// The metadata every request of the run carries: the tenant header, and with `--user` the
 /// token Authenticate answered (asked once, of the first endpoint: a token is valid on every
 /// endpoint of a Strata deployment, and etcd's on every member).
-async fn request_headers(common: &Common) -> anyhow::Result<Vec<(&'static str, String)>> {
+async fn request_headers(
+    common: &Common,
+    tls: Option<&conn::ClientTls>,
+) -> anyhow::Result<Vec<(&'static str, String)>> {
     let mut headers = Vec::new();
     if let Some(t) = &common.tenant {
         headers.push((conn::TENANT_HEADER, t.clone()));
@@ -412,10 +436,16 @@ async fn request_headers(common: &Common) -> anyhow::Result<Vec<(&'static str, S
             .first()
             .map(String::as_str)
             .unwrap_or_default();
-        let mut auth =
-            api::etcdserverpb::auth_client::AuthClient::connect(conn::endpoint_url(first))
-                .await
-                .map_err(|e| anyhow::anyhow!("connect to {first} to authenticate: {e}"))?;
+        let auth_pool = Pool::connect(
+            std::slice::from_ref(&first.to_string()),
+            1,
+            &[],
+            common.request_timeout,
+            tls,
+        )
+        .await
+        .map_err(|e| anyhow::anyhow!("connect to {first} to authenticate: {e}"))?;
+        let mut auth = auth_pool.auth(0);
         let mut req = tonic::Request::new(api::etcdserverpb::AuthenticateRequest {
             name: name.to_string(),
             password: password.to_string(),
@@ -447,13 +477,15 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         clients = common.clients,
         "benchmark starting"
     );
-    let headers = request_headers(&common).await?;
+    let tls = common.tls()?;
+    let headers = request_headers(&common, tls.as_ref()).await?;
     if !matches!(workload, Workload::Watch(_) | Workload::WatchLatency(_)) {
         let pool = grpc::UnaryPool::connect(
             &common.endpoints,
             common.conns,
             &headers,
             common.request_timeout,
+            tls.as_ref(),
         )
         .await?;
         let idle = match &workload {
@@ -463,6 +495,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                     common.conns,
                     &headers,
                     common.request_timeout,
+                    tls.as_ref(),
                 )
                 .await?;
                 let idle =
@@ -490,6 +523,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         common.conns,
         &headers,
         common.request_timeout,
+        tls.as_ref(),
     )
     .await?;
     match &workload {

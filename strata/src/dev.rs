@@ -95,7 +95,8 @@ pub struct Args {
 #[derive(clap::Subcommand, Debug)]
 enum DevCommand {
     /// Issue a client certificate naming a tenant, signed by the CA of a `strata dev --tls`
-    /// deployment: `etcdctl --cacert <data-dir>/tls/ca.pem --cert .. --key ..` reaches it.
+    /// deployment (made now, with its server certificate, if it has not run yet): `etcdctl
+    /// --cacert <data-dir>/tls/ca.pem --cert .. --key ..` reaches it.
     Cert(crate::dev_tls::CertArgs),
 }
 

@@ -96,13 +96,10 @@ pub fn cert(args: CertArgs) -> anyhow::Result<()> {
             args.tenant
         );
     }
+    // The deployment's CA (and its server certificate), made now if `strata dev --tls` has
+    // not run in this data directory yet: it finds and uses them when it does.
+    ensure(&args.data_dir)?;
     let dir = args.data_dir.join(TLS_DIR);
-    if !dir.join(CA_KEY).exists() {
-        bail!(
-            "no dev CA in {}: start the deployment once with `strata dev --tls` (same --data-dir)",
-            dir.display()
-        );
-    }
     let out = args.out.unwrap_or_else(|| dir.clone());
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let (cert, key) = issue(

@@ -2,12 +2,16 @@
 //! endpoints, clients spread round-robin over the connections, and the per-request metadata
 //! (tenant header, deadline) every workload attaches.
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use api::etcdserverpb::kv_client::KvClient;
 use api::etcdserverpb::watch_client::WatchClient;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tonic::metadata::MetadataValue;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
 use super::BenchError;
 
@@ -21,12 +25,72 @@ pub const MAX_CONNS: usize = 10_000;
 /// Metadata header naming the tenant where the operator allows it (DESIGN, tenant resolution).
 pub const TENANT_HEADER: &str = "x-strata-tenant";
 
-/// `127.0.0.1:2379` -> `http://127.0.0.1:2379`; URLs with a scheme are kept.
-pub fn endpoint_url(endpoint: &str) -> String {
+/// `127.0.0.1:2379` -> `http://127.0.0.1:2379` (`https://` when the run uses TLS); URLs with
+/// a scheme are kept.
+pub fn endpoint_url_for(endpoint: &str, tls: bool) -> String {
     if endpoint.contains("://") {
         endpoint.to_string()
+    } else if tls {
+        format!("https://{endpoint}")
     } else {
         format!("http://{endpoint}")
+    }
+}
+
+/// TLS for the run's connections (`--cacert`, `--cert`, `--key`, as etcdctl's): the same CA
+/// and client certificate for the raw HTTP/2 connections and for tonic's.
+#[derive(Clone)]
+pub struct ClientTls {
+    pub rustls: Arc<rustls::ClientConfig>,
+    pub tonic: ClientTlsConfig,
+}
+
+impl ClientTls {
+    /// Trusts the CA certificates in `cacert`; presents `cert` (with `key`) if given.
+    pub fn from_files(
+        cacert: &Path,
+        cert: Option<&Path>,
+        key: Option<&Path>,
+    ) -> Result<Self, BenchError> {
+        let bad = |p: &Path, e: &dyn std::fmt::Display| {
+            BenchError::InvalidArgs(format!("{}: {e}", p.display()))
+        };
+        let read = |p: &Path| std::fs::read(p).map_err(|e| bad(p, &e));
+        let ca = read(cacert)?;
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_slice_iter(&ca) {
+            let c = c.map_err(|e| bad(cacert, &e))?;
+            roots.add(c).map_err(|e| bad(cacert, &e))?;
+        }
+        if roots.is_empty() {
+            return Err(bad(cacert, &"no CA certificate"));
+        }
+        let builder = rustls::ClientConfig::builder().with_root_certificates(roots);
+        let mut tonic = ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&ca));
+        let mut config = match (cert, key) {
+            (Some(cert), Some(key)) => {
+                let (cert_pem, key_pem) = (read(cert)?, read(key)?);
+                let chain = CertificateDer::pem_slice_iter(&cert_pem)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| bad(cert, &e))?;
+                let private = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| bad(key, &e))?;
+                tonic = tonic.identity(Identity::from_pem(&cert_pem, &key_pem));
+                builder
+                    .with_client_auth_cert(chain, private)
+                    .map_err(|e| bad(cert, &e))?
+            }
+            (None, None) => builder.with_no_client_auth(),
+            _ => {
+                return Err(BenchError::InvalidArgs(
+                    "--cert and --key go together".into(),
+                ));
+            }
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Self {
+            rustls: Arc::new(config),
+            tonic,
+        })
     }
 }
 
@@ -62,12 +126,14 @@ pub struct Pool {
 }
 
 impl Pool {
-    /// Opens `conns` connections, connection `i` to `endpoints[i % endpoints.len()]`.
+    /// Opens `conns` connections, connection `i` to `endpoints[i % endpoints.len()]`, over
+    /// TLS with `tls`.
     pub async fn connect(
         endpoints: &[String],
         conns: usize,
         headers: &[(&'static str, String)],
         request_timeout: Duration,
+        tls: Option<&ClientTls>,
     ) -> Result<Self, BenchError> {
         check_pool_args(endpoints, conns)?;
         let headers = headers
@@ -81,12 +147,20 @@ impl Pool {
             .collect::<Result<Vec<_>, BenchError>>()?;
         let mut channels = Vec::with_capacity(conns);
         for i in 0..conns {
-            let url = endpoint_url(&endpoints[i % endpoints.len()]);
-            let endpoint = Endpoint::from_shared(url.clone())
+            let url = endpoint_url_for(&endpoints[i % endpoints.len()], tls.is_some());
+            let mut endpoint = Endpoint::from_shared(url.clone())
                 .map_err(|e| BenchError::InvalidArgs(format!("endpoint {url}: {e}")))?
                 .tcp_nodelay(true)
                 .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
                 .connect_timeout(CONNECT_TIMEOUT);
+            if let Some(tls) = tls {
+                endpoint = endpoint.tls_config(tls.tonic.clone()).map_err(|source| {
+                    BenchError::Connect {
+                        url: url.clone(),
+                        source,
+                    }
+                })?;
+            }
             let channel = endpoint
                 .connect()
                 .await
@@ -124,6 +198,11 @@ impl Pool {
         KvClient::new(self.channel(client)).max_decoding_message_size(MAX_RESPONSE_BYTES)
     }
 
+    /// An Auth client on connection `client % conns`.
+    pub fn auth(&self, client: usize) -> api::etcdserverpb::auth_client::AuthClient<Channel> {
+        api::etcdserverpb::auth_client::AuthClient::new(self.channel(client))
+    }
+
     /// A Watch client on connection `client % conns`.
     pub fn watch(&self, client: usize) -> WatchClient<Channel> {
         WatchClient::new(self.channel(client)).max_decoding_message_size(MAX_RESPONSE_BYTES)
@@ -152,9 +231,14 @@ mod tests {
 
     #[test]
     fn urls() {
-        assert_eq!(endpoint_url("127.0.0.1:2379"), "http://127.0.0.1:2379");
-        assert_eq!(endpoint_url("http://a:1"), "http://a:1");
-        assert_eq!(endpoint_url("https://a:1"), "https://a:1");
+        assert_eq!(
+            endpoint_url_for("127.0.0.1:2379", false),
+            "http://127.0.0.1:2379"
+        );
+        assert_eq!(endpoint_url_for("http://a:1", false), "http://a:1");
+        assert_eq!(endpoint_url_for("https://a:1", false), "https://a:1");
+        assert_eq!(endpoint_url_for("a:1", true), "https://a:1");
+        assert_eq!(endpoint_url_for("http://a:1", true), "http://a:1");
     }
 
     #[test]
@@ -173,16 +257,16 @@ mod tests {
     async fn bad_arguments_are_refused_before_connecting() {
         let t = Duration::from_secs(1);
         assert!(matches!(
-            Pool::connect(&[], 1, &[], t).await,
+            Pool::connect(&[], 1, &[], t, None).await,
             Err(BenchError::InvalidArgs(_))
         ));
         let eps = vec!["127.0.0.1:1".to_string()];
         assert!(matches!(
-            Pool::connect(&eps, 0, &[], t).await,
+            Pool::connect(&eps, 0, &[], t, None).await,
             Err(BenchError::InvalidArgs(_))
         ));
         assert!(matches!(
-            Pool::connect(&eps, 1, &[(TENANT_HEADER, "bad\nname".into())], t).await,
+            Pool::connect(&eps, 1, &[(TENANT_HEADER, "bad\nname".into())], t, None).await,
             Err(BenchError::InvalidArgs(_))
         ));
     }

@@ -17,7 +17,9 @@ use tokio::net::TcpStream;
 use tonic::{Code, Status};
 
 use super::BenchError;
-use super::conn::{CONNECT_TIMEOUT, MAX_RESPONSE_BYTES, check_pool_args, endpoint_url};
+use super::conn::{
+    CONNECT_TIMEOUT, ClientTls, MAX_RESPONSE_BYTES, check_pool_args, endpoint_url_for,
+};
 
 /// gRPC's message prefix: one compression flag byte and a big-endian u32 length.
 const GRPC_PREFIX_LEN: usize = 5;
@@ -39,12 +41,14 @@ pub struct UnaryPool {
 }
 
 impl UnaryPool {
-    /// Opens `conns` plaintext HTTP/2 connections, connection `i` to `endpoints[i % n]`.
+    /// Opens `conns` HTTP/2 connections, connection `i` to `endpoints[i % n]`: plaintext, or
+    /// TLS with `tls`.
     pub async fn connect(
         endpoints: &[String],
         conns: usize,
         headers: &[(&'static str, String)],
         request_timeout: Duration,
+        tls: Option<&ClientTls>,
     ) -> Result<Self, BenchError> {
         check_pool_args(endpoints, conns)?;
         let headers = headers
@@ -58,8 +62,8 @@ impl UnaryPool {
             .collect::<Result<Vec<_>, BenchError>>()?;
         let mut out = Vec::with_capacity(conns);
         for i in 0..conns {
-            let url = endpoint_url(&endpoints[i % endpoints.len()]);
-            out.push(Unary::connect(&url, headers.clone(), request_timeout).await?);
+            let url = endpoint_url_for(&endpoints[i % endpoints.len()], tls.is_some());
+            out.push(Unary::connect(&url, headers.clone(), request_timeout, tls).await?);
         }
         Ok(Self { conns: out })
     }
@@ -85,6 +89,24 @@ pub struct Unary {
     buf: BytesMut,
 }
 
+/// An HTTP/2 client connection over `io`, driven by a task of its own.
+async fn start_h2<T>(io: T) -> Result<SendRequest<Bytes>, h2::Error>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(STREAM_WINDOW_BYTES)
+        .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
+        .handshake::<_, Bytes>(io)
+        .await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "benchmark connection closed");
+        }
+    });
+    Ok(send)
+}
+
 fn dial_error(url: &str, reason: impl std::fmt::Display) -> BenchError {
     BenchError::Dial {
         url: url.to_string(),
@@ -97,15 +119,25 @@ impl Unary {
         url: &str,
         headers: Vec<(&'static str, HeaderValue)>,
         timeout: Duration,
+        tls: Option<&ClientTls>,
     ) -> Result<Self, BenchError> {
         let uri: http::Uri = url
             .parse()
             .map_err(|e| BenchError::InvalidArgs(format!("endpoint {url}: {e}")))?;
-        if uri.scheme() != Some(&Scheme::HTTP) {
-            return Err(BenchError::InvalidArgs(format!(
-                "endpoint {url}: only plaintext http:// endpoints are supported"
-            )));
-        }
+        let tls = match (uri.scheme(), tls) {
+            (Some(s), _) if *s == Scheme::HTTP => None,
+            (Some(s), Some(tls)) if *s == Scheme::HTTPS => Some(tls),
+            (Some(s), None) if *s == Scheme::HTTPS => {
+                return Err(BenchError::InvalidArgs(format!(
+                    "endpoint {url}: https:// needs --cacert"
+                )));
+            }
+            _ => {
+                return Err(BenchError::InvalidArgs(format!(
+                    "endpoint {url}: http:// or https:// only"
+                )));
+            }
+        };
         let authority = uri
             .authority()
             .cloned()
@@ -115,20 +147,29 @@ impl Unary {
             .map_err(|_| dial_error(url, "connect timed out"))?
             .map_err(|e| dial_error(url, e))?;
         tcp.set_nodelay(true).map_err(|e| dial_error(url, e))?;
-        let (send, connection) = h2::client::Builder::new()
-            .initial_window_size(STREAM_WINDOW_BYTES)
-            .initial_connection_window_size(CONNECTION_WINDOW_BYTES)
-            .handshake::<_, Bytes>(tcp)
-            .await
-            .map_err(|e| dial_error(url, e))?;
-        tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                tracing::debug!(error = %e, "benchmark connection closed");
+        let send = match tls {
+            None => start_h2(tcp).await,
+            Some(tls) => {
+                let name = rustls::pki_types::ServerName::try_from(authority.host().to_string())
+                    .map_err(|e| dial_error(url, e))?;
+                let stream = tokio::time::timeout(
+                    CONNECT_TIMEOUT,
+                    tokio_rustls::TlsConnector::from(tls.rustls.clone()).connect(name, tcp),
+                )
+                .await
+                .map_err(|_| dial_error(url, "TLS handshake timed out"))?
+                .map_err(|e| dial_error(url, e))?;
+                start_h2(stream).await
             }
-        });
+        }
+        .map_err(|e| dial_error(url, e))?;
         Ok(Self {
             send,
-            scheme: Scheme::HTTP,
+            scheme: if tls.is_some() {
+                Scheme::HTTPS
+            } else {
+                Scheme::HTTP
+            },
             authority,
             headers,
             timeout,
@@ -315,12 +356,12 @@ mod tests {
     #[tokio::test]
     async fn https_and_unreachable_endpoints_are_refused() {
         let t = Duration::from_secs(1);
-        let r = UnaryPool::connect(&["https://127.0.0.1:1".to_string()], 1, &[], t).await;
+        let r = UnaryPool::connect(&["https://127.0.0.1:1".to_string()], 1, &[], t, None).await;
         assert!(matches!(r, Err(BenchError::InvalidArgs(_))));
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = l.local_addr().unwrap().port();
         drop(l);
-        let r = UnaryPool::connect(&[format!("127.0.0.1:{port}")], 1, &[], t).await;
+        let r = UnaryPool::connect(&[format!("127.0.0.1:{port}")], 1, &[], t, None).await;
         assert!(matches!(r, Err(BenchError::Dial { .. })), "{:?}", r.err());
     }
 }

@@ -461,15 +461,8 @@ impl Files {
                 }
                 let mut verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
                 if let (Some(path), Some(pem)) = (&self.crl, contents.get(3)) {
-                    let crls = CertificateRevocationListDer::pem_slice_iter(pem)
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|source| TlsError::Read {
-                            path: path.clone(),
-                            source,
-                        })?;
-                    if crls.is_empty() {
-                        return Err(TlsError::NoCrl(path.clone()));
-                    }
+                    let crls: Vec<CertificateRevocationListDer<'static>> =
+                        pem_all(path, pem, TlsError::NoCrl)?;
                     // The client's own certificate: its CA is trusted, not revoked here.
                     verifier = verifier.with_crls(crls).only_check_end_entity_revocation();
                 }
@@ -498,16 +491,26 @@ impl Files {
 }
 
 fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_slice_iter(pem)
+    pem_all(path, pem, TlsError::NoCertificate)
+}
+
+/// Every PEM item of type `T` in `pem` (read from `path`); `none` is the error if there is
+/// none.
+fn pem_all<T: PemObject>(
+    path: &Path,
+    pem: &[u8],
+    none: fn(PathBuf) -> TlsError,
+) -> Result<Vec<T>, TlsError> {
+    let items = T::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| TlsError::Read {
             path: path.into(),
             source,
         })?;
-    if certs.is_empty() {
-        return Err(TlsError::NoCertificate(path.into()));
+    if items.is_empty() {
+        return Err(none(path.into()));
     }
-    Ok(certs)
+    Ok(items)
 }
 
 /// Reads `tls`'s files again every `every` (never if zero) and reports what it found in the

@@ -109,10 +109,15 @@ fn start_etcd_with(tls: bool) -> Etcd {
 }
 
 fn bench(etcd: &Etcd, args: &[&str]) -> Output {
+    bench_with(etcd, &etcd.flags, args)
+}
+
+/// `bench` with `flags` in place of the ones `etcd` needs.
+fn bench_with(etcd: &Etcd, flags: &[String], args: &[&str]) -> Output {
     let mut cmd = Command::new(strata_bin());
     cmd.arg("bench")
         .arg(format!("--endpoints={}", etcd.endpoint))
-        .args(&etcd.flags)
+        .args(flags)
         .args(args)
         .env("STRATA_LOG", "warn");
     cmd.output().expect("run strata bench")
@@ -132,6 +137,26 @@ fn bench_json(etcd: &Etcd, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
 }
 
+/// A watch-latency run of `watchers` watchers and `total` puts delivers every event to every
+/// watcher.
+fn watch_latency_delivers(etcd: &Etcd, watchers: u64, total: u64) {
+    let (w, t) = (watchers.to_string(), total.to_string());
+    let wl = bench_json(
+        etcd,
+        &[
+            "watch-latency",
+            "--watchers",
+            &w,
+            "--total",
+            &t,
+            "--put-rate",
+            "0",
+        ],
+    );
+    assert_eq!(wl["verify"]["ok"], true, "{wl}");
+    assert_eq!(wl["verify"]["delivered"], watchers * total, "{wl}");
+}
+
 /// `--cacert`, `--cert`, `--key`: the KV workloads (raw HTTP/2 over TLS) and the watch ones
 /// (tonic over TLS) run against an etcd that demands client certificates; without a client
 /// certificate, nothing runs.
@@ -149,31 +174,10 @@ fn the_workloads_run_over_tls_with_client_certificates() {
     );
     let range = bench_json(&etcd, &["range", "000000", "--prefix", "--total", "100"]);
     assert_eq!(range["ok"], 100, "{range}");
-    let wl = bench_json(
-        &etcd,
-        &[
-            "watch-latency",
-            "--watchers",
-            "3",
-            "--total",
-            "10",
-            "--put-rate",
-            "0",
-        ],
-    );
-    assert_eq!(wl["verify"]["ok"], true, "{wl}");
-    assert_eq!(wl["verify"]["delivered"], 30, "{wl}");
+    watch_latency_delivers(&etcd, 3, 10);
 
     // The CA alone: etcd refuses the handshake.
-    let ca_only: Vec<String> = etcd.flags[..1].to_vec();
-    let out = Command::new(strata_bin())
-        .arg("bench")
-        .arg(format!("--endpoints={}", etcd.endpoint))
-        .args(&ca_only)
-        .args(["put", "--total", "1"])
-        .env("STRATA_LOG", "warn")
-        .output()
-        .expect("run strata bench");
+    let out = bench_with(&etcd, &etcd.flags[..1], &["put", "--total", "1"]);
     assert!(!out.status.success(), "served without a client certificate");
 }
 
@@ -310,20 +314,7 @@ fn every_workload_runs_against_etcd() {
     assert_eq!(v["delivered"], 1500, "{watch}");
     assert_eq!(watch["delivery_from_ack"]["ok"], 1500, "{watch}");
 
-    let wl = bench_json(
-        &etcd,
-        &[
-            "watch-latency",
-            "--watchers",
-            "5",
-            "--total",
-            "20",
-            "--put-rate",
-            "0",
-        ],
-    );
-    assert_eq!(wl["verify"]["ok"], true, "{wl}");
-    assert_eq!(wl["verify"]["delivered"], 100, "{wl}");
+    watch_latency_delivers(&etcd, 5, 20);
 
     // Server-side errors are counted with etcd's message, and a run where nothing succeeds fails.
     let out = bench(

@@ -310,30 +310,34 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
         }
     }
     // Several at a time: a frontend starting with many tenants fetches their checkpoints in
-    // parallel, each served as soon as it is loaded. Once the loaded tenants fill the memory
+    // parallel, each served as soon as it is loaded, and the next load starts as soon as any
+    // ends (a large tenant holds up no small ones). Once the loaded tenants fill the memory
     // budget, the rest are served dormant: the first request naming one loads it.
     let mut all_loaded = true;
-    for batch in to_load.chunks(LOADS_AT_ONCE) {
-        if loader.budget_full(tenants) {
-            for r in batch {
+    let mut waiting = to_load.into_iter();
+    let mut loads = futures::stream::FuturesUnordered::new();
+    loop {
+        while loads.len() < LOADS_AT_ONCE {
+            let Some(r) = waiting.next() else { break };
+            if loader.budget_full(tenants) {
                 let key = api::tenant::journal_key(&r.name, &r.uid);
                 tracing::info!(tenant = %r.name, "memory budget full: tenant served unloaded until a request names it");
                 tenants.add_dormant(&r.name, &key, own_connections(r));
+                continue;
             }
-            continue;
+            loads.push(loader.load_of(r));
         }
-        let mut loads: futures::stream::FuturesUnordered<_> =
-            batch.iter().map(|r| loader.load_of(r)).collect();
-        while let Some((r, loaded)) = loads.next().await {
-            match loaded {
-                Ok(t) => {
-                    tracing::info!(tenant = %r.name, state = ?t.served(), "tenant loaded from the catalogue");
-                    tenants.insert_loaded(t);
-                }
-                Err(e) => {
-                    tracing::warn!(tenant = %r.name, error = %e, "cannot load a tenant of the catalogue; trying again");
-                    all_loaded = false;
-                }
+        let Some((r, loaded)) = loads.next().await else {
+            break;
+        };
+        match loaded {
+            Ok(t) => {
+                tracing::info!(tenant = %r.name, state = ?t.served(), "tenant loaded from the catalogue");
+                tenants.insert_loaded(t);
+            }
+            Err(e) => {
+                tracing::warn!(tenant = %r.name, error = %e, "cannot load a tenant of the catalogue; trying again");
+                all_loaded = false;
             }
         }
     }

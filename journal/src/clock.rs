@@ -9,6 +9,13 @@
 //! back made the stamps stand still (they never go back) for as long as the step, and no lease
 //! of the shard expired meanwhile; a step forward was only bounded by the replicas, which count
 //! at most `lease_clock_max_step_ms` of any one gap between entries (memstore).
+//!
+//! A node that becomes leader goes on from the last stamp it appended from another leader
+//! (`StampClock::saw`) as from a stamp of its own: a node that rebooted with its clock an hour
+//! off and then took over does not move journal time by that hour (until session 24 its first
+//! stamp was its wall clock). A stamp this process only found on disk is of unknown age (the
+//! whole cluster may have been down for a day) and is not gone on from: the first stamp is then
+//! the wall clock, as before.
 
 use std::time::Instant;
 
@@ -38,6 +45,15 @@ pub struct StampClock {
 }
 
 impl StampClock {
+    /// The log's last entry, stamped `stamp` (by another leader, or by this node), was appended
+    /// by this process at `at`: the next stamp goes on from it, as from a stamp of its own, if
+    /// it is later than this node's own last one.
+    pub fn saw(&mut self, stamp: i64, at: Instant) {
+        if self.last.is_none_or(|(prev, _)| stamp > prev) {
+            self.last = Some((stamp, at));
+        }
+    }
+
     /// The stamp for the next entry at monotonic instant `now`, with the wall clock reading
     /// `wall_ms`: the previous stamp plus the time elapsed, moved towards `wall_ms` by at most
     /// [`SLEW_PER_MILLE`] of it (the first stamp is `wall_ms`); never below `floor` (the log's
@@ -102,6 +118,34 @@ mod tests {
             c.stamp(1_003_000, t2 + Duration::from_secs(1), 0),
             9_000_990,
             "and the stamps go on from it, drawn towards this wall clock at 1 %"
+        );
+    }
+
+    /// A node that appended another leader's stamps, elected with its clock an hour ahead,
+    /// goes on from them; with none appended (only found on disk at start: the whole cluster
+    /// down for who knows how long) it starts from its wall clock.
+    #[test]
+    fn a_new_leader_goes_on_from_the_stamps_it_appended() {
+        let hour = 3_600_000;
+        let t0 = Instant::now();
+        let mut c = StampClock::default();
+        c.saw(5_001_000, t0 + Duration::from_secs(1));
+        let first = c.stamp(5_003_000 + hour, t0 + Duration::from_secs(3), 5_001_000);
+        assert_eq!(first, 5_003_020, "2 s on, drawn 1 % towards the wall clock");
+
+        assert_eq!(
+            StampClock::default().stamp(5_000_000 + hour, t0, 5_000_000),
+            5_000_000 + hour,
+            "only a floor found on disk: the wall clock"
+        );
+
+        // What it saw never takes it below its own later stamps, nor back.
+        let mut c = StampClock::default();
+        assert_eq!(c.stamp(9_000_000, t0, 0), 9_000_000);
+        c.saw(8_500_000, t0 + Duration::from_secs(2));
+        assert_eq!(
+            c.stamp(9_003_000, t0 + Duration::from_secs(3), 8_500_000),
+            9_003_000
         );
     }
 

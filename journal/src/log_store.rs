@@ -96,6 +96,10 @@ pub struct LogShared {
     sync_one: Mutex<()>,
     /// What the state machine's snapshot file covers, once it is durable (`None`: no snapshot).
     snapshot: tokio::sync::watch::Sender<Option<SnapshotFloor>>,
+    /// The last stamp a leader made that this process appended, and when (None: none yet;
+    /// what recovery found on disk, and the old stamps blank entries repeat, do not count). A
+    /// new leader goes on from it (clock.rs).
+    appended: Mutex<Option<(i64, Instant)>>,
 }
 
 /// How far the log was written when an fsync started.
@@ -178,6 +182,7 @@ impl LogShared {
             overlap_leader_fsync,
             flushed: tokio::sync::watch::Sender::new(flushed),
             commit_held: AtomicBool::new(false),
+            appended: Mutex::new(None),
             log: Mutex::new(log),
             meta: Mutex::new(meta),
             committed: Mutex::new((committed, None)),
@@ -215,6 +220,11 @@ impl LogShared {
 
     pub fn last_time_ms(&self) -> i64 {
         lock(&self.log).last_time_ms()
+    }
+
+    /// The last stamp a leader made that this process appended, and when it appended it.
+    pub fn last_appended(&self) -> Option<(i64, Instant)> {
+        *lock(&self.appended)
     }
 
     pub fn header(&self, index: u64) -> Option<FrameHeader> {
@@ -763,9 +773,15 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             let mut headers = Vec::new();
             let mut frames = Vec::new();
             let mut rest = Vec::new();
+            // The last stamp a leader made itself (blank and membership entries carry the one
+            // before them, however old).
+            let mut stamped = None;
             for e in entries {
                 own &= e.log_id.leader_id.node_id == self.shared.node_id;
                 let h = header_of(&e, time, record);
+                if matches!(e.payload, openraft::EntryPayload::Normal(_)) {
+                    stamped = Some(h.time_ms);
+                }
                 time = h.time_ms;
                 record = h.end_record();
                 rest.clear();
@@ -778,6 +794,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
                 self.shared.fail(format!("log write failed: {e}"));
                 callback.log_io_completed(Err(std::io::Error::other(e.to_string())));
                 return Err(sio(&e));
+            }
+            if let Some(t) = stamped {
+                *lock(&self.shared.appended) = Some((t, Instant::now()));
             }
             headers.last().map(|h| h.term)
         };

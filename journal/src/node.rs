@@ -485,6 +485,11 @@ async fn proposer(
     let mut stamps = clock::StampClock::default();
     let mut last_activity = Instant::now();
     let mut stamp = |shard: &Shard| {
+        // Another leader's last entry, if this process appended it: a node that just took
+        // over goes on from it, whatever its own clock says (clock.rs).
+        if let Some((stamp, at)) = shard.log.last_appended() {
+            stamps.saw(stamp, at);
+        }
         stamps.stamp(
             clock::now_ms(),
             std::time::Instant::now(),

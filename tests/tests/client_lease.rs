@@ -295,10 +295,11 @@ async fn steps_of_the_journal_clock_neither_expire_leases_early_nor_stop_them() 
     }
 }
 
-/// A journal node reboots with its clock an hour ahead and the shard is handed to it: its
-/// first stamp is an hour past the last (it has no stamp of its own to go on from), and no
-/// lease kept alive may expire for it: the replicas count at most a second of any one gap.
-/// The seeded fault suite plans the same (`Action::TakeOver`); this one is deterministic.
+/// A journal node reboots with its clock an hour ahead and the shard is handed to it: it goes
+/// on from the stamps it appended as a follower (journal/src/clock.rs), so journal time does
+/// not jump the hour, and no lease kept alive expires. (Were it to jump, the replicas would
+/// still count at most a second of the gap.) The seeded fault suite plans the same
+/// (`Action::TakeOver`); this one is deterministic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_takes_over_with_its_clock_ahead_expires_no_live_lease() {
     use strata_tests::deployment::{Deployment, Setup};
@@ -346,7 +347,7 @@ async fn a_node_that_takes_over_with_its_clock_ahead_expires_no_live_lease() {
     let ttl = c.lease_time_to_live(lease, None).await.unwrap().ttl();
     assert!((25..=30).contains(&ttl), "{ttl} s left");
     assert_eq!(c.get("held", None).await.unwrap().kvs().len(), 1);
-    // Not vacuous: journal time did jump an hour at the take-over.
+    // Journal time went on: no step between two records of even a minute.
     use futures::StreamExt;
     let end = journal.read_index(0).await.unwrap();
     let mut records = journal.read(0, 1).await.unwrap();
@@ -362,7 +363,7 @@ async fn a_node_that_takes_over_with_its_clock_ahead_expires_no_live_lease() {
         }
     }
     assert!(
-        jump > 3_500_000,
-        "the largest step of journal time was {jump} ms"
+        (0..60_000).contains(&jump),
+        "journal time stepped {jump} ms at the take-over"
     );
 }

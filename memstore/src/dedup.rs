@@ -296,6 +296,26 @@ impl Dedup {
         self.live += 1;
     }
 
+    /// Moves every remembered id `by_ms` later, as if applied that much later: a stretch of
+    /// journal time no one counts (a stepped clock; see `MemStore::apply_parts`) does not push
+    /// ids out of the window, where a retried append must still find its first copy. Every
+    /// time moves alike, so every order the table keeps holds.
+    pub fn postpone_all(&mut self, by_ms: i64) {
+        if by_ms <= 0 || self.live == 0 {
+            return;
+        }
+        let horizon = self.horizon;
+        for s in self.slots.iter_mut().filter(|s| s.time_ms() >= horizon) {
+            *s = Slot::new(s.key, s.time_ms().saturating_add(by_ms), s.revision);
+        }
+        if self.horizon != NO_HORIZON {
+            self.horizon = self.horizon.saturating_add(by_ms);
+        }
+        for (t, _) in self.per_ms.iter_mut() {
+            *t = t.saturating_add(by_ms);
+        }
+    }
+
     /// Forgets every id applied before `horizon_ms` (their slots become free, nothing else is
     /// touched); a window left sparse is moved to a smaller table, an empty one is dropped.
     pub fn prune(&mut self, horizon_ms: i64) {

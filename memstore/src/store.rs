@@ -708,10 +708,15 @@ impl MemStore {
         // A gap the journal could not stamp (no leader, no quorum, a stepped clock) does not age
         // leases beyond one step: etcd's leases do not expire while there is no leader, and its
         // new leader counts from its own promotion (the LeaderChange entry carries the old
-        // leader's last stamp; the new leader's first entry, the real time of promotion).
+        // leader's last stamp; the new leader's first entry, the real time of promotion). Nor
+        // does it age the request-id window: a client's retry of an append whose answer was
+        // lost at a failover still finds the first copy, however far the new leader's clock
+        // moved journal time (session 24: the fault suite found a put applied twice after a
+        // leader with its clock an hour ahead took over).
         let uncounted = now - before - self.config.lease_clock_max_step_ms;
         if before > 0 && uncounted > 0 {
             self.state.leases.postpone_all(uncounted);
+            self.state.dedup.postpone_all(uncounted);
         }
         let mut events = Vec::new();
         if carried == Carried::LeaderChange {

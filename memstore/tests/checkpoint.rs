@@ -197,6 +197,11 @@ fn the_request_id_window_ends_at_its_edge_and_checkpoints_keep_it() {
         h.apply_with_id(Request::Put(put("c", "x")), other);
     }
     assert!(h.now_ms < t0 + window);
+    // Journal time moves on in steps the replicas count in full (a longer gap would not age
+    // the window: the next test).
+    while h.now_ms < t0 + window - 1_000 {
+        h.tick(1_000);
+    }
     // Exactly at the edge: still remembered, on the store and on its checkpoint.
     h.now_ms = t0 + window;
     let meta = |s: &MemStore| CheckpointMeta {
@@ -243,6 +248,49 @@ fn the_request_id_window_ends_at_its_edge_and_checkpoints_keep_it() {
         memstore::Outcome::Put(_)
     ));
     assert!(h.store.remembered_request_ids() > 900);
+}
+
+/// A gap in journal time longer than the lease clock's step (a new leader whose clock is an
+/// hour ahead) ages the request-id window by one step only, as it ages leases: a retried append
+/// whose first copy came before the gap is still a duplicate after it. The postponed window
+/// round-trips through a checkpoint, and ends a full window of counted time later.
+#[test]
+fn a_stamping_gap_ages_the_request_id_window_by_one_step_only() {
+    let window = memstore::DEFAULT_REQUEST_ID_WINDOW_MS;
+    let mut h = Harness::new();
+    let id = vec![7u8; 16];
+    let first = h.apply_with_id(Request::Put(put("a", "1")), id.clone());
+    for i in 0..300u64 {
+        let mut other = i.to_le_bytes().to_vec();
+        other.resize(16, 0x66);
+        h.apply_with_id(Request::Put(put("c", "x")), other);
+    }
+    h.tick(3_600_000);
+    let again = h.apply_with_id(Request::Put(put("a", "2")), id.clone());
+    assert_eq!(
+        again.outcome,
+        memstore::Outcome::Duplicate {
+            revision: first.revision
+        },
+        "an hour's step of journal time forgot the id"
+    );
+    let meta = CheckpointMeta {
+        tenant: "t".into(),
+        shard: 0,
+        index: h.store.applied_index(),
+        revision: h.store.revision(),
+        created_ms: 0,
+    };
+    let (_, loaded) = checkpoint::decode(&checkpoint::encode(&meta, &h.store)).unwrap();
+    assert!(loaded == h.store);
+    // A window of counted time later (one second of the hour counted), it is forgotten.
+    for _ in 0..window / 1_000 {
+        h.tick(1_000);
+    }
+    assert!(matches!(
+        h.apply_with_id(Request::Put(put("a", "3")), id).outcome,
+        memstore::Outcome::Put(_)
+    ));
 }
 
 /// The window holds one record per request, and a checkpoint carrying 200k of them loads back

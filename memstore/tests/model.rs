@@ -249,6 +249,10 @@ impl Model {
             for (_, deadline) in self.leases.values_mut() {
                 *deadline += now - before - LEASE_STEP_MS;
             }
+            // Nor do they age the request-id window by more.
+            for (t, _) in self.ids.values_mut() {
+                *t += now - before - LEASE_STEP_MS;
+            }
         }
         if matches!(req, Request::LeaderChange(_)) {
             for (ttl, deadline) in self.leases.values_mut() {

@@ -251,13 +251,19 @@ mod tests {
             common_name: "app".into(),
         });
         assert!(bad.is_err());
-        let no_ca = cert(CertArgs {
+        // A data directory with no CA yet: the CA and the server certificate are made then,
+        // and `strata dev --tls` on that directory uses them (`ensure` keeps what exists).
+        let elsewhere = data.path().join("elsewhere");
+        cert(CertArgs {
             tenant: "team-a".into(),
-            data_dir: data.path().join("elsewhere"),
+            data_dir: elsewhere.clone(),
             out: None,
             common_name: "app".into(),
         })
-        .unwrap_err();
-        assert!(no_ca.to_string().contains("strata dev --tls"), "{no_ca}");
+        .unwrap();
+        let made = std::fs::read(elsewhere.join(TLS_DIR).join(CA_CERT)).unwrap();
+        let files = ensure(&elsewhere).unwrap();
+        assert_eq!(std::fs::read(&files.ca).unwrap(), made, "the CA is kept");
+        assert!(files.cert.exists() && files.key.exists());
     }
 }

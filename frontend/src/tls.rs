@@ -80,9 +80,7 @@ pub enum TlsError {
 /// What the client port needs to serve TLS.
 pub struct TlsSetup {
     /// Made from the files as last loaded; each handshake takes the current one.
-    acceptor: std::sync::RwLock<TlsAcceptor>,
-    /// What checks client certificates, as last loaded (None: none are asked for).
-    verifier: std::sync::RwLock<Option<Arc<dyn ClientCertVerifier>>>,
+    serving: std::sync::RwLock<Serving>,
     /// The open connections that presented a certificate, by a number of their own: closed
     /// when a revocation list that revokes their certificate is loaded.
     certified: std::sync::Mutex<std::collections::HashMap<u64, Certified>>,
@@ -146,8 +144,7 @@ impl TlsSetup {
         let contents = files.read()?;
         let loaded = files.config(&contents)?;
         Ok(Self {
-            acceptor: std::sync::RwLock::new(TlsAcceptor::from(Arc::new(loaded.config))),
-            verifier: std::sync::RwLock::new(loaded.verifier),
+            serving: std::sync::RwLock::new(Serving::from(loaded.clone())),
             certified: Default::default(),
             next_connection: Default::default(),
             files,
@@ -171,9 +168,9 @@ impl TlsSetup {
         self
     }
 
-    /// The acceptor of the files as last loaded.
-    fn acceptor(&self) -> TlsAcceptor {
-        self.acceptor
+    /// The acceptor and client verifier of the files as last loaded.
+    fn serving(&self) -> Serving {
+        self.serving
             .read()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
@@ -211,9 +208,8 @@ impl TlsSetup {
         };
         match loaded {
             Ok(loaded) => {
-                *self.acceptor.write().unwrap_or_else(|e| e.into_inner()) =
-                    TlsAcceptor::from(Arc::new(loaded.config));
-                *self.verifier.write().unwrap_or_else(|e| e.into_inner()) = loaded.verifier.clone();
+                *self.serving.write().unwrap_or_else(|e| e.into_inner()) =
+                    Serving::from(loaded.clone());
                 last.refused = None;
                 last.expires = loaded.expires;
                 drop(last);
@@ -231,16 +227,18 @@ impl TlsSetup {
         }
     }
 
-    /// Watches an open connection that presented `chain`, to close it if a revocation list
-    /// loaded later revokes its certificate (at once, if the list loaded since its handshake
-    /// does). None when client certificates are not checked.
-    fn track(self: &Arc<Self>, chain: &[CertificateDer<'_>]) -> Option<Tracked> {
+    /// Watches an open connection that presented `chain` to `verified_by` (the verifier of
+    /// its handshake), to close it if a revocation list loaded later revokes its certificate.
+    /// Registered first, then checked again only if another list was loaded since its
+    /// handshake: a reload after the registration checks it itself. None when client
+    /// certificates are not checked.
+    fn track(
+        self: &Arc<Self>,
+        chain: &[CertificateDer<'_>],
+        verified_by: Option<&Arc<dyn ClientCertVerifier>>,
+    ) -> Option<Tracked> {
         let (cert, intermediates) = chain.split_first()?;
-        let verifier = self
-            .verifier
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()?;
+        let verified_by = verified_by?;
         let certified = Certified {
             cert: cert.clone().into_owned(),
             intermediates: intermediates
@@ -253,13 +251,14 @@ impl TlsSetup {
         let id = self
             .next_connection
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        if certified.revoked_by(verifier.as_ref()) {
+        let open = || self.certified.lock().unwrap_or_else(|e| e.into_inner());
+        open().insert(id, certified);
+        if let Some(now) = self.serving().verifier
+            && !Arc::ptr_eq(&now, verified_by)
+            && open().get(&id).is_some_and(|c| c.revoked_by(now.as_ref()))
+        {
             revocation.close();
         }
-        self.certified
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, certified);
         Some(Tracked {
             tls: self.clone(),
             id,
@@ -423,10 +422,28 @@ struct LastRead {
 }
 
 /// A server configuration made from a port's files.
+#[derive(Clone)]
 struct Loaded {
-    config: rustls::ServerConfig,
+    config: Arc<rustls::ServerConfig>,
     verifier: Option<Arc<dyn ClientCertVerifier>>,
     expires: Option<i64>,
+}
+
+/// What new handshakes are served with.
+#[derive(Clone)]
+struct Serving {
+    acceptor: TlsAcceptor,
+    /// What checks client certificates (None: none are asked for).
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+impl From<Loaded> for Serving {
+    fn from(l: Loaded) -> Self {
+        Serving {
+            acceptor: TlsAcceptor::from(l.config),
+            verifier: l.verifier,
+        }
+    }
 }
 
 impl Files {
@@ -483,7 +500,7 @@ impl Files {
         // gRPC needs h2; etcd's JSON gateway and `/health` also come over HTTP/1.1.
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Loaded {
-            config,
+            config: Arc::new(config),
             verifier,
             expires,
         })
@@ -958,7 +975,8 @@ pub fn incoming(
             let served = served.clone();
             tokio::spawn(async move {
                 let peer = tcp.peer_addr().ok();
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp)).await {
+                let serving = tls.serving();
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, serving.acceptor.accept(tcp)).await {
                     Ok(Ok(mut s)) => {
                         let (_, session) = s.get_ref();
                         let connection = tls.connection(
@@ -987,7 +1005,7 @@ pub fn incoming(
                             .get_ref()
                             .1
                             .peer_certificates()
-                            .and_then(|chain| tls.track(chain));
+                            .and_then(|chain| tls.track(chain, serving.verifier.as_ref()));
                         let stream = ClientStream {
                             io: Io::Tls(Box::new(s)),
                             entries: ConnectionEntries::from(&connection),
@@ -1200,7 +1218,7 @@ mod tests {
     /// handshake failed.
     async fn served_certificate(tls: &TlsSetup, ca: &Ca) -> Result<Vec<u8>, String> {
         let (client, server) = tokio::io::duplex(64 * 1024);
-        let acceptor = tls.acceptor();
+        let acceptor = tls.serving().acceptor;
         let server = tokio::spawn(async move { acceptor.accept(server).await.map(drop) });
         let mut roots = rustls::RootCertStore::empty();
         roots
@@ -1296,7 +1314,7 @@ mod tests {
         client: &strata_tests::certs::Issued,
     ) -> Result<(), String> {
         let (c, s) = tokio::io::duplex(64 * 1024);
-        let acceptor = tls.acceptor();
+        let acceptor = tls.serving().acceptor;
         let server = tokio::spawn(async move { acceptor.accept(s).await.map(drop) });
         let mut roots = rustls::RootCertStore::empty();
         roots
@@ -1335,9 +1353,11 @@ mod tests {
         assert_eq!(handshake(&tls, &ca, &alice).await, Ok(()));
         assert_eq!(handshake(&tls, &ca, &bob).await, Ok(()));
         let of = |i: &strata_tests::certs::Issued| [CertificateDer::from(i.der.clone())];
+        // The verifier their handshakes used.
+        let before = tls.serving().verifier;
         let (open_alice, open_bob) = (
-            tls.track(&of(&alice)).expect("tracked"),
-            tls.track(&of(&bob)).expect("tracked"),
+            tls.track(&of(&alice), before.as_ref()).expect("tracked"),
+            tls.track(&of(&bob), before.as_ref()).expect("tracked"),
         );
 
         std::fs::write(&crl, ca.crl(&[&alice])).unwrap();
@@ -1347,8 +1367,24 @@ mod tests {
         let refused = handshake(&tls, &ca, &alice).await.unwrap_err();
         assert!(refused.contains("Revoked"), "{refused}");
         assert_eq!(handshake(&tls, &ca, &bob).await, Ok(()));
-        // A connection made after the list: closed as it is tracked.
-        assert!(tls.track(&of(&alice)).unwrap().revocation.closed());
+        // A handshake made before the list loaded, its connection registered after: closed as
+        // it is registered; bob's, registered then too, is not.
+        assert!(
+            tls.track(&of(&alice), before.as_ref())
+                .unwrap()
+                .revocation
+                .closed()
+        );
+        assert!(
+            !tls.track(&of(&bob), before.as_ref())
+                .unwrap()
+                .revocation
+                .closed()
+        );
+        assert!(
+            tls.track(&of(&bob), None).is_none(),
+            "no verifier, nothing to watch"
+        );
         drop(open_alice);
         assert_eq!(
             tls.certified.lock().unwrap().len(),

@@ -663,7 +663,7 @@ fn not_after(der: &[u8]) -> Option<i64> {
     // UTCTime YYMMDDHHMMSSZ (years 1950-2049, RFC 5280) or GeneralizedTime YYYYMMDDHHMMSSZ.
     let (year, rest) = match tag {
         0x17 => {
-            let yy: i64 = text.get(..2)?.parse().ok()?;
+            let yy: u32 = text.get(..2)?.parse().ok()?;
             (if yy >= 50 { 1900 + yy } else { 2000 + yy }, text.get(2..)?)
         }
         0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
@@ -672,23 +672,10 @@ fn not_after(der: &[u8]) -> Option<i64> {
     if rest.len() != 11 || !rest.ends_with('Z') || !rest[..10].bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let n = |i: usize| -> i64 { rest[i..i + 2].parse().unwrap_or(0) };
-    let (month, day, hour, minute, second) = (n(0), n(2), n(4), n(6), n(8));
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) {
-        return None;
-    }
-    Some(days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second)
-}
-
-/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar.
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    // Years counted from March, so that the leap day ends the year.
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - 719_468
+    let p = |i: usize| &rest[i..i + 2];
+    let rfc3339 = format!("{year:04}-{}-{}T{}:{}:{}Z", p(0), p(2), p(4), p(6), p(8));
+    let at = humantime::parse_rfc3339(&rfc3339).ok()?;
+    i64::try_from(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs()).ok()
 }
 
 /// One DER element at the start of `input`: its tag, its contents and what follows it.

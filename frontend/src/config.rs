@@ -269,6 +269,10 @@ pub struct Config {
     /// other nodes.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub tail_from_leader: bool,
+
+    /// TLS to the journal (`--internal-*`).
+    #[command(flatten)]
+    pub internal_tls: journal::tls::TlsArgs,
 }
 
 /// A configuration that cannot be served.
@@ -384,6 +388,7 @@ impl Config {
             no_leader_after: DEFAULT_NO_LEADER_AFTER,
             shutdown_delay: Duration::ZERO,
             tail_from_leader: true,
+            internal_tls: Default::default(),
         }
     }
 

@@ -1,6 +1,8 @@
 //! `Log` over the real journal: `journal::client::JournalClient`, with its errors classified
 //! into the frontend's `LogError`, and the tail read from the shard's leader where it can be.
 
+use std::sync::Arc;
+
 use api::strata::journal::StatusResponse;
 use futures::StreamExt;
 use futures::future::BoxFuture;
@@ -82,26 +84,31 @@ pub struct JournalLog {
     client: journal::client::JournalClient,
     endpoints: Vec<String>,
     tail_from_leader: bool,
+    /// Internal TLS, for every connection to the journal.
+    tls: Option<Arc<journal::tls::InternalTls>>,
 }
 
 impl JournalLog {
     /// A client of the nodes at `endpoints` whose tails start at the shard's leader.
     pub async fn connect(endpoints: &[String]) -> Result<Self, LogError> {
-        Self::connect_with(endpoints, true).await
+        Self::connect_with(endpoints, true, None).await
     }
 
-    /// A client of the nodes at `endpoints`; `tail_from_leader` as `--tail-from-leader`.
+    /// A client of the nodes at `endpoints`; `tail_from_leader` as `--tail-from-leader`, over
+    /// internal TLS if `tls` is given.
     pub async fn connect_with(
         endpoints: &[String],
         tail_from_leader: bool,
+        tls: Option<Arc<journal::tls::InternalTls>>,
     ) -> Result<Self, LogError> {
-        let client = journal::client::JournalClient::connect(endpoints)
+        let client = journal::client::JournalClient::connect_over(endpoints, tls.clone())
             .await
             .map_err(classify)?;
         Ok(Self {
             client,
             endpoints: endpoints.to_vec(),
             tail_from_leader,
+            tls,
         })
     }
 
@@ -135,7 +142,7 @@ impl JournalLog {
         };
         let ordered = leader_first(&self.endpoints, &leader)?;
         tracing::debug!(shard, %leader, "tailing the journal from the shard's leader");
-        let client = journal::client::JournalClient::connect(&ordered)
+        let client = journal::client::JournalClient::connect_over(&ordered, self.tls.clone())
             .await
             .ok()?;
         Some((client, leader))

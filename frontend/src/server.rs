@@ -68,6 +68,8 @@ pub enum ServeError {
     TokenKey(#[from] crate::token::KeyError),
     #[error(transparent)]
     Tls(#[from] crate::tls::TlsError),
+    #[error(transparent)]
+    InternalTls(#[from] journal::tls::TlsError),
 }
 
 /// A running frontend.
@@ -93,7 +95,11 @@ impl Frontend {
     /// Connects to the journal named by `config` and starts serving.
     pub async fn start(config: Config) -> Result<Self, ServeError> {
         config.validate()?;
-        let log = JournalLog::connect_with(&config.journal, config.tail_from_leader).await?;
+        // The recorder first: the internal TLS gauges are set as it starts.
+        crate::metrics::handle();
+        let internal_tls = config.internal_tls.start()?;
+        let log = JournalLog::connect_with(&config.journal, config.tail_from_leader, internal_tls)
+            .await?;
         Self::start_with_log(config, Arc::new(log)).await
     }
 

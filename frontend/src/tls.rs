@@ -44,6 +44,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
+use journal::tls::{TbsField, not_after, tbs_field, tlv};
+
 /// Metadata entry naming the tenant of the connection a request came on (set by
 /// [`ConnectionLayer`] only).
 pub const CONNECTION_TENANT: &str = "x-strata-connection-tenant";
@@ -622,81 +624,6 @@ fn common_name(der: &[u8]) -> Option<String> {
         }
     }
     None
-}
-
-/// The fields of a certificate's `tbsCertificate` that are read here, by their place after the
-/// optional version.
-#[derive(Clone, Copy)]
-enum TbsField {
-    Validity = 3,
-    Subject = 4,
-}
-
-/// A field of a DER certificate's `tbsCertificate`: its tag and contents.
-fn tbs_field(der: &[u8], field: TbsField) -> Option<(u8, &[u8])> {
-    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serial,
-    // signature, issuer, validity, subject, ... }, ... }
-    let (_, cert, _) = tlv(der)?;
-    let (_, mut tbs, _) = tlv(cert)?;
-    let mut fields = Vec::with_capacity(6);
-    while fields.len() < 6 && !tbs.is_empty() {
-        let (tag, value, rest) = tlv(tbs)?;
-        fields.push((tag, value));
-        tbs = rest;
-    }
-    let explicit_version = fields.first()?.0 == 0xa0;
-    fields
-        .get(field as usize + usize::from(explicit_version))
-        .copied()
-}
-
-/// When a DER certificate stops being valid (its `notAfter`), in Unix seconds.
-fn not_after(der: &[u8]) -> Option<i64> {
-    // Validity ::= SEQUENCE { notBefore Time, notAfter Time }
-    let (tag, validity) = tbs_field(der, TbsField::Validity)?;
-    if tag != 0x30 {
-        return None;
-    }
-    let (_, _, rest) = tlv(validity)?;
-    let (tag, time, _) = tlv(rest)?;
-    let text = std::str::from_utf8(time).ok()?;
-    // UTCTime YYMMDDHHMMSSZ (years 1950-2049, RFC 5280) or GeneralizedTime YYYYMMDDHHMMSSZ.
-    let (year, rest) = match tag {
-        0x17 => {
-            let yy: u32 = text.get(..2)?.parse().ok()?;
-            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, text.get(2..)?)
-        }
-        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
-        _ => return None,
-    };
-    if rest.len() != 11 || !rest.ends_with('Z') || !rest[..10].bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let p = |i: usize| &rest[i..i + 2];
-    let rfc3339 = format!("{year:04}-{}-{}T{}:{}:{}Z", p(0), p(2), p(4), p(6), p(8));
-    let at = humantime::parse_rfc3339(&rfc3339).ok()?;
-    i64::try_from(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs()).ok()
-}
-
-/// One DER element at the start of `input`: its tag, its contents and what follows it.
-fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > std::mem::size_of::<usize>() || rest.len() < n {
-            return None;
-        }
-        let (bytes, rest) = rest.split_at(n);
-        let len = bytes.iter().fold(0usize, |l, &b| (l << 8) | usize::from(b));
-        (len, rest)
-    };
-    (rest.len() >= len).then(|| {
-        let (value, rest) = rest.split_at(len);
-        (tag, value, rest)
-    })
 }
 
 /// One of a tenant's open connections, counted until it is dropped with its connection.

@@ -23,6 +23,7 @@ use tonic::{Code, Status};
 
 use crate::error::{ERROR_KIND_METADATA, FIRST_INDEX_METADATA, LEADER_METADATA};
 use crate::log_store::lock;
+use crate::tls::InternalTls;
 
 /// How long a call keeps retrying (leader changes, restarts) before giving up.
 pub const RETRY_DEADLINE: Duration = Duration::from_secs(30);
@@ -85,6 +86,8 @@ struct Inner {
     unary_only: Mutex<HashSet<String>>,
     /// False: every append is a unary `Append` call (`connect_unary_appends`).
     append_stream: bool,
+    /// Internal TLS: every node is dialled over it (None: plaintext).
+    tls: Option<Arc<InternalTls>>,
 }
 
 /// Callers waiting for the answer to their append, by the sequence number sent with it.
@@ -265,16 +268,28 @@ impl JournalClient {
     /// A client of the nodes at `endpoints` (`host:port` or `http://host:port`). Connections are
     /// made lazily; this fails only on malformed endpoints.
     pub async fn connect(endpoints: &[String]) -> Result<Self, ClientError> {
-        Self::connect_with(endpoints, true).await
+        Self::connect_with(endpoints, true, None).await
+    }
+
+    /// `connect`, over internal TLS if `tls` is given (the nodes must serve it).
+    pub async fn connect_over(
+        endpoints: &[String],
+        tls: Option<Arc<InternalTls>>,
+    ) -> Result<Self, ClientError> {
+        Self::connect_with(endpoints, true, tls).await
     }
 
     /// A client like `connect`'s whose appends are each one unary `Append` call instead of a
     /// message on the node's shared `AppendStream` (for measuring one against the other).
     pub async fn connect_unary_appends(endpoints: &[String]) -> Result<Self, ClientError> {
-        Self::connect_with(endpoints, false).await
+        Self::connect_with(endpoints, false, None).await
     }
 
-    async fn connect_with(endpoints: &[String], append_stream: bool) -> Result<Self, ClientError> {
+    async fn connect_with(
+        endpoints: &[String],
+        append_stream: bool,
+        tls: Option<Arc<InternalTls>>,
+    ) -> Result<Self, ClientError> {
         if endpoints.is_empty() {
             return Err(ClientError::NoEndpoints);
         }
@@ -287,6 +302,7 @@ impl JournalClient {
             sessions: Mutex::new(HashMap::new()),
             unary_only: Mutex::new(HashSet::new()),
             append_stream,
+            tls,
         };
         for e in &inner.endpoints {
             inner.channel(e)?;
@@ -725,7 +741,7 @@ impl Inner {
         if let Some(c) = map.get(endpoint) {
             return Ok(c.clone());
         }
-        let ch = Endpoint::from_shared(endpoint.to_string())
+        let dial = Endpoint::from_shared(endpoint.to_string())
             .map_err(|e| ClientError::InvalidEndpoint {
                 endpoint: endpoint.to_string(),
                 reason: e.to_string(),
@@ -734,8 +750,11 @@ impl Inner {
             .tcp_nodelay(true)
             .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
             .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .connect_lazy();
+            .keep_alive_timeout(Duration::from_secs(5));
+        let ch = match &self.tls {
+            Some(tls) => tls.channel(&dial),
+            None => dial.connect_lazy(),
+        };
         map.insert(endpoint.to_string(), ch.clone());
         Ok(ch)
     }

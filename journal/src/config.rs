@@ -146,6 +146,7 @@ impl FileConfig {
             read_lease: crate::node::DEFAULT_READ_LEASE,
             handoff_settle: Some(crate::handoff::DEFAULT_HANDOFF_SETTLE),
             refuse_streams: false,
+            tls: None,
         };
         validate(&config)?;
         Ok(config)

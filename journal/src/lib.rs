@@ -20,6 +20,7 @@ pub mod node;
 pub mod segment;
 pub mod service;
 pub mod state_machine;
+pub mod tls;
 pub mod types;
 
 pub use client::{ClientError, JournalClient};

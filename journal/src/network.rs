@@ -45,14 +45,25 @@ const RAFT_STREAM_MAX_ABANDONED: u32 = 3;
 pub struct Peers {
     overrides: BTreeMap<NodeId, String>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Internal TLS: peers are dialled over it (None: plaintext).
+    tls: Option<Arc<crate::tls::InternalTls>>,
 }
 
 impl Peers {
-    pub fn new(overrides: BTreeMap<NodeId, String>) -> Self {
+    pub fn new(
+        overrides: BTreeMap<NodeId, String>,
+        tls: Option<Arc<crate::tls::InternalTls>>,
+    ) -> Self {
         Peers {
             overrides,
             channels: Mutex::new(HashMap::new()),
+            tls,
         }
+    }
+
+    /// Internal TLS, if peers are dialled (and this node serves) over it.
+    pub fn tls(&self) -> Option<&Arc<crate::tls::InternalTls>> {
+        self.tls.as_ref()
     }
 
     /// The address to dial for `id`, given the address the membership records.
@@ -77,13 +88,16 @@ impl Peers {
         } else {
             format!("http://{addr}")
         };
-        let ch = Endpoint::from_shared(url)?
+        let endpoint = Endpoint::from_shared(url)?
             .connect_timeout(PEER_CONNECT_TIMEOUT)
             .tcp_nodelay(true)
             .initial_connection_window_size(api::HTTP2_CONNECTION_WINDOW)
             .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .connect_lazy();
+            .keep_alive_timeout(Duration::from_secs(5));
+        let ch = match &self.tls {
+            Some(tls) => tls.channel(&endpoint),
+            None => endpoint.connect_lazy(),
+        };
         map.insert(addr.to_string(), ch.clone());
         Ok(ch)
     }

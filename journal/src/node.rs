@@ -138,6 +138,8 @@ pub struct NodeConfig {
     /// `AppendEntriesStream`), as a node built before them would, so peers and clients use the
     /// unary calls with this node.
     pub refuse_streams: bool,
+    /// Internal TLS: served to clients and peers, and used to dial peers (None: plaintext).
+    pub tls: Option<Arc<crate::tls::InternalTls>>,
 }
 
 /// How Append calls are coalesced into Raft entries (see `DEFAULT_MAX_INFLIGHT_ENTRIES` and
@@ -940,7 +942,7 @@ impl JournalNode {
         if !config.peers.contains_key(&config.id) {
             return Err(NodeError::NotInPeers(config.id));
         }
-        let peers = Arc::new(Peers::new(config.peers.clone()));
+        let peers = Arc::new(Peers::new(config.peers.clone(), config.tls.clone()));
         let errors: ErrorList = Arc::default();
         let raft_config = Arc::new(
             openraft::Config {
@@ -1144,25 +1146,36 @@ impl JournalNode {
         shutdown: impl std::future::Future<Output = ()> + Send,
     ) -> Result<(), NodeError> {
         let router = crate::service::router(Arc::clone(&self));
-        // tonic's `tcp_nodelay` does not reach sockets given through `serve_with_incoming`: set
-        // it here, or small responses wait on Nagle's algorithm.
-        let incoming = futures::StreamExt::map(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            |s| {
-                if let Ok(s) = &s {
-                    let _ = s.set_nodelay(true);
-                }
-                s
-            },
-        );
         let node = Arc::clone(&self);
         let shutdown = async move {
             shutdown.await;
             node.stopping.send_replace(true);
         };
-        let res = router
-            .serve_with_incoming_shutdown(incoming, shutdown)
-            .await;
+        let res = match self.peers.tls() {
+            // Handshakes are made (and `TCP_NODELAY` set) by `InternalTls::incoming`.
+            Some(tls) => {
+                router
+                    .serve_with_incoming_shutdown(tls.incoming(listener), shutdown)
+                    .await
+            }
+            None => {
+                // tonic's `tcp_nodelay` does not reach sockets given through
+                // `serve_with_incoming`: set it here, or small responses wait on Nagle's
+                // algorithm.
+                let incoming = futures::StreamExt::map(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    |s| {
+                        if let Ok(s) = &s {
+                            let _ = s.set_nodelay(true);
+                        }
+                        s
+                    },
+                );
+                router
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await
+            }
+        };
         self.stop().await;
         res.map_err(NodeError::from)
     }

@@ -74,6 +74,9 @@ struct RestoreArgs {
     /// Plans tried before giving up when concurrent writes keep touching the same keys.
     #[arg(long, default_value_t = 5)]
     attempts: u32,
+    /// TLS to the journal (`--internal-*`).
+    #[command(flatten)]
+    internal_tls: journal::tls::TlsArgs,
 }
 
 pub async fn run(args: Args) -> anyhow::Result<()> {
@@ -160,7 +163,7 @@ const MAX_TRIMMED_RELOADS: u32 = 5;
 
 async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
-    let client = JournalClient::connect(&args.journal).await?;
+    let client = JournalClient::connect_over(&args.journal, args.internal_tls.load()?).await?;
     let tenant = args.tenant.as_str();
     let manifest = catalog
         .latest_manifest(tenant)

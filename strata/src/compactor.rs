@@ -69,6 +69,9 @@ pub struct Args {
     /// (fault tests kill the compactor between the steps of a round).
     #[arg(long, hide = true, default_value = "0s", value_parser = humantime::parse_duration)]
     test_step_pause: Duration,
+    /// TLS to the journal (`--internal-*`).
+    #[command(flatten)]
+    internal_tls: journal::tls::TlsArgs,
 }
 
 fn parse_tenant(s: &str) -> anyhow::Result<(String, u32)> {
@@ -110,7 +113,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         serve_metrics(addr).await?;
     }
     let store = compactor::store::open(&args.object_store)?;
-    let journal = journal::client::JournalClient::connect(&args.journal).await?;
+    let journal =
+        journal::client::JournalClient::connect_over(&args.journal, args.internal_tls.start()?)
+            .await?;
     info!(object_store = %args.object_store, shards = ?config.shards, every_entries = config.every_entries, every = ?config.every, keep = config.keep, auto_compaction = ?config.auto_compaction, "compactor starting");
     let c = Compactor::spawn(config, journal, Catalog::new(store));
     shutdown_signal().await;

@@ -94,6 +94,9 @@ struct NodeArgs {
     /// would, so peers and clients fall back to unary calls with this node.
     #[arg(long, hide = true)]
     refuse_streams: bool,
+    /// TLS between journal nodes and with their clients (`--internal-*`).
+    #[command(flatten)]
+    tls: journal::tls::TlsArgs,
 }
 
 impl NodeArgs {
@@ -143,6 +146,8 @@ enum Command {
         /// The new node, `id=host:port` (started with `--join`).
         #[arg(long)]
         add: String,
+        #[command(flatten)]
+        tls: journal::tls::TlsArgs,
     },
     /// Each shard's leader and preferred node (the one that led it when the cluster formed),
     /// and whether a leader hand-off is due; with `--start`, hands each shard whose leader is
@@ -163,6 +168,8 @@ enum Command {
         /// Hand over to this node instead of the preferred one.
         #[arg(long, default_value_t = 0)]
         to: u64,
+        #[command(flatten)]
+        tls: journal::tls::TlsArgs,
     },
     /// Append throughput and latency (p50/p99) at several concurrencies.
     Bench(bench::BenchArgs),
@@ -198,14 +205,22 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             shards,
             remove,
             add,
-        }) => replace_node(endpoints, shards, remove, &add).await,
+            tls,
+        }) => {
+            let client = journal::JournalClient::connect_over(&endpoints, tls.load()?).await?;
+            replace_node(client, shards, remove, &add).await
+        }
         Some(Command::Handoff {
             endpoints,
             shards,
             shard,
             start,
             to,
-        }) => handoff(endpoints, shard.map_or(0..shards, |s| s..s + 1), start, to).await,
+            tls,
+        }) => {
+            let client = journal::JournalClient::connect_over(&endpoints, tls.load()?).await?;
+            handoff(client, shard.map_or(0..shards, |s| s..s + 1), start, to).await
+        }
         Some(Command::Bench(a)) => bench::bench(a).await,
         Some(Command::FsyncProbe(a)) => bench::fsync_probe(a).await,
         None => run_node(args.node).await,
@@ -213,14 +228,13 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 }
 
 async fn replace_node(
-    endpoints: Vec<String>,
+    client: journal::JournalClient,
     shards: u32,
     remove: u64,
     add: &str,
 ) -> anyhow::Result<()> {
     let added = parse_peers(add)?;
     let (add_id, add_addr) = added.into_iter().next().context("--add is empty")?;
-    let client = journal::JournalClient::connect(&endpoints).await?;
     for shard in 0..shards {
         let voters = client
             .replace_node(shard, remove, add_id, &add_addr)
@@ -232,12 +246,11 @@ async fn replace_node(
 }
 
 async fn handoff(
-    endpoints: Vec<String>,
+    client: journal::JournalClient,
     shards: std::ops::Range<u32>,
     start: bool,
     to: u64,
 ) -> anyhow::Result<()> {
-    let client = journal::JournalClient::connect(&endpoints).await?;
     let mut failed = 0;
     for shard in shards {
         let report = client.handoff(shard, false, to).await;
@@ -279,6 +292,7 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
     config.read_lease = a.read_lease;
     config.handoff_settle = (!a.handoff_settle.is_zero()).then_some(a.handoff_settle);
     config.refuse_streams = a.refuse_streams;
+    config.tls = a.tls.load()?;
     if a.refuse_streams {
         tracing::warn!("refusing the stream RPCs (testing the unary fallback)");
     }
@@ -291,10 +305,14 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("listening on {listen}"))?;
     let id = config.id;
-    tracing::info!(id, %listen, shards = config.shards, data_dir = %config.data_dir.display(), "starting journal node");
+    let config_tls = config.tls.clone();
+    tracing::info!(id, internal_tls = config_tls.is_some(), %listen, shards = config.shards, data_dir = %config.data_dir.display(), "starting journal node");
     let node = journal::JournalNode::open(config).await?;
     if let Some(addr) = &settings.metrics_listen {
         metrics::serve(addr, std::sync::Arc::clone(&node)).await?;
+    }
+    if let Some(tls) = &config_tls {
+        journal::tls::watch(tls, a.tls.internal_tls_reload_interval);
     }
     let shutdown = async {
         let mut term =

@@ -109,6 +109,22 @@ impl Ca {
         )
     }
 
+    /// A certificate for Strata's own processes (`--internal-cert-file`): presented as a
+    /// server's to those that dial it at `names` and as a client's to those it dials.
+    pub fn peer(&self, names: &[&str]) -> Issued {
+        self.issue_with(
+            names,
+            "strata internal",
+            ExtendedKeyUsagePurpose::ServerAuth,
+            |p| {
+                p.extended_key_usages = vec![
+                    ExtendedKeyUsagePurpose::ServerAuth,
+                    ExtendedKeyUsagePurpose::ClientAuth,
+                ]
+            },
+        )
+    }
+
     /// A client certificate with common name `user` (etcd's user of a certificate) and `names`
     /// as DNS subject alternative names.
     pub fn client(&self, user: &str, names: &[&str]) -> Issued {

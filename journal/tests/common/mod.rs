@@ -25,6 +25,7 @@ pub fn one_node(addr: &str, dir: &Path) -> NodeConfig {
         read_lease: journal::node::DEFAULT_READ_LEASE,
         handoff_settle: Some(journal::handoff::DEFAULT_HANDOFF_SETTLE),
         refuse_streams: false,
+        tls: None,
     }
 }
 

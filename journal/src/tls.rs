@@ -1,0 +1,665 @@
+//! TLS between Strata's own processes: journal nodes with each other, and frontends, compactors
+//! and `strata` admin commands with journal nodes.
+//!
+//! Mutual TLS, with a CA of its own: a journal node accepts a connection only from a peer whose
+//! certificate chains to the internal CA, and every dialler checks that the node it reached
+//! holds a certificate of that CA for the name it dialled. Each process presents one
+//! certificate in both roles (a journal node is a server to its clients and a client of its
+//! peers). Whoever holds such a certificate may append to, read and trim every shard: the
+//! internal CA must be one no tenant's client certificate chains to.
+//!
+//! The files are read again every `--internal-tls-reload-interval` and compared by content (a
+//! Kubernetes secret is swapped through a symlink): new connections use the new files, open
+//! ones keep what they were made with; files that do not load are refused and the last good
+//! ones go on serving.
+//!
+//! Also owns the small DER reading (a certificate's subject and expiry) the frontend's client
+//! port shares.
+
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, RwLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::{TlsAcceptor, TlsConnector};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use crate::log_store::lock;
+
+/// How long a peer may take over its TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the files are read again by default.
+pub const DEFAULT_RELOAD_INTERVAL: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {path}: {source}")]
+    Io { path: PathBuf, source: io::Error },
+    #[error("cannot read {path}: {source}")]
+    Pem {
+        path: PathBuf,
+        source: rustls::pki_types::pem::Error,
+    },
+    #[error("{0} holds no certificate")]
+    NoCertificate(PathBuf),
+    #[error("internal TLS: {0}")]
+    Rustls(#[from] rustls::Error),
+    #[error("internal TLS CA: {0}")]
+    Verifier(#[from] rustls::server::VerifierBuilderError),
+}
+
+/// The three files internal TLS is made of (PEM).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The internal CA: every peer's certificate must chain to it.
+    pub ca: PathBuf,
+    /// This process's certificate chain, presented to peers in both roles.
+    pub cert: PathBuf,
+    /// Its private key.
+    pub key: PathBuf,
+}
+
+/// The flags every process that serves or dials the journal takes. All three files, or none
+/// (plaintext).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TlsArgs {
+    /// Internal TLS: the CA (PEM) every journal node's, frontend's, compactor's and admin
+    /// command's certificate chains to; connections to and between journal nodes are then
+    /// mutual TLS. Use a CA no tenant's client certificate chains to. Needs
+    /// --internal-cert-file and --internal-key-file.
+    #[arg(
+        long,
+        env = "STRATA_INTERNAL_TRUSTED_CA_FILE",
+        requires_all = ["internal_cert_file", "internal_key_file"]
+    )]
+    pub internal_trusted_ca_file: Option<PathBuf>,
+    /// Internal TLS: this process's certificate chain (PEM), presented both as a server's (a
+    /// journal node's, for the names it is dialled at) and as a client's.
+    #[arg(
+        long,
+        env = "STRATA_INTERNAL_CERT_FILE",
+        requires = "internal_trusted_ca_file"
+    )]
+    pub internal_cert_file: Option<PathBuf>,
+    /// Internal TLS: the key of --internal-cert-file (PEM).
+    #[arg(
+        long,
+        env = "STRATA_INTERNAL_KEY_FILE",
+        requires = "internal_trusted_ca_file"
+    )]
+    pub internal_key_file: Option<PathBuf>,
+    /// How often the internal TLS files are read again (a rotated certificate is used by new
+    /// connections without a restart; 0s: never).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub internal_tls_reload_interval: Duration,
+}
+
+impl TlsArgs {
+    /// The files named, if internal TLS is on.
+    pub fn files(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            ca: self.internal_trusted_ca_file.clone()?,
+            cert: self.internal_cert_file.clone()?,
+            key: self.internal_key_file.clone()?,
+        })
+    }
+
+    /// Loads the files (None: internal TLS is off).
+    pub fn load(&self) -> Result<Option<Arc<InternalTls>>, TlsError> {
+        self.files()
+            .map(|f| InternalTls::load(f).map(Arc::new))
+            .transpose()
+    }
+
+    /// Loads the files and reads them again every `--internal-tls-reload-interval` (inside a
+    /// Tokio runtime, with the process's metrics recorder installed).
+    pub fn start(&self) -> Result<Option<Arc<InternalTls>>, TlsError> {
+        let tls = self.load()?;
+        if let Some(tls) = &tls {
+            watch(tls, self.internal_tls_reload_interval);
+        }
+        Ok(tls)
+    }
+}
+
+/// What became of a reading of the files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reload {
+    /// They hold what is in use.
+    Unchanged,
+    /// They changed, and new connections use them.
+    Loaded,
+    /// They do not load; the last good ones stay in use. `new`: not said before.
+    Refused { error: String, new: bool },
+}
+
+/// Internal TLS as last loaded, for both sides of a connection.
+pub struct InternalTls {
+    files: TlsFiles,
+    current: RwLock<Configs>,
+    last: Mutex<LastRead>,
+}
+
+impl std::fmt::Debug for InternalTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InternalTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone)]
+struct Configs {
+    acceptor: TlsAcceptor,
+    connector: TlsConnector,
+    /// The earliest expiry in this process's chain (Unix seconds).
+    expires: Option<i64>,
+}
+
+struct LastRead {
+    contents: Vec<Vec<u8>>,
+    refused: Option<String>,
+}
+
+impl InternalTls {
+    /// Loads the files; fails if they do not make a working configuration (a key that is not
+    /// the certificate's, a CA file with no certificate).
+    pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
+        let contents = read(&files)?;
+        let configs = configs(&files, &contents)?;
+        Ok(InternalTls {
+            files,
+            current: RwLock::new(configs),
+            last: Mutex::new(LastRead {
+                contents,
+                refused: None,
+            }),
+        })
+    }
+
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+
+    /// Reads the files again and, if they changed and load, uses them for new connections.
+    pub fn reload(&self) -> Reload {
+        let mut last = lock(&self.last);
+        let loaded = read(&self.files).and_then(|contents| {
+            if contents == last.contents {
+                return Ok(None);
+            }
+            configs(&self.files, &contents).map(|c| Some((contents, c)))
+        });
+        match loaded {
+            Ok(None) if last.refused.is_none() => Reload::Unchanged,
+            Ok(None) => Reload::Refused {
+                error: last.refused.clone().unwrap_or_default(),
+                new: false,
+            },
+            Ok(Some((contents, configs))) => {
+                *self.current.write().unwrap_or_else(|e| e.into_inner()) = configs;
+                last.contents = contents;
+                last.refused = None;
+                Reload::Loaded
+            }
+            Err(e) => {
+                let error = e.to_string();
+                let new = last.refused.as_deref() != Some(error.as_str());
+                last.refused = Some(error.clone());
+                // Read again next time, even if the files go back to what is in use.
+                last.contents.clear();
+                Reload::Refused { error, new }
+            }
+        }
+    }
+
+    fn configs(&self) -> Configs {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// When the certificate in use stops being valid (Unix seconds).
+    pub fn expires(&self) -> Option<i64> {
+        self.configs().expires
+    }
+
+    /// The server side of a new connection.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        self.configs().acceptor
+    }
+
+    /// The client side of a new connection.
+    pub fn connector(&self) -> TlsConnector {
+        self.configs().connector
+    }
+
+    /// A channel to `endpoint` (`http://host:port`; the scheme is not read) whose connections
+    /// are made over TLS with the files in use when each is made, checking that the node holds
+    /// a certificate for `host`. Connects lazily, as `Endpoint::connect_lazy`.
+    pub fn channel(self: &Arc<Self>, endpoint: &Endpoint) -> Channel {
+        endpoint.connect_with_connector_lazy(Connector {
+            tls: Arc::clone(self),
+        })
+    }
+
+    /// Accepted connections on `listener`, each handshake run in a task of its own (a slow or
+    /// hostile peer holds up no other); connections whose handshake fails are closed and
+    /// logged. Ends when the receiving side is dropped.
+    pub fn incoming(
+        self: &Arc<Self>,
+        listener: TcpListener,
+    ) -> tokio_stream::wrappers::ReceiverStream<
+        io::Result<tokio_rustls::server::TlsStream<TcpStream>>,
+    > {
+        let (tx, rx) = tokio::sync::mpsc::channel(64);
+        let tls = Arc::clone(self);
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    () = tx.closed() => return,
+                };
+                let (tcp, peer) = match accepted {
+                    Ok(a) => a,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let _ = tcp.set_nodelay(true);
+                let acceptor = tls.acceptor();
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                        Ok(Ok(s)) => {
+                            let _ = tx.send(Ok(s)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::warn!(%peer, error = %e, "internal TLS handshake refused");
+                            metrics::counter!("strata_internal_tls_handshakes_refused_total")
+                                .increment(1);
+                        }
+                        Err(_) => tracing::debug!(%peer, "internal TLS handshake timed out"),
+                    }
+                });
+            }
+        });
+        tokio_stream::wrappers::ReceiverStream::new(rx)
+    }
+}
+
+/// Dials a node and makes the TLS handshake; what a TLS [`Channel`] reconnects with.
+#[derive(Clone)]
+struct Connector {
+    tls: Arc<InternalTls>,
+}
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connector = self.tls.connector();
+        Box::pin(async move {
+            let invalid =
+                |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri}: {why}"));
+            let host = uri.host().ok_or_else(|| invalid("no host"))?;
+            // An IPv6 literal comes bracketed.
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string();
+            let port = uri.port_u16().ok_or_else(|| invalid("no port"))?;
+            let name =
+                ServerName::try_from(host.clone()).map_err(|_| invalid("not a server name"))?;
+            let tcp = TcpStream::connect((host.as_str(), port)).await?;
+            tcp.set_nodelay(true)?;
+            let stream = connector.connect(name, tcp).await?;
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
+
+/// Reads `tls`'s files again every `every` (never if zero) and reports what it found in the
+/// log and in metrics; ends once `tls` is dropped.
+pub fn watch(tls: &Arc<InternalTls>, every: Duration) {
+    let expiry = metrics::gauge!("strata_internal_tls_certificate_expiration_timestamp_seconds");
+    let failing = metrics::gauge!("strata_internal_tls_reload_failing");
+    failing.set(0.0);
+    if let Some(at) = tls.expires() {
+        expiry.set(at as f64);
+    }
+    if every.is_zero() {
+        return;
+    }
+    let tls = Arc::downgrade(tls);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tick.tick().await;
+        loop {
+            tick.tick().await;
+            let Some(tls) = tls.upgrade() else { return };
+            // A file read may block (a slow volume): not on the runtime's threads.
+            let Ok((outcome, expires)) = tokio::task::spawn_blocking(move || {
+                let outcome = tls.reload();
+                (outcome, tls.expires())
+            })
+            .await
+            else {
+                return;
+            };
+            match outcome {
+                Reload::Unchanged => {}
+                Reload::Loaded => {
+                    tracing::info!(expires, "internal TLS files reloaded");
+                    metrics::counter!("strata_internal_tls_reloads_total", "result" => "loaded")
+                        .increment(1);
+                    if let Some(at) = expires {
+                        expiry.set(at as f64);
+                    }
+                    failing.set(0.0);
+                }
+                Reload::Refused { error, new } => {
+                    if new {
+                        tracing::warn!(%error, "internal TLS files not reloaded: the last good ones stay in use");
+                        metrics::counter!("strata_internal_tls_reloads_total", "result" => "refused")
+                            .increment(1);
+                    }
+                    failing.set(1.0);
+                }
+            }
+        }
+    });
+}
+
+/// CA, certificate and key, as read.
+fn read(files: &TlsFiles) -> Result<Vec<Vec<u8>>, TlsError> {
+    [&files.ca, &files.cert, &files.key]
+        .into_iter()
+        .map(|path| {
+            std::fs::read(path).map_err(|source| TlsError::Io {
+                path: path.clone(),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Both sides' configurations, from `contents` as [`read`] answers them.
+fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certificates(&files.ca, &contents[0])? {
+        roots.add(c)?;
+    }
+    let roots = Arc::new(roots);
+    let chain = certificates(&files.cert, &contents[1])?;
+    let key = PrivateKeyDer::from_pem_slice(&contents[2]).map_err(|source| TlsError::Pem {
+        path: files.key.clone(),
+        source,
+    })?;
+    let expires = chain.iter().filter_map(|c| not_after(c)).min();
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::clone(&roots)).build()?;
+    // Refuses a key that is not the certificate's.
+    let mut server = rustls::ServerConfig::builder()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), key.clone_key())?;
+    server.alpn_protocols = vec![b"h2".to_vec()];
+    let mut client = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
+    client.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Configs {
+        acceptor: TlsAcceptor::from(Arc::new(server)),
+        connector: TlsConnector::from(Arc::new(client)),
+        expires,
+    })
+}
+
+/// Every certificate in `pem` (read from `path`); an error if there is none.
+pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let items = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|source| TlsError::Pem {
+            path: path.into(),
+            source,
+        })?;
+    if items.is_empty() {
+        return Err(TlsError::NoCertificate(path.into()));
+    }
+    Ok(items)
+}
+
+/// The fields of a certificate's `tbsCertificate` that are read here, by their place after the
+/// optional version.
+#[derive(Clone, Copy)]
+pub enum TbsField {
+    Validity = 3,
+    Subject = 4,
+}
+
+/// A field of a DER certificate's `tbsCertificate`: its tag and contents.
+pub fn tbs_field(der: &[u8], field: TbsField) -> Option<(u8, &[u8])> {
+    // Certificate ::= SEQUENCE { tbsCertificate SEQUENCE { [0] version OPTIONAL, serial,
+    // signature, issuer, validity, subject, ... }, ... }
+    let (_, cert, _) = tlv(der)?;
+    let (_, mut tbs, _) = tlv(cert)?;
+    let mut fields = Vec::with_capacity(6);
+    while fields.len() < 6 && !tbs.is_empty() {
+        let (tag, value, rest) = tlv(tbs)?;
+        fields.push((tag, value));
+        tbs = rest;
+    }
+    let explicit_version = fields.first()?.0 == 0xa0;
+    fields
+        .get(field as usize + usize::from(explicit_version))
+        .copied()
+}
+
+/// When a DER certificate stops being valid (its `notAfter`), in Unix seconds.
+pub fn not_after(der: &[u8]) -> Option<i64> {
+    // Validity ::= SEQUENCE { notBefore Time, notAfter Time }
+    let (tag, validity) = tbs_field(der, TbsField::Validity)?;
+    if tag != 0x30 {
+        return None;
+    }
+    let (_, _, rest) = tlv(validity)?;
+    let (tag, time, _) = tlv(rest)?;
+    let text = std::str::from_utf8(time).ok()?;
+    // UTCTime YYMMDDHHMMSSZ (years 1950-2049, RFC 5280) or GeneralizedTime YYYYMMDDHHMMSSZ.
+    let (year, rest) = match tag {
+        0x17 => {
+            let yy: u32 = text.get(..2)?.parse().ok()?;
+            (if yy >= 50 { 1900 + yy } else { 2000 + yy }, text.get(2..)?)
+        }
+        0x18 => (text.get(..4)?.parse().ok()?, text.get(4..)?),
+        _ => return None,
+    };
+    if rest.len() != 11 || !rest.ends_with('Z') || !rest[..10].bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let p = |i: usize| &rest[i..i + 2];
+    let rfc3339 = format!("{year:04}-{}-{}T{}:{}:{}Z", p(0), p(2), p(4), p(6), p(8));
+    let at = humantime::parse_rfc3339(&rfc3339).ok()?;
+    i64::try_from(at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs()).ok()
+}
+
+/// One DER element at the start of `input`: its tag, its contents and what follows it.
+pub fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
+    let (&tag, rest) = input.split_first()?;
+    let (&first, rest) = rest.split_first()?;
+    let (len, rest) = if first < 0x80 {
+        (usize::from(first), rest)
+    } else {
+        let n = usize::from(first & 0x7f);
+        if n == 0 || n > std::mem::size_of::<usize>() || rest.len() < n {
+            return None;
+        }
+        let (bytes, rest) = rest.split_at(n);
+        let len = bytes.iter().fold(0usize, |l, &b| (l << 8) | usize::from(b));
+        (len, rest)
+    };
+    (rest.len() >= len).then(|| {
+        let (value, rest) = rest.split_at(len);
+        (tag, value, rest)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_tests::certs::Ca;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Writes `ca` and a loopback certificate of it as `<name>-ca.pem`, `<name>.pem` and
+    /// `<name>.key` in `dir`.
+    fn write(ca: &Ca, dir: &Path, name: &str) -> TlsFiles {
+        let (cert, key) = ca.peer(&["127.0.0.1"]).write(dir, name);
+        let ca_file = dir.join(format!("{name}-ca.pem"));
+        std::fs::write(&ca_file, &ca.cert_pem).unwrap();
+        TlsFiles {
+            ca: ca_file,
+            cert,
+            key,
+        }
+    }
+
+    /// Copies `from`'s contents over `to`'s files (a rotation).
+    fn copy(from: &TlsFiles, to: &TlsFiles) {
+        for (f, t) in [
+            (&from.ca, &to.ca),
+            (&from.cert, &to.cert),
+            (&from.key, &to.key),
+        ] {
+            std::fs::copy(f, t).unwrap();
+        }
+    }
+
+    /// One handshake of `client` with `server` over loopback, and a byte echoed: whether it
+    /// went through.
+    async fn handshake(server: &InternalTls, client: &InternalTls) -> bool {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let acceptor = server.acceptor();
+        let served = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut s = acceptor.accept(tcp).await.ok()?;
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.ok()?;
+            s.write_all(&b).await.ok()?;
+            s.flush().await.ok()
+        });
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let name = ServerName::try_from("127.0.0.1").unwrap();
+        let echoed = async {
+            let mut s = client.connector().connect(name, tcp).await.ok()?;
+            s.write_all(b"x").await.ok()?;
+            s.flush().await.ok()?;
+            let mut b = [0u8; 1];
+            s.read_exact(&mut b).await.ok()?;
+            (b == *b"x").then_some(())
+        }
+        .await;
+        let served = served.await.unwrap();
+        echoed.is_some() && served.is_some()
+    }
+
+    #[tokio::test]
+    async fn peers_of_one_ca_connect_and_others_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new();
+        let a = InternalTls::load(write(&ca, dir.path(), "a")).unwrap();
+        let b = InternalTls::load(write(&ca, dir.path(), "b")).unwrap();
+        let stranger = InternalTls::load(write(&Ca::new(), dir.path(), "s")).unwrap();
+        assert!(handshake(&a, &b).await);
+        assert!(handshake(&b, &a).await);
+        assert!(
+            !handshake(&a, &stranger).await,
+            "a stranger's client is served"
+        );
+        assert!(
+            !handshake(&stranger, &a).await,
+            "a stranger is trusted as a server"
+        );
+        assert!(a.expires().is_some_and(|at| at > 1_700_000_000));
+    }
+
+    #[tokio::test]
+    async fn a_rotation_is_used_by_new_connections_and_half_of_one_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = Ca::new();
+        let new = Ca::new();
+        let server_files = write(&old, dir.path(), "server");
+        let server = InternalTls::load(server_files.clone()).unwrap();
+        let client = InternalTls::load(write(&new, dir.path(), "client")).unwrap();
+        assert_eq!(server.reload(), Reload::Unchanged);
+        assert!(!handshake(&server, &client).await);
+
+        // Half a rotation: the new CA with the old certificate and key. The server's own
+        // chain does not matter to rustls here, but a key that is not the certificate's does.
+        std::fs::copy(&write(&new, dir.path(), "next").key, &server_files.key).unwrap();
+        let Reload::Refused { error, new: true } = server.reload() else {
+            panic!("a key that is not the certificate's is loaded");
+        };
+        assert!(error.contains("key"), "{error}");
+        assert!(
+            matches!(server.reload(), Reload::Refused { new: false, .. }),
+            "the same refusal is reported as new twice"
+        );
+        assert!(
+            !handshake(&server, &client).await,
+            "half a rotation is served"
+        );
+
+        // The rotation completes: new connections are made with the new files.
+        copy(&write(&new, dir.path(), "next"), &server_files);
+        assert_eq!(server.reload(), Reload::Loaded);
+        assert!(handshake(&server, &client).await);
+        assert_eq!(server.reload(), Reload::Unchanged);
+    }
+
+    #[test]
+    fn load_fails_on_files_that_cannot_work() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new();
+        let good = write(&ca, dir.path(), "good");
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "").unwrap();
+        let no_ca = TlsFiles {
+            ca: empty.clone(),
+            ..good.clone()
+        };
+        assert!(matches!(
+            InternalTls::load(no_ca),
+            Err(TlsError::NoCertificate(p)) if p == empty
+        ));
+        let missing = TlsFiles {
+            key: dir.path().join("missing.key"),
+            ..good.clone()
+        };
+        assert!(matches!(
+            InternalTls::load(missing),
+            Err(TlsError::Io { .. })
+        ));
+        let other_key = TlsFiles {
+            key: write(&ca, dir.path(), "other").key,
+            ..good
+        };
+        assert!(InternalTls::load(other_key).is_err());
+    }
+}

@@ -1,0 +1,131 @@
+//! A three-node journal over internal TLS, in this process: the nodes elect leaders and
+//! replicate over mutually authenticated connections, a client with a certificate of the
+//! internal CA appends and reads, and clients without one (plaintext, no certificate, another
+//! CA's) are refused.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use api::strata::journal::record::Kind;
+use futures::StreamExt;
+use journal::tls::{InternalTls, TlsFiles};
+use journal::{JournalClient, NodeConfig};
+use strata_tests::certs::Ca;
+use tokio::net::TcpListener;
+
+/// Writes `ca` and a peer certificate for loopback into `dir`; answers the files.
+fn files(ca: &Ca, dir: &Path, name: &str) -> TlsFiles {
+    let (cert, key) = ca.peer(&["127.0.0.1", "localhost"]).write(dir, name);
+    let ca_file = dir.join(format!("{name}-ca.pem"));
+    std::fs::write(&ca_file, &ca.cert_pem).unwrap();
+    TlsFiles {
+        ca: ca_file,
+        cert,
+        key,
+    }
+}
+
+fn tls(files: TlsFiles) -> Option<Arc<InternalTls>> {
+    Some(Arc::new(
+        InternalTls::load(files).expect("load internal TLS"),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn nodes_and_clients_talk_only_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let mut listeners = Vec::new();
+    let mut peers = BTreeMap::new();
+    for id in 1..=3u64 {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        peers.insert(id, l.local_addr().unwrap().to_string());
+        listeners.push(l);
+    }
+    let mut nodes = Vec::new();
+    for (id, listener) in (1..=3u64).zip(listeners) {
+        let data = dir.path().join(format!("node{id}"));
+        std::fs::create_dir_all(&data).unwrap();
+        let config = NodeConfig {
+            id,
+            peers: peers.clone(),
+            tls: tls(files(&ca, dir.path(), &format!("node{id}"))),
+            ..common::one_node(&peers[&id], &data)
+        };
+        nodes.push(common::serve(config, listener).await);
+    }
+    let endpoints: Vec<String> = nodes.iter().map(|n| n.addr.clone()).collect();
+
+    // A client of the internal CA: the shard elects a leader (the nodes' votes and
+    // heartbeats go over TLS) and an append is acknowledged by a majority.
+    let client = JournalClient::connect_over(&endpoints, tls(files(&ca, dir.path(), "client")))
+        .await
+        .unwrap();
+    let index = client
+        .append(0, vec![b"over tls".to_vec()])
+        .await
+        .expect("append over internal TLS")[0];
+    let mut read = Box::pin(client.read(0, index).await.unwrap());
+    let record = tokio::time::timeout(Duration::from_secs(10), read.next())
+        .await
+        .expect("a record")
+        .expect("a record")
+        .expect("a record");
+    assert_eq!(record.index, index);
+    assert_eq!(
+        record.kind,
+        Some(Kind::Data(b"over tls".to_vec())),
+        "{record:?}"
+    );
+    let status = client.status(0).await.unwrap();
+    assert!(
+        status.leader_id != 0 && status.committed_index >= index,
+        "{status:?}"
+    );
+
+    // A plaintext client: the node answers only TLS.
+    let plain = JournalClient::connect(&endpoints).await.unwrap();
+    assert!(
+        plain.status_of(&endpoints[0], 0).await.is_err(),
+        "a plaintext client is served"
+    );
+    // A client of another CA: its certificate does not chain to the internal CA, and the
+    // node's does not chain to its CA either.
+    let other =
+        JournalClient::connect_over(&endpoints, tls(files(&Ca::new(), dir.path(), "stranger")))
+            .await
+            .unwrap();
+    assert!(
+        other.status_of(&endpoints[0], 0).await.is_err(),
+        "a client of another CA is served"
+    );
+    // A client that trusts the internal CA but presents no certificate.
+    let anonymous = tonic::transport::Endpoint::from_shared(format!("https://{}", endpoints[0]))
+        .unwrap()
+        .tls_config(
+            tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca.cert_pem))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect()
+        .await;
+    let refused = match anonymous {
+        Err(_) => true,
+        Ok(ch) => api::strata::journal::journal_client::JournalClient::new(ch)
+            .status(api::strata::journal::StatusRequest { shard: 0 })
+            .await
+            .is_err(),
+    };
+    assert!(refused, "a client without a certificate is served");
+    // The client of the internal CA is still served after those refusals.
+    client.append(0, vec![b"again".to_vec()]).await.unwrap();
+
+    for n in nodes {
+        n.stop().await;
+    }
+}

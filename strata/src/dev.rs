@@ -88,6 +88,8 @@ pub struct Args {
     /// Serve etcd clients over TLS, with a CA of this deployment (made once, kept in
     /// `<data-dir>/tls/`): a client certificate from `strata dev cert <tenant>` names a
     /// tenant of the catalogue, so etcdctl reaches it; no certificate, the default tenant.
+    /// The journal nodes, the frontend and the compactor then also talk to each other over
+    /// mutual TLS, with an internal CA of their own (`<data-dir>/tls/internal/`).
     #[arg(long)]
     tls: bool,
 }
@@ -313,6 +315,21 @@ async fn start_all(
     metrics: SocketAddr,
     procs: &mut Vec<Proc>,
 ) -> anyhow::Result<()> {
+    let path = |p: &Path| p.display().to_string();
+    // With --tls, every process dials and serves the journal over mutual TLS.
+    let internal: Vec<String> = if args.tls {
+        let files = crate::dev_tls::ensure_internal(data_dir)?;
+        vec![
+            "--internal-trusted-ca-file".into(),
+            path(&files.ca),
+            "--internal-cert-file".into(),
+            path(&files.cert),
+            "--internal-key-file".into(),
+            path(&files.key),
+        ]
+    } else {
+        Vec::new()
+    };
     for (i, addr) in journal_addrs.iter().enumerate() {
         let id = i + 1;
         let name = format!("journal-{id}");
@@ -333,7 +350,10 @@ async fn start_all(
                 args.shards.to_string(),
                 "--segment-bytes".into(),
                 DEV_SEGMENT_BYTES.to_string(),
-            ],
+            ]
+            .into_iter()
+            .chain(internal.iter().cloned())
+            .collect::<Vec<_>>(),
             logs,
         )?);
     }
@@ -370,7 +390,6 @@ async fn start_all(
         // A client certificate for `<tenant>.tenants.localhost` names a tenant; none, or one
         // naming no tenant, is the default tenant's, as without TLS.
         let files = crate::dev_tls::ensure(data_dir)?;
-        let path = |p: &Path| p.display().to_string();
         frontend.extend([
             "--cert-file".into(),
             path(&files.cert),
@@ -382,6 +401,7 @@ async fn start_all(
             crate::dev_tls::TENANT_DOMAIN.into(),
         ]);
     }
+    frontend.extend(internal.iter().cloned());
     frontend.extend(args.frontend_args.iter().cloned());
     procs.push(spawn(exe, "frontend", &frontend, logs)?);
     if !args.no_compactor {
@@ -402,6 +422,7 @@ async fn start_all(
             "--auto-compaction-retention".into(),
             args.auto_compaction_retention.clone(),
         ];
+        argv.extend(internal.iter().cloned());
         argv.extend(args.compactor_args.iter().cloned());
         procs.push(spawn(exe, "compactor", &argv, logs)?);
     }

@@ -6,6 +6,10 @@
 //! The CA's key and the server's certificate are made on the first `--tls` start and kept in
 //! `<data-dir>/tls/`, so certificates issued once stay valid across restarts. This is a
 //! laptop's CA: its key sits unencrypted next to the data, readable by its owner only.
+//!
+//! A second CA, in `<data-dir>/tls/internal/`, signs the one certificate the journal nodes,
+//! the frontend and the compactor present to each other (internal TLS, `--internal-*`): no
+//! client certificate `strata dev cert` issues reaches the journal.
 
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -29,6 +33,9 @@ const SERVER_CERT: &str = "server.pem";
 const SERVER_KEY: &str = "server.key";
 /// The CA's subject: a certificate it signs names this issuer.
 const CA_COMMON_NAME: &str = "strata dev CA";
+/// Sub-directory of [`TLS_DIR`] holding the internal CA and its certificate.
+const INTERNAL_DIR: &str = "internal";
+const INTERNAL_CA_COMMON_NAME: &str = "strata dev internal CA";
 /// The names the dev frontend answers to.
 const SERVER_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
@@ -41,8 +48,41 @@ pub struct ServerFiles {
 
 /// The deployment's CA and the frontend's certificate, made if missing.
 pub fn ensure(data_dir: &Path) -> anyhow::Result<ServerFiles> {
-    let dir = data_dir.join(TLS_DIR);
-    std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+    let mut names: Vec<String> = SERVER_NAMES.iter().map(|n| n.to_string()).collect();
+    names.push(format!("*.{TENANT_DOMAIN}"));
+    ensure_in(
+        &data_dir.join(TLS_DIR),
+        CA_COMMON_NAME,
+        names,
+        "strata dev frontend",
+        vec![ExtendedKeyUsagePurpose::ServerAuth],
+    )
+}
+
+/// The internal CA and the certificate every process of the deployment presents to the
+/// others (as a server's and as a client's), made if missing.
+pub fn ensure_internal(data_dir: &Path) -> anyhow::Result<ServerFiles> {
+    ensure_in(
+        &data_dir.join(TLS_DIR).join(INTERNAL_DIR),
+        INTERNAL_CA_COMMON_NAME,
+        SERVER_NAMES.iter().map(|n| n.to_string()).collect(),
+        "strata dev internal",
+        vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ],
+    )
+}
+
+/// A CA named `ca_name` in `dir` and a certificate of it for `names`, made if missing.
+fn ensure_in(
+    dir: &Path,
+    ca_name: &str,
+    names: Vec<String>,
+    common_name: &str,
+    usages: Vec<ExtendedKeyUsagePurpose>,
+) -> anyhow::Result<ServerFiles> {
+    std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let files = ServerFiles {
         ca: dir.join(CA_CERT),
         cert: dir.join(SERVER_CERT),
@@ -50,21 +90,16 @@ pub fn ensure(data_dir: &Path) -> anyhow::Result<ServerFiles> {
     };
     if !dir.join(CA_KEY).exists() {
         let key = KeyPair::generate().context("generate the CA's key")?;
-        let cert = ca_params().self_signed(&key).context("self-sign the CA")?;
+        let cert = ca_params(ca_name)
+            .self_signed(&key)
+            .context("self-sign the CA")?;
         write_private(&dir.join(CA_KEY), &key.serialize_pem())?;
         write_public(&files.ca, &cert.pem())?;
         // A new CA: the old server certificate (if any) is not signed by it.
         let _ = std::fs::remove_file(&files.cert);
     }
     if !files.cert.exists() {
-        let mut names: Vec<String> = SERVER_NAMES.iter().map(|n| n.to_string()).collect();
-        names.push(format!("*.{TENANT_DOMAIN}"));
-        let (cert, key) = issue(
-            &dir,
-            names,
-            "strata dev frontend",
-            ExtendedKeyUsagePurpose::ServerAuth,
-        )?;
+        let (cert, key) = issue(dir, ca_name, names, common_name, usages)?;
         write_private(&files.key, &key)?;
         write_public(&files.cert, &cert)?;
     }
@@ -104,9 +139,10 @@ pub fn cert(args: CertArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
     let (cert, key) = issue(
         &dir,
+        CA_COMMON_NAME,
         vec![format!("{}.{TENANT_DOMAIN}", args.tenant)],
         &args.common_name,
-        ExtendedKeyUsagePurpose::ClientAuth,
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
     )?;
     let (cert_file, key_file) = (
         out.join(format!("{}.pem", args.tenant)),
@@ -128,35 +164,35 @@ pub fn cert(args: CertArgs) -> anyhow::Result<()> {
 
 /// The CA's parameters: the same at every call, so that the CA made once signs again from its
 /// key alone (its certificate is not parsed back).
-fn ca_params() -> CertificateParams {
+fn ca_params(ca_name: &str) -> CertificateParams {
     let mut params = CertificateParams::default();
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    params
-        .distinguished_name
-        .push(DnType::CommonName, CA_COMMON_NAME);
+    params.distinguished_name.push(DnType::CommonName, ca_name);
     params
 }
 
-/// A certificate for `names` signed by the CA in `dir`: (certificate PEM, key PEM).
+/// A certificate for `names` signed by the CA named `ca_name` in `dir`: (certificate PEM, key
+/// PEM).
 fn issue(
     dir: &Path,
+    ca_name: &str,
     names: Vec<String>,
     common_name: &str,
-    usage: ExtendedKeyUsagePurpose,
+    usages: Vec<ExtendedKeyUsagePurpose>,
 ) -> anyhow::Result<(String, String)> {
     let ca_key_file = dir.join(CA_KEY);
     let ca_key = std::fs::read_to_string(&ca_key_file)
         .with_context(|| format!("read {}", ca_key_file.display()))?;
     let ca_key =
         KeyPair::from_pem(&ca_key).with_context(|| format!("parse {}", ca_key_file.display()))?;
-    let issuer = Issuer::new(ca_params(), ca_key);
+    let issuer = Issuer::new(ca_params(ca_name), ca_key);
     let key = KeyPair::generate().context("generate a key")?;
     let mut params = CertificateParams::new(names).context("certificate names")?;
     params
         .distinguished_name
         .push(DnType::CommonName, common_name);
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usages;
     let cert = params
         .signed_by(&key, &issuer)
         .context("sign the certificate")?;

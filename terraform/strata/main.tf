@@ -33,6 +33,15 @@ locals {
     "strata-frontend.${var.namespace}.svc",
   ]
   admin_dns_names = ["strata-admin", "strata-admin.${var.namespace}.svc"]
+  # Every name a journal node is dialled at (its peers' --peers, the frontends' and the
+  # compactor's --journal, the leader addresses the nodes hand out), for up to 5 nodes.
+  internal_dns_names = flatten([
+    for i in range(5) : [
+      "strata-journal-${i}.strata-journal",
+      "strata-journal-${i}.strata-journal.${var.namespace}.svc",
+      "strata-journal-${i}.strata-journal.${var.namespace}.svc.cluster.local",
+    ]
+  ])
 
   documents = flatten([
     for f in local.manifest_files : [
@@ -115,10 +124,12 @@ resource "kubernetes_secret_v1" "auth_token" {
   }
 }
 
-# Two CAs, kept in the Terraform state: one for the etcd port (the frontends' certificate and
+# Three CAs, kept in the Terraform state: one for the etcd port (the frontends' certificate and
 # every tenant's client certificate, which names it as <tenant>.<domain>), one for the admin
-# API (its server certificate and the operators'). Separate, so that no tenant's certificate
-# passes the admin API's mutual TLS. Issue more certificates from the `ca` outputs.
+# API (its server certificate and the operators'), one for internal TLS (the journal's mutual
+# TLS with its peers, the frontends and the compactor). Separate, so that no tenant's
+# certificate passes the admin API's mutual TLS, and neither a tenant's nor an operator's
+# reaches the journal. Issue more certificates from the `ca` outputs.
 locals {
   # Which CA signs what: server certificates and clients by purpose.
   signer = { frontend = "tenants", admin = "admin" }
@@ -137,7 +148,7 @@ locals {
 }
 
 resource "tls_private_key" "ca" {
-  for_each    = toset(["tenants", "admin"])
+  for_each    = toset(["tenants", "admin", "internal"])
   algorithm   = "ECDSA"
   ecdsa_curve = "P256"
 }
@@ -191,6 +202,43 @@ resource "kubernetes_secret_v1" "frontend_tls" {
     "tls.crt" = tls_locally_signed_cert.server["frontend"].cert_pem
     "tls.key" = tls_private_key.server["frontend"].private_key_pem
     "ca.crt"  = tls_self_signed_cert.ca["tenants"].cert_pem
+  }
+}
+
+# Internal TLS: one certificate for every journal node, frontend and compactor, presented as a
+# server's (a journal node's, for every name it is dialled at) and as a client's.
+resource "tls_private_key" "internal" {
+  algorithm   = "ECDSA"
+  ecdsa_curve = "P256"
+}
+
+resource "tls_cert_request" "internal" {
+  private_key_pem = tls_private_key.internal.private_key_pem
+  dns_names       = local.internal_dns_names
+  subject {
+    common_name = "strata-internal"
+  }
+}
+
+resource "tls_locally_signed_cert" "internal" {
+  cert_request_pem      = tls_cert_request.internal.cert_request_pem
+  ca_private_key_pem    = tls_private_key.ca["internal"].private_key_pem
+  ca_cert_pem           = tls_self_signed_cert.ca["internal"].cert_pem
+  validity_period_hours = var.certificate_validity_hours
+  early_renewal_hours   = var.certificate_validity_hours / 4
+  allowed_uses          = ["digital_signature", "key_encipherment", "server_auth", "client_auth"]
+}
+
+resource "kubernetes_secret_v1" "internal_tls" {
+  metadata {
+    name      = "strata-internal-tls"
+    namespace = local.namespace
+  }
+  type = "kubernetes.io/tls"
+  data = {
+    "tls.crt" = tls_locally_signed_cert.internal.cert_pem
+    "tls.key" = tls_private_key.internal.private_key_pem
+    "ca.crt"  = tls_self_signed_cert.ca["internal"].cert_pem
   }
 }
 

@@ -14,7 +14,7 @@ output "bucket" {
 }
 
 output "ca" {
-  description = "The deployment's CAs, by purpose: `tenants` (every etcd client's --cacert / --etcd-cafile; its key issues tenants' client certificates) and `admin` (the admin API's, for `strata admin --cacert` and operators' certificates)."
+  description = "The deployment's CAs, by purpose: `tenants` (every etcd client's --cacert / --etcd-cafile; its key issues tenants' client certificates) and `admin` (the admin API's, for `strata admin --cacert` and operators' certificates) and `internal` (the journal's mutual TLS with its peers, the frontends and the compactor)."
   value = {
     for purpose, cert in tls_self_signed_cert.ca : purpose => {
       cert_pem        = cert.cert_pem

@@ -685,26 +685,7 @@ fn the_frontends_flags_make_a_valid_multi_tenant_configuration() {
     );
     assert_ne!(etcd_ca.parent(), admin_ca.parent(), "two secrets");
     let main = hcl(&repo().join("terraform/strata/main.tf"));
-    let ca_of = |secret: &str| -> String {
-        for resource in main["resource"].as_array().expect("resources") {
-            for (kind, named) in resource.as_object().expect("a resource block") {
-                if unquoted_str(kind) != "kubernetes_secret_v1" {
-                    continue;
-                }
-                for body in named.as_object().expect("named resources").values() {
-                    if unquoted(&body["metadata"][0]["name"]) == secret {
-                        let data = body["data"].as_object().expect("data");
-                        return data
-                            .iter()
-                            .find(|(k, _)| unquoted_str(k) == "ca.crt")
-                            .map(|(_, v)| unquoted(v))
-                            .expect("ca.crt");
-                    }
-                }
-            }
-        }
-        panic!("no secret {secret}")
-    };
+    let ca_of = |secret: &str| secret_ca(&main, secret);
     assert_ne!(
         ca_of("strata-frontend-tls"),
         ca_of("strata-admin-tls"),
@@ -726,6 +707,120 @@ fn the_frontends_flags_make_a_valid_multi_tenant_configuration() {
         "--memory-budget {} does not fit twice in the limit {limit}",
         config.memory_budget
     );
+}
+
+/// The `ca.crt` a `kubernetes_secret_v1` of the Terraform module named `secret` holds (the
+/// expression, as written).
+fn secret_ca(main: &Value, secret: &str) -> String {
+    for resource in main["resource"].as_array().expect("resources") {
+        for (kind, named) in resource.as_object().expect("a resource block") {
+            if unquoted_str(kind) != "kubernetes_secret_v1" {
+                continue;
+            }
+            for body in named.as_object().expect("named resources").values() {
+                if unquoted(&body["metadata"][0]["name"]) == secret {
+                    let data = body["data"].as_object().expect("data");
+                    return data
+                        .iter()
+                        .find(|(k, _)| unquoted_str(k) == "ca.crt")
+                        .map(|(_, v)| unquoted(v))
+                        .expect("ca.crt");
+                }
+            }
+        }
+    }
+    panic!("no secret {secret}")
+}
+
+/// The journal is reached only over internal TLS: every workload (the journal nodes, the
+/// frontends, the compactor) names the three files, from one secret the module makes with a
+/// CA of its own (neither the tenants' nor the admin API's), and the certificate is valid for
+/// every address the journal is dialled at.
+#[test]
+fn the_journal_is_reached_only_over_internal_tls() {
+    let objects = objects();
+    let main = hcl(&repo().join("terraform/strata/main.tf"));
+    let mut secrets = BTreeSet::new();
+    let mut dialled = BTreeSet::new();
+    for w in workloads(&objects) {
+        let name = w["metadata"]["name"].as_str().expect("named");
+        let volumes = w["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for c in containers(w) {
+            let f = flags(&strata_argv(c));
+            let files: Vec<&String> = [
+                "--internal-trusted-ca-file",
+                "--internal-cert-file",
+                "--internal-key-file",
+            ]
+            .iter()
+            .map(|k| {
+                f.get(*k)
+                    .unwrap_or_else(|| panic!("{name} runs without {k}: the journal is plaintext"))
+            })
+            .collect();
+            for file in files {
+                let mount = c["volumeMounts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .find(|m| {
+                        file.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap_or("-")))
+                    })
+                    .unwrap_or_else(|| panic!("{name}: {file} is on no mount"));
+                let secret = volumes
+                    .iter()
+                    .find(|v| v["name"] == mount["name"])
+                    .and_then(|v| v["secret"]["secretName"].as_str())
+                    .unwrap_or_else(|| panic!("{name}: {file} is not from a secret"));
+                secrets.insert(secret.to_string());
+            }
+            for key in ["--journal", "--peers"] {
+                for addr in f.get(key).into_iter().flat_map(|l| l.split(',')) {
+                    let addr = addr.split_once('=').map_or(addr, |(_, a)| a);
+                    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                    dialled.insert(host.to_string());
+                }
+            }
+        }
+    }
+    assert_eq!(workloads(&objects).len(), 3, "journal, frontend, compactor");
+    let [secret] = secrets
+        .into_iter()
+        .collect::<Vec<_>>()
+        .try_into()
+        .unwrap_or_else(|s| panic!("one internal TLS secret, not {s:?}"));
+    let internal_ca = secret_ca(&main, &secret);
+    assert_ne!(internal_ca, secret_ca(&main, "strata-frontend-tls"));
+    assert_ne!(internal_ca, secret_ca(&main, "strata-admin-tls"));
+    // The certificate's names: `strata-journal-${i}.strata-journal` (and longer forms) for
+    // i in range(n).
+    let names = main["locals"]
+        .as_array()
+        .expect("locals")
+        .iter()
+        .find_map(|l| l.get("internal_dns_names"))
+        .and_then(Value::as_str)
+        .expect("local.internal_dns_names");
+    let covered: u64 = names
+        .split("range(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .and_then(|n| n.trim().parse().ok())
+        .expect("names for range(n) nodes");
+    assert!(!dialled.is_empty());
+    for host in &dialled {
+        let (pod, service) = host.split_once('.').expect("pod.service");
+        let (set, ordinal) = pod.rsplit_once('-').expect("an ordinal");
+        let ordinal: u64 = ordinal.parse().expect("a numeric ordinal");
+        assert!(ordinal < covered, "{host}: no certificate name");
+        assert!(
+            names.contains(&format!("\"{set}-${{i}}.{service}\"")),
+            "{host}: not among {names}"
+        );
+    }
 }
 
 /// Every secret a workload needs (a volume, or an `envFrom` not marked optional) is one the

@@ -11,6 +11,7 @@
 //!   frontend that was running already, isolated from the default tenant, and still after the
 //!   compactor trimmed the journal and that frontend was killed with `kill -9`.
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use api::etcdserverpb::{
@@ -664,6 +665,64 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
     let plain = strata_tests::etcdctl::Etcdctl::new(&dev.endpoint().replace("https", "http"))
         .run(&["get", "greeting"]);
     assert!(!plain.success, "served over plain text: {}", plain.stdout);
+
+    // Inside, the journal is served over mutual TLS with a CA of its own: a plaintext client
+    // and a tenant's certificate are refused, the deployment's internal certificate is served,
+    // and the compactor (which read team-a's creation) reads the journal over it.
+    let journal_at = dev
+        .log()
+        .lines()
+        .find_map(|l| {
+            l.trim()
+                .strip_prefix("journal-1")
+                .map(|a| a.trim().to_string())
+        })
+        .expect("strata dev prints journal-1's address");
+    let internal = tls_dir.join("internal");
+    let status = |tls: Option<(PathBuf, PathBuf)>| {
+        let journal_at = journal_at.clone();
+        let ca = internal.join("ca.pem");
+        async move {
+            let tls = tls.map(|(cert, key)| {
+                std::sync::Arc::new(
+                    journal::tls::InternalTls::load(journal::tls::TlsFiles { ca, cert, key })
+                        .unwrap(),
+                )
+            });
+            let client =
+                journal::JournalClient::connect_over(std::slice::from_ref(&journal_at), tls)
+                    .await
+                    .unwrap();
+            client.status_of(&journal_at, 0).await
+        }
+    };
+    assert!(
+        status(None).await.is_err(),
+        "the journal is served over plain text"
+    );
+    let tenant_cert = (PathBuf::from(files[0]), PathBuf::from(files[1]));
+    assert!(
+        status(Some(tenant_cert)).await.is_err(),
+        "a tenant's certificate reaches the journal"
+    );
+    let insider = (internal.join("server.pem"), internal.join("server.key"));
+    status(Some(insider))
+        .await
+        .expect("the internal certificate is served");
+    let compactor_log = data.join("logs/compactor.log");
+    let deadline = Instant::now() + WAIT;
+    while !std::fs::read_to_string(&compactor_log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("new tenant on shard") && l.contains("team-a"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the compactor never read team-a's creation\n{}",
+            tail_file(&compactor_log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // Restarted: the same CA, so the certificate issued before still names team-a.
     dev.restart().await;

@@ -542,46 +542,29 @@ pub fn watch(tls: &Arc<TlsSetup>, every: Duration) {
     if let Some(at) = tls.expires() {
         expiry.set(at as f64);
     }
-    if every.is_zero() {
-        return;
-    }
-    let tls = Arc::downgrade(tls);
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        tick.tick().await;
-        loop {
-            tick.tick().await;
-            let Some(tls) = tls.upgrade() else { return };
-            // A file read may block (a slow volume): not on the runtime's threads.
-            let Ok((outcome, expires)) = tokio::task::spawn_blocking(move || {
-                let outcome = tls.reload();
-                (outcome, tls.expires())
-            })
-            .await
-            else {
-                return;
-            };
-            match outcome {
-                Reload::Unchanged => {}
-                Reload::Loaded { closed } => {
-                    tracing::info!(port, expires, closed, "TLS certificate files reloaded");
-                    metrics::counter!("strata_frontend_tls_reloads_total", "port" => port, "result" => "loaded").increment(1);
-                    if let Some(at) = expires {
-                        expiry.set(at as f64);
-                    }
-                    failing.set(0.0);
+    journal::tls::reread_every(
+        tls,
+        every,
+        |tls| (tls.reload(), tls.expires()),
+        move |(outcome, expires)| match outcome {
+            Reload::Unchanged => {}
+            Reload::Loaded { closed } => {
+                tracing::info!(port, expires, closed, "TLS certificate files reloaded");
+                metrics::counter!("strata_frontend_tls_reloads_total", "port" => port, "result" => "loaded").increment(1);
+                if let Some(at) = expires {
+                    expiry.set(at as f64);
                 }
-                Reload::Refused { error, new } => {
-                    if new {
-                        tracing::warn!(port, %error, "TLS certificate files not reloaded: the last good ones go on serving");
-                        metrics::counter!("strata_frontend_tls_reloads_total", "port" => port, "result" => "refused").increment(1);
-                    }
-                    failing.set(1.0);
-                }
+                failing.set(0.0);
             }
-        }
-    });
+            Reload::Refused { error, new } => {
+                if new {
+                    tracing::warn!(port, %error, "TLS certificate files not reloaded: the last good ones go on serving");
+                    metrics::counter!("strata_frontend_tls_reloads_total", "port" => port, "result" => "refused").increment(1);
+                }
+                failing.set(1.0);
+            }
+        },
+    );
 }
 
 /// What the handshake said about a connection's tenant.

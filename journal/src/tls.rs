@@ -344,46 +344,64 @@ pub fn watch(tls: &Arc<InternalTls>, every: Duration) {
     if let Some(at) = tls.expires() {
         expiry.set(at as f64);
     }
+    reread_every(
+        tls,
+        every,
+        |tls| (tls.reload(), tls.expires()),
+        move |(outcome, expires)| match outcome {
+            Reload::Unchanged => {}
+            Reload::Loaded => {
+                tracing::info!(expires, "internal TLS files reloaded");
+                metrics::counter!("strata_internal_tls_reloads_total", "result" => "loaded")
+                    .increment(1);
+                if let Some(at) = expires {
+                    expiry.set(at as f64);
+                }
+                failing.set(0.0);
+            }
+            Reload::Refused { error, new } => {
+                if new {
+                    tracing::warn!(%error, "internal TLS files not reloaded: the last good ones stay in use");
+                    metrics::counter!("strata_internal_tls_reloads_total", "result" => "refused")
+                        .increment(1);
+                }
+                failing.set(1.0);
+            }
+        },
+    );
+}
+
+/// Every `every` (never if zero), runs `read` on `target` off the runtime's threads (it reads
+/// files, which may block on a slow volume) and hands what it answers to `report`; ends once
+/// `target` is dropped. What both the client port's TLS and internal TLS reload with.
+pub fn reread_every<T, R>(
+    target: &Arc<T>,
+    every: Duration,
+    read: impl Fn(&T) -> R + Send + Sync + 'static,
+    mut report: impl FnMut(R) + Send + 'static,
+) where
+    T: Send + Sync + 'static,
+    R: Send + 'static,
+{
     if every.is_zero() {
         return;
     }
-    let tls = Arc::downgrade(tls);
+    let target = Arc::downgrade(target);
+    let read = Arc::new(read);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
         loop {
             tick.tick().await;
-            let Some(tls) = tls.upgrade() else { return };
-            // A file read may block (a slow volume): not on the runtime's threads.
-            let Ok((outcome, expires)) = tokio::task::spawn_blocking(move || {
-                let outcome = tls.reload();
-                (outcome, tls.expires())
-            })
-            .await
-            else {
+            let Some(target) = target.upgrade() else {
                 return;
             };
-            match outcome {
-                Reload::Unchanged => {}
-                Reload::Loaded => {
-                    tracing::info!(expires, "internal TLS files reloaded");
-                    metrics::counter!("strata_internal_tls_reloads_total", "result" => "loaded")
-                        .increment(1);
-                    if let Some(at) = expires {
-                        expiry.set(at as f64);
-                    }
-                    failing.set(0.0);
-                }
-                Reload::Refused { error, new } => {
-                    if new {
-                        tracing::warn!(%error, "internal TLS files not reloaded: the last good ones stay in use");
-                        metrics::counter!("strata_internal_tls_reloads_total", "result" => "refused")
-                            .increment(1);
-                    }
-                    failing.set(1.0);
-                }
-            }
+            let read = Arc::clone(&read);
+            let Ok(found) = tokio::task::spawn_blocking(move || read(&target)).await else {
+                return;
+            };
+            report(found);
         }
     });
 }

@@ -131,9 +131,10 @@ pub fn cert(args: CertArgs) -> anyhow::Result<()> {
             args.tenant
         );
     }
-    // The deployment's CA (and its server certificate), made now if `strata dev --tls` has
-    // not run in this data directory yet: it finds and uses them when it does.
+    // The deployment's CAs (and their certificates), made now if `strata dev --tls` has not
+    // run in this data directory yet: it finds and uses them when it does.
     ensure(&args.data_dir)?;
+    ensure_internal(&args.data_dir)?;
     let dir = args.data_dir.join(TLS_DIR);
     let out = args.out.unwrap_or_else(|| dir.clone());
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
@@ -221,13 +222,31 @@ fn write_public(path: &Path, pem: &str) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    fn der(path: &Path) -> rustls::pki_types::CertificateDer<'static> {
+        use rustls::pki_types::pem::PemObject;
+        let pem = std::fs::read(path).unwrap();
+        rustls::pki_types::CertificateDer::from_pem_slice(&pem).unwrap()
+    }
+
+    /// `strata dev cert team-a` for the deployment in `data`: the directory it wrote to.
+    fn issue_team_a(data: &Path) -> PathBuf {
+        let out = data.join("issued");
+        cert(CertArgs {
+            tenant: "team-a".into(),
+            data_dir: data.to_path_buf(),
+            out: Some(out.clone()),
+            common_name: "app".into(),
+        })
+        .unwrap();
+        out
+    }
+
     /// The CA made at the first start signs later certificates from its key alone: a client
     /// certificate issued afterwards verifies against the kept `ca.pem`, and names its tenant
     /// under the dev domain; a second `ensure` keeps everything.
     #[test]
     fn certificates_issued_later_chain_to_the_kept_ca() {
         use rustls::client::danger::ServerCertVerifier;
-        use rustls::pki_types::pem::PemObject;
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let data = tempfile::tempdir().unwrap();
         let first = ensure(data.path()).unwrap();
@@ -237,18 +256,7 @@ mod tests {
         assert_eq!(std::fs::read(&again.ca).unwrap(), ca_pem, "the CA is kept");
         assert_eq!(std::fs::read(&again.cert).unwrap(), server_pem);
 
-        let out = data.path().join("issued");
-        cert(CertArgs {
-            tenant: "team-a".into(),
-            data_dir: data.path().to_path_buf(),
-            out: Some(out.clone()),
-            common_name: "app".into(),
-        })
-        .unwrap();
-        let der = |path: &Path| {
-            let pem = std::fs::read(path).unwrap();
-            rustls::pki_types::CertificateDer::from_pem_slice(&pem).unwrap()
-        };
+        let out = issue_team_a(data.path());
         let mut roots = rustls::RootCertStore::empty();
         roots.add(der(&first.ca)).unwrap();
         let verifier =
@@ -301,5 +309,56 @@ mod tests {
         let files = ensure(&elsewhere).unwrap();
         assert_eq!(std::fs::read(&files.ca).unwrap(), made, "the CA is kept");
         assert!(files.cert.exists() && files.key.exists());
+    }
+
+    /// The internal CA is another CA: its certificate serves and dials as 127.0.0.1, is kept
+    /// across starts, and a tenant's certificate does not chain to it.
+    #[test]
+    fn the_internal_certificate_is_of_a_ca_no_tenant_certificate_chains_to() {
+        use rustls::client::danger::ServerCertVerifier;
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let data = tempfile::tempdir().unwrap();
+        let internal = ensure_internal(data.path()).unwrap();
+        let again = ensure_internal(data.path()).unwrap();
+        assert_eq!(
+            std::fs::read(&again.cert).unwrap(),
+            std::fs::read(&internal.cert).unwrap(),
+            "the internal certificate is kept"
+        );
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(der(&internal.ca)).unwrap();
+        let roots = std::sync::Arc::new(roots);
+        let clients = rustls::server::WebPkiClientVerifier::builder(roots.clone())
+            .build()
+            .unwrap();
+        clients
+            .verify_client_cert(
+                &der(&internal.cert),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .expect("the internal certificate dials");
+        rustls::client::WebPkiServerVerifier::builder(roots)
+            .build()
+            .unwrap()
+            .verify_server_cert(
+                &der(&internal.cert),
+                &[],
+                &rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .expect("the internal certificate serves 127.0.0.1");
+        let out = issue_team_a(data.path());
+        assert!(
+            clients
+                .verify_client_cert(
+                    &der(&out.join("team-a.pem")),
+                    &[],
+                    rustls::pki_types::UnixTime::now()
+                )
+                .is_err(),
+            "a tenant's certificate chains to the internal CA"
+        );
     }
 }

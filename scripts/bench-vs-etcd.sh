@@ -12,6 +12,8 @@
 #   scripts/bench-vs-etcd.sh --etcd-only     # only the etcd half
 #   scripts/bench-vs-etcd.sh --tls           # both client ports over TLS with client certificates
 #                                            # (--client-cert-auth), as a managed deployment serves them
+#   scripts/bench-vs-etcd.sh --internal-tls  # --tls, and each system's own traffic over mutual TLS too:
+#                                            # etcd's peers (--peer-*), Strata's journal (--internal-*)
 #   scripts/bench-vs-etcd.sh --out DIR       # results directory (default: $CARGO_TARGET_DIR/bench-vs-etcd/<UTC time>)
 #
 # Environment: STRATA_BIN (use this binary, skip the build), CARGO_TARGET_DIR, STRATA_SKIP_INSTALL=1,
@@ -23,6 +25,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 QUICK=0
 ETCD_ONLY=0
 TLS=0
+INTERNAL_TLS=0
 OUT=""
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,7 +33,8 @@ while [ $# -gt 0 ]; do
     --etcd-only) ETCD_ONLY=1 ;;
     --out) OUT="$2"; shift ;;
     --tls) TLS=1 ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    --internal-tls) TLS=1; INTERNAL_TLS=1 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -112,6 +116,15 @@ if [ "$TLS" = 1 ]; then
   ETCDCTL_TLS=(--cacert="$PKI/ca.pem" --cert="$PKI/bench.pem" --key="$PKI/bench.key")
   echo "TLS: client ports over TLS, client certificates required" >>"$OUT/run.log"
 fi
+# --internal-tls: etcd's peer traffic and Strata's journal traffic over mutual TLS, with the
+# internal CA `strata dev cert` also makes (a certificate for 127.0.0.1, server and client).
+PEER_SCHEME=http; ETCD_PEER_TLS=(); STRATA_INTERNAL_TLS=()
+if [ "$INTERNAL_TLS" = 1 ]; then
+  IPKI="$WORK/pki/tls/internal"; PEER_SCHEME=https
+  ETCD_PEER_TLS=(--peer-cert-file "$IPKI/server.pem" --peer-key-file "$IPKI/server.key" --peer-trusted-ca-file "$IPKI/ca.pem" --peer-client-cert-auth)
+  STRATA_INTERNAL_TLS=(--internal-trusted-ca-file "$IPKI/ca.pem" --internal-cert-file "$IPKI/server.pem" --internal-key-file "$IPKI/server.key")
+  echo "internal TLS: etcd peers and Strata's journal over mutual TLS" >>"$OUT/run.log"
+fi
 
 bench() { STRATA_LOG=warn "$STRATA_BIN" bench ${CLIENT_TLS[@]+"${CLIENT_TLS[@]}"} "$@"; }
 
@@ -189,13 +202,13 @@ suite_watch() { # label-suffix endpoints (the writer uses the first connection, 
 log "etcd $(etcd --version | head -1 | awk '{print $3}'): 3 members on loopback, default fsync"
 SYSTEM=etcd
 read -r -a EP <<<"$(free_ports 6)"
-CLUSTER="e1=http://127.0.0.1:${EP[3]},e2=http://127.0.0.1:${EP[4]},e3=http://127.0.0.1:${EP[5]}"
+CLUSTER="e1=$PEER_SCHEME://127.0.0.1:${EP[3]},e2=$PEER_SCHEME://127.0.0.1:${EP[4]},e3=$PEER_SCHEME://127.0.0.1:${EP[5]}"
 for i in 0 1 2; do
   n=$((i + 1))
   etcd --name "e$n" --data-dir "$WORK/etcd-$n" \
     --listen-client-urls "$SCHEME://127.0.0.1:${EP[$i]}" --advertise-client-urls "$SCHEME://127.0.0.1:${EP[$i]}" \
-    ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} \
-    --listen-peer-urls "http://127.0.0.1:${EP[$((i + 3))]}" --initial-advertise-peer-urls "http://127.0.0.1:${EP[$((i + 3))]}" \
+    ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} ${ETCD_PEER_TLS[@]+"${ETCD_PEER_TLS[@]}"} \
+    --listen-peer-urls "$PEER_SCHEME://127.0.0.1:${EP[$((i + 3))]}" --initial-advertise-peer-urls "$PEER_SCHEME://127.0.0.1:${EP[$((i + 3))]}" \
     --initial-cluster "$CLUSTER" --initial-cluster-state new --initial-cluster-token strata-bench \
     >"$OUT/logs/etcd-$n.log" 2>&1 &
   PIDS+=($!)
@@ -227,7 +240,7 @@ if [ "$ETCD_ONLY" = 0 ]; then
   JOURNALS="127.0.0.1:${SP[0]},127.0.0.1:${SP[1]},127.0.0.1:${SP[2]}"
   for i in 0 1 2; do
     n=$((i + 1))
-    "$STRATA_BIN" journal --id "$n" --listen "127.0.0.1:${SP[$i]}" --peers "$PEERS" --data-dir "$WORK/journal-$n" \
+    "$STRATA_BIN" journal --id "$n" --listen "127.0.0.1:${SP[$i]}" --peers "$PEERS" --data-dir "$WORK/journal-$n" ${STRATA_INTERNAL_TLS[@]+"${STRATA_INTERNAL_TLS[@]}"} \
       >"$OUT/logs/journal-$n.log" 2>&1 &
     PIDS+=($!)
   done
@@ -235,7 +248,7 @@ if [ "$ETCD_ONLY" = 0 ]; then
   # One tokio worker for the lone frontend too (STRATA_FE_WORKERS to change it): it shares the
   # two cores with three journal nodes and the load generator, and with two workers it spent
   # ~20 % more CPU per put for no more puts/s (docs/benchmarks/frontend.md, session 6).
-  TOKIO_WORKER_THREADS="${STRATA_FE_WORKERS:-1}" STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
+  TOKIO_WORKER_THREADS="${STRATA_FE_WORKERS:-1}" STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} ${STRATA_INTERNAL_TLS[@]+"${STRATA_INTERNAL_TLS[@]}"} --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
     >"$OUT/logs/frontend-1.log" 2>&1 &
   PIDS+=($!); FRONTEND_PIDS+=($!)
   if wait_serving "$FE1"; then
@@ -250,10 +263,10 @@ if [ "$ETCD_ONLY" = 0 ]; then
     kill "$FE1_PID" 2>/dev/null; wait "$FE1_PID" 2>/dev/null
     KEEP=(); for p in "${PIDS[@]}"; do [ "$p" = "$FE1_PID" ] || KEEP+=("$p"); done
     PIDS=("${KEEP[@]}"); FRONTEND_PIDS=()
-    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
+    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} ${STRATA_INTERNAL_TLS[@]+"${STRATA_INTERNAL_TLS[@]}"} --journal "$JOURNALS" --listen "$FE1" --metrics-listen "127.0.0.1:${SP[4]}" \
       >"$OUT/logs/frontend-1b.log" 2>&1 &
     PIDS+=($!); FRONTEND_PIDS+=($!)
-    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} --journal "$JOURNALS" --listen "$FE2" --metrics-listen "127.0.0.1:${SP[6]}" \
+    TOKIO_WORKER_THREADS=1 STRATA_LOG=warn "$STRATA_BIN" frontend ${SERVER_TLS[@]+"${SERVER_TLS[@]}"} ${STRATA_INTERNAL_TLS[@]+"${STRATA_INTERNAL_TLS[@]}"} --journal "$JOURNALS" --listen "$FE2" --metrics-listen "127.0.0.1:${SP[6]}" \
       >"$OUT/logs/frontend-2.log" 2>&1 &
     PIDS+=($!); FRONTEND_PIDS+=($!)
     if wait_serving "$FE1" && wait_serving "$FE2"; then

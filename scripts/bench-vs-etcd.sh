@@ -152,7 +152,8 @@ server_cpu() {
   local p total=0
   [ $# -gt 0 ] || set -- "${PIDS[@]:-}"
   for p in "$@"; do
-    [ -r "/proc/$p/stat" ] || continue
+    # An empty pid would read /proc//stat, the whole machine's counters.
+    [ -n "$p" ] && [ -r "/proc/$p/stat" ] || continue
     total=$((total + $(awk '{print $14 + $15}' "/proc/$p/stat")))
   done
   echo "$total"

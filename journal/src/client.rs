@@ -281,8 +281,11 @@ impl JournalClient {
 
     /// A client like `connect`'s whose appends are each one unary `Append` call instead of a
     /// message on the node's shared `AppendStream` (for measuring one against the other).
-    pub async fn connect_unary_appends(endpoints: &[String]) -> Result<Self, ClientError> {
-        Self::connect_with(endpoints, false, None).await
+    pub async fn connect_unary_appends(
+        endpoints: &[String],
+        tls: Option<Arc<InternalTls>>,
+    ) -> Result<Self, ClientError> {
+        Self::connect_with(endpoints, false, tls).await
     }
 
     async fn connect_with(

@@ -52,6 +52,9 @@ pub struct BenchArgs {
     /// operation, summed, next to this client's own (from /proc/<pid>/stat).
     #[arg(long, value_delimiter = ',')]
     node_pids: Vec<u32>,
+    /// To nodes that serve internal TLS (`--internal-*`).
+    #[command(flatten)]
+    tls: journal::tls::TlsArgs,
     /// Journal endpoints (comma-separated) to tail while appending: for each, the report adds
     /// when the appended records arrived on a `Read` stream served by that node, relative to
     /// the append's acknowledgement (negative: before it), as p50/p99 in ms.
@@ -69,9 +72,10 @@ async fn tail_arrivals(
     shard: u32,
     from: u64,
     stop: Arc<AtomicBool>,
+    tls: Option<Arc<journal::tls::InternalTls>>,
 ) -> anyhow::Result<Arrivals> {
     use futures::StreamExt;
-    let client = journal::JournalClient::connect(std::slice::from_ref(&endpoint)).await?;
+    let client = journal::JournalClient::connect_over(std::slice::from_ref(&endpoint), tls).await?;
     let mut stream = Box::pin(client.read(shard, from).await?);
     let mut out = Vec::new();
     while !stop.load(Ordering::Relaxed) {
@@ -177,10 +181,14 @@ fn ms(d: Duration) -> f64 {
 
 pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
     let rpc = a.append_rpc;
-    let connect = |e: Vec<String>| async move {
-        match rpc {
-            AppendRpc::Stream => journal::JournalClient::connect(&e).await,
-            AppendRpc::Unary => journal::JournalClient::connect_unary_appends(&e).await,
+    let tls = a.tls.load()?;
+    let connect = |e: Vec<String>| {
+        let tls = tls.clone();
+        async move {
+            match rpc {
+                AppendRpc::Stream => journal::JournalClient::connect_over(&e, tls).await,
+                AppendRpc::Unary => journal::JournalClient::connect_unary_appends(&e, tls).await,
+            }
         }
     };
     let client = connect(a.endpoints.clone()).await?;
@@ -230,7 +238,13 @@ pub async fn bench(a: BenchArgs) -> anyhow::Result<()> {
             for ep in &a.read_lag_from {
                 readers.push((
                     ep.clone(),
-                    tokio::spawn(tail_arrivals(ep.clone(), a.shard, from, Arc::clone(&stop))),
+                    tokio::spawn(tail_arrivals(
+                        ep.clone(),
+                        a.shard,
+                        from,
+                        Arc::clone(&stop),
+                        tls.clone(),
+                    )),
                 ));
             }
         }

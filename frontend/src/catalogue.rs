@@ -21,6 +21,8 @@ use crate::tenants::Tenants;
 const LOAD_RETRY: Duration = Duration::from_secs(1);
 /// Tenants loaded at once (checkpoint fetch and decode) when the catalogue names several.
 const LOADS_AT_ONCE: usize = 4;
+/// How often a start loading many tenants sums what the loaded ones hold (`reconcile`).
+const RESUM_EVERY: Duration = Duration::from_millis(100);
 /// How often the follower looks again without a catalogue change: to see that the catalogue's
 /// replica caught up, to retry a quota append that did not land, and to unload idle tenants.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
@@ -78,10 +80,10 @@ impl Loader {
         (r, self.load(r).await)
     }
 
-    /// Whether the tenants loaded fill the memory budget: further tenants are left dormant.
-    fn budget_full(&self, tenants: &Tenants) -> bool {
-        self.memory_budget
-            .is_some_and(|budget| tenants.loaded_bytes() >= budget)
+    /// Whether tenants holding `held` bytes fill the memory budget: further tenants are left
+    /// dormant.
+    fn budget_full(&self, held: u64) -> bool {
+        self.memory_budget.is_some_and(|budget| held >= budget)
     }
 }
 
@@ -314,12 +316,24 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
     // ends (a large tenant holds up no small ones). Once the loaded tenants fill the memory
     // budget, the rest are served dormant: the first request naming one loads it.
     let mut all_loaded = true;
+    // What the loaded tenants hold: summed over every replica at most every `RESUM_EVERY`
+    // (before each load, that made a start with many tenants quadratic), and added to as each
+    // load ends in between. A replica still replaying the journal grows after its load ends;
+    // the next sum sees it.
+    let mut held = 0;
+    let mut summed_at: Option<std::time::Instant> = None;
     let mut waiting = to_load.into_iter();
     let mut loads = futures::stream::FuturesUnordered::new();
     loop {
         while loads.len() < LOADS_AT_ONCE {
             let Some(r) = waiting.next() else { break };
-            if loader.budget_full(tenants) {
+            if loader.memory_budget.is_some()
+                && summed_at.is_none_or(|at| at.elapsed() >= RESUM_EVERY)
+            {
+                held = tenants.loaded_bytes();
+                summed_at = Some(std::time::Instant::now());
+            }
+            if loader.budget_full(held) {
                 let key = api::tenant::journal_key(&r.name, &r.uid);
                 tracing::info!(tenant = %r.name, "memory budget full: tenant served unloaded until a request names it");
                 tenants.add_dormant(&r.name, &key, own_connections(r));
@@ -333,6 +347,9 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
         match loaded {
             Ok(t) => {
                 tracing::info!(tenant = %r.name, state = ?t.served(), "tenant loaded from the catalogue");
+                if loader.memory_budget.is_some() {
+                    held += t.replica.read().stats().charged_bytes;
+                }
                 tenants.insert_loaded(t);
             }
             Err(e) => {

@@ -79,8 +79,9 @@ struct NodeArgs {
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     read_lease: Duration,
     /// Testing only: arm the storage failpoints. While `<data-dir>/FAILPOINTS` exists and names
-    /// `write`, `fsync` and/or `dir-fsync`, segment writes fail as on a full disk and fsyncs
-    /// (of the log, of its directory) fail with EIO;
+    /// `write`, `fsync`, `dir-fsync`, `rename` and/or `remove`, segment writes fail as on a full
+    /// disk, and fsyncs (of the log, of its directory), renames and removals of files fail with
+    /// EIO;
     /// naming `slow-fsync`, every fsync of the log first waits 250 ms (a slow disk); holding
     /// `clock-offset=<ms>`, the node's wall clock reads that much ahead (negative: behind).
     #[arg(long)]

@@ -121,9 +121,10 @@ pub enum Action {
     /// A journal node's disk fails: fsyncs fail with EIO (its `fsync` failpoint). Healing
     /// restarts the node (after a failed fsync the page cache cannot be trusted).
     DiskFailure,
-    /// A journal node's directory fsyncs fail with EIO (its `dir-fsync` failpoint): the next
-    /// vote, purge or segment it makes durable fails its storage, as a failed fsync of the log
-    /// does. Healing restarts the node.
+    /// A journal node's directory fails: its fsyncs, and the renames and removals in it, fail
+    /// with EIO (its `dir-fsync`, `rename` and `remove` failpoints): the next vote, purge or
+    /// segment it makes durable, and the next segment it drops after a trim, fail its storage,
+    /// as a failed fsync of the log does. Healing restarts the node.
     DirFailure,
     /// A journal node's disk slows down: every fsync of its log takes 250 ms more (its
     /// `slow-fsync` failpoint), so it acknowledges late and lags the others (a frontend's tail
@@ -805,7 +806,8 @@ impl Faults {
                 std::fs::write(self.disk(target).1, "fsync").expect("arm the failpoint");
             }
             Action::DirFailure => {
-                std::fs::write(self.disk(target).1, "dir-fsync").expect("arm the failpoint");
+                std::fs::write(self.disk(target).1, "dir-fsync rename remove")
+                    .expect("arm the failpoints");
             }
             Action::SlowDisk => {
                 std::fs::write(self.disk(target).1, journal::failpoint::SLOW_FSYNC_NAME)

@@ -239,6 +239,17 @@ impl Shard {
         (id, addr)
     }
 
+    /// The hosts of every member of this shard, as its peers dial them.
+    pub fn member_hosts(&self) -> Vec<String> {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.membership_config
+            .membership()
+            .nodes()
+            .map(|(id, n)| crate::tls::host_of(&self.peers.addr_of(*id, &n.addr)).to_string())
+            .collect()
+    }
+
     /// The first record a reader may ask for: what storage holds, raised to the trim point
     /// once storage has dropped the entries below the one holding it (whole entries are
     /// dropped, so the entry holding the trim point stays, its earlier records hidden).
@@ -883,6 +894,21 @@ pub const DATA_LOST_MARKER: &str = "DATA_LOST";
 pub const READY_QUORUM_ACK_MS: u64 = 3_000;
 
 impl JournalNode {
+    /// The hosts journal nodes are dialled at: those of `--peers` and of every shard's
+    /// members (a node added by `replace-node` is in the second).
+    pub fn journal_hosts(&self) -> std::collections::BTreeSet<String> {
+        let mut hosts: std::collections::BTreeSet<String> = self
+            .peers
+            .overrides()
+            .values()
+            .map(|a| crate::tls::host_of(a).to_string())
+            .collect();
+        for s in &self.shards {
+            hosts.extend(s.member_hosts());
+        }
+        hosts
+    }
+
     /// Whether the node takes part in every shard's quorum: storage working and a leader known
     /// on each shard (itself or a peer it hears from). A Kubernetes readiness probe asks this
     /// (`/readyz` on the metrics port), so a rolling update or a drain does not count a node

@@ -21,6 +21,7 @@ use futures::{Stream, StreamExt};
 use openraft::BasicNode;
 use serde::Serialize;
 use tokio::sync::mpsc;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::server::Router;
 use tonic::{Request, Response, Status, Streaming};
 
@@ -47,8 +48,37 @@ pub const RAFT_STREAM_BUFFER: usize = 4;
 /// Largest client message accepted (above the entry limit, so oversize gets our own error).
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// With internal TLS, the Raft and admin services answer only journal nodes: callers whose
+/// certificate is valid for the host of a member of some shard or of `--peers`. A frontend's or
+/// compactor's certificate, which names no journal host, may append, read and trim, but not
+/// vote, replicate, campaign or change membership.
+fn journal_nodes_only(
+    node: Arc<JournalNode>,
+) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
+    move |req: Request<()>| {
+        if node.peers.tls().is_none() {
+            return Ok(req);
+        }
+        let certs = req.peer_certs();
+        let leaf = certs.as_ref().and_then(|c| c.first());
+        let hosts = node.journal_hosts();
+        if leaf.is_some_and(|cert| hosts.iter().any(|h| crate::tls::valid_for(cert, h))) {
+            return Ok(req);
+        }
+        ::metrics::counter!("strata_internal_tls_peer_calls_refused_total").increment(1);
+        tracing::warn!(
+            ?hosts,
+            "a Raft or admin call from a certificate valid for no journal node's host refused"
+        );
+        Err(Status::permission_denied(
+            "the journal's Raft and admin services answer only journal nodes: a certificate valid for a member's host",
+        ))
+    }
+}
+
 /// All services of `node`, ready to serve.
 pub fn router(node: Arc<JournalNode>) -> Router {
+    let nodes_only = journal_nodes_only(Arc::clone(&node));
     let svc = JournalSvc {
         node: Arc::clone(&node),
     };
@@ -60,12 +90,16 @@ pub fn router(node: Arc<JournalNode>) -> Router {
                 .max_decoding_message_size(MAX_CLIENT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_CLIENT_MESSAGE_BYTES),
         )
-        .add_service(JournalAdminServer::new(svc.clone()))
-        .add_service(
+        .add_service(InterceptedService::new(
+            JournalAdminServer::new(svc.clone()),
+            nodes_only.clone(),
+        ))
+        .add_service(InterceptedService::new(
             RaftServer::new(svc)
                 .max_decoding_message_size(MAX_RAFT_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_RAFT_MESSAGE_BYTES),
-        )
+            nodes_only,
+        ))
 }
 
 #[derive(Clone)]

@@ -449,6 +449,27 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> 
     })
 }
 
+/// Whether the DER certificate `der` is valid for `host` (a DNS name or an IP address), as a
+/// server's certificate for that name would be checked: the test for a journal node's
+/// certificate (the Raft and admin services answer only certificates valid for a member's
+/// host).
+pub fn valid_for(der: &CertificateDer<'_>, host: &str) -> bool {
+    let Ok(cert) = webpki::EndEntityCert::try_from(der) else {
+        return false;
+    };
+    let Ok(name) = ServerName::try_from(host) else {
+        return false;
+    };
+    cert.verify_is_valid_for_subject_name(&name).is_ok()
+}
+
+/// The host of a node's address (`host:port`, `http://host:port`, `[::1]:port`).
+pub fn host_of(addr: &str) -> &str {
+    let addr = addr.split_once("://").map_or(addr, |(_, a)| a);
+    let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
 /// Every certificate in `pem` (read from `path`); an error if there is none.
 pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let items = CertificateDer::pem_slice_iter(pem)

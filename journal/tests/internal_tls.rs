@@ -10,7 +10,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use api::strata::journal::journal_admin_client::JournalAdminClient;
+use api::strata::journal::raft_client::RaftClient;
 use api::strata::journal::record::Kind;
+use api::strata::journal::{HandoffRequest, RaftMessage};
 use futures::StreamExt;
 use journal::tls::{InternalTls, TlsFiles};
 use journal::{JournalClient, NodeConfig};
@@ -124,6 +127,72 @@ async fn nodes_and_clients_talk_only_over_mutual_tls() {
     assert!(refused, "a client without a certificate is served");
     // The client of the internal CA is still served after those refusals.
     client.append(0, vec![b"again".to_vec()]).await.unwrap();
+
+    // A frontend's certificate (the internal CA's, valid for no journal host) appends and
+    // reads, but the Raft and admin services answer only journal nodes.
+    let (cert, key) = ca.client("frontend", &[]).write(dir.path(), "frontend");
+    let ca_file = dir.path().join("client-ca.pem");
+    let frontend = Arc::new(
+        InternalTls::load(TlsFiles {
+            ca: ca_file,
+            cert,
+            key,
+        })
+        .unwrap(),
+    );
+    let as_frontend = JournalClient::connect_over(&endpoints, Some(Arc::clone(&frontend)))
+        .await
+        .unwrap();
+    as_frontend
+        .append(0, vec![b"from a frontend".to_vec()])
+        .await
+        .expect("a frontend appends");
+    let node_tls = tls(files(&ca, dir.path(), "operator")).unwrap();
+    let raft_call = |tls: Arc<InternalTls>| {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", endpoints[0])).unwrap();
+        async move {
+            let channel = tls.channel(&endpoint);
+            let vote = RaftClient::new(channel.clone())
+                .vote(RaftMessage {
+                    shard: 0,
+                    json: b"{}".to_vec(),
+                })
+                .await;
+            let handoff = JournalAdminClient::new(channel)
+                .handoff(HandoffRequest {
+                    shard: 0,
+                    ..Default::default()
+                })
+                .await;
+            (
+                vote.err().map(|s| s.code()),
+                handoff.err().map(|s| s.code()),
+            )
+        }
+    };
+    let (vote, handoff) = raft_call(frontend).await;
+    assert_eq!(
+        vote,
+        Some(tonic::Code::PermissionDenied),
+        "a frontend votes"
+    );
+    assert_eq!(
+        handoff,
+        Some(tonic::Code::PermissionDenied),
+        "a frontend hands a shard over"
+    );
+    let (vote, handoff) = raft_call(node_tls).await;
+    assert_ne!(
+        vote,
+        Some(tonic::Code::PermissionDenied),
+        "a node's vote refused"
+    );
+    assert_ne!(
+        handoff,
+        Some(tonic::Code::PermissionDenied),
+        "a node's hand-off report refused"
+    );
 
     for n in nodes {
         n.stop().await;

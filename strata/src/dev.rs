@@ -316,9 +316,10 @@ async fn start_all(
     procs: &mut Vec<Proc>,
 ) -> anyhow::Result<()> {
     let path = |p: &Path| p.display().to_string();
-    // With --tls, every process dials and serves the journal over mutual TLS.
-    let internal: Vec<String> = if args.tls {
-        let files = crate::dev_tls::ensure_internal(data_dir)?;
+    // With --tls, every process dials the journal over mutual TLS: the journal nodes with a
+    // certificate for their host, the frontend and the compactor with one for none (so they
+    // may not call the journal's Raft and admin services).
+    let internal_flags = |files: crate::dev_tls::ServerFiles| -> Vec<String> {
         vec![
             "--internal-trusted-ca-file".into(),
             path(&files.ca),
@@ -327,8 +328,14 @@ async fn start_all(
             "--internal-key-file".into(),
             path(&files.key),
         ]
+    };
+    let (internal_node, internal): (Vec<String>, Vec<String>) = if args.tls {
+        (
+            internal_flags(crate::dev_tls::ensure_internal(data_dir)?),
+            internal_flags(crate::dev_tls::ensure_internal_client(data_dir)?),
+        )
     } else {
-        Vec::new()
+        (Vec::new(), Vec::new())
     };
     for (i, addr) in journal_addrs.iter().enumerate() {
         let id = i + 1;
@@ -352,7 +359,7 @@ async fn start_all(
                 DEV_SEGMENT_BYTES.to_string(),
             ]
             .into_iter()
-            .chain(internal.iter().cloned())
+            .chain(internal_node.iter().cloned())
             .collect::<Vec<_>>(),
             logs,
         )?);

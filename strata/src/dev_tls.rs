@@ -29,8 +29,9 @@ pub const TLS_DIR: &str = "tls";
 pub const TENANT_DOMAIN: &str = "tenants.localhost";
 const CA_CERT: &str = "ca.pem";
 const CA_KEY: &str = "ca.key";
-const SERVER_CERT: &str = "server.pem";
-const SERVER_KEY: &str = "server.key";
+/// `<stem>.pem` and `<stem>.key`: a server's certificate, a client's.
+const SERVER_STEM: &str = "server";
+const CLIENT_STEM: &str = "client";
 /// The CA's subject: a certificate it signs names this issuer.
 const CA_COMMON_NAME: &str = "strata dev CA";
 /// Sub-directory of [`TLS_DIR`] holding the internal CA and its certificate.
@@ -54,19 +55,21 @@ pub fn ensure(data_dir: &Path) -> anyhow::Result<ServerFiles> {
         &data_dir.join(TLS_DIR),
         CA_COMMON_NAME,
         names,
+        SERVER_STEM,
         "strata dev frontend",
         vec![ExtendedKeyUsagePurpose::ServerAuth],
     )
 }
 
-/// The internal CA and the certificate every process of the deployment presents to the
-/// others (as a server's and as a client's), made if missing.
+/// The internal CA and the journal nodes' certificate (presented as a server's and as a
+/// client's to their peers), made if missing.
 pub fn ensure_internal(data_dir: &Path) -> anyhow::Result<ServerFiles> {
     ensure_in(
         &data_dir.join(TLS_DIR).join(INTERNAL_DIR),
         INTERNAL_CA_COMMON_NAME,
         SERVER_NAMES.iter().map(|n| n.to_string()).collect(),
-        "strata dev internal",
+        SERVER_STEM,
+        "strata dev journal",
         vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,
@@ -74,19 +77,35 @@ pub fn ensure_internal(data_dir: &Path) -> anyhow::Result<ServerFiles> {
     )
 }
 
-/// A CA named `ca_name` in `dir` and a certificate of it for `names`, made if missing.
+/// The internal CA and the certificate the frontend and the compactor dial the journal with,
+/// made if missing: valid for no host, so the journal answers its Raft and admin services to
+/// neither.
+pub fn ensure_internal_client(data_dir: &Path) -> anyhow::Result<ServerFiles> {
+    ensure_in(
+        &data_dir.join(TLS_DIR).join(INTERNAL_DIR),
+        INTERNAL_CA_COMMON_NAME,
+        Vec::new(),
+        CLIENT_STEM,
+        "strata dev journal client",
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    )
+}
+
+/// A CA named `ca_name` in `dir` and a certificate of it for `names` in `<stem>.pem` and
+/// `<stem>.key`, made if missing.
 fn ensure_in(
     dir: &Path,
     ca_name: &str,
     names: Vec<String>,
+    stem: &str,
     common_name: &str,
     usages: Vec<ExtendedKeyUsagePurpose>,
 ) -> anyhow::Result<ServerFiles> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
     let files = ServerFiles {
         ca: dir.join(CA_CERT),
-        cert: dir.join(SERVER_CERT),
-        key: dir.join(SERVER_KEY),
+        cert: dir.join(format!("{stem}.pem")),
+        key: dir.join(format!("{stem}.key")),
     };
     if !dir.join(CA_KEY).exists() {
         let key = KeyPair::generate().context("generate the CA's key")?;
@@ -95,8 +114,10 @@ fn ensure_in(
             .context("self-sign the CA")?;
         write_private(&dir.join(CA_KEY), &key.serialize_pem())?;
         write_public(&files.ca, &cert.pem())?;
-        // A new CA: the old server certificate (if any) is not signed by it.
-        let _ = std::fs::remove_file(&files.cert);
+        // A new CA: the old certificates (if any) are not signed by it.
+        for old in [SERVER_STEM, CLIENT_STEM] {
+            let _ = std::fs::remove_file(dir.join(format!("{old}.pem")));
+        }
     }
     if !files.cert.exists() {
         let (cert, key) = issue(dir, ca_name, names, common_name, usages)?;
@@ -135,6 +156,7 @@ pub fn cert(args: CertArgs) -> anyhow::Result<()> {
     // run in this data directory yet: it finds and uses them when it does.
     ensure(&args.data_dir)?;
     ensure_internal(&args.data_dir)?;
+    ensure_internal_client(&args.data_dir)?;
     let dir = args.data_dir.join(TLS_DIR);
     let out = args.out.unwrap_or_else(|| dir.clone());
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
@@ -349,6 +371,16 @@ mod tests {
                 rustls::pki_types::UnixTime::now(),
             )
             .expect("the internal certificate serves 127.0.0.1");
+        // The frontend's and the compactor's: a client of the same CA, valid for no host, so
+        // the journal answers them its Raft and admin services to neither.
+        let client = ensure_internal_client(data.path()).unwrap();
+        assert_eq!(client.ca, internal.ca);
+        clients
+            .verify_client_cert(&der(&client.cert), &[], rustls::pki_types::UnixTime::now())
+            .expect("the internal client certificate dials");
+        assert!(journal::tls::valid_for(&der(&internal.cert), "127.0.0.1"));
+        assert!(!journal::tls::valid_for(&der(&client.cert), "127.0.0.1"));
+        assert!(!journal::tls::valid_for(&der(&client.cert), "localhost"));
         let out = issue_team_a(data.path());
         assert!(
             clients

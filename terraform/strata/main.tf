@@ -205,28 +205,34 @@ resource "kubernetes_secret_v1" "frontend_tls" {
   }
 }
 
-# Internal TLS: one certificate for every journal node, frontend and compactor, presented as a
-# server's (a journal node's, for every name it is dialled at) and as a client's.
+# Internal TLS, two certificates of the internal CA: the journal nodes' (valid for every name a
+# node is dialled at, presented as a server's and, to their peers, as a client's) and the one
+# the frontends and the compactor dial the journal with (valid for no name: the journal answers
+# its Raft and admin services only to certificates valid for a member's host).
 resource "tls_private_key" "internal" {
+  for_each    = toset(["journal", "client"])
   algorithm   = "ECDSA"
   ecdsa_curve = "P256"
 }
 
 resource "tls_cert_request" "internal" {
-  private_key_pem = tls_private_key.internal.private_key_pem
-  dns_names       = local.internal_dns_names
+  for_each        = tls_private_key.internal
+  private_key_pem = each.value.private_key_pem
+  dns_names       = each.key == "journal" ? local.internal_dns_names : []
   subject {
-    common_name = "strata-internal"
+    common_name = "strata-internal-${each.key}"
   }
 }
 
 resource "tls_locally_signed_cert" "internal" {
-  cert_request_pem      = tls_cert_request.internal.cert_request_pem
+  for_each              = tls_cert_request.internal
+  cert_request_pem      = each.value.cert_request_pem
   ca_private_key_pem    = tls_private_key.ca["internal"].private_key_pem
   ca_cert_pem           = tls_self_signed_cert.ca["internal"].cert_pem
   validity_period_hours = var.certificate_validity_hours
   early_renewal_hours   = var.certificate_validity_hours / 4
-  allowed_uses          = ["digital_signature", "key_encipherment", "server_auth", "client_auth"]
+  allowed_uses = concat(["digital_signature", "key_encipherment", "client_auth"],
+  each.key == "journal" ? ["server_auth"] : [])
 }
 
 resource "kubernetes_secret_v1" "internal_tls" {
@@ -236,8 +242,21 @@ resource "kubernetes_secret_v1" "internal_tls" {
   }
   type = "kubernetes.io/tls"
   data = {
-    "tls.crt" = tls_locally_signed_cert.internal.cert_pem
-    "tls.key" = tls_private_key.internal.private_key_pem
+    "tls.crt" = tls_locally_signed_cert.internal["journal"].cert_pem
+    "tls.key" = tls_private_key.internal["journal"].private_key_pem
+    "ca.crt"  = tls_self_signed_cert.ca["internal"].cert_pem
+  }
+}
+
+resource "kubernetes_secret_v1" "internal_client_tls" {
+  metadata {
+    name      = "strata-internal-client-tls"
+    namespace = local.namespace
+  }
+  type = "kubernetes.io/tls"
+  data = {
+    "tls.crt" = tls_locally_signed_cert.internal["client"].cert_pem
+    "tls.key" = tls_private_key.internal["client"].private_key_pem
     "ca.crt"  = tls_self_signed_cert.ca["internal"].cert_pem
   }
 }

@@ -733,14 +733,17 @@ fn secret_ca(main: &Value, secret: &str) -> String {
 }
 
 /// The journal is reached only over internal TLS: every workload (the journal nodes, the
-/// frontends, the compactor) names the three files, from one secret the module makes with a
-/// CA of its own (neither the tenants' nor the admin API's), and the certificate is valid for
-/// every address the journal is dialled at.
+/// frontends, the compactor) names the three files, from secrets the module makes with a CA of
+/// its own (neither the tenants' nor the admin API's); the journal nodes' certificate is valid
+/// for every address the journal is dialled at, and the frontends and the compactor mount
+/// another (so they cannot call the Raft and admin services, which answer only a certificate
+/// valid for a member's host).
 #[test]
 fn the_journal_is_reached_only_over_internal_tls() {
     let objects = objects();
     let main = hcl(&repo().join("terraform/strata/main.tf"));
-    let mut secrets = BTreeSet::new();
+    // Workload name -> the secrets its internal TLS files come from.
+    let mut secrets: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut dialled = BTreeSet::new();
     for w in workloads(&objects) {
         let name = w["metadata"]["name"].as_str().expect("named");
@@ -775,7 +778,10 @@ fn the_journal_is_reached_only_over_internal_tls() {
                     .find(|v| v["name"] == mount["name"])
                     .and_then(|v| v["secret"]["secretName"].as_str())
                     .unwrap_or_else(|| panic!("{name}: {file} is not from a secret"));
-                secrets.insert(secret.to_string());
+                secrets
+                    .entry(name.to_string())
+                    .or_default()
+                    .insert(secret.to_string());
             }
             for key in ["--journal", "--peers"] {
                 for addr in f.get(key).into_iter().flat_map(|l| l.split(',')) {
@@ -787,12 +793,29 @@ fn the_journal_is_reached_only_over_internal_tls() {
         }
     }
     assert_eq!(workloads(&objects).len(), 3, "journal, frontend, compactor");
-    let [secret] = secrets
-        .into_iter()
-        .collect::<Vec<_>>()
-        .try_into()
-        .unwrap_or_else(|s| panic!("one internal TLS secret, not {s:?}"));
-    let internal_ca = secret_ca(&main, &secret);
+    let only = |workload: &str| -> String {
+        let of = &secrets[workload];
+        assert_eq!(
+            of.len(),
+            1,
+            "{workload}: its three files from one secret, not {of:?}"
+        );
+        of.first().cloned().unwrap()
+    };
+    let journal_secret = only("strata-journal");
+    for client in ["strata-frontend", "strata-compactor"] {
+        let secret = only(client);
+        assert_ne!(
+            secret, journal_secret,
+            "{client} holds the journal nodes' certificate: it could vote and replicate"
+        );
+        assert_eq!(
+            secret_ca(&main, &secret),
+            secret_ca(&main, &journal_secret),
+            "{client} trusts the internal CA"
+        );
+    }
+    let internal_ca = secret_ca(&main, &journal_secret);
     assert_ne!(internal_ca, secret_ca(&main, "strata-frontend-tls"));
     assert_ne!(internal_ca, secret_ca(&main, "strata-admin-tls"));
     // The certificate's names: `strata-journal-${i}.strata-journal` (and longer forms) for

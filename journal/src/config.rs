@@ -48,6 +48,10 @@ pub enum ConfigError {
     SegmentBytes(u64),
     #[error("the node's own id {0} is not in the peers")]
     NotInPeers(NodeId),
+    #[error(
+        "internal TLS needs internal-trusted-ca-file, internal-cert-file and internal-key-file together"
+    )]
+    PartialTls,
 }
 
 /// The settings of a node as a file or as flags: `None` means "not given here".
@@ -67,6 +71,10 @@ pub struct FileConfig {
     pub segment_bytes: Option<u64>,
     /// Where to serve Prometheus `/metrics` (`host:port`); none when absent.
     pub metrics_listen: Option<String>,
+    /// Internal TLS (`crate::tls`): all three, or none for plaintext.
+    pub internal_trusted_ca_file: Option<PathBuf>,
+    pub internal_cert_file: Option<PathBuf>,
+    pub internal_key_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -104,6 +112,28 @@ impl FileConfig {
             join: self.join.or(lower.join),
             segment_bytes: self.segment_bytes.or(lower.segment_bytes),
             metrics_listen: self.metrics_listen.or(lower.metrics_listen),
+            internal_trusted_ca_file: self
+                .internal_trusted_ca_file
+                .or(lower.internal_trusted_ca_file),
+            internal_cert_file: self.internal_cert_file.or(lower.internal_cert_file),
+            internal_key_file: self.internal_key_file.or(lower.internal_key_file),
+        }
+    }
+
+    /// The internal TLS files named (None: plaintext); some but not all is an error.
+    pub fn tls_files(&self) -> Result<Option<crate::tls::TlsFiles>, ConfigError> {
+        match (
+            &self.internal_trusted_ca_file,
+            &self.internal_cert_file,
+            &self.internal_key_file,
+        ) {
+            (None, None, None) => Ok(None),
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(crate::tls::TlsFiles {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            })),
+            _ => Err(ConfigError::PartialTls),
         }
     }
 
@@ -238,6 +268,30 @@ metrics-listen = "127.0.0.1:9102"
             "what the flags lack comes from the file"
         );
         assert_eq!(merged.idle_tick, Some(Duration::from_millis(250)));
+    }
+
+    #[test]
+    fn internal_tls_files_come_together_from_file_or_flags() {
+        let file = FileConfig::parse(
+            "id = 1\ninternal-trusted-ca-file = \"/tls/ca.crt\"\ninternal-cert-file = \"/tls/tls.crt\"\ninternal-key-file = \"/tls/tls.key\"\n",
+            false,
+        )
+        .unwrap();
+        let files = file.tls_files().unwrap().expect("internal TLS on");
+        assert_eq!(files.ca, PathBuf::from("/tls/ca.crt"));
+        assert_eq!(files.key, PathBuf::from("/tls/tls.key"));
+        let flags = FileConfig {
+            internal_cert_file: Some("/other/tls.crt".into()),
+            ..Default::default()
+        };
+        let merged = flags.over(file);
+        assert_eq!(
+            merged.tls_files().unwrap().unwrap().cert,
+            PathBuf::from("/other/tls.crt")
+        );
+        assert_eq!(FileConfig::default().tls_files().unwrap(), None);
+        let partial = FileConfig::parse("internal-cert-file = \"/tls/tls.crt\"\n", false).unwrap();
+        assert!(matches!(partial.tls_files(), Err(ConfigError::PartialTls)));
     }
 
     #[test]

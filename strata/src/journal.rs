@@ -26,7 +26,8 @@ pub struct Args {
 struct NodeArgs {
     /// A config file (TOML, or JSON if it ends in `.json`) with any of the settings below,
     /// named as the flags (`id`, `listen`, `data-dir`, `shards`, `idle-tick`, `join`,
-    /// `segment-bytes`, `metrics-listen`, and a `[peers]` table of `id = "host:port"`).
+    /// `segment-bytes`, `metrics-listen`, `internal-trusted-ca-file`, `internal-cert-file`,
+    /// `internal-key-file`, and a `[peers]` table of `id = "host:port"`).
     /// Flags given on the command line override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -126,6 +127,9 @@ impl NodeArgs {
             join: self.join.then_some(true),
             segment_bytes: self.segment_bytes,
             metrics_listen: self.metrics_listen.clone(),
+            internal_trusted_ca_file: self.tls.internal_trusted_ca_file.clone(),
+            internal_cert_file: self.tls.internal_cert_file.clone(),
+            internal_key_file: self.tls.internal_key_file.clone(),
         };
         Ok(flags.over(file))
     }
@@ -293,7 +297,10 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
     config.read_lease = a.read_lease;
     config.handoff_settle = (!a.handoff_settle.is_zero()).then_some(a.handoff_settle);
     config.refuse_streams = a.refuse_streams;
-    config.tls = a.tls.load()?;
+    config.tls = match settings.tls_files()? {
+        Some(files) => Some(std::sync::Arc::new(journal::tls::InternalTls::load(files)?)),
+        None => None,
+    };
     if a.refuse_streams {
         tracing::warn!("refusing the stream RPCs (testing the unary fallback)");
     }

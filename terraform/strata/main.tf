@@ -231,8 +231,10 @@ resource "tls_locally_signed_cert" "internal" {
   ca_cert_pem           = tls_self_signed_cert.ca["internal"].cert_pem
   validity_period_hours = var.certificate_validity_hours
   early_renewal_hours   = var.certificate_validity_hours / 4
-  allowed_uses = concat(["digital_signature", "key_encipherment", "client_auth"],
-  each.key == "journal" ? ["server_auth"] : [])
+  allowed_uses = concat(
+    ["digital_signature", "key_encipherment", "client_auth"],
+    each.key == "journal" ? ["server_auth"] : [],
+  )
 }
 
 resource "kubernetes_secret_v1" "internal_tls" {

@@ -79,6 +79,8 @@ pub struct Summary {
     pub frontends: usize,
     /// Checkpoints went to an S3 server (moto), not a local directory.
     pub s3: bool,
+    /// The journal was dialled over internal TLS.
+    pub internal_tls: bool,
     pub schedule: Vec<String>,
     pub acknowledged: usize,
     pub unknown: usize,
@@ -238,6 +240,11 @@ pub struct Plan {
     pub frontends: usize,
     /// Checkpoints in a real S3-compatible server (moto), else in a local directory.
     pub s3: bool,
+    /// Journal nodes, frontends and the compactor over internal TLS (as the manifests run
+    /// them), else plaintext. Decided by the seed's second bit, not by its random stream, so
+    /// that adding it changed no seed's schedule: the first fixed seed runs with it, the second
+    /// without.
+    pub internal_tls: bool,
     pub steps: Vec<Step>,
     /// The journal node left running when the majority goes down at the end.
     pub spared: usize,
@@ -253,6 +260,7 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
     Plan {
         frontends,
         s3,
+        internal_tls: (seed >> 1) & 1 == 1,
         steps,
         spared: rng.random_range(0..3),
     }
@@ -713,6 +721,51 @@ struct Faults {
     /// `links[f][j]`: the proxy frontend `f` dials journal node `j` through.
     links: Vec<Vec<TcpProxy>>,
     objects: Objects,
+    /// The internal TLS files, when the run uses them.
+    _pki: Option<tempfile::TempDir>,
+}
+
+/// Internal TLS for a run: a CA of its own, the journal nodes' certificate (for 127.0.0.1, so
+/// valid for every peer's host) and the one the frontends and the compactor dial with (valid
+/// for no host: the journal's Raft and admin services refuse it).
+struct InternalPki {
+    dir: tempfile::TempDir,
+    node: Vec<String>,
+    client: Vec<String>,
+    /// The node's files, for the run's own journal client (hand-offs are admin calls).
+    node_files: journal::tls::TlsFiles,
+}
+
+impl InternalPki {
+    fn new() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("strata-faults-pki-")
+            .tempdir()
+            .expect("a directory for the run's certificates");
+        let ca = crate::certs::Ca::new();
+        let ca_file = ca.write(dir.path());
+        let flags = |(cert, key): (std::path::PathBuf, std::path::PathBuf)| {
+            let files = journal::tls::TlsFiles {
+                ca: ca_file.clone(),
+                cert,
+                key,
+            };
+            let flags = vec![
+                format!("--internal-trusted-ca-file={}", files.ca.display()),
+                format!("--internal-cert-file={}", files.cert.display()),
+                format!("--internal-key-file={}", files.key.display()),
+            ];
+            (flags, files)
+        };
+        let (node, node_files) = flags(ca.peer(&["127.0.0.1"]).write(dir.path(), "node"));
+        let (client, _) = flags(ca.client("strata-client", &[]).write(dir.path(), "client"));
+        InternalPki {
+            dir,
+            node,
+            client,
+            node_files,
+        }
+    }
 }
 
 /// Where the checkpoints go: a local directory, or a real S3-compatible server (moto).
@@ -932,8 +985,12 @@ async fn grant_lease(endpoints: &[String]) -> Result<i64, String> {
 }
 
 /// Starts the deployment of a run: the journal nodes, `frontends` frontends dialling them
-/// through proxies, the compactor.
-async fn deploy(frontends: usize, objects: Objects) -> Result<Faults, String> {
+/// through proxies, the compactor; over internal TLS if `internal_tls`.
+async fn deploy(frontends: usize, objects: Objects, internal_tls: bool) -> Result<Faults, String> {
+    let pki = internal_tls.then(InternalPki::new);
+    let node_flags = pki.as_ref().map(|p| p.node.clone()).unwrap_or_default();
+    let client_flags = pki.as_ref().map(|p| p.client.clone()).unwrap_or_default();
+    let frontend_client_flags = client_flags.clone();
     let journal_addrs: Vec<String> = (0..JOURNAL_NODES)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
@@ -954,22 +1011,34 @@ async fn deploy(frontends: usize, objects: Objects) -> Result<Faults, String> {
         frontends,
         Setup {
             frontend_extra: Box::new(move |dir| {
-                vec![
+                let mut extra = vec![
                     "--object-store".into(),
                     object_store.unwrap_or_else(|| Objects::dir_url(dir)),
                     "--watch-progress-notify-interval".into(),
                     "500ms".into(),
-                ]
+                ];
+                extra.extend(frontend_client_flags.iter().cloned());
+                extra
             }),
             journal_addrs: Some(journal_addrs),
             frontend_journals: Some(Box::new(move |i| link_addrs[i].clone())),
             frontend_env: objects.env(),
-            journal_extra: vec!["--failpoints".into()],
+            journal_extra: std::iter::once("--failpoints".to_string())
+                .chain(node_flags)
+                .collect(),
         },
     )
     .await;
-    let compactor_args = compactor_args(&deployment, &objects);
-    let journal = JournalClient::connect(deployment.journal_addrs())
+    let mut compactor_args = compactor_args(&deployment, &objects);
+    compactor_args.extend(client_flags);
+    let tls = match &pki {
+        Some(p) => Some(std::sync::Arc::new(
+            journal::tls::InternalTls::load(p.node_files.clone())
+                .map_err(|e| format!("internal TLS: {e}"))?,
+        )),
+        None => None,
+    };
+    let journal = JournalClient::connect_over(deployment.journal_addrs(), tls)
         .await
         .map_err(|e| format!("journal client: {e}"))?;
     Ok(Faults {
@@ -979,6 +1048,7 @@ async fn deploy(frontends: usize, objects: Objects) -> Result<Faults, String> {
         journal,
         links,
         objects,
+        _pki: pki.map(|p| p.dir),
     })
 }
 
@@ -1162,6 +1232,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
     let Plan {
         frontends,
         s3,
+        internal_tls,
         steps,
         spared,
     } = plan(seed, config.faults_for);
@@ -1170,7 +1241,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
     } else {
         Objects::Dir
     };
-    let mut faults = deploy(frontends, objects).await?;
+    let mut faults = deploy(frontends, objects, internal_tls).await?;
     let endpoints = faults.deployment.endpoints();
     let lease = grant_lease(&endpoints).await?;
     let clock = Clock(Instant::now());
@@ -1257,6 +1328,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
         seed,
         frontends,
         s3,
+        internal_tls,
         schedule: ran,
         acknowledged: count(|o| matches!(o, Outcome::Ok { .. })),
         unknown: count(|o| matches!(o, Outcome::Unknown(_))),
@@ -1406,5 +1478,13 @@ mod tests {
         want.insert("Pause object store".to_string());
         let missing: Vec<&String> = want.difference(&seen).collect();
         assert!(missing.is_empty(), "no fixed seed plans {missing:?}");
+        let tls: Vec<bool> = FIXED_SEEDS
+            .iter()
+            .map(|&seed| plan(seed, Config::ci().faults_for).internal_tls)
+            .collect();
+        assert!(
+            tls.contains(&true) && tls.contains(&false),
+            "the fixed seeds run the journal both over internal TLS and plaintext: {tls:?}"
+        );
     }
 }

@@ -37,11 +37,16 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
         match run(seed, &Config::ci()).await {
             Ok(s) => {
                 println!(
-                    "seed {:#x}: {} frontends, checkpoints in {}; {} faults; {} answered, {} unknown; {} revisions \
-                     written, {} events to revision {}; {} watchers saw {} events",
+                    "seed {:#x}: {} frontends, checkpoints in {}, journal {}; {} faults; {} answered, {} unknown; \
+                     {} revisions written, {} events to revision {}; {} watchers saw {} events",
                     s.seed,
                     s.frontends,
                     if s.s3 { "S3 (moto)" } else { "a directory" },
+                    if s.internal_tls {
+                        "over internal TLS"
+                    } else {
+                        "plaintext"
+                    },
                     s.schedule.iter().filter(|l| !l.contains("healed")).count(),
                     s.acknowledged,
                     s.unknown,

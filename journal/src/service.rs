@@ -32,6 +32,7 @@ use crate::log_store::lock;
 use crate::network::{MAX_RAFT_MESSAGE_BYTES, decode_append};
 use crate::node::{JournalNode, MAX_APPEND_BYTES, MAX_APPEND_ENTRIES, MAX_ENTRY_BYTES, Shard};
 use crate::segment::SegmentError;
+use crate::tls::COMPACTOR_NAME;
 
 /// Records per Read message at most (and bytes, below).
 pub const READ_BATCH_BYTES: usize = 1024 * 1024;
@@ -48,10 +49,31 @@ pub const RAFT_STREAM_BUFFER: usize = 4;
 /// Largest client message accepted (above the entry limit, so oversize gets our own error).
 pub const MAX_CLIENT_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 
+/// Whether the caller's certificate is valid for the host of a member of some shard or of
+/// `--peers`, or for the name `also` (checked as a server name would be).
+fn certified_as<T>(node: &JournalNode, req: &Request<T>, also: Option<&str>) -> bool {
+    let certs = req.peer_certs();
+    let Some(leaf) = certs.as_ref().and_then(|c| c.first()) else {
+        return false;
+    };
+    also.is_some_and(|name| crate::tls::valid_for(leaf, name))
+        || node
+            .journal_hosts()
+            .iter()
+            .any(|h| crate::tls::valid_for(leaf, h))
+}
+
+/// A call refused for the caller's certificate: counted, logged and answered.
+fn refused(what: &str, message: &str) -> Status {
+    ::metrics::counter!("strata_internal_tls_peer_calls_refused_total").increment(1);
+    tracing::warn!(call = what, "{message}");
+    Status::permission_denied(message)
+}
+
 /// With internal TLS, the Raft and admin services answer only journal nodes: callers whose
 /// certificate is valid for the host of a member of some shard or of `--peers`. A frontend's or
-/// compactor's certificate, which names no journal host, may append, read and trim, but not
-/// vote, replicate, campaign or change membership.
+/// compactor's certificate, which names no journal host, may append and read, but not vote,
+/// replicate, campaign or change membership.
 fn journal_nodes_only(
     node: Arc<JournalNode>,
 ) -> impl FnMut(Request<()>) -> Result<Request<()>, Status> + Clone {
@@ -59,21 +81,27 @@ fn journal_nodes_only(
         if node.peers.tls().is_none() {
             return Ok(req);
         }
-        let certs = req.peer_certs();
-        let leaf = certs.as_ref().and_then(|c| c.first());
-        let hosts = node.journal_hosts();
-        if leaf.is_some_and(|cert| hosts.iter().any(|h| crate::tls::valid_for(cert, h))) {
+        if certified_as(&node, &req, None) {
             return Ok(req);
         }
-        ::metrics::counter!("strata_internal_tls_peer_calls_refused_total").increment(1);
-        tracing::warn!(
-            ?hosts,
-            "a Raft or admin call from a certificate valid for no journal node's host refused"
-        );
-        Err(Status::permission_denied(
+        Err(refused(
+            "raft or admin",
             "the journal's Raft and admin services answer only journal nodes: a certificate valid for a member's host",
         ))
     }
+}
+
+/// With internal TLS, `Trim` answers only the compactor (a certificate valid for
+/// [`COMPACTOR_NAME`]) and journal nodes: a trim deletes history no checkpoint may cover yet, so
+/// a frontend's certificate, which parses tenants' traffic, may not.
+fn compactor_only<T>(node: &JournalNode, req: &Request<T>) -> Result<(), Status> {
+    if node.peers.tls().is_none() || certified_as(node, req, Some(COMPACTOR_NAME)) {
+        return Ok(());
+    }
+    Err(refused(
+        "trim",
+        "the journal's Trim answers only the compactor: a certificate valid for strata-compactor",
+    ))
 }
 
 /// All services of `node`, ready to serve.
@@ -180,6 +208,7 @@ impl Journal for JournalSvc {
     }
 
     async fn trim(&self, request: Request<TrimRequest>) -> Result<Response<TrimResponse>, Status> {
+        compactor_only(&self.node, &request)?;
         let req = request.into_inner();
         let shard = self.shard(req.shard)?;
         let first_index = shard.trim(req.below).await?;

@@ -449,6 +449,10 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> 
     })
 }
 
+/// The name the compactor's internal certificate is valid for (a DNS subject alternative
+/// name): with internal TLS the journal's `Trim` answers only it and the journal nodes.
+pub const COMPACTOR_NAME: &str = "strata-compactor";
+
 /// Whether the DER certificate `der` is valid for `host` (a DNS name or an IP address), as a
 /// server's certificate for that name would be checked: the test for a journal node's
 /// certificate (the Raft and admin services answer only certificates valid for a member's

@@ -194,6 +194,40 @@ async fn nodes_and_clients_talk_only_over_mutual_tls() {
         "a node's hand-off report refused"
     );
 
+    // Trim deletes history: only the compactor's certificate (valid for strata-compactor)
+    // and the nodes' are answered, a frontend's is refused and trims nothing.
+    let first = |c: &JournalClient| {
+        let c = c.clone();
+        async move { c.status(0).await.unwrap().first_index }
+    };
+    let before = first(&as_frontend).await;
+    let refused = as_frontend.trim(0, 2).await.unwrap_err();
+    assert!(
+        refused.to_string().contains("answers only the compactor"),
+        "a frontend trims: {refused}"
+    );
+    assert_eq!(
+        first(&as_frontend).await,
+        before,
+        "the refused trim trimmed"
+    );
+    let (cert, key) = ca
+        .client("compactor", &[journal::tls::COMPACTOR_NAME])
+        .write(dir.path(), "compactor");
+    let compactor = Arc::new(
+        InternalTls::load(TlsFiles {
+            ca: dir.path().join("client-ca.pem"),
+            cert,
+            key,
+        })
+        .unwrap(),
+    );
+    let as_compactor = JournalClient::connect_over(&endpoints, Some(compactor))
+        .await
+        .unwrap();
+    let kept = as_compactor.trim(0, 2).await.expect("the compactor trims");
+    assert!((1..=2).contains(&kept), "first index kept {kept}");
+
     for n in nodes {
         n.stop().await;
     }

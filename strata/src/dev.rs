@@ -317,8 +317,9 @@ async fn start_all(
 ) -> anyhow::Result<()> {
     let path = |p: &Path| p.display().to_string();
     // With --tls, every process dials the journal over mutual TLS: the journal nodes with a
-    // certificate for their host, the frontend and the compactor with one for none (so they
-    // may not call the journal's Raft and admin services).
+    // certificate for their host, the frontend and the compactor with one for no host (so they
+    // may not call the journal's Raft and admin services); only the compactor's names
+    // strata-compactor, which the journal's Trim requires.
     let internal_flags = |files: crate::dev_tls::ServerFiles| -> Vec<String> {
         vec![
             "--internal-trusted-ca-file".into(),
@@ -329,14 +330,16 @@ async fn start_all(
             path(&files.key),
         ]
     };
-    let (internal_node, internal): (Vec<String>, Vec<String>) = if args.tls {
-        (
-            internal_flags(crate::dev_tls::ensure_internal(data_dir)?),
-            internal_flags(crate::dev_tls::ensure_internal_client(data_dir)?),
-        )
-    } else {
-        (Vec::new(), Vec::new())
-    };
+    let (internal_node, internal, internal_compactor): (Vec<String>, Vec<String>, Vec<String>) =
+        if args.tls {
+            (
+                internal_flags(crate::dev_tls::ensure_internal(data_dir)?),
+                internal_flags(crate::dev_tls::ensure_internal_client(data_dir)?),
+                internal_flags(crate::dev_tls::ensure_internal_compactor(data_dir)?),
+            )
+        } else {
+            (Vec::new(), Vec::new(), Vec::new())
+        };
     for (i, addr) in journal_addrs.iter().enumerate() {
         let id = i + 1;
         let name = format!("journal-{id}");
@@ -429,7 +432,7 @@ async fn start_all(
             "--auto-compaction-retention".into(),
             args.auto_compaction_retention.clone(),
         ];
-        argv.extend(internal.iter().cloned());
+        argv.extend(internal_compactor);
         argv.extend(args.compactor_args.iter().cloned());
         procs.push(spawn(exe, "compactor", &argv, logs)?);
     }

@@ -32,6 +32,7 @@ const CA_KEY: &str = "ca.key";
 /// `<stem>.pem` and `<stem>.key`: a server's certificate, a client's.
 const SERVER_STEM: &str = "server";
 const CLIENT_STEM: &str = "client";
+const COMPACTOR_STEM: &str = "compactor";
 /// The CA's subject: a certificate it signs names this issuer.
 const CA_COMMON_NAME: &str = "strata dev CA";
 /// Sub-directory of [`TLS_DIR`] holding the internal CA and its certificate.
@@ -77,9 +78,8 @@ pub fn ensure_internal(data_dir: &Path) -> anyhow::Result<ServerFiles> {
     )
 }
 
-/// The internal CA and the certificate the frontend and the compactor dial the journal with,
-/// made if missing: valid for no host, so the journal answers its Raft and admin services to
-/// neither.
+/// The internal CA and the certificate the frontend dials the journal with, made if missing:
+/// valid for no host, so the journal answers it neither its Raft and admin services nor Trim.
 pub fn ensure_internal_client(data_dir: &Path) -> anyhow::Result<ServerFiles> {
     ensure_in(
         &data_dir.join(TLS_DIR).join(INTERNAL_DIR),
@@ -87,6 +87,20 @@ pub fn ensure_internal_client(data_dir: &Path) -> anyhow::Result<ServerFiles> {
         Vec::new(),
         CLIENT_STEM,
         "strata dev journal client",
+        vec![ExtendedKeyUsagePurpose::ClientAuth],
+    )
+}
+
+/// The internal CA and the compactor's certificate, made if missing: valid for the name
+/// `strata-compactor` (so the journal answers it `Trim`) and for no host (so not its Raft and
+/// admin services).
+pub fn ensure_internal_compactor(data_dir: &Path) -> anyhow::Result<ServerFiles> {
+    ensure_in(
+        &data_dir.join(TLS_DIR).join(INTERNAL_DIR),
+        INTERNAL_CA_COMMON_NAME,
+        vec![journal::tls::COMPACTOR_NAME.to_string()],
+        COMPACTOR_STEM,
+        "strata dev compactor",
         vec![ExtendedKeyUsagePurpose::ClientAuth],
     )
 }
@@ -115,7 +129,7 @@ fn ensure_in(
         write_private(&dir.join(CA_KEY), &key.serialize_pem())?;
         write_public(&files.ca, &cert.pem())?;
         // A new CA: the old certificates (if any) are not signed by it.
-        for old in [SERVER_STEM, CLIENT_STEM] {
+        for old in [SERVER_STEM, CLIENT_STEM, COMPACTOR_STEM] {
             let _ = std::fs::remove_file(dir.join(format!("{old}.pem")));
         }
     }
@@ -157,6 +171,7 @@ pub fn cert(args: CertArgs) -> anyhow::Result<()> {
     ensure(&args.data_dir)?;
     ensure_internal(&args.data_dir)?;
     ensure_internal_client(&args.data_dir)?;
+    ensure_internal_compactor(&args.data_dir)?;
     let dir = args.data_dir.join(TLS_DIR);
     let out = args.out.unwrap_or_else(|| dir.clone());
     std::fs::create_dir_all(&out).with_context(|| format!("create {}", out.display()))?;
@@ -381,6 +396,26 @@ mod tests {
         assert!(journal::tls::valid_for(&der(&internal.cert), "127.0.0.1"));
         assert!(!journal::tls::valid_for(&der(&client.cert), "127.0.0.1"));
         assert!(!journal::tls::valid_for(&der(&client.cert), "localhost"));
+        assert!(!journal::tls::valid_for(
+            &der(&client.cert),
+            journal::tls::COMPACTOR_NAME
+        ));
+        // The compactor's: the same CA, valid for strata-compactor (the journal's Trim
+        // answers it) and for no journal host.
+        let compactor = ensure_internal_compactor(data.path()).unwrap();
+        assert_eq!(compactor.ca, internal.ca);
+        clients
+            .verify_client_cert(
+                &der(&compactor.cert),
+                &[],
+                rustls::pki_types::UnixTime::now(),
+            )
+            .expect("the compactor's certificate dials");
+        assert!(journal::tls::valid_for(
+            &der(&compactor.cert),
+            journal::tls::COMPACTOR_NAME
+        ));
+        assert!(!journal::tls::valid_for(&der(&compactor.cert), "127.0.0.1"));
         let out = issue_team_a(data.path());
         assert!(
             clients

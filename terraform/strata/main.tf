@@ -5,7 +5,7 @@
 # image, bucket and tenant domain substituted for the manifests' defaults.
 
 locals {
-  manifests_dir = coalesce(var.manifests_dir, "${path.module}/../../infra/kubernetes")
+  manifests_dir  = coalesce(var.manifests_dir, "${path.module}/../../infra/kubernetes")
   manifest_files = ["journal.yaml", "frontend.yaml", "compactor.yaml"]
   # Values in the manifests that this module replaces (kept as plain values so that
   # `kubectl apply -k infra/kubernetes` works on the same files).
@@ -205,12 +205,13 @@ resource "kubernetes_secret_v1" "frontend_tls" {
   }
 }
 
-# Internal TLS, two certificates of the internal CA: the journal nodes' (valid for every name a
-# node is dialled at, presented as a server's and, to their peers, as a client's) and the one
-# the frontends and the compactor dial the journal with (valid for no name: the journal answers
-# its Raft and admin services only to certificates valid for a member's host).
+# Internal TLS, three certificates of the internal CA: the journal nodes' (valid for every name
+# a node is dialled at, presented as a server's and, to their peers, as a client's), the one
+# the frontends dial the journal with (valid for no name: the journal answers its Raft and
+# admin services only to certificates valid for a member's host) and the compactor's (valid for
+# strata-compactor, the one name besides the nodes' that the journal's Trim answers).
 resource "tls_private_key" "internal" {
-  for_each    = toset(["journal", "client"])
+  for_each    = toset(["journal", "client", "compactor"])
   algorithm   = "ECDSA"
   ecdsa_curve = "P256"
 }
@@ -218,7 +219,10 @@ resource "tls_private_key" "internal" {
 resource "tls_cert_request" "internal" {
   for_each        = tls_private_key.internal
   private_key_pem = each.value.private_key_pem
-  dns_names       = each.key == "journal" ? local.internal_dns_names : []
+  dns_names = (
+    each.key == "journal" ? local.internal_dns_names :
+    each.key == "compactor" ? ["strata-compactor"] : []
+  )
   subject {
     common_name = "strata-internal-${each.key}"
   }
@@ -259,6 +263,19 @@ resource "kubernetes_secret_v1" "internal_client_tls" {
   data = {
     "tls.crt" = tls_locally_signed_cert.internal["client"].cert_pem
     "tls.key" = tls_private_key.internal["client"].private_key_pem
+    "ca.crt"  = tls_self_signed_cert.ca["internal"].cert_pem
+  }
+}
+
+resource "kubernetes_secret_v1" "internal_compactor_tls" {
+  metadata {
+    name      = "strata-internal-compactor-tls"
+    namespace = local.namespace
+  }
+  type = "kubernetes.io/tls"
+  data = {
+    "tls.crt" = tls_locally_signed_cert.internal["compactor"].cert_pem
+    "tls.key" = tls_private_key.internal["compactor"].private_key_pem
     "ca.crt"  = tls_self_signed_cert.ca["internal"].cert_pem
   }
 }

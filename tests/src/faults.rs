@@ -731,7 +731,10 @@ struct Faults {
 struct InternalPki {
     dir: tempfile::TempDir,
     node: Vec<String>,
-    client: Vec<String>,
+    /// The frontends' certificate: valid for no host.
+    frontend: Vec<String>,
+    /// The compactor's: valid for the name the journal's Trim requires.
+    compactor: Vec<String>,
     /// The node's files, for the run's own journal client (hand-offs are admin calls).
     node_files: journal::tls::TlsFiles,
 }
@@ -758,11 +761,17 @@ impl InternalPki {
             (flags, files)
         };
         let (node, node_files) = flags(ca.peer(&["127.0.0.1"]).write(dir.path(), "node"));
-        let (client, _) = flags(ca.client("strata-client", &[]).write(dir.path(), "client"));
+        let (frontend, _) = flags(
+            ca.client("strata-frontend", &[])
+                .write(dir.path(), "frontend"),
+        );
+        let compactor = ca.client("strata-compactor", &[journal::tls::COMPACTOR_NAME]);
+        let (compactor, _) = flags(compactor.write(dir.path(), "compactor"));
         InternalPki {
             dir,
             node,
-            client,
+            frontend,
+            compactor,
             node_files,
         }
     }
@@ -989,8 +998,11 @@ async fn grant_lease(endpoints: &[String]) -> Result<i64, String> {
 async fn deploy(frontends: usize, objects: Objects, internal_tls: bool) -> Result<Faults, String> {
     let pki = internal_tls.then(InternalPki::new);
     let node_flags = pki.as_ref().map(|p| p.node.clone()).unwrap_or_default();
-    let client_flags = pki.as_ref().map(|p| p.client.clone()).unwrap_or_default();
-    let frontend_client_flags = client_flags.clone();
+    let frontend_client_flags = pki.as_ref().map(|p| p.frontend.clone()).unwrap_or_default();
+    let compactor_client_flags = pki
+        .as_ref()
+        .map(|p| p.compactor.clone())
+        .unwrap_or_default();
     let journal_addrs: Vec<String> = (0..JOURNAL_NODES)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
@@ -1030,7 +1042,7 @@ async fn deploy(frontends: usize, objects: Objects, internal_tls: bool) -> Resul
     )
     .await;
     let mut compactor_args = compactor_args(&deployment, &objects);
-    compactor_args.extend(client_flags);
+    compactor_args.extend(compactor_client_flags);
     let tls = match &pki {
         Some(p) => Some(std::sync::Arc::new(
             journal::tls::InternalTls::load(p.node_files.clone())
@@ -1304,6 +1316,18 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
         violations.push("the rebuilt frontend did not start from a checkpoint".into());
     }
     violations.extend(check_replicas(&endpoints, final_revision, &expected).await);
+
+    // The compactor trimmed the journal behind its checkpoints: its trims were answered (over
+    // internal TLS, only a certificate valid for strata-compactor is).
+    let mut first_index = 0;
+    for addr in faults.deployment.journal_addrs() {
+        if let Ok(status) = faults.journal.status_of(addr, 0).await {
+            first_index = first_index.max(status.first_index);
+        }
+    }
+    if first_index == 0 {
+        violations.push("the journal was never trimmed behind the compactor's checkpoints".into());
+    }
 
     // Writes that changed the keyspace: one revision each.
     let revisions_written = log

@@ -712,6 +712,11 @@ fn the_frontends_flags_make_a_valid_multi_tenant_configuration() {
 /// The `ca.crt` a `kubernetes_secret_v1` of the Terraform module named `secret` holds (the
 /// expression, as written).
 fn secret_ca(main: &Value, secret: &str) -> String {
+    secret_data(main, secret, "ca.crt")
+}
+
+/// The expression the Terraform module gives the key `key` of the secret named `secret`.
+fn secret_data(main: &Value, secret: &str, key: &str) -> String {
     for resource in main["resource"].as_array().expect("resources") {
         for (kind, named) in resource.as_object().expect("a resource block") {
             if unquoted_str(kind) != "kubernetes_secret_v1" {
@@ -722,9 +727,9 @@ fn secret_ca(main: &Value, secret: &str) -> String {
                     let data = body["data"].as_object().expect("data");
                     return data
                         .iter()
-                        .find(|(k, _)| unquoted_str(k) == "ca.crt")
+                        .find(|(k, _)| unquoted_str(k) == key)
                         .map(|(_, v)| unquoted(v))
-                        .expect("ca.crt");
+                        .unwrap_or_else(|| panic!("{secret} has no {key}"));
                 }
             }
         }
@@ -736,8 +741,9 @@ fn secret_ca(main: &Value, secret: &str) -> String {
 /// frontends, the compactor) names the three files, from secrets the module makes with a CA of
 /// its own (neither the tenants' nor the admin API's); the journal nodes' certificate is valid
 /// for every address the journal is dialled at, and the frontends and the compactor mount
-/// another (so they cannot call the Raft and admin services, which answer only a certificate
-/// valid for a member's host).
+/// others (so they cannot call the Raft and admin services, which answer only a certificate
+/// valid for a member's host); only the compactor's is valid for `strata-compactor`, the name
+/// the journal's Trim requires.
 #[test]
 fn the_journal_is_reached_only_over_internal_tls() {
     let objects = objects();
@@ -815,6 +821,34 @@ fn the_journal_is_reached_only_over_internal_tls() {
             "{client} trusts the internal CA"
         );
     }
+    // Trim deletes history: the compactor's certificate is its own (valid for the name the
+    // journal's Trim requires), and the frontends' is not it.
+    let (frontend_secret, compactor_secret) = (only("strata-frontend"), only("strata-compactor"));
+    assert_ne!(
+        frontend_secret, compactor_secret,
+        "the frontends hold the compactor's certificate: they could trim the journal"
+    );
+    let cert_of = |secret: &str| secret_data(&main, secret, "tls.crt");
+    let names = main["resource"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .flat_map(|r| r.as_object().expect("a resource block").iter())
+        .filter(|(kind, _)| unquoted_str(kind) == "tls_cert_request")
+        .flat_map(|(_, named)| named.as_object().expect("named resources").iter())
+        .find(|(name, _)| unquoted_str(name) == "internal")
+        .and_then(|(_, body)| body["dns_names"].as_str())
+        .expect("tls_cert_request.internal's dns_names");
+    assert!(
+        cert_of(&compactor_secret).contains(r#"internal["compactor"]"#)
+            && names.contains(r#"each.key == "compactor" ? ["strata-compactor"]"#),
+        "the compactor's certificate is not valid for strata-compactor: {names}"
+    );
+    assert!(
+        cert_of(&frontend_secret).contains(r#"internal["client"]"#)
+            && !names.contains(r#""client""#),
+        "the frontends' certificate has names: {names}"
+    );
     let internal_ca = secret_ca(&main, &journal_secret);
     assert_ne!(internal_ca, secret_ca(&main, "strata-frontend-tls"));
     assert_ne!(internal_ca, secret_ca(&main, "strata-admin-tls"));

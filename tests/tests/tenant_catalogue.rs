@@ -709,6 +709,30 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
     status(Some(insider))
         .await
         .expect("the internal certificate is served");
+    // Trim answers the compactor's certificate (valid for strata-compactor), not the
+    // frontend's. (Below index 1: nothing is trimmed.)
+    let trim_as = |stem: &str| {
+        let (journal_at, ca) = (journal_at.clone(), internal.join("ca.pem"));
+        let (cert, key) = (
+            internal.join(format!("{stem}.pem")),
+            internal.join(format!("{stem}.key")),
+        );
+        async move {
+            let tls = journal::tls::InternalTls::load(journal::tls::TlsFiles { ca, cert, key });
+            let client = journal::JournalClient::connect_over(
+                std::slice::from_ref(&journal_at),
+                Some(std::sync::Arc::new(tls.unwrap())),
+            )
+            .await
+            .unwrap();
+            client.trim(0, 1).await.map_err(|e| e.to_string())
+        }
+    };
+    let refused = trim_as("client").await.unwrap_err();
+    assert!(refused.contains("answers only the compactor"), "{refused}");
+    trim_as("compactor")
+        .await
+        .expect("the compactor's certificate trims");
     let compactor_log = data.join("logs/compactor.log");
     let deadline = Instant::now() + WAIT;
     while !std::fs::read_to_string(&compactor_log)

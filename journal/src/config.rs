@@ -49,7 +49,7 @@ pub enum ConfigError {
     #[error("the node's own id {0} is not in the peers")]
     NotInPeers(NodeId),
     #[error(
-        "internal TLS needs internal-trusted-ca-file, internal-cert-file and internal-key-file together"
+        "internal TLS needs internal-trusted-ca-file, internal-cert-file and internal-key-file together (internal-crl-file only with them)"
     )]
     PartialTls,
 }
@@ -75,6 +75,8 @@ pub struct FileConfig {
     pub internal_trusted_ca_file: Option<PathBuf>,
     pub internal_cert_file: Option<PathBuf>,
     pub internal_key_file: Option<PathBuf>,
+    /// With them, optionally: the internal CA's revocation lists.
+    pub internal_crl_file: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -117,6 +119,7 @@ impl FileConfig {
                 .or(lower.internal_trusted_ca_file),
             internal_cert_file: self.internal_cert_file.or(lower.internal_cert_file),
             internal_key_file: self.internal_key_file.or(lower.internal_key_file),
+            internal_crl_file: self.internal_crl_file.or(lower.internal_crl_file),
         }
     }
 
@@ -127,11 +130,12 @@ impl FileConfig {
             &self.internal_cert_file,
             &self.internal_key_file,
         ) {
-            (None, None, None) => Ok(None),
+            (None, None, None) if self.internal_crl_file.is_none() => Ok(None),
             (Some(ca), Some(cert), Some(key)) => Ok(Some(crate::tls::TlsFiles {
                 ca: ca.clone(),
                 cert: cert.clone(),
                 key: key.clone(),
+                crl: self.internal_crl_file.clone(),
             })),
             _ => Err(ConfigError::PartialTls),
         }
@@ -280,18 +284,23 @@ metrics-listen = "127.0.0.1:9102"
         let files = file.tls_files().unwrap().expect("internal TLS on");
         assert_eq!(files.ca, PathBuf::from("/tls/ca.crt"));
         assert_eq!(files.key, PathBuf::from("/tls/tls.key"));
+        assert_eq!(files.crl, None);
         let flags = FileConfig {
             internal_cert_file: Some("/other/tls.crt".into()),
+            internal_crl_file: Some("/tls/crl.pem".into()),
             ..Default::default()
         };
-        let merged = flags.over(file);
-        assert_eq!(
-            merged.tls_files().unwrap().unwrap().cert,
-            PathBuf::from("/other/tls.crt")
-        );
+        let merged = flags.over(file).tls_files().unwrap().unwrap();
+        assert_eq!(merged.cert, PathBuf::from("/other/tls.crt"));
+        assert_eq!(merged.crl, Some(PathBuf::from("/tls/crl.pem")));
         assert_eq!(FileConfig::default().tls_files().unwrap(), None);
         let partial = FileConfig::parse("internal-cert-file = \"/tls/tls.crt\"\n", false).unwrap();
         assert!(matches!(partial.tls_files(), Err(ConfigError::PartialTls)));
+        let crl_alone = FileConfig::parse("internal-crl-file = \"/tls/crl.pem\"\n", false).unwrap();
+        assert!(matches!(
+            crl_alone.tls_files(),
+            Err(ConfigError::PartialTls)
+        ));
     }
 
     #[test]

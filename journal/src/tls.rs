@@ -13,6 +13,11 @@
 //! ones keep what they were made with; files that do not load are refused and the last good
 //! ones go on serving.
 //!
+//! A revocation list (`--internal-crl-file`, etcd's `--peer-crl-file`) is read with them: a
+//! certificate it revokes opens no new connection in either role (a frontend's certificate
+//! taken with its host is cut off without a new CA). Open connections keep going until they
+//! close.
+//!
 //! Also owns the small DER reading (a certificate's subject and expiry) the frontend's client
 //! port shares.
 
@@ -26,7 +31,7 @@ use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -49,13 +54,15 @@ pub enum TlsError {
     },
     #[error("{0} holds no certificate")]
     NoCertificate(PathBuf),
+    #[error("{0} holds no certificate revocation list")]
+    NoCrl(PathBuf),
     #[error("internal TLS: {0}")]
     Rustls(#[from] rustls::Error),
-    #[error("internal TLS CA: {0}")]
+    #[error("internal TLS CA or revocation list: {0}")]
     Verifier(#[from] rustls::server::VerifierBuilderError),
 }
 
-/// The three files internal TLS is made of (PEM).
+/// The files internal TLS is made of (PEM).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFiles {
     /// The internal CA: every peer's certificate must chain to it.
@@ -64,6 +71,9 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     /// Its private key.
     pub key: PathBuf,
+    /// Certificate revocation lists of the internal CA, if any: a revoked peer's handshake is
+    /// refused, as a client's and as a server's.
+    pub crl: Option<PathBuf>,
 }
 
 /// The flags every process that serves or dials the journal takes. All three files, or none
@@ -95,6 +105,14 @@ pub struct TlsArgs {
         requires = "internal_trusted_ca_file"
     )]
     pub internal_key_file: Option<PathBuf>,
+    /// Internal TLS: certificate revocation lists (PEM) of the internal CA; a certificate they
+    /// revoke (a frontend's, a node's) opens no new connection. Read again with the others.
+    #[arg(
+        long,
+        env = "STRATA_INTERNAL_CRL_FILE",
+        requires = "internal_trusted_ca_file"
+    )]
+    pub internal_crl_file: Option<PathBuf>,
     /// How often the internal TLS files are read again (a rotated certificate is used by new
     /// connections without a restart; 0s: never).
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
@@ -108,6 +126,7 @@ impl TlsArgs {
             ca: self.internal_trusted_ca_file.clone()?,
             cert: self.internal_cert_file.clone()?,
             key: self.internal_key_file.clone()?,
+            crl: self.internal_crl_file.clone(),
         })
     }
 
@@ -406,10 +425,11 @@ pub fn reread_every<T, R>(
     });
 }
 
-/// CA, certificate and key, as read.
+/// CA, certificate, key and revocation lists (if named), as read.
 fn read(files: &TlsFiles) -> Result<Vec<Vec<u8>>, TlsError> {
     [&files.ca, &files.cert, &files.key]
         .into_iter()
+        .chain(files.crl.as_ref())
         .map(|path| {
             std::fs::read(path).map_err(|source| TlsError::Io {
                 path: path.clone(),
@@ -432,14 +452,38 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> 
         source,
     })?;
     let expires = chain.iter().filter_map(|c| not_after(c)).min();
-    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::clone(&roots)).build()?;
+    let crls = match (&files.crl, contents.get(3)) {
+        (Some(path), Some(pem)) => {
+            let crls = CertificateRevocationListDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| TlsError::Pem {
+                    path: path.clone(),
+                    source,
+                })?;
+            if crls.is_empty() {
+                return Err(TlsError::NoCrl(path.clone()));
+            }
+            crls
+        }
+        _ => Vec::new(),
+    };
+    // Only the peer's own certificate is looked up in the lists (the CA's is not: the lists
+    // are the CA's own).
+    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::clone(&roots))
+        .with_crls(crls.clone())
+        .only_check_end_entity_revocation()
+        .build()?;
     // Refuses a key that is not the certificate's.
     let mut server = rustls::ServerConfig::builder()
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain.clone(), key.clone_key())?;
     server.alpn_protocols = vec![b"h2".to_vec()];
+    let verifier = rustls::client::WebPkiServerVerifier::builder(roots)
+        .with_crls(crls)
+        .only_check_end_entity_revocation()
+        .build()?;
     let mut client = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
+        .with_webpki_verifier(verifier)
         .with_client_auth_cert(chain, key)?;
     client.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Configs {
@@ -566,19 +610,18 @@ pub fn tlv(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_tests::certs::Ca;
+    use strata_tests::certs::{Ca, Issued};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// Writes `ca` and a loopback certificate of it as `<name>-ca.pem`, `<name>.pem` and
     /// `<name>.key` in `dir`.
     fn write(ca: &Ca, dir: &Path, name: &str) -> TlsFiles {
-        let (cert, key) = ca.peer(&["127.0.0.1"]).write(dir, name);
-        let ca_file = dir.join(format!("{name}-ca.pem"));
-        std::fs::write(&ca_file, &ca.cert_pem).unwrap();
+        let [ca, cert, key] = ca.write_with(&ca.peer(&["127.0.0.1"]), dir, name);
         TlsFiles {
-            ca: ca_file,
+            ca,
             cert,
             key,
+            crl: None,
         }
     }
 
@@ -674,6 +717,64 @@ mod tests {
         assert_eq!(server.reload(), Reload::Loaded);
         assert!(handshake(&server, &client).await);
         assert_eq!(server.reload(), Reload::Unchanged);
+    }
+
+    /// `ca`'s certificate `issued` written as `name` in `dir`, with the revocation lists
+    /// `crl`, loaded.
+    fn load_with(
+        ca: &Ca,
+        issued: &Issued,
+        dir: &Path,
+        name: &str,
+        crl: Option<&Path>,
+    ) -> InternalTls {
+        let [ca, cert, key] = ca.write_with(issued, dir, name);
+        let crl = crl.map(Path::to_path_buf);
+        InternalTls::load(TlsFiles { ca, cert, key, crl }).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_revoked_certificate_opens_no_connection_in_either_role() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new();
+        let crl = dir.path().join("crl.pem");
+        std::fs::write(&crl, ca.crl(&[])).unwrap();
+        let (node, frontend) = (ca.peer(&["127.0.0.1"]), ca.peer(&["127.0.0.1"]));
+        let server = load_with(&ca, &node, dir.path(), "node", Some(&crl));
+        let client = load_with(&ca, &frontend, dir.path(), "frontend", None);
+        assert!(handshake(&server, &client).await, "an empty list revokes");
+
+        // The frontend's certificate revoked: the node refuses it once it reads the list.
+        std::fs::write(&crl, ca.crl(&[&frontend])).unwrap();
+        assert_eq!(server.reload(), Reload::Loaded);
+        assert!(
+            !handshake(&server, &client).await,
+            "a revoked client is served"
+        );
+        // A list that does not load is refused; the last good one stays in force.
+        std::fs::write(&crl, "not a list").unwrap();
+        assert!(matches!(server.reload(), Reload::Refused { new: true, .. }));
+        assert!(!handshake(&server, &client).await);
+        // A list revoking the node instead: the frontend is served again, but a dialler
+        // reading that list does not trust the node as a server.
+        std::fs::write(&crl, ca.crl(&[&node])).unwrap();
+        assert_eq!(server.reload(), Reload::Loaded);
+        assert!(
+            handshake(&server, &client).await,
+            "the frontend is refused once no list revokes it"
+        );
+        let dialler = load_with(&ca, &frontend, dir.path(), "dialler", Some(&crl));
+        assert!(
+            !handshake(&server, &dialler).await,
+            "a revoked node is trusted as a server"
+        );
+        // A file holding no list at all.
+        std::fs::write(&crl, "").unwrap();
+        let empty = TlsFiles {
+            crl: Some(crl.clone()),
+            ..server.files().clone()
+        };
+        assert!(matches!(InternalTls::load(empty), Err(TlsError::NoCrl(p)) if p == crl));
     }
 
     #[test]

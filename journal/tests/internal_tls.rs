@@ -22,14 +22,25 @@ use tokio::net::TcpListener;
 
 /// Writes `ca` and a peer certificate for loopback into `dir`; answers the files.
 fn files(ca: &Ca, dir: &Path, name: &str) -> TlsFiles {
-    let (cert, key) = ca.peer(&["127.0.0.1", "localhost"]).write(dir, name);
-    let ca_file = dir.join(format!("{name}-ca.pem"));
-    std::fs::write(&ca_file, &ca.cert_pem).unwrap();
+    let [ca, cert, key] = ca.write_with(&ca.peer(&["127.0.0.1", "localhost"]), dir, name);
     TlsFiles {
+        ca,
+        cert,
+        key,
+        crl: None,
+    }
+}
+
+/// A client certificate of `ca` named `name`, valid for the DNS names `names`, loaded.
+fn client_tls(ca: &Ca, dir: &Path, name: &str, names: &[&str]) -> Arc<InternalTls> {
+    let [ca_file, cert, key] = ca.write_with(&ca.client(name, names), dir, name);
+    let files = TlsFiles {
         ca: ca_file,
         cert,
         key,
-    }
+        crl: None,
+    };
+    Arc::new(InternalTls::load(files).expect("load a client's internal TLS"))
 }
 
 fn tls(files: TlsFiles) -> Option<Arc<InternalTls>> {
@@ -130,16 +141,7 @@ async fn nodes_and_clients_talk_only_over_mutual_tls() {
 
     // A frontend's certificate (the internal CA's, valid for no journal host) appends and
     // reads, but the Raft and admin services answer only journal nodes.
-    let (cert, key) = ca.client("frontend", &[]).write(dir.path(), "frontend");
-    let ca_file = dir.path().join("client-ca.pem");
-    let frontend = Arc::new(
-        InternalTls::load(TlsFiles {
-            ca: ca_file,
-            cert,
-            key,
-        })
-        .unwrap(),
-    );
+    let frontend = client_tls(&ca, dir.path(), "frontend", &[]);
     let as_frontend = JournalClient::connect_over(&endpoints, Some(Arc::clone(&frontend)))
         .await
         .unwrap();
@@ -211,16 +213,11 @@ async fn nodes_and_clients_talk_only_over_mutual_tls() {
         before,
         "the refused trim trimmed"
     );
-    let (cert, key) = ca
-        .client("compactor", &[journal::tls::COMPACTOR_NAME])
-        .write(dir.path(), "compactor");
-    let compactor = Arc::new(
-        InternalTls::load(TlsFiles {
-            ca: dir.path().join("client-ca.pem"),
-            cert,
-            key,
-        })
-        .unwrap(),
+    let compactor = client_tls(
+        &ca,
+        dir.path(),
+        "compactor",
+        &[journal::tls::COMPACTOR_NAME],
     );
     let as_compactor = JournalClient::connect_over(&endpoints, Some(compactor))
         .await

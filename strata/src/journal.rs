@@ -27,7 +27,7 @@ struct NodeArgs {
     /// A config file (TOML, or JSON if it ends in `.json`) with any of the settings below,
     /// named as the flags (`id`, `listen`, `data-dir`, `shards`, `idle-tick`, `join`,
     /// `segment-bytes`, `metrics-listen`, `internal-trusted-ca-file`, `internal-cert-file`,
-    /// `internal-key-file`, and a `[peers]` table of `id = "host:port"`).
+    /// `internal-key-file`, `internal-crl-file`, and a `[peers]` table of `id = "host:port"`).
     /// Flags given on the command line override it.
     #[arg(long)]
     config: Option<PathBuf>,
@@ -130,6 +130,7 @@ impl NodeArgs {
             internal_trusted_ca_file: self.tls.internal_trusted_ca_file.clone(),
             internal_cert_file: self.tls.internal_cert_file.clone(),
             internal_key_file: self.tls.internal_key_file.clone(),
+            internal_crl_file: self.tls.internal_crl_file.clone(),
         };
         Ok(flags.over(file))
     }

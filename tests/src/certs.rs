@@ -63,6 +63,15 @@ impl Ca {
         path
     }
 
+    /// Writes `issued` as `<name>.pem` and `<name>.key` and this CA as `<name>-ca.pem` into
+    /// `dir`: the CA, certificate and key files internal TLS loads, in that order.
+    pub fn write_with(&self, issued: &Issued, dir: &Path, name: &str) -> [PathBuf; 3] {
+        let (cert, key) = issued.write(dir, name);
+        let ca = dir.join(format!("{name}-ca.pem"));
+        std::fs::write(&ca, &self.cert_pem).expect("write the CA");
+        [ca, cert, key]
+    }
+
     /// A server certificate for `names` (DNS names, wildcards or IP addresses).
     pub fn server(&self, names: &[&str]) -> Issued {
         self.issue(

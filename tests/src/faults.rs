@@ -752,6 +752,7 @@ impl InternalPki {
                 ca: ca_file.clone(),
                 cert,
                 key,
+                crl: None,
             };
             let flags = vec![
                 format!("--internal-trusted-ca-file={}", files.ca.display()),

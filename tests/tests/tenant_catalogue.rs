@@ -685,8 +685,13 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
         async move {
             let tls = tls.map(|(cert, key)| {
                 std::sync::Arc::new(
-                    journal::tls::InternalTls::load(journal::tls::TlsFiles { ca, cert, key })
-                        .unwrap(),
+                    journal::tls::InternalTls::load(journal::tls::TlsFiles {
+                        ca,
+                        cert,
+                        key,
+                        crl: None,
+                    })
+                    .unwrap(),
                 )
             });
             let client =
@@ -718,7 +723,12 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
             internal.join(format!("{stem}.key")),
         );
         async move {
-            let tls = journal::tls::InternalTls::load(journal::tls::TlsFiles { ca, cert, key });
+            let tls = journal::tls::InternalTls::load(journal::tls::TlsFiles {
+                ca,
+                cert,
+                key,
+                crl: None,
+            });
             let client = journal::JournalClient::connect_over(
                 std::slice::from_ref(&journal_at),
                 Some(std::sync::Arc::new(tls.unwrap())),

@@ -132,9 +132,7 @@ impl TlsArgs {
 
     /// Loads the files (None: internal TLS is off).
     pub fn load(&self) -> Result<Option<Arc<InternalTls>>, TlsError> {
-        self.files()
-            .map(|f| InternalTls::load(f).map(Arc::new))
-            .transpose()
+        load_if(self.files())
     }
 
     /// Loads the files and reads them again every `--internal-tls-reload-interval` (inside a
@@ -146,6 +144,13 @@ impl TlsArgs {
         }
         Ok(tls)
     }
+}
+
+/// Loads `files`, if internal TLS is on (None: plaintext).
+pub fn load_if(files: Option<TlsFiles>) -> Result<Option<Arc<InternalTls>>, TlsError> {
+    files
+        .map(|f| InternalTls::load(f).map(Arc::new))
+        .transpose()
 }
 
 /// What became of a reading of the files.
@@ -452,19 +457,8 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> 
         source,
     })?;
     let expires = chain.iter().filter_map(|c| not_after(c)).min();
-    let crls = match (&files.crl, contents.get(3)) {
-        (Some(path), Some(pem)) => {
-            let crls = CertificateRevocationListDer::pem_slice_iter(pem)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|source| TlsError::Pem {
-                    path: path.clone(),
-                    source,
-                })?;
-            if crls.is_empty() {
-                return Err(TlsError::NoCrl(path.clone()));
-            }
-            crls
-        }
+    let crls: Vec<CertificateRevocationListDer<'static>> = match (&files.crl, contents.get(3)) {
+        (Some(path), Some(pem)) => pem_all(path, pem, TlsError::NoCrl)?,
         _ => Vec::new(),
     };
     // Only the peer's own certificate is looked up in the lists (the CA's is not: the lists
@@ -520,14 +514,24 @@ pub fn host_of(addr: &str) -> &str {
 
 /// Every certificate in `pem` (read from `path`); an error if there is none.
 pub fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let items = CertificateDer::pem_slice_iter(pem)
+    pem_all(path, pem, TlsError::NoCertificate)
+}
+
+/// Every PEM item of type `T` in `pem` (read from `path`); `none` is the error if there is
+/// none.
+fn pem_all<T: PemObject>(
+    path: &Path,
+    pem: &[u8],
+    none: fn(PathBuf) -> TlsError,
+) -> Result<Vec<T>, TlsError> {
+    let items = T::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|source| TlsError::Pem {
             path: path.into(),
             source,
         })?;
     if items.is_empty() {
-        return Err(TlsError::NoCertificate(path.into()));
+        return Err(none(path.into()));
     }
     Ok(items)
 }

@@ -298,10 +298,7 @@ async fn run_node(a: NodeArgs) -> anyhow::Result<()> {
     config.read_lease = a.read_lease;
     config.handoff_settle = (!a.handoff_settle.is_zero()).then_some(a.handoff_settle);
     config.refuse_streams = a.refuse_streams;
-    config.tls = match settings.tls_files()? {
-        Some(files) => Some(std::sync::Arc::new(journal::tls::InternalTls::load(files)?)),
-        None => None,
-    };
+    config.tls = journal::tls::load_if(settings.tls_files()?)?;
     if a.refuse_streams {
         tracing::warn!("refusing the stream RPCs (testing the unary fallback)");
     }

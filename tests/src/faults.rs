@@ -746,28 +746,25 @@ impl InternalPki {
             .tempdir()
             .expect("a directory for the run's certificates");
         let ca = crate::certs::Ca::new();
-        let ca_file = ca.write(dir.path());
-        let flags = |(cert, key): (std::path::PathBuf, std::path::PathBuf)| {
+        let flags = |issued: crate::certs::Issued, name: &str| {
+            let [ca, cert, key] = ca.write_with(&issued, dir.path(), name);
+            let flags = vec![
+                format!("--internal-trusted-ca-file={}", ca.display()),
+                format!("--internal-cert-file={}", cert.display()),
+                format!("--internal-key-file={}", key.display()),
+            ];
             let files = journal::tls::TlsFiles {
-                ca: ca_file.clone(),
+                ca,
                 cert,
                 key,
                 crl: None,
             };
-            let flags = vec![
-                format!("--internal-trusted-ca-file={}", files.ca.display()),
-                format!("--internal-cert-file={}", files.cert.display()),
-                format!("--internal-key-file={}", files.key.display()),
-            ];
             (flags, files)
         };
-        let (node, node_files) = flags(ca.peer(&["127.0.0.1"]).write(dir.path(), "node"));
-        let (frontend, _) = flags(
-            ca.client("strata-frontend", &[])
-                .write(dir.path(), "frontend"),
-        );
+        let (node, node_files) = flags(ca.peer(&["127.0.0.1"]), "node");
+        let (frontend, _) = flags(ca.client("strata-frontend", &[]), "frontend");
         let compactor = ca.client("strata-compactor", &[journal::tls::COMPACTOR_NAME]);
-        let (compactor, _) = flags(compactor.write(dir.path(), "compactor"));
+        let (compactor, _) = flags(compactor, "compactor");
         InternalPki {
             dir,
             node,

@@ -679,27 +679,26 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
         })
         .expect("strata dev prints journal-1's address");
     let internal = tls_dir.join("internal");
-    let status = |tls: Option<(PathBuf, PathBuf)>| {
+    // A journal client of journal-1 with the certificate and key `tls` (none: plaintext).
+    let client = |tls: Option<(PathBuf, PathBuf)>| {
         let journal_at = journal_at.clone();
         let ca = internal.join("ca.pem");
         async move {
-            let tls = tls.map(|(cert, key)| {
-                std::sync::Arc::new(
-                    journal::tls::InternalTls::load(journal::tls::TlsFiles {
-                        ca,
-                        cert,
-                        key,
-                        crl: None,
-                    })
-                    .unwrap(),
-                )
+            let files = tls.map(|(cert, key)| journal::tls::TlsFiles {
+                ca,
+                cert,
+                key,
+                crl: None,
             });
-            let client =
-                journal::JournalClient::connect_over(std::slice::from_ref(&journal_at), tls)
-                    .await
-                    .unwrap();
-            client.status_of(&journal_at, 0).await
+            let tls = journal::tls::load_if(files).unwrap();
+            journal::JournalClient::connect_over(std::slice::from_ref(&journal_at), tls)
+                .await
+                .unwrap()
         }
+    };
+    let status = |tls| {
+        let (client, journal_at) = (client(tls), journal_at.clone());
+        async move { client.await.status_of(&journal_at, 0).await }
     };
     assert!(
         status(None).await.is_err(),
@@ -710,33 +709,20 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
         status(Some(tenant_cert)).await.is_err(),
         "a tenant's certificate reaches the journal"
     );
-    let insider = (internal.join("server.pem"), internal.join("server.key"));
-    status(Some(insider))
+    let internal_files = |stem: &str| {
+        Some((
+            internal.join(format!("{stem}.pem")),
+            internal.join(format!("{stem}.key")),
+        ))
+    };
+    status(internal_files("server"))
         .await
         .expect("the internal certificate is served");
     // Trim answers the compactor's certificate (valid for strata-compactor), not the
     // frontend's. (Below index 1: nothing is trimmed.)
     let trim_as = |stem: &str| {
-        let (journal_at, ca) = (journal_at.clone(), internal.join("ca.pem"));
-        let (cert, key) = (
-            internal.join(format!("{stem}.pem")),
-            internal.join(format!("{stem}.key")),
-        );
-        async move {
-            let tls = journal::tls::InternalTls::load(journal::tls::TlsFiles {
-                ca,
-                cert,
-                key,
-                crl: None,
-            });
-            let client = journal::JournalClient::connect_over(
-                std::slice::from_ref(&journal_at),
-                Some(std::sync::Arc::new(tls.unwrap())),
-            )
-            .await
-            .unwrap();
-            client.trim(0, 1).await.map_err(|e| e.to_string())
-        }
+        let client = client(internal_files(stem));
+        async move { client.await.trim(0, 1).await.map_err(|e| e.to_string()) }
     };
     let refused = trim_as("client").await.unwrap_err();
     assert!(refused.contains("answers only the compactor"), "{refused}");

@@ -520,16 +520,12 @@ fn pem_all<T: PemObject>(
     pem: &[u8],
     none: fn(PathBuf) -> TlsError,
 ) -> Result<Vec<T>, TlsError> {
-    let items = T::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Read {
-            path: path.into(),
-            source,
-        })?;
-    if items.is_empty() {
-        return Err(none(path.into()));
-    }
-    Ok(items)
+    journal::tls::pem_items(
+        path,
+        pem,
+        |path, source| TlsError::Read { path, source },
+        none,
+    )
 }
 
 /// Reads `tls`'s files again every `every` (never if zero) and reports what it found in the

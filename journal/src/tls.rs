@@ -524,12 +524,26 @@ fn pem_all<T: PemObject>(
     pem: &[u8],
     none: fn(PathBuf) -> TlsError,
 ) -> Result<Vec<T>, TlsError> {
+    pem_items(
+        path,
+        pem,
+        |path, source| TlsError::Pem { path, source },
+        none,
+    )
+}
+
+/// Every PEM item of type `T` in `pem` (read from `path`), with the caller's errors: `bad` for
+/// PEM that does not parse, `none` if there is no item (shared with the frontend's client
+/// port, whose errors are its own).
+pub fn pem_items<T: PemObject, E>(
+    path: &Path,
+    pem: &[u8],
+    bad: fn(PathBuf, rustls::pki_types::pem::Error) -> E,
+    none: fn(PathBuf) -> E,
+) -> Result<Vec<T>, E> {
     let items = T::pem_slice_iter(pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|source| TlsError::Pem {
-            path: path.into(),
-            source,
-        })?;
+        .map_err(|source| bad(path.into(), source))?;
     if items.is_empty() {
         return Err(none(path.into()));
     }

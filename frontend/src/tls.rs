@@ -35,15 +35,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{
-    CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName, UnixTime,
-};
+use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
 use rustls::server::danger::ClientCertVerifier;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
+use journal::tls::revocable::{OpenConnections, Peer, Revocable, Tracked};
 use journal::tls::{TbsField, not_after, tbs_field, tlv};
 
 /// Metadata entry naming the tenant of the connection a request came on (set by
@@ -83,10 +82,9 @@ pub enum TlsError {
 pub struct TlsSetup {
     /// Made from the files as last loaded; each handshake takes the current one.
     serving: std::sync::RwLock<Serving>,
-    /// The open connections that presented a certificate, by a number of their own: closed
-    /// when a revocation list that revokes their certificate is loaded.
-    certified: std::sync::Mutex<std::collections::HashMap<u64, Certified>>,
-    next_connection: std::sync::atomic::AtomicU64,
+    /// The open connections that presented a certificate: closed when a revocation list that
+    /// revokes their certificate is loaded.
+    certified: Arc<OpenConnections>,
     files: Files,
     /// What the files held when last read, and why they were refused if they were.
     last: std::sync::Mutex<LastRead>,
@@ -147,8 +145,7 @@ impl TlsSetup {
         let loaded = files.config(&contents)?;
         Ok(Self {
             serving: std::sync::RwLock::new(Serving::from(loaded.clone())),
-            certified: Default::default(),
-            next_connection: Default::default(),
+            certified: Arc::default(),
             files,
             last: std::sync::Mutex::new(LastRead {
                 contents,
@@ -235,50 +232,25 @@ impl TlsSetup {
     /// handshake: a reload after the registration checks it itself. None when client
     /// certificates are not checked.
     fn track(
-        self: &Arc<Self>,
+        &self,
         chain: &[CertificateDer<'_>],
         verified_by: Option<&Arc<dyn ClientCertVerifier>>,
     ) -> Option<Tracked> {
-        let (cert, intermediates) = chain.split_first()?;
+        let peer = Peer::client(chain)?;
         let verified_by = verified_by?;
-        let certified = Certified {
-            cert: cert.clone().into_owned(),
-            intermediates: intermediates
-                .iter()
-                .map(|c| c.clone().into_owned())
-                .collect(),
-            revocation: Arc::default(),
-        };
-        let revocation = certified.revocation.clone();
-        let id = self
-            .next_connection
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let open = || self.certified.lock().unwrap_or_else(|e| e.into_inner());
-        open().insert(id, certified);
-        if let Some(now) = self.serving().verifier
-            && !Arc::ptr_eq(&now, verified_by)
-            && open().get(&id).is_some_and(|c| c.revoked_by(now.as_ref()))
-        {
-            revocation.close();
-        }
-        Some(Tracked {
-            tls: self.clone(),
-            id,
-            revocation,
-        })
+        Some(self.certified.track(peer, |peer| {
+            self.serving().verifier.is_some_and(|now| {
+                !Arc::ptr_eq(&now, verified_by) && peer.revoked_by(Some(now.as_ref()), None)
+            })
+        }))
     }
 
     /// Closes the open connections whose certificate `verifier` finds revoked; answers how
     /// many.
     fn close_revoked(&self, verifier: &dyn ClientCertVerifier) -> usize {
-        let certified = self.certified.lock().unwrap_or_else(|e| e.into_inner());
-        let mut closed = 0;
-        for c in certified.values() {
-            if !c.revocation.closed() && c.revoked_by(verifier) {
-                c.revocation.close();
-                closed += 1;
-            }
-        }
+        let closed = self
+            .certified
+            .close_revoked(|peer| peer.revoked_by(Some(verifier), None));
         if closed > 0 {
             tracing::warn!(
                 port = self.port,
@@ -647,84 +619,16 @@ impl From<&Connection> for ConnectionEntries {
     }
 }
 
-/// A connection of the client port, as the gRPC server sees it.
-pub struct ClientStream {
+/// A connection of the client port, as the gRPC server sees it: closed once a revocation list
+/// loaded later revokes its client certificate.
+pub type ClientStream = Revocable<Accepted>;
+
+/// An accepted connection and what its handshake decided.
+pub struct Accepted {
     io: Io,
     entries: ConnectionEntries,
     /// Its place in its tenant's connection quota, if it counts.
     _slot: Option<TenantSlot>,
-    /// Whether its client certificate was revoked since (then it reads and writes no more).
-    tracked: Option<Tracked>,
-}
-
-impl ClientStream {
-    /// The error every read and write meets once the connection's certificate is revoked.
-    fn revoked(&self, cx: &mut Context<'_>) -> Option<io::Error> {
-        let t = self.tracked.as_ref()?;
-        t.revocation.waker.register(cx.waker());
-        t.revocation.closed().then(|| {
-            io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the client certificate was revoked",
-            )
-        })
-    }
-}
-
-/// An open connection's client certificate, kept to be checked again when a revocation list
-/// is loaded.
-struct Certified {
-    cert: CertificateDer<'static>,
-    intermediates: Vec<CertificateDer<'static>>,
-    revocation: Arc<Revocation>,
-}
-
-impl Certified {
-    fn revoked_by(&self, verifier: &dyn ClientCertVerifier) -> bool {
-        matches!(
-            verifier.verify_client_cert(&self.cert, &self.intermediates, UnixTime::now()),
-            Err(rustls::Error::InvalidCertificate(
-                rustls::CertificateError::Revoked
-            ))
-        )
-    }
-}
-
-/// Set once a connection's certificate is revoked; wakes the connection's task, which is
-/// always waiting to read, so that it sees it.
-#[derive(Default)]
-struct Revocation {
-    revoked: std::sync::atomic::AtomicBool,
-    waker: futures::task::AtomicWaker,
-}
-
-impl Revocation {
-    fn close(&self) {
-        self.revoked
-            .store(true, std::sync::atomic::Ordering::Release);
-        self.waker.wake();
-    }
-
-    fn closed(&self) -> bool {
-        self.revoked.load(std::sync::atomic::Ordering::Acquire)
-    }
-}
-
-/// A connection's entry among the certified ones, removed with the connection.
-struct Tracked {
-    tls: Arc<TlsSetup>,
-    id: u64,
-    revocation: Arc<Revocation>,
-}
-
-impl Drop for Tracked {
-    fn drop(&mut self) {
-        self.tls
-            .certified
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.id);
-    }
 }
 
 enum Io {
@@ -732,7 +636,7 @@ enum Io {
     Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
-impl Connected for ClientStream {
+impl Connected for Accepted {
     type ConnectInfo = ConnectionEntries;
 
     fn connect_info(&self) -> ConnectionEntries {
@@ -740,15 +644,12 @@ impl Connected for ClientStream {
     }
 }
 
-impl AsyncRead for ClientStream {
+impl AsyncRead for Accepted {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        if let Some(e) = self.revoked(cx) {
-            return Poll::Ready(Err(e));
-        }
         match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
@@ -756,15 +657,12 @@ impl AsyncRead for ClientStream {
     }
 }
 
-impl AsyncWrite for ClientStream {
+impl AsyncWrite for Accepted {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if let Some(e) = self.revoked(cx) {
-            return Poll::Ready(Err(e));
-        }
         match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -790,9 +688,6 @@ impl AsyncWrite for ClientStream {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let Some(e) = self.revoked(cx) {
-            return Poll::Ready(Err(e));
-        }
         match &mut self.io {
             Io::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
@@ -853,12 +748,14 @@ pub fn incoming(
             };
             let _ = tcp.set_nodelay(true);
             let Some(tls) = tls.clone() else {
-                let plain = ClientStream {
-                    io: Io::Plain(tcp),
-                    entries: ConnectionEntries::default(),
-                    _slot: None,
-                    tracked: None,
-                };
+                let plain = Revocable::new(
+                    Accepted {
+                        io: Io::Plain(tcp),
+                        entries: ConnectionEntries::default(),
+                        _slot: None,
+                    },
+                    None,
+                );
                 if tx.send(Ok(plain)).await.is_err() {
                     return;
                 }
@@ -899,12 +796,14 @@ pub fn incoming(
                             .1
                             .peer_certificates()
                             .and_then(|chain| tls.track(chain, serving.verifier.as_ref()));
-                        let stream = ClientStream {
-                            io: Io::Tls(Box::new(s)),
-                            entries: ConnectionEntries::from(&connection),
-                            _slot: slot,
+                        let stream = Revocable::new(
+                            Accepted {
+                                io: Io::Tls(Box::new(s)),
+                                entries: ConnectionEntries::from(&connection),
+                                _slot: slot,
+                            },
                             tracked,
-                        };
+                        );
                         let _ = tx.send(Ok(stream)).await;
                     }
                     Ok(Err(e)) => tracing::debug!(?peer, error = %e, "TLS handshake failed"),
@@ -1255,35 +1154,21 @@ mod tests {
 
         std::fs::write(&crl, ca.crl(&[&alice])).unwrap();
         assert_eq!(tls.reload(), Reload::Loaded { closed: 1 });
-        assert!(open_alice.revocation.closed(), "alice's connection closed");
-        assert!(!open_bob.revocation.closed(), "bob's is not");
+        assert!(open_alice.closed(), "alice's connection closed");
+        assert!(!open_bob.closed(), "bob's is not");
         let refused = handshake(&tls, &ca, &alice).await.unwrap_err();
         assert!(refused.contains("Revoked"), "{refused}");
         assert_eq!(handshake(&tls, &ca, &bob).await, Ok(()));
         // A handshake made before the list loaded, its connection registered after: closed as
         // it is registered; bob's, registered then too, is not.
-        assert!(
-            tls.track(&of(&alice), before.as_ref())
-                .unwrap()
-                .revocation
-                .closed()
-        );
-        assert!(
-            !tls.track(&of(&bob), before.as_ref())
-                .unwrap()
-                .revocation
-                .closed()
-        );
+        assert!(tls.track(&of(&alice), before.as_ref()).unwrap().closed());
+        assert!(!tls.track(&of(&bob), before.as_ref()).unwrap().closed());
         assert!(
             tls.track(&of(&bob), None).is_none(),
             "no verifier, nothing to watch"
         );
         drop(open_alice);
-        assert_eq!(
-            tls.certified.lock().unwrap().len(),
-            1,
-            "only bob's is watched"
-        );
+        assert_eq!(tls.certified.len(), 1, "only bob's is watched");
 
         std::fs::write(&crl, "not a list").unwrap();
         assert!(matches!(tls.reload(), Reload::Refused { new: true, .. }));

@@ -15,11 +15,11 @@
 //!
 //! A revocation list (`--internal-crl-file`, etcd's `--peer-crl-file`) is read with them: a
 //! certificate it revokes opens no new connection in either role (a frontend's certificate
-//! taken with its host is cut off without a new CA). Open connections keep going until they
-//! close.
+//! taken with its host is cut off without a new CA), and the connections it holds open, as a
+//! client or as a server, are closed as the list is loaded ([`revocable`]).
 //!
-//! Also owns the small DER reading (a certificate's subject and expiry) the frontend's client
-//! port shares.
+//! Also owns the small DER reading (a certificate's subject and expiry) and the revocation of
+//! open connections ([`revocable`]) the frontend's client port shares.
 
 use std::future::Future;
 use std::io;
@@ -30,13 +30,19 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use rustls::client::danger::ServerCertVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer, ServerName};
+use rustls::server::danger::ClientCertVerifier;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tonic::transport::{Channel, Endpoint, Uri};
 
 use crate::log_store::lock;
+
+pub mod revocable;
+
+use revocable::{OpenConnections, Peer, Revocable};
 
 /// How long a peer may take over its TLS handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -158,8 +164,9 @@ pub fn load_if(files: Option<TlsFiles>) -> Result<Option<Arc<InternalTls>>, TlsE
 pub enum Reload {
     /// They hold what is in use.
     Unchanged,
-    /// They changed, and new connections use them.
-    Loaded,
+    /// They changed, and new connections use them; `closed` open connections were closed
+    /// because they revoke their peer's certificate.
+    Loaded { closed: usize },
     /// They do not load; the last good ones stay in use. `new`: not said before.
     Refused { error: String, new: bool },
 }
@@ -169,6 +176,9 @@ pub struct InternalTls {
     files: TlsFiles,
     current: RwLock<Configs>,
     last: Mutex<LastRead>,
+    /// Connections open in either role, closed when a revocation list that revokes their
+    /// peer's certificate is loaded.
+    open: Arc<OpenConnections>,
 }
 
 impl std::fmt::Debug for InternalTls {
@@ -183,8 +193,22 @@ impl std::fmt::Debug for InternalTls {
 struct Configs {
     acceptor: TlsAcceptor,
     connector: TlsConnector,
+    /// The verifiers both configurations hold: of the clients that dial this process, of the
+    /// nodes it dials.
+    clients: Arc<dyn ClientCertVerifier>,
+    servers: Arc<dyn ServerCertVerifier>,
+    /// Counts the loads: a connection made with an older one is checked against this one's
+    /// lists as it is registered.
+    generation: u64,
     /// The earliest expiry in this process's chain (Unix seconds).
     expires: Option<i64>,
+}
+
+impl Configs {
+    /// Whether these files' revocation lists revoke `peer`'s certificate.
+    fn revoke(&self, peer: &Peer) -> bool {
+        peer.revoked_by(Some(self.clients.as_ref()), Some(self.servers.as_ref()))
+    }
 }
 
 struct LastRead {
@@ -205,6 +229,7 @@ impl InternalTls {
                 contents,
                 refused: None,
             }),
+            open: Arc::default(),
         })
     }
 
@@ -227,11 +252,17 @@ impl InternalTls {
                 error: last.refused.clone().unwrap_or_default(),
                 new: false,
             },
-            Ok(Some((contents, configs))) => {
-                *self.current.write().unwrap_or_else(|e| e.into_inner()) = configs;
+            Ok(Some((contents, mut configs))) => {
+                {
+                    let mut current = self.current.write().unwrap_or_else(|e| e.into_inner());
+                    configs.generation = current.generation + 1;
+                    *current = configs.clone();
+                }
                 last.contents = contents;
                 last.refused = None;
-                Reload::Loaded
+                drop(last);
+                let closed = self.open.close_revoked(|peer| configs.revoke(peer));
+                Reload::Loaded { closed }
             }
             Err(e) => {
                 let error = e.to_string();
@@ -261,6 +292,20 @@ impl InternalTls {
         self.configs().acceptor
     }
 
+    /// Watches a connection made with the files of load `generation` whose peer presented
+    /// `peer`: closed when a list loaded later revokes it (at once if one already has).
+    fn track(&self, peer: Option<Peer>, generation: u64) -> Option<revocable::Tracked> {
+        Some(self.open.track(peer?, |peer| {
+            let now = self.configs();
+            now.generation != generation && now.revoke(peer)
+        }))
+    }
+
+    /// How many open connections are watched for revocation.
+    pub fn watched(&self) -> usize {
+        self.open.len()
+    }
+
     /// The client side of a new connection.
     pub fn connector(&self) -> TlsConnector {
         self.configs().connector
@@ -282,7 +327,7 @@ impl InternalTls {
         self: &Arc<Self>,
         listener: TcpListener,
     ) -> tokio_stream::wrappers::ReceiverStream<
-        io::Result<tokio_rustls::server::TlsStream<TcpStream>>,
+        io::Result<Revocable<tokio_rustls::server::TlsStream<TcpStream>>>,
     > {
         let (tx, rx) = tokio::sync::mpsc::channel(64);
         let tls = Arc::clone(self);
@@ -301,12 +346,17 @@ impl InternalTls {
                     }
                 };
                 let _ = tcp.set_nodelay(true);
-                let acceptor = tls.acceptor();
+                let configs = tls.configs();
                 let tx = tx.clone();
+                let tls = Arc::clone(&tls);
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, configs.acceptor.accept(tcp))
+                        .await
+                    {
                         Ok(Ok(s)) => {
-                            let _ = tx.send(Ok(s)).await;
+                            let peer = s.get_ref().1.peer_certificates().and_then(Peer::client);
+                            let tracked = tls.track(peer, configs.generation);
+                            let _ = tx.send(Ok(Revocable::new(s, tracked))).await;
                         }
                         Ok(Err(e)) => {
                             tracing::warn!(%peer, error = %e, "internal TLS handshake refused");
@@ -329,7 +379,7 @@ struct Connector {
 }
 
 impl tower_service::Service<Uri> for Connector {
-    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Response = TokioIo<Revocable<tokio_rustls::client::TlsStream<TcpStream>>>;
     type Error = io::Error;
     type Future = Pin<Box<dyn Future<Output = io::Result<Self::Response>> + Send>>;
 
@@ -338,7 +388,8 @@ impl tower_service::Service<Uri> for Connector {
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let connector = self.tls.connector();
+        let tls = Arc::clone(&self.tls);
+        let configs = tls.configs();
         Box::pin(async move {
             let invalid =
                 |why: &str| io::Error::new(io::ErrorKind::InvalidInput, format!("{uri}: {why}"));
@@ -353,8 +404,14 @@ impl tower_service::Service<Uri> for Connector {
                 ServerName::try_from(host.clone()).map_err(|_| invalid("not a server name"))?;
             let tcp = TcpStream::connect((host.as_str(), port)).await?;
             tcp.set_nodelay(true)?;
-            let stream = connector.connect(name, tcp).await?;
-            Ok(TokioIo::new(stream))
+            let stream = configs.connector.connect(name.clone(), tcp).await?;
+            let peer = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| Peer::server(chain, name));
+            let tracked = tls.track(peer, configs.generation);
+            Ok(TokioIo::new(Revocable::new(stream, tracked)))
         })
     }
 }
@@ -374,10 +431,18 @@ pub fn watch(tls: &Arc<InternalTls>, every: Duration) {
         |tls| (tls.reload(), tls.expires()),
         move |(outcome, expires)| match outcome {
             Reload::Unchanged => {}
-            Reload::Loaded => {
+            Reload::Loaded { closed } => {
                 tracing::info!(expires, "internal TLS files reloaded");
                 metrics::counter!("strata_internal_tls_reloads_total", "result" => "loaded")
                     .increment(1);
+                if closed > 0 {
+                    tracing::warn!(
+                        closed,
+                        "internal connections closed: their peers' certificates were revoked"
+                    );
+                    metrics::counter!("strata_internal_tls_connections_revoked_total")
+                        .increment(closed as u64);
+                }
                 if let Some(at) = expires {
                     expiry.set(at as f64);
                 }
@@ -463,26 +528,29 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> 
     };
     // Only the peer's own certificate is looked up in the lists (the CA's is not: the lists
     // are the CA's own).
-    let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::clone(&roots))
+    let clients = rustls::server::WebPkiClientVerifier::builder(Arc::clone(&roots))
         .with_crls(crls.clone())
         .only_check_end_entity_revocation()
         .build()?;
     // Refuses a key that is not the certificate's.
     let mut server = rustls::ServerConfig::builder()
-        .with_client_cert_verifier(verifier)
+        .with_client_cert_verifier(Arc::clone(&clients))
         .with_single_cert(chain.clone(), key.clone_key())?;
     server.alpn_protocols = vec![b"h2".to_vec()];
-    let verifier = rustls::client::WebPkiServerVerifier::builder(roots)
+    let servers = rustls::client::WebPkiServerVerifier::builder(roots)
         .with_crls(crls)
         .only_check_end_entity_revocation()
         .build()?;
     let mut client = rustls::ClientConfig::builder()
-        .with_webpki_verifier(verifier)
+        .with_webpki_verifier(Arc::clone(&servers))
         .with_client_auth_cert(chain, key)?;
     client.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Configs {
         acceptor: TlsAcceptor::from(Arc::new(server)),
         connector: TlsConnector::from(Arc::new(client)),
+        clients,
+        servers,
+        generation: 0,
         expires,
     })
 }
@@ -732,7 +800,7 @@ mod tests {
 
         // The rotation completes: new connections are made with the new files.
         copy(&write(&new, dir.path(), "next"), &server_files);
-        assert_eq!(server.reload(), Reload::Loaded);
+        assert_eq!(server.reload(), Reload::Loaded { closed: 0 });
         assert!(handshake(&server, &client).await);
         assert_eq!(server.reload(), Reload::Unchanged);
     }
@@ -764,7 +832,7 @@ mod tests {
 
         // The frontend's certificate revoked: the node refuses it once it reads the list.
         std::fs::write(&crl, ca.crl(&[&frontend])).unwrap();
-        assert_eq!(server.reload(), Reload::Loaded);
+        assert_eq!(server.reload(), Reload::Loaded { closed: 0 });
         assert!(
             !handshake(&server, &client).await,
             "a revoked client is served"
@@ -776,7 +844,7 @@ mod tests {
         // A list revoking the node instead: the frontend is served again, but a dialler
         // reading that list does not trust the node as a server.
         std::fs::write(&crl, ca.crl(&[&node])).unwrap();
-        assert_eq!(server.reload(), Reload::Loaded);
+        assert_eq!(server.reload(), Reload::Loaded { closed: 0 });
         assert!(
             handshake(&server, &client).await,
             "the frontend is refused once no list revokes it"
@@ -793,6 +861,135 @@ mod tests {
             ..server.files().clone()
         };
         assert!(matches!(InternalTls::load(empty), Err(TlsError::NoCrl(p)) if p == crl));
+    }
+
+    /// Reads one byte echoed back after writing one: whether the connection still works.
+    async fn echoes<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(s: &mut S) -> bool {
+        let mut b = [0u8; 1];
+        s.write_all(b"x").await.is_ok()
+            && s.flush().await.is_ok()
+            && tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut b))
+                .await
+                .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Echoes every byte of every connection `incoming` yields, until each closes.
+    fn echo_server<S>(
+        mut incoming: impl tokio_stream::Stream<Item = io::Result<S>> + Unpin + Send + 'static,
+    ) where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        tokio::spawn(async move {
+            while let Some(Ok(mut s)) = tokio_stream::StreamExt::next(&mut incoming).await {
+                tokio::spawn(async move {
+                    let mut b = [0u8; 1];
+                    while s.read_exact(&mut b).await.is_ok() {
+                        if s.write_all(&b).await.is_err() || s.flush().await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
+
+    /// `--internal-crl-file` loaded while connections are open: a journal node closes the
+    /// connections of the clients it revokes (and only those), a dialler its connections to a
+    /// node it revokes; a connection whose handshake came before the list but which is
+    /// registered after it is closed as it is registered.
+    #[tokio::test]
+    async fn a_list_loaded_later_closes_the_open_connections_it_revokes() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new();
+        let crl = dir.path().join("crl.pem");
+        std::fs::write(&crl, ca.crl(&[])).unwrap();
+        let (node, frontend, compactor) = (
+            ca.peer(&["127.0.0.1"]),
+            ca.peer(&["127.0.0.1"]),
+            ca.peer(&["127.0.0.1"]),
+        );
+        let server = Arc::new(load_with(&ca, &node, dir.path(), "node", Some(&crl)));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        echo_server(server.incoming(listener));
+        // Two clients dial the node through the connector channels use.
+        let dial = |tls: InternalTls| {
+            let mut connector = Connector { tls: Arc::new(tls) };
+            let uri: Uri = format!("http://{addr}").parse().unwrap();
+            async move {
+                let io = tower_service::Service::call(&mut connector, uri)
+                    .await
+                    .unwrap();
+                (connector.tls, io.into_inner())
+            }
+        };
+        let (_, mut from_frontend) =
+            dial(load_with(&ca, &frontend, dir.path(), "frontend", None)).await;
+        let (dialler, mut from_compactor) = dial(load_with(
+            &ca,
+            &compactor,
+            dir.path(),
+            "compactor",
+            Some(&crl),
+        ))
+        .await;
+        assert!(echoes(&mut from_frontend).await && echoes(&mut from_compactor).await);
+        assert_eq!(server.watched(), 2, "the node watches both clients");
+        assert_eq!(dialler.watched(), 1, "the compactor watches the node");
+
+        // The node loads a list revoking the frontend: that connection is closed, the
+        // compactor's goes on.
+        std::fs::write(&crl, ca.crl(&[&frontend])).unwrap();
+        assert_eq!(server.reload(), Reload::Loaded { closed: 1 });
+        assert!(
+            !echoes(&mut from_frontend).await,
+            "a revoked client is still served"
+        );
+        assert!(echoes(&mut from_compactor).await);
+        // The dialler loads the same list: it revokes nobody the dialler reached.
+        assert_eq!(dialler.reload(), Reload::Loaded { closed: 0 });
+        assert!(echoes(&mut from_compactor).await);
+
+        // A list revoking the node: the dialler closes its connection to it.
+        std::fs::write(&crl, ca.crl(&[&node])).unwrap();
+        assert_eq!(dialler.reload(), Reload::Loaded { closed: 1 });
+        let mut b = [0u8; 1];
+        let e = from_compactor.read_exact(&mut b).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted, "{e}");
+        drop((from_frontend, from_compactor));
+        for _ in 0..100 {
+            if server.watched() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            server.watched(),
+            0,
+            "closed connections are no longer watched"
+        );
+        assert_eq!(dialler.watched(), 0);
+
+        // A handshake made with the files of load 0, registered after the node loaded a list
+        // revoking its peer: closed as it is registered. One made with the current files is
+        // left to the next reload.
+        let chain = [CertificateDer::from(node.der.clone())];
+        let late = dialler.track(
+            Peer::server(&chain, ServerName::try_from("127.0.0.1").unwrap()),
+            0,
+        );
+        assert!(late.is_some_and(|t| t.closed()));
+        let current = dialler.configs().generation;
+        assert!(current > 0);
+        let now = dialler.track(
+            Peer::server(&chain, ServerName::try_from("127.0.0.1").unwrap()),
+            current,
+        );
+        assert!(now.is_some_and(|t| !t.closed()));
+        assert!(
+            dialler.track(None, 0).is_none(),
+            "no certificate, nothing to watch"
+        );
     }
 
     #[test]

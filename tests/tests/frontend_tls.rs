@@ -662,6 +662,18 @@ async fn a_revoked_client_certificate_is_cut_off() {
     assert_eq!(out.stdout.trim(), "v", "{out:?}");
 }
 
+/// The `--internal-*` flags of a process holding `cert` and `key`, of the CA in `ca`.
+fn internal_flags(ca: &Path, cert: &Path, key: &Path) -> Vec<String> {
+    [
+        ("--internal-trusted-ca-file", ca),
+        ("--internal-cert-file", cert),
+        ("--internal-key-file", key),
+    ]
+    .iter()
+    .map(|(flag, path)| format!("{flag}={}", path.display()))
+    .collect()
+}
+
 /// A deployment over internal TLS (`--internal-*` on every journal node and the frontend)
 /// survives the loss of a journal node: the others go on committing, the node restarted
 /// rejoins over TLS (its peers' connections to it are made again through the TLS connector),
@@ -673,14 +685,7 @@ async fn a_journal_node_restarted_under_internal_tls_rejoins_its_peers() {
     let ca = Ca::new();
     let ca_file = ca.write(pki.path());
     let (cert, key) = ca.peer(&["127.0.0.1"]).write(pki.path(), "internal");
-    let internal: Vec<String> = [
-        ("--internal-trusted-ca-file", &ca_file),
-        ("--internal-cert-file", &cert),
-        ("--internal-key-file", &key),
-    ]
-    .iter()
-    .map(|(flag, path)| format!("{flag}={}", path.display()))
-    .collect();
+    let internal = internal_flags(&ca_file, &cert, &key);
     let frontend_flags = internal.clone();
     let mut d = Deployment::start_with(
         1,
@@ -737,5 +742,73 @@ async fn a_journal_node_restarted_under_internal_tls_rejoins_its_peers() {
         [&b"before"[..], b"one-down", b"rejoined"],
         "at revision {rev}\n{}",
         tail_file(&journal_log)
+    );
+}
+
+/// `--internal-crl-file` on the journal nodes: once a list revoking the frontend's internal
+/// certificate is written, the nodes close the connections the frontend holds open (not only
+/// refuse new ones), so its writes stop within the reload interval instead of going on until
+/// it happens to reconnect.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_frontend_certificate_is_cut_off_from_the_journal() {
+    use strata_tests::deployment::Setup;
+    let pki = tempfile::tempdir().unwrap();
+    let ca = Ca::new();
+    let ca_file = ca.write(pki.path());
+    let (node_cert, node_key) = ca.peer(&["127.0.0.1"]).write(pki.path(), "node");
+    let frontend = ca.peer(&["frontend.test"]);
+    let (frontend_cert, frontend_key) = frontend.write(pki.path(), "frontend");
+    let crl = pki.path().join("crl.pem");
+    std::fs::write(&crl, ca.crl(&[])).unwrap();
+    let mut journal_extra = internal_flags(&ca_file, &node_cert, &node_key);
+    journal_extra.extend([
+        format!("--internal-crl-file={}", crl.display()),
+        "--internal-tls-reload-interval=100ms".into(),
+    ]);
+    let frontend_flags = internal_flags(&ca_file, &frontend_cert, &frontend_key);
+    let d = Deployment::start_with(
+        1,
+        Setup {
+            journal_extra,
+            frontend_extra: Box::new(move |_| frontend_flags.clone()),
+            ..Default::default()
+        },
+    )
+    .await;
+    let c = Channel::from_shared(d.frontend(0).endpoint())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    // A put that does not finish within 5 s counts as failed (the frontend retries appends).
+    let put_within = |key: &'static str| {
+        let c = c.clone();
+        async move {
+            tokio::time::timeout(Duration::from_secs(5), put(&c, None, key))
+                .await
+                .map_err(|_| "timed out".to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        }
+    };
+    put_within("before").await.unwrap();
+
+    std::fs::write(&crl, ca.crl(&[&frontend])).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while put_within("after").await.is_ok() {
+        assert!(
+            Instant::now() < deadline,
+            "the frontend's open connections outlived its revocation\n{}",
+            tail_file(&d.dir().join("journal-1.log"))
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let closed = (1..=3)
+        .map(|i| std::fs::read_to_string(d.dir().join(format!("journal-{i}.log"))).unwrap())
+        .filter(|log| log.contains("internal connections closed"))
+        .count();
+    assert!(closed >= 1, "no journal node closed a connection");
+    assert!(
+        put_within("still-after").await.is_err(),
+        "the frontend reconnected with a revoked certificate"
     );
 }

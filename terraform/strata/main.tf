@@ -34,9 +34,10 @@ locals {
   ]
   admin_dns_names = ["strata-admin", "strata-admin.${var.namespace}.svc"]
   # Every name a journal node is dialled at (its peers' --peers, the frontends' and the
-  # compactor's --journal, the leader addresses the nodes hand out), for up to 5 nodes.
+  # compactor's --journal, the leader addresses the nodes hand out), for the first
+  # journal_certificate_nodes pods.
   internal_dns_names = flatten([
-    for i in range(5) : [
+    for i in range(var.journal_certificate_nodes) : [
       "strata-journal-${i}.strata-journal",
       "strata-journal-${i}.strata-journal.${var.namespace}.svc",
       "strata-journal-${i}.strata-journal.${var.namespace}.svc.cluster.local",

@@ -85,3 +85,13 @@ variable "certificate_validity_hours" {
   type        = number
   default     = 8760
 }
+
+variable "journal_certificate_nodes" {
+  description = "How many journal pods (strata-journal-0 upwards) the journal nodes' internal certificate names. Grow it, and apply, before scaling the journal past it: a node dialled at a name its certificate lacks is refused by every peer and client."
+  type        = number
+  default     = 5
+  validation {
+    condition     = var.journal_certificate_nodes >= 3 && floor(var.journal_certificate_nodes) == var.journal_certificate_nodes
+    error_message = "journal_certificate_nodes must be a whole number of at least 3 (the manifests run 3 journal nodes)."
+  }
+}

@@ -853,7 +853,7 @@ fn the_journal_is_reached_only_over_internal_tls() {
     assert_ne!(internal_ca, secret_ca(&main, "strata-frontend-tls"));
     assert_ne!(internal_ca, secret_ca(&main, "strata-admin-tls"));
     // The certificate's names: `strata-journal-${i}.strata-journal` (and longer forms) for
-    // i in range(n).
+    // i in range(n), n a variable's default.
     let names = main["locals"]
         .as_array()
         .expect("locals")
@@ -861,12 +861,18 @@ fn the_journal_is_reached_only_over_internal_tls() {
         .find_map(|l| l.get("internal_dns_names"))
         .and_then(Value::as_str)
         .expect("local.internal_dns_names");
-    let covered: u64 = names
-        .split("range(")
+    let covered = names
+        .split("range(var.")
         .nth(1)
         .and_then(|r| r.split(')').next())
-        .and_then(|n| n.trim().parse().ok())
-        .expect("names for range(n) nodes");
+        .and_then(|var| {
+            hcl(&repo().join("terraform/strata/variables.tf"))["variable"]
+                .as_array()?
+                .iter()
+                .find_map(|v| v.get(format!("\"{var}\"").as_str()))?["default"]
+                .as_u64()
+        })
+        .expect("names for range(var.n) nodes, n a variable with a default");
     assert!(!dialled.is_empty());
     for host in &dialled {
         let (pod, service) = host.split_once('.').expect("pod.service");

@@ -38,7 +38,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .out_dir(&out)
         .preserve_proto_field_names()
         .ignore_unknown_fields()
-        .build(&[".etcdserverpb", ".mvccpb", ".authpb"])?;
+        .build(&[
+            ".etcdserverpb",
+            ".mvccpb",
+            ".authpb",
+            ".v3lockpb",
+            ".v3electionpb",
+        ])?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -1,5 +1,6 @@
 //! Strata's protobuf types and gRPC stubs. Owns: the etcd v3 API (`etcdserverpb`, `mvccpb`,
-//! `authpb`, wire-identical to etcd 3.5, with the JSON mapping etcd's gateway uses), the journal
+//! `authpb`, and the lock and election services `v3lockpb`, `v3electionpb`, wire-identical to
+//! etcd 3.5, with the JSON mapping etcd's gateway uses), the journal
 //! entry envelope (`strata::entry`) and
 //! Strata's own RPCs. May not touch: anything with behaviour; this crate is generated types plus
 //! small helpers for them.
@@ -20,6 +21,20 @@ pub mod authpb {
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
     include!(concat!(env!("OUT_DIR"), "/etcdserverpb.serde.rs"));
+}
+
+/// etcd's server-side lock service (`v3lockpb`, served beside the etcdserverpb services).
+#[allow(clippy::all, clippy::pedantic)]
+pub mod v3lockpb {
+    tonic::include_proto!("v3lockpb");
+    include!(concat!(env!("OUT_DIR"), "/v3lockpb.serde.rs"));
+}
+
+/// etcd's server-side leader election (`v3electionpb`).
+#[allow(clippy::all, clippy::pedantic)]
+pub mod v3electionpb {
+    tonic::include_proto!("v3electionpb");
+    include!(concat!(env!("OUT_DIR"), "/v3electionpb.serde.rs"));
 }
 
 /// Strata's own packages. Module nesting mirrors the protobuf package names, so that generated

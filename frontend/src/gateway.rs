@@ -20,6 +20,8 @@ use api::etcdserverpb::cluster_server::Cluster;
 use api::etcdserverpb::kv_server::Kv;
 use api::etcdserverpb::lease_server::Lease;
 use api::etcdserverpb::maintenance_server::Maintenance;
+use api::v3electionpb::election_server::Election;
+use api::v3lockpb::lock_server::Lock;
 use axum::body::Body as HttpBody;
 use bytes::{Buf, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
@@ -90,6 +92,13 @@ pub const METHODS: &[&str] = &[
     "auth/role/delete",
     "auth/role/grant",
     "auth/role/revoke",
+    "lock/lock",
+    "lock/unlock",
+    "election/campaign",
+    "election/proclaim",
+    "election/leader",
+    "election/observe",
+    "election/resign",
 ];
 
 /// JSON requests of one stream queued before the body is read further.
@@ -103,6 +112,8 @@ pub struct Gateway {
     pub maintenance: Arc<MaintenanceService>,
     pub cluster: Arc<ClusterService>,
     pub auth: Arc<AuthService>,
+    /// The Lock and Election services (built on the services above).
+    pub concurrency: crate::concurrency::Handle,
     /// The largest body accepted: a request's JSON is its protobuf's bytes in base64 and more.
     pub max_body: usize,
 }
@@ -185,7 +196,9 @@ impl Gateway {
             // etcd 3.4 and 3.5 declare HashKV on Hash's path, so only Hash answers there; 3.6
             // gives HashKV its own path, served here.
             "maintenance/hashkv" => unary(md, body, max, |r| self.maintenance.hash_kv(r)).await,
-            "maintenance/snapshot" => self.snapshot(md, body).await,
+            "maintenance/snapshot" => {
+                server_stream(md, body, max, |r| self.maintenance.snapshot(r)).await
+            }
             "maintenance/transfer-leadership" => {
                 unary(md, body, max, |r| self.maintenance.move_leader(r)).await
             }
@@ -213,22 +226,43 @@ impl Gateway {
             "auth/role/revoke" => {
                 unary(md, body, max, |r| self.auth.role_revoke_permission(r)).await
             }
+            "lock/lock" => unary(md, body, max, |r| self.concurrency.lock(r)).await,
+            "lock/unlock" => unary(md, body, max, |r| self.concurrency.unlock(r)).await,
+            "election/campaign" => unary(md, body, max, |r| self.concurrency.campaign(r)).await,
+            "election/proclaim" => unary(md, body, max, |r| self.concurrency.proclaim(r)).await,
+            "election/leader" => unary(md, body, max, |r| self.concurrency.leader(r)).await,
+            "election/observe" => {
+                server_stream(md, body, max, |r| self.concurrency.observe(r)).await
+            }
+            "election/resign" => unary(md, body, max, |r| self.concurrency.resign(r)).await,
             // Not reached: every entry of METHODS has its arm (`every_listed_method_is_routed`).
             _ => plain(StatusCode::NOT_FOUND, "Not Found"),
         }
     }
+}
 
-    /// Snapshot streams its chunks as `{"result": ...}` lines, as the gateway streams a
-    /// server-streaming call.
-    async fn snapshot(&self, md: MetadataMap, body: Body) -> Answer {
-        let req = match read_message(body, self.max_body).await {
-            Ok(r) => r,
-            Err(status) => return error(&status),
-        };
-        match self.maintenance.snapshot(request(md, req)).await {
-            Ok(answers) => streamed(answers.into_inner()),
-            Err(status) => error(&status),
-        }
+/// One request, a stream of answers (Snapshot's chunks, Observe's leaders), each as a
+/// `{"result": ...}` line, as the gateway streams a server-streaming call.
+async fn server_stream<Req, Resp, S, F, Fut>(
+    md: MetadataMap,
+    body: Body,
+    max_body: usize,
+    call: F,
+) -> Answer
+where
+    Req: DeserializeOwned + Default,
+    Resp: Serialize + Send + 'static,
+    S: Stream<Item = Result<Resp, Status>> + Send + 'static,
+    F: FnOnce(Request<Req>) -> Fut,
+    Fut: Future<Output = Result<Response<S>, Status>>,
+{
+    let req = match read_message(body, max_body).await {
+        Ok(r) => r,
+        Err(status) => return error(&status),
+    };
+    match call(request(md, req)).await {
+        Ok(answers) => streamed(answers.into_inner()),
+        Err(status) => error(&status),
     }
 }
 
@@ -593,7 +627,7 @@ mod tests {
         for m in METHODS {
             assert!(body.contains(&format!("\"{m}\"")), "{m} has no arm");
         }
-        assert_eq!(METHODS.len(), 44);
+        assert_eq!(METHODS.len(), 51);
     }
 
     #[test]

@@ -9,6 +9,7 @@ pub mod catalogue;
 pub mod checkpoint;
 pub mod cluster;
 pub mod coalesce;
+pub mod concurrency;
 pub mod config;
 pub mod errors;
 pub mod fast_kv;

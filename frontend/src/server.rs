@@ -252,16 +252,23 @@ impl Frontend {
             draining: draining.clone(),
         });
         // One instance of each service, shared by the gRPC routes and etcd's JSON gateway.
+        let kv = Arc::new(KvService::new(tenants.clone()));
+        let watch = Arc::new(WatchService::with_config(
+            tenants.clone(),
+            WatchConfig {
+                progress_notify_interval: config.watch_progress_notify_interval,
+                ..WatchConfig::default()
+            },
+        ));
+        let lease = Arc::new(LeaseService::new(tenants.clone()));
+        let concurrency = crate::concurrency::Handle(Arc::new(
+            crate::concurrency::ConcurrencyService::new(kv.clone(), watch.clone(), lease.clone()),
+        ));
         let gateway = Arc::new(crate::gateway::Gateway {
-            kv: Arc::new(KvService::new(tenants.clone())),
-            watch: Arc::new(WatchService::with_config(
-                tenants.clone(),
-                WatchConfig {
-                    progress_notify_interval: config.watch_progress_notify_interval,
-                    ..WatchConfig::default()
-                },
-            )),
-            lease: Arc::new(LeaseService::new(tenants.clone())),
+            kv,
+            watch,
+            lease,
+            concurrency,
             maintenance: Arc::new(
                 MaintenanceService::new(tenants.clone(), log.clone(), config.etcd_version.clone())
                     .with_members(&members),
@@ -303,7 +310,17 @@ impl Frontend {
             )
             .add_service(MaintenanceServer::from_arc(gateway.maintenance.clone()))
             .add_service(ClusterServer::from_arc(gateway.cluster.clone()))
-            .add_service(AuthServer::from_arc(gateway.auth.clone()));
+            .add_service(AuthServer::from_arc(gateway.auth.clone()))
+            .add_service(
+                api::v3lockpb::lock_server::LockServer::new(gateway.concurrency.clone())
+                    .max_decoding_message_size(max_decode),
+            )
+            .add_service(
+                api::v3electionpb::election_server::ElectionServer::new(
+                    gateway.concurrency.clone(),
+                )
+                .max_decoding_message_size(max_decode),
+            );
 
         let (shutdown, stop) = oneshot::channel::<()>();
         let stop = futures::FutureExt::shared(async move {

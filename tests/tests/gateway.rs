@@ -378,3 +378,71 @@ async fn the_token_travels_in_the_authorization_header() {
     assert_eq!(code, 200, "{answer}");
     ok(&t, "/v3/kv/range", json!({"key": b64(b"gw/auth")}));
 }
+
+/// etcd's Lock and Election services on their gateway paths (`/v3/lock/*`, `/v3/election/*`):
+/// a lock's key, a leader key, Observe as a stream of JSON lines, and etcd's error for an
+/// election with no leader.
+#[tokio::test]
+async fn lock_and_election_over_json() {
+    let t = Target::start().await;
+    let lease = ok(&t, "/v3/lease/grant", json!({"TTL": "60"}));
+    let id = lease["ID"].as_str().unwrap().to_string();
+    let hex = format!("{:x}", id.parse::<i64>().unwrap());
+
+    let locked = ok(
+        &t,
+        "/v3/lock/lock",
+        json!({"name": b64(b"gw-lock"), "lease": id}),
+    );
+    let key = format!("gw-lock/{hex}");
+    assert_eq!(locked["key"], b64(key.as_bytes()), "{locked}");
+    let held = ok(&t, "/v3/kv/range", json!({"key": b64(key.as_bytes())}));
+    assert_eq!(held["count"], "1", "{held}");
+    ok(&t, "/v3/lock/unlock", json!({"key": b64(key.as_bytes())}));
+    let gone = ok(&t, "/v3/kv/range", json!({"key": b64(key.as_bytes())}));
+    assert!(gone.get("count").is_none(), "still held: {gone}");
+
+    fails(
+        &t,
+        "/v3/election/leader",
+        &json!({"name": b64(b"gw-el")}).to_string(),
+        2,
+        "election: no leader",
+    );
+    let won = ok(
+        &t,
+        "/v3/election/campaign",
+        json!({"name": b64(b"gw-el"), "value": b64(b"one"), "lease": id}),
+    );
+    let leader = won["leader"].clone();
+    assert_eq!(
+        leader["key"],
+        b64(format!("gw-el/{hex}").as_bytes()),
+        "{won}"
+    );
+    assert_eq!(int(&leader["rev"]), revision(&won));
+    let observe = post_lines(
+        t.endpoint(),
+        "/v3/election/observe",
+        &json!({"name": b64(b"gw-el")}).to_string(),
+    );
+    let first = parse(&observe.take(1, STREAM_TIMEOUT)[0]);
+    assert_eq!(first["result"]["kv"]["value"], b64(b"one"), "{first}");
+    ok(
+        &t,
+        "/v3/election/proclaim",
+        json!({"leader": leader, "value": b64(b"two")}),
+    );
+    let second = parse(&observe.take(1, STREAM_TIMEOUT)[0]);
+    assert_eq!(second["result"]["kv"]["value"], b64(b"two"), "{second}");
+    let now = ok(&t, "/v3/election/leader", json!({"name": b64(b"gw-el")}));
+    assert_eq!(now["kv"]["value"], b64(b"two"));
+    ok(&t, "/v3/election/resign", json!({"leader": leader}));
+    fails(
+        &t,
+        "/v3/election/leader",
+        &json!({"name": b64(b"gw-el")}).to_string(),
+        2,
+        "election: no leader",
+    );
+}

@@ -2,7 +2,7 @@
 //! clients that record every operation, a fault schedule drawn from one seed, and the checks of
 //! [`crate::history`] on what the clients saw.
 //!
-//! One [`run`] is: start three journal nodes, two or three frontends (loading checkpoints from
+//! One [`run`] is: start three or five journal nodes, two or three frontends (loading checkpoints from
 //! object storage) and a compactor; start the clients (a mixed workload on a small keyspace, a
 //! lease kept alive, watchers opened from past revisions, an observer that records every event
 //! of the keyspace); play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT, dropped
@@ -26,7 +26,7 @@ use tokio::task::JoinHandle;
 
 use journal::client::JournalClient;
 
-use crate::deployment::{Deployment, JOURNAL_NODES, Setup, pause_process, resume_process};
+use crate::deployment::{Deployment, Setup, pause_process, resume_process};
 use crate::history::{
     self, Event, Kv, Op, Outcome, Request, Response, Time, WatchEnd, WatchRecord,
 };
@@ -81,6 +81,7 @@ pub struct Summary {
     pub s3: bool,
     /// The journal was dialled over internal TLS.
     pub internal_tls: bool,
+    pub journal_nodes: usize,
     pub schedule: Vec<String>,
     pub acknowledged: usize,
     pub unknown: usize,
@@ -166,10 +167,16 @@ pub struct Step {
     pub settle: Duration,
 }
 
-/// The schedule a seed gives for `frontends` frontends, three journal nodes and (if `s3`) an S3
-/// server, filling `length`: each step hits one process, or one journal node and one frontend
-/// together.
-pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) -> Vec<Step> {
+/// The schedule a seed gives for `frontends` frontends, `journal_nodes` journal nodes and (if
+/// `s3`) an S3 server, filling `length`: each step hits one process, or one journal node and one
+/// frontend together.
+pub fn schedule(
+    rng: &mut StdRng,
+    frontends: usize,
+    journal_nodes: usize,
+    s3: bool,
+    length: Duration,
+) -> Vec<Step> {
     let mut steps = Vec::new();
     let mut total = Duration::ZERO;
     while total < length {
@@ -190,7 +197,7 @@ pub fn schedule(rng: &mut StdRng, frontends: usize, s3: bool, length: Duration) 
         let journal = if rng.random_bool(0.5) {
             Target::JournalLeader
         } else {
-            Target::Journal(rng.random_range(0..3))
+            Target::Journal(rng.random_range(0..journal_nodes))
         };
         let frontend = Target::Frontend(rng.random_range(0..frontends));
         let faults = match rng.random_range(0..10) {
@@ -245,8 +252,12 @@ pub struct Plan {
     /// that adding it changed no seed's schedule: the first fixed seed runs with it, the second
     /// without.
     pub internal_tls: bool,
+    /// Three journal nodes, or five (the seed's third bit, for the same reason). With five, a
+    /// step still takes one node at most, and the final phase takes three down.
+    pub journal_nodes: usize,
     pub steps: Vec<Step>,
-    /// The journal node left running when the majority goes down at the end.
+    /// The first of the journal nodes left running when the majority goes down at the end
+    /// (with five, it and the one before it, cyclically).
     pub spared: usize,
 }
 
@@ -256,13 +267,15 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
     let mut rng = StdRng::seed_from_u64(seed);
     let frontends = rng.random_range(2..=3);
     let s3 = rng.random_bool(0.5) && moto_bin().is_some();
-    let steps = schedule(&mut rng, frontends, s3, length);
+    let journal_nodes = if (seed >> 2) & 1 == 1 { 5 } else { 3 };
+    let steps = schedule(&mut rng, frontends, journal_nodes, s3, length);
     Plan {
         frontends,
         s3,
         internal_tls: (seed >> 1) & 1 == 1,
+        journal_nodes,
         steps,
-        spared: rng.random_range(0..3),
+        spared: rng.random_range(0..journal_nodes),
     }
 }
 
@@ -992,8 +1005,14 @@ async fn grant_lease(endpoints: &[String]) -> Result<i64, String> {
 }
 
 /// Starts the deployment of a run: the journal nodes, `frontends` frontends dialling them
-/// through proxies, the compactor; over internal TLS if `internal_tls`.
-async fn deploy(frontends: usize, objects: Objects, internal_tls: bool) -> Result<Faults, String> {
+/// through proxies, the compactor; `journal_nodes` journal nodes; over internal TLS if
+/// `internal_tls`.
+async fn deploy(
+    frontends: usize,
+    journal_nodes: usize,
+    objects: Objects,
+    internal_tls: bool,
+) -> Result<Faults, String> {
     let pki = internal_tls.then(InternalPki::new);
     let node_flags = pki.as_ref().map(|p| p.node.clone()).unwrap_or_default();
     let frontend_client_flags = pki.as_ref().map(|p| p.frontend.clone()).unwrap_or_default();
@@ -1001,7 +1020,7 @@ async fn deploy(frontends: usize, objects: Objects, internal_tls: bool) -> Resul
         .as_ref()
         .map(|p| p.compactor.clone())
         .unwrap_or_default();
-    let journal_addrs: Vec<String> = (0..JOURNAL_NODES)
+    let journal_addrs: Vec<String> = (0..journal_nodes)
         .map(|_| format!("127.0.0.1:{}", free_port()))
         .collect();
     let mut links = Vec::new();
@@ -1104,15 +1123,17 @@ impl Faults {
         }
     }
 
-    /// Kills the two journal nodes but `spared` for [`NO_QUORUM_FOR`] and restarts them;
-    /// returns when the majority was down (F3: nothing may be acknowledged in between).
+    /// Kills the smallest majority of the journal's nodes (two of three, three of five), the
+    /// ones after `spared`, for [`NO_QUORUM_FOR`] and restarts them; returns when the
+    /// majority was down (F3: nothing may be acknowledged in between).
     async fn majority_down(
         &mut self,
         spared: usize,
         clock: &Clock,
         ran: &mut Vec<String>,
     ) -> (Time, Time) {
-        let down: Vec<usize> = (0..3).filter(|j| *j != spared).collect();
+        let nodes = self.deployment.journal_addrs().len();
+        let down: Vec<usize> = (1..=nodes / 2 + 1).map(|k| (spared + k) % nodes).collect();
         ran.push(format!(
             "{:7.2}s Kill Journal{down:?} (a majority)",
             clock.secs()
@@ -1243,6 +1264,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
         frontends,
         s3,
         internal_tls,
+        journal_nodes,
         steps,
         spared,
     } = plan(seed, config.faults_for);
@@ -1251,7 +1273,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
     } else {
         Objects::Dir
     };
-    let mut faults = deploy(frontends, objects, internal_tls).await?;
+    let mut faults = deploy(frontends, journal_nodes, objects, internal_tls).await?;
     let endpoints = faults.deployment.endpoints();
     let lease = grant_lease(&endpoints).await?;
     let clock = Clock(Instant::now());
@@ -1351,6 +1373,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
         frontends,
         s3,
         internal_tls,
+        journal_nodes,
         schedule: ran,
         acknowledged: count(|o| matches!(o, Outcome::Ok { .. })),
         unknown: count(|o| matches!(o, Outcome::Unknown(_))),
@@ -1507,6 +1530,27 @@ mod tests {
         assert!(
             tls.contains(&true) && tls.contains(&false),
             "the fixed seeds run the journal both over internal TLS and plaintext: {tls:?}"
+        );
+        let sizes: Vec<usize> = FIXED_SEEDS
+            .iter()
+            .map(|&seed| plan(seed, Config::ci().faults_for).journal_nodes)
+            .collect();
+        assert!(
+            sizes.contains(&3) && sizes.contains(&5),
+            "the fixed seeds run three journal nodes and five: {sizes:?}"
+        );
+        // With five, the schedule reaches the nodes a three-node plan has not.
+        let five = FIXED_SEEDS
+            .iter()
+            .map(|&seed| plan(seed, Config::ci().faults_for))
+            .find(|p| p.journal_nodes == 5)
+            .unwrap();
+        assert!(
+            five.steps
+                .iter()
+                .flat_map(|s| &s.faults)
+                .any(|(_, t)| matches!(t, Target::Journal(3 | 4))),
+            "the five-node seed never hits node 3 or 4 itself"
         );
     }
 }

@@ -37,10 +37,11 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
         match run(seed, &Config::ci()).await {
             Ok(s) => {
                 println!(
-                    "seed {:#x}: {} frontends, checkpoints in {}, journal {}; {} faults; {} answered, {} unknown; \
+                    "seed {:#x}: {} frontends, {} journal nodes, checkpoints in {}, journal {}; {} faults; {} answered, {} unknown; \
                      {} revisions written, {} events to revision {}; {} watchers saw {} events",
                     s.seed,
                     s.frontends,
+                    s.journal_nodes,
                     if s.s3 { "S3 (moto)" } else { "a directory" },
                     if s.internal_tls {
                         "over internal TLS"

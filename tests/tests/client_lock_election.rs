@@ -302,3 +302,43 @@ async fn locks_and_elections_run_with_the_callers_permissions() {
     );
     assert_status(alice.leader("other").await, Code::Unknown, denied);
 }
+
+/// The Lock service and clientv3's own recipe (`etcdctl lock`, a `concurrency.Mutex`) write the
+/// same keys, so they exclude each other on one name: each waits while the other holds.
+#[tokio::test]
+async fn the_lock_service_and_etcdctl_lock_exclude_each_other() {
+    let (t, mut c) = start().await;
+    let ctl = strata_tests::etcdctl::Etcdctl::new(t.endpoint());
+    let mut by_etcdctl = ctl.spawn_lines(&["lock", "--ttl=60", "mix"]);
+    let held = by_etcdctl.take(1, WATCH_TIMEOUT).remove(0);
+    assert!(held.starts_with("mix/"), "{held}");
+
+    let lease = c.lease_grant(60, None).await.unwrap().id();
+    let mut other = connect(t.endpoint()).await;
+    let waiting = tokio::spawn(async move {
+        other
+            .lock("mix", Some(LockOptions::new().with_lease(lease)))
+            .await
+    });
+    until_count(&mut c, "mix/", 2).await;
+    tokio::time::sleep(STILL_WAITING).await;
+    assert!(
+        !waiting.is_finished(),
+        "locked while etcdctl holds the lock"
+    );
+    assert!(by_etcdctl.terminate(), "etcdctl lock unlocks on SIGTERM");
+    let taken = tokio::time::timeout(WATCH_TIMEOUT, waiting)
+        .await
+        .expect("the service never takes the lock etcdctl gave up")
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.key(), key_of("mix/", lease).as_bytes());
+
+    // The other way round: etcdctl waits while the service's hold stands.
+    let queued = ctl.spawn_lines(&["lock", "--ttl=60", "mix"]);
+    until_count(&mut c, "mix/", 2).await;
+    assert_eq!(queued.drain_for(STILL_WAITING), Vec::<String>::new());
+    c.unlock(taken.key()).await.unwrap();
+    let next = queued.take(1, WATCH_TIMEOUT).remove(0);
+    assert!(next.starts_with("mix/") && next != held, "{next}");
+}

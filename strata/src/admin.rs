@@ -1,6 +1,7 @@
 //! `strata admin`: operator commands. `backup list` shows the checkpoints kept in object storage
-//! (restore points); `backup restore` brings a tenant back to one of them through the journal as
-//! one staged, all-or-nothing restore, so every frontend and the compactor follow at once.
+//! (restore points); `backup restore` brings a tenant back to one of them, or to a file
+//! `etcdctl snapshot save` wrote from a Strata frontend, through the journal as one staged,
+//! all-or-nothing restore, so every frontend and the compactor follow at once.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -40,7 +41,9 @@ enum Command {
 enum Backup {
     /// List every retained checkpoint (newest first) of one tenant or of all.
     List(ListArgs),
-    /// Restore a tenant's keys, values and leases to a retained checkpoint, all or nothing: the
+    /// Restore a tenant's keys, values and leases to a retained checkpoint (`--index`) or to a
+    /// file `etcdctl snapshot save` wrote from a Strata frontend (`--from-file`; any tenant's,
+    /// any deployment's: a tenant can be copied or moved this way), all or nothing: the
     /// changes are staged in journal entries and applied by one commit at one new revision
     /// (a write racing the restore to a key the restore changes aborts the commit, never gets
     /// overwritten, and the restore then re-plans; a racing write to a key the restore leaves
@@ -69,8 +72,17 @@ struct RestoreArgs {
     #[arg(long, default_value = "default")]
     tenant: String,
     /// Journal index of the checkpoint to restore (see `backup list`).
-    #[arg(long)]
-    index: u64,
+    #[arg(
+        long,
+        required_unless_present = "from_file",
+        conflicts_with = "from_file"
+    )]
+    index: Option<u64>,
+    /// A snapshot file `etcdctl snapshot save` wrote from a Strata frontend (its SHA-256
+    /// trailer is checked). etcd's own snapshot files (bbolt) are not read: move a keyspace
+    /// out of etcd with `etcdctl make-mirror` (docs/OPERATIONS.md).
+    #[arg(long = "from-file")]
+    from_file: Option<std::path::PathBuf>,
     /// Plans tried before giving up when concurrent writes keep touching the same keys.
     #[arg(long, default_value_t = 5)]
     attempts: u32,
@@ -161,6 +173,30 @@ where
 /// the journal past the one it was reading.
 const MAX_TRIMMED_RELOADS: u32 = 5;
 
+/// What a restore brings a tenant back to, for the plan and the messages.
+struct Source {
+    /// The journal index it was taken at (in its own shard).
+    index: u64,
+    revision: i64,
+    /// How the messages name it.
+    what: String,
+}
+
+/// The checkpoint inside a file `etcdctl snapshot save` wrote from a Strata frontend.
+fn saved_snapshot(
+    path: &std::path::Path,
+) -> anyhow::Result<(memstore::checkpoint::CheckpointMeta, MemStore)> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let checkpoint = frontend::snapshot::split_saved(&bytes).map_err(|why| {
+        anyhow::anyhow!(
+            "{} is not a snapshot of a Strata frontend: {why} (etcd's own snapshot files are not read here; see docs/OPERATIONS.md)",
+            path.display()
+        )
+    })?;
+    memstore::checkpoint::decode(checkpoint)
+        .map_err(|e| anyhow::anyhow!("{}: not a checkpoint Strata can read: {e}", path.display()))
+}
+
 async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
     let client = JournalClient::connect_over(&args.journal, args.internal_tls.load()?).await?;
@@ -169,19 +205,43 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         .latest_manifest(tenant)
         .await?
         .with_context(|| format!("tenant {tenant} has no checkpoints"))?;
-    let Some(r) = manifest.checkpoints.iter().find(|c| c.index == args.index) else {
-        bail!(
-            "tenant {tenant} has no checkpoint at index {}; retained: {:?}",
-            args.index,
-            manifest
-                .checkpoints
-                .iter()
-                .map(|c| c.index)
-                .collect::<Vec<_>>()
-        );
-    };
     let shard = manifest.shard;
-    let (_, target) = reader::load(&catalog, tenant, r).await?;
+    let (source, target) = match (&args.from_file, args.index) {
+        (Some(path), _) => {
+            let (meta, target) = saved_snapshot(path)?;
+            let source = Source {
+                index: meta.index,
+                revision: meta.revision,
+                what: format!(
+                    "snapshot {} (tenant {} at index {})",
+                    path.display(),
+                    meta.tenant,
+                    meta.index
+                ),
+            };
+            (source, target)
+        }
+        (None, Some(index)) => {
+            let Some(r) = manifest.checkpoints.iter().find(|c| c.index == index) else {
+                bail!(
+                    "tenant {tenant} has no checkpoint at index {index}; retained: {:?}",
+                    manifest
+                        .checkpoints
+                        .iter()
+                        .map(|c| c.index)
+                        .collect::<Vec<_>>()
+                );
+            };
+            let (_, target) = reader::load(&catalog, tenant, r).await?;
+            let source = Source {
+                index: r.index,
+                revision: r.revision,
+                what: format!("checkpoint {}", r.index),
+            };
+            (source, target)
+        }
+        (None, None) => bail!("--index or --from-file names what to restore"),
+    };
 
     for attempt in 1..=args.attempts {
         // The tenant's state as of now: newest checkpoint plus the journal up to a read index.
@@ -224,12 +284,12 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             &current,
             &target,
             rand::random::<[u8; 16]>().to_vec(),
-            r.index,
+            source.index,
         );
         if plan.is_empty() {
             println!(
-                "tenant {tenant} already matches checkpoint {} (revision {})",
-                r.index,
+                "tenant {tenant} already matches {} (revision {})",
+                source.what,
                 current.revision()
             );
             return Ok(());
@@ -276,9 +336,9 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         match outcome {
             Some(Outcome::Restore(RestoreStep::Committed { revision, keys })) => {
                 println!(
-                    "restored tenant {tenant} to checkpoint {} (revision {} then) at revision {revision}: {} leases granted, {} keys put, {} deleted ({keys} changes), {} leases revoked, {}, staged in {} chunks",
-                    r.index,
-                    r.revision,
+                    "restored tenant {tenant} to {} (revision {} then) at revision {revision}: {} leases granted, {} keys put, {} deleted ({keys} changes), {} leases revoked, {}, staged in {} chunks",
+                    source.what,
+                    source.revision,
                     plan.grants,
                     plan.puts,
                     plan.deletes,

@@ -528,3 +528,121 @@ async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revisi
     assert_eq!(seen, want, "the events replay the restore");
     drop(deployment);
 }
+
+/// Keys under `f/` with their values and leases, as a frontend serves them.
+async fn leased(c: &mut etcd_client::Client) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
+    c.get("f/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap()
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.lease()))
+        .collect()
+}
+
+/// `backup restore --from-file`: a file `etcdctl snapshot save` wrote from a frontend brings
+/// the tenant back to it (keys, values, a revoked lease and its keys), at one new revision; a
+/// damaged file is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
+    let deployment = Deployment::start(1).await;
+    let journals = deployment.journal_addrs().to_vec();
+    let url = format!("file://{}", deployment.objects().display());
+    let log = deployment.dir().join("compactor.log");
+    let client = JournalClient::connect(&journals).await.unwrap();
+    let catalog = Catalog::new(compactor::store::open(&url).unwrap());
+    let _compactor = deployment.start_compactor(&["--every", "500ms"]);
+    let mut c = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
+        .await
+        .unwrap();
+    let lease = c.lease_grant(LEASE_TTL, None).await.unwrap().id();
+    for i in 0..50 {
+        let opts = (i % 5 == 0).then(|| etcd_client::PutOptions::new().with_lease(lease));
+        c.put(format!("f/{i:03}"), "a", opts).await.unwrap();
+    }
+    let want = leased(&mut c).await;
+    let file = deployment.dir().join("saved.db");
+    let ctl = strata_tests::etcdctl::Etcdctl::new(&deployment.frontend(0).listen);
+    let path = file.to_str().unwrap().to_string();
+    let out = tokio::task::spawn_blocking(move || ctl.ok(&["snapshot", "save", &path]))
+        .await
+        .unwrap();
+    assert!(out.contains("Snapshot saved at"), "{out}");
+
+    // Changes after the snapshot: overwrites, deletes, new keys, the lease revoked.
+    for i in 25..75 {
+        c.put(format!("f/{i:03}"), "b", None).await.unwrap();
+    }
+    c.delete(
+        "f/000",
+        Some(etcd_client::DeleteOptions::new().with_range("f/010")),
+    )
+    .await
+    .unwrap();
+    c.lease_revoke(lease).await.unwrap();
+    wait_checkpoint(&catalog, client.read_index(SHARD).await.unwrap(), &log).await;
+    let changed = leased(&mut c).await;
+    assert_ne!(changed, want);
+    let restore = |file: &std::path::Path| {
+        [
+            "admin",
+            "backup",
+            "restore",
+            "--object-store",
+            &url,
+            "--journal",
+            &journals.join(","),
+            "--from-file",
+            file.to_str().unwrap(),
+        ]
+        .map(String::from)
+    };
+
+    // A damaged file: its SHA-256 trailer does not match; nothing changes.
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[100] ^= 0xff;
+    let damaged = deployment.dir().join("damaged.db");
+    std::fs::write(&damaged, &bytes).unwrap();
+    let out = tokio::process::Command::new(strata_bin())
+        .args(restore(&damaged))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("SHA-256 trailer does not match"),
+        "{stderr}"
+    );
+    assert_eq!(leased(&mut c).await, changed);
+
+    let before = c
+        .get("f/", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    let out = admin(&restore(&file)).await;
+    assert!(
+        out.contains("restored tenant default to snapshot") && out.contains("tenant default at"),
+        "{out}"
+    );
+    assert_eq!(
+        leased(&mut c).await,
+        want,
+        "keys, values and leases as saved"
+    );
+    let after = c
+        .get("f/", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
+    assert_eq!(after, before + 1, "the whole restore is one new revision");
+    let ttl = c.lease_time_to_live(lease, None).await.unwrap();
+    assert!(ttl.ttl() > 0, "the revoked lease is granted again");
+    let again = admin(&restore(&file)).await;
+    assert!(again.contains("already matches snapshot"), "{again}");
+}

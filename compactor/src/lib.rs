@@ -6,6 +6,7 @@ pub mod catalog;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod etcd_snapshot;
 pub mod journal_source;
 pub mod purge;
 pub mod reader;

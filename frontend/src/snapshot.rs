@@ -103,9 +103,18 @@ pub fn messages(
         })
 }
 
-/// The checkpoint inside a file written by `etcdctl snapshot save`: the SHA-256 trailer is
-/// checked and removed, then the zero padding after the checkpoint's own length.
-pub fn split_saved(file: &[u8]) -> Result<&[u8], &'static str> {
+/// A saved snapshot without its SHA-256 trailer, checked: what `etcdctl snapshot restore` does
+/// with etcd's files (which have the trailer when their size is `512 * n + 32`; a database
+/// copied from a member's data directory has none and is returned whole).
+pub fn strip_trailer(file: &[u8]) -> Result<&[u8], &'static str> {
+    if file.len() % SNAPSHOT_PAD_TO != SHA256_BYTES {
+        return Ok(file);
+    }
+    without_trailer(file)
+}
+
+/// `file` without its last 32 bytes, which must be the SHA-256 of the rest.
+fn without_trailer(file: &[u8]) -> Result<&[u8], &'static str> {
     if file.len() < SHA256_BYTES {
         return Err("shorter than its SHA-256 trailer");
     }
@@ -113,6 +122,13 @@ pub fn split_saved(file: &[u8]) -> Result<&[u8], &'static str> {
     if digest::digest(&digest::SHA256, content).as_ref() != sha {
         return Err("SHA-256 trailer does not match the content");
     }
+    Ok(content)
+}
+
+/// The checkpoint inside a file written by `etcdctl snapshot save`: the SHA-256 trailer is
+/// checked and removed, then the zero padding after the checkpoint's own length.
+pub fn split_saved(file: &[u8]) -> Result<&[u8], &'static str> {
+    let content = without_trailer(file)?;
     let len = checkpoint_len(content).ok_or("not a checkpoint (header too short)")?;
     if len > content.len() || content[len..].iter().any(|&b| b != 0) {
         return Err("checkpoint length does not match the file");

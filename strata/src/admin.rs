@@ -49,7 +49,7 @@ enum Backup {
     /// overwritten, and the restore then re-plans; a racing write to a key the restore leaves
     /// alone, or a new key, stays). Stop the tenant's writers for an exact copy of the
     /// checkpoint. Revisions move forward, and watchers see the changes as events.
-    Restore(RestoreArgs),
+    Restore(Box<RestoreArgs>),
 }
 
 #[derive(clap::Args)]
@@ -74,15 +74,20 @@ struct RestoreArgs {
     /// Journal index of the checkpoint to restore (see `backup list`).
     #[arg(
         long,
-        required_unless_present = "from_file",
-        conflicts_with = "from_file"
+        required_unless_present_any = ["from_file", "from_etcd_snapshot"],
+        conflicts_with_all = ["from_file", "from_etcd_snapshot"]
     )]
     index: Option<u64>,
     /// A snapshot file `etcdctl snapshot save` wrote from a Strata frontend (its SHA-256
-    /// trailer is checked). etcd's own snapshot files (bbolt) are not read: move a keyspace
-    /// out of etcd with `etcdctl make-mirror` (docs/OPERATIONS.md).
-    #[arg(long = "from-file")]
+    /// trailer is checked).
+    #[arg(long = "from-file", conflicts_with = "from_etcd_snapshot")]
     from_file: Option<std::path::PathBuf>,
+    /// A snapshot file `etcdctl snapshot save` wrote from etcd itself (its bbolt database; a
+    /// SHA-256 trailer is checked when there is one): its live keys, values, leases and auth
+    /// store (users keep their passwords) become the tenant's, as one restore. The offline path
+    /// from etcd; `etcdctl make-mirror` is the live one.
+    #[arg(long = "from-etcd-snapshot")]
+    from_etcd_snapshot: Option<std::path::PathBuf>,
     /// Plans tried before giving up when concurrent writes keep touching the same keys.
     #[arg(long, default_value_t = 5)]
     attempts: u32,
@@ -94,7 +99,7 @@ struct RestoreArgs {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Backup(Backup::List(a)) => list(a).await,
-        Command::Backup(Backup::Restore(a)) => restore(a).await,
+        Command::Backup(Backup::Restore(a)) => restore(*a).await,
         Command::Tenant(a) => crate::tenant_admin::run(a).await,
     }
 }
@@ -206,8 +211,30 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         .await?
         .with_context(|| format!("tenant {tenant} has no checkpoints"))?;
     let shard = manifest.shard;
-    let (source, target) = match (&args.from_file, args.index) {
-        (Some(path), _) => {
+    let (source, target) = match (&args.from_file, args.index, &args.from_etcd_snapshot) {
+        (_, _, Some(path)) => {
+            let bytes =
+                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+            let db = frontend::snapshot::strip_trailer(&bytes)
+                .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+            let state = compactor::etcd_snapshot::read(db)
+                .with_context(|| format!("{} is not an etcd snapshot", path.display()))?;
+            let what = format!(
+                "etcd snapshot {} ({} keys, {} leases, {} users at etcd revision {})",
+                path.display(),
+                state.keys.len(),
+                state.leases.len(),
+                state.users.len(),
+                state.revision
+            );
+            let source = Source {
+                index: 0,
+                revision: state.revision,
+                what,
+            };
+            (source, state.into_store(tenant)?)
+        }
+        (Some(path), _, None) => {
             let (meta, target) = saved_snapshot(path)?;
             let source = Source {
                 index: meta.index,
@@ -221,7 +248,7 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             };
             (source, target)
         }
-        (None, Some(index)) => {
+        (None, Some(index), None) => {
             let Some(r) = manifest.checkpoints.iter().find(|c| c.index == index) else {
                 bail!(
                     "tenant {tenant} has no checkpoint at index {index}; retained: {:?}",
@@ -240,7 +267,9 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             };
             (source, target)
         }
-        (None, None) => bail!("--index or --from-file names what to restore"),
+        (None, None, None) => {
+            bail!("--index, --from-file or --from-etcd-snapshot names what to restore")
+        }
     };
 
     for attempt in 1..=args.attempts {

@@ -120,6 +120,25 @@ async fn admin(args: &[String]) -> String {
     stdout
 }
 
+/// `strata admin backup restore` against the object store at `url` and the journal nodes
+/// `journals`, then `rest`.
+fn restore_args(url: &str, journals: &[String], rest: &[&str]) -> Vec<String> {
+    let journals = journals.join(",");
+    [
+        "admin",
+        "backup",
+        "restore",
+        "--object-store",
+        url,
+        "--journal",
+        &journals,
+    ]
+    .iter()
+    .chain(rest)
+    .map(|a| a.to_string())
+    .collect()
+}
+
 async fn wait_checkpoint(catalog: &Catalog, index: u64, log: &std::path::Path) -> u64 {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
@@ -240,22 +259,11 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
         assert!(!out.status.success(), "backup list {args:?} succeeded");
     }
 
-    let out = admin(
-        &[
-            "admin",
-            "backup",
-            "restore",
-            "--object-store",
-            &url,
-            "--journal",
-            &journals.join(","),
-            "--tenant",
-            TENANT,
-            "--index",
-            &checkpoint.to_string(),
-        ]
-        .map(String::from),
-    )
+    let out = admin(&restore_args(
+        &url,
+        &journals,
+        &["--tenant", TENANT, "--index", &checkpoint.to_string()],
+    ))
     .await;
     assert!(out.contains("restored tenant default"), "{out}");
     assert!(
@@ -283,20 +291,11 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
         "the auth state came back as one change"
     );
     // A second restore to the same point has nothing to do.
-    let again = admin(
-        &[
-            "admin",
-            "backup",
-            "restore",
-            "--object-store",
-            &url,
-            "--journal",
-            &journals.join(","),
-            "--index",
-            &checkpoint.to_string(),
-        ]
-        .map(String::from),
-    )
+    let again = admin(&restore_args(
+        &url,
+        &journals,
+        &["--index", &checkpoint.to_string()],
+    ))
     .await;
     assert!(again.contains("already matches"), "{again}");
     drop(deployment);
@@ -451,20 +450,11 @@ async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revisi
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 
-    let out = admin(
-        &[
-            "admin",
-            "backup",
-            "restore",
-            "--object-store",
-            &url,
-            "--journal",
-            &journals.join(","),
-            "--index",
-            &checkpoint.to_string(),
-        ]
-        .map(String::from),
-    )
+    let out = admin(&restore_args(
+        &url,
+        &journals,
+        &["--index", &checkpoint.to_string()],
+    ))
     .await;
     assert!(out.contains("restored tenant default"), "{out}");
 
@@ -529,9 +519,9 @@ async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revisi
     drop(deployment);
 }
 
-/// Keys under `f/` with their values and leases, as a frontend serves them.
-async fn leased(c: &mut etcd_client::Client) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
-    c.get("f/", Some(etcd_client::GetOptions::new().with_prefix()))
+/// Keys under `prefix` with their values and leases, as `c` may read them.
+async fn keys_under(c: &mut etcd_client::Client, prefix: &str) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
+    c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
         .await
         .unwrap()
         .kvs()
@@ -540,19 +530,42 @@ async fn leased(c: &mut etcd_client::Client) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
         .collect()
 }
 
+/// One frontend, three journal nodes and a compactor checkpointing every 500 ms into a
+/// directory, with what a restore test reaches them by.
+struct Served {
+    deployment: Deployment,
+    journals: Vec<String>,
+    url: String,
+    log: std::path::PathBuf,
+    client: JournalClient,
+    catalog: Catalog,
+    _compactor: strata_tests::process::ChildGuard,
+}
+
+impl Served {
+    async fn start() -> Self {
+        let deployment = Deployment::start(1).await;
+        let journals = deployment.journal_addrs().to_vec();
+        let url = format!("file://{}", deployment.objects().display());
+        Served {
+            log: deployment.dir().join("compactor.log"),
+            client: JournalClient::connect(&journals).await.unwrap(),
+            catalog: Catalog::new(compactor::store::open(&url).unwrap()),
+            _compactor: deployment.start_compactor(&["--every", "500ms"]),
+            deployment,
+            journals,
+            url,
+        }
+    }
+}
+
 /// `backup restore --from-file`: a file `etcdctl snapshot save` wrote from a frontend brings
 /// the tenant back to it (keys, values, a revoked lease and its keys), at one new revision; a
 /// damaged file is refused and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
-    let deployment = Deployment::start(1).await;
-    let journals = deployment.journal_addrs().to_vec();
-    let url = format!("file://{}", deployment.objects().display());
-    let log = deployment.dir().join("compactor.log");
-    let client = JournalClient::connect(&journals).await.unwrap();
-    let catalog = Catalog::new(compactor::store::open(&url).unwrap());
-    let _compactor = deployment.start_compactor(&["--every", "500ms"]);
-    let mut c = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
+    let served = Served::start().await;
+    let mut c = etcd_client::Client::connect([served.deployment.frontend(0).endpoint()], None)
         .await
         .unwrap();
     let lease = c.lease_grant(LEASE_TTL, None).await.unwrap().id();
@@ -560,9 +573,9 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
         let opts = (i % 5 == 0).then(|| etcd_client::PutOptions::new().with_lease(lease));
         c.put(format!("f/{i:03}"), "a", opts).await.unwrap();
     }
-    let want = leased(&mut c).await;
-    let file = deployment.dir().join("saved.db");
-    let ctl = strata_tests::etcdctl::Etcdctl::new(&deployment.frontend(0).listen);
+    let want = keys_under(&mut c, "f/").await;
+    let file = served.deployment.dir().join("saved.db");
+    let ctl = strata_tests::etcdctl::Etcdctl::new(&served.deployment.frontend(0).listen);
     let path = file.to_str().unwrap().to_string();
     let out = tokio::task::spawn_blocking(move || ctl.ok(&["snapshot", "save", &path]))
         .await
@@ -580,28 +593,26 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
     .await
     .unwrap();
     c.lease_revoke(lease).await.unwrap();
-    wait_checkpoint(&catalog, client.read_index(SHARD).await.unwrap(), &log).await;
-    let changed = leased(&mut c).await;
+    wait_checkpoint(
+        &served.catalog,
+        served.client.read_index(SHARD).await.unwrap(),
+        &served.log,
+    )
+    .await;
+    let changed = keys_under(&mut c, "f/").await;
     assert_ne!(changed, want);
     let restore = |file: &std::path::Path| {
-        [
-            "admin",
-            "backup",
-            "restore",
-            "--object-store",
-            &url,
-            "--journal",
-            &journals.join(","),
-            "--from-file",
-            file.to_str().unwrap(),
-        ]
-        .map(String::from)
+        restore_args(
+            &served.url,
+            &served.journals,
+            &["--from-file", file.to_str().unwrap()],
+        )
     };
 
     // A damaged file: its SHA-256 trailer does not match; nothing changes.
     let mut bytes = std::fs::read(&file).unwrap();
     bytes[100] ^= 0xff;
-    let damaged = deployment.dir().join("damaged.db");
+    let damaged = served.deployment.dir().join("damaged.db");
     std::fs::write(&damaged, &bytes).unwrap();
     let out = tokio::process::Command::new(strata_bin())
         .args(restore(&damaged))
@@ -614,7 +625,7 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
         stderr.contains("SHA-256 trailer does not match"),
         "{stderr}"
     );
-    assert_eq!(leased(&mut c).await, changed);
+    assert_eq!(keys_under(&mut c, "f/").await, changed);
 
     let before = c
         .get("f/", None)
@@ -629,7 +640,7 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
         "{out}"
     );
     assert_eq!(
-        leased(&mut c).await,
+        keys_under(&mut c, "f/").await,
         want,
         "keys, values and leases as saved"
     );
@@ -645,4 +656,129 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
     assert!(ttl.ttl() > 0, "the revoked lease is granted again");
     let again = admin(&restore(&file)).await;
     assert!(again.contains("already matches snapshot"), "{again}");
+}
+
+/// `backup restore --from-etcd-snapshot`: a snapshot `etcdctl snapshot save` took of a real
+/// etcd 3.4 (thousands of keys over many bbolt pages, a value spanning several, overwritten and
+/// deleted keys, a lease, users with passwords and roles, auth on) becomes a tenant's keyspace:
+/// the same live keys, values and lease, the key the tenant held before gone, and etcd's users
+/// log in to Strata with their etcd passwords and the permissions etcd gave them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_snapshot_becomes_a_tenants_keyspace() {
+    use etcd_client::{ConnectOptions, Permission, PutOptions};
+    let etcd = strata_tests::etcd::EtcdServer::start().await;
+    let mut e = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let lease = e.lease_grant(LEASE_TTL, None).await.unwrap().id();
+    // 3,000 pods, every hundredth on the lease, then the first 300 overwritten.
+    let first = (0..3000).map(|i| (i, format!("pod {i}"), i % 100 == 0));
+    let second = (0..300).map(|i| (i, format!("pod {i} v2"), false));
+    for (i, value, leased) in first.chain(second) {
+        let opts = leased.then(|| PutOptions::new().with_lease(lease));
+        e.put(format!("/registry/pods/ns{}/p{i:05}", i % 7), value, opts)
+            .await
+            .unwrap();
+    }
+    e.delete(
+        "/registry/pods/ns0/",
+        Some(etcd_client::DeleteOptions::new().with_prefix()),
+    )
+    .await
+    .unwrap();
+    e.put("/registry/configmaps/big", "x".repeat(20_000), None)
+        .await
+        .unwrap();
+    e.user_add("root", "rootpw", None).await.unwrap();
+    e.user_grant_role("root", "root").await.unwrap();
+    e.role_add("reader").await.unwrap();
+    e.role_grant_permission("reader", Permission::read("/registry/").with_prefix())
+        .await
+        .unwrap();
+    e.user_add("alice", "alicepw", None).await.unwrap();
+    e.user_grant_role("alice", "reader").await.unwrap();
+    e.auth_enable().await.unwrap();
+    let login = |user: &str, password: &str| {
+        Some(
+            ConnectOptions::new()
+                .with_user(user, password)
+                .with_timeout(Duration::from_secs(30)),
+        )
+    };
+    let mut root = etcd_client::Client::connect([etcd.endpoint()], login("root", "rootpw"))
+        .await
+        .unwrap();
+    let want = keys_under(&mut root, "/registry/").await;
+    let deleted = (0..3000).filter(|i| i % 7 == 0).count();
+    assert_eq!(want.len(), 3000 - deleted + 1);
+    let file = etcd.dir().join("etcd.db");
+    let ctl = strata_tests::etcdctl::Etcdctl::new(etcd.endpoint());
+    let path = file.to_str().unwrap().to_string();
+    let out = tokio::task::spawn_blocking(move || {
+        ctl.ok(&["--user", "root:rootpw", "snapshot", "save", &path])
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("Snapshot saved at"), "{out}");
+
+    // A Strata tenant with a key of its own and a checkpoint.
+    let served = Served::start().await;
+    let endpoint = served.deployment.frontend(0).endpoint();
+    let mut s = etcd_client::Client::connect([&endpoint], None)
+        .await
+        .unwrap();
+    s.put("/registry/old", "strata's own", None).await.unwrap();
+    wait_checkpoint(
+        &served.catalog,
+        served.client.read_index(SHARD).await.unwrap(),
+        &served.log,
+    )
+    .await;
+
+    let out = admin(&restore_args(
+        &served.url,
+        &served.journals,
+        &["--from-etcd-snapshot", file.to_str().unwrap()],
+    ))
+    .await;
+    assert!(
+        out.contains("restored tenant default to etcd snapshot"),
+        "{out}"
+    );
+    assert!(
+        out.contains("auth restored (2 users, 2 roles, enabled)"),
+        "{out}"
+    );
+
+    // Auth is on now, with etcd's users and passwords.
+    let mut root = etcd_client::Client::connect([&endpoint], login("root", "rootpw"))
+        .await
+        .unwrap();
+    let got = keys_under(&mut root, "/registry/").await;
+    // Compared key by key: a failure names the first difference, not two 2,500-key dumps.
+    let first_difference = got.iter().zip(&want).find(|(g, w)| g != w).map(|(g, w)| {
+        (
+            String::from_utf8_lossy(&g.0).into_owned(),
+            String::from_utf8_lossy(&w.0).into_owned(),
+        )
+    });
+    assert_eq!(
+        (got.len(), first_difference),
+        (want.len(), None),
+        "etcd's live keys, values and leases (Strata's, etcd's)"
+    );
+    let ttl = root.lease_time_to_live(lease, None).await.unwrap();
+    assert_eq!(ttl.granted_ttl(), LEASE_TTL);
+    let mut alice = etcd_client::Client::connect([&endpoint], login("alice", "alicepw"))
+        .await
+        .unwrap();
+    assert_eq!(keys_under(&mut alice, "/registry/").await.len(), want.len());
+    let denied = alice.put("/registry/x", "v", None).await.unwrap_err();
+    assert!(denied.to_string().contains("permission denied"), "{denied}");
+    assert!(
+        etcd_client::Client::connect([&endpoint], login("alice", "wrong"))
+            .await
+            .is_err(),
+        "a wrong password is refused"
+    );
 }

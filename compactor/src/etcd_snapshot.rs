@@ -1,0 +1,472 @@
+//! etcd's own snapshot files (`etcdctl snapshot save` against etcd: its bbolt database, with a
+//! SHA-256 trailer) read into a store, so `strata admin backup restore --from-etcd-snapshot`
+//! can bring an etcd keyspace into a tenant through the same staged restore as a checkpoint:
+//! the offline path from etcd, where `etcdctl make-mirror` is the live one.
+//!
+//! What is read, at the snapshot's newest revision: every live key with its value and lease,
+//! every lease with its granted TTL (etcd's restore renews leases to their full TTL too), and
+//! the auth store (users with their bcrypt password hashes, so passwords keep working; roles
+//! with their permissions; whether auth is on). History is not: the keys arrive as one restore
+//! at one new revision of the tenant, as a restore of a checkpoint does, and revisions go on
+//! from the tenant's own (etcd's `snapshot restore` keeps the revision; clients that remember
+//! revisions, such as a kube-apiserver's watch cache, start over either way).
+//!
+//! The bbolt reader is read-only and checks what it walks (page bounds, page kinds, depth), so
+//! a damaged file is an error, never a panic. Owns the file format only; the restore itself is
+//! [`crate::restore`]'s.
+
+use std::collections::BTreeMap;
+
+use api::etcdserverpb::{
+    AuthEnableRequest, AuthRoleAddRequest, AuthRoleGrantPermissionRequest, AuthUserAddRequest,
+    AuthUserGrantRoleRequest, LeaseGrantRequest, PutRequest,
+};
+use api::mvccpb::KeyValue;
+use api::strata::entry::auth_change::Change;
+use api::strata::entry::entry::Request;
+use api::strata::entry::{AuthChange, Entry};
+use base64::Engine as _;
+use memstore::{MemStore, Outcome};
+use prost::Message;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdSnapshotError {
+    #[error("not a bbolt database: {0}")]
+    NotBbolt(&'static str),
+    #[error("damaged bbolt database: {0}")]
+    Damaged(String),
+    #[error("the snapshot has no `{0}` bucket: not an etcd v3 snapshot")]
+    NoBucket(&'static str),
+    #[error("cannot decode {what}: {source}")]
+    Decode {
+        what: &'static str,
+        source: prost::DecodeError,
+    },
+    #[error("the snapshot's {what} cannot be loaded: {error}")]
+    Refused {
+        what: String,
+        error: memstore::Error,
+    },
+}
+
+type Result<T> = std::result::Result<T, EtcdSnapshotError>;
+
+/// What an etcd snapshot holds at its newest revision.
+#[derive(Debug, Default)]
+pub struct EtcdState {
+    /// Live keys: value and lease (0: none).
+    pub keys: BTreeMap<Vec<u8>, (Vec<u8>, i64)>,
+    /// Lease ids and granted TTLs.
+    pub leases: BTreeMap<i64, i64>,
+    /// The newest revision in the file.
+    pub revision: i64,
+    pub users: Vec<api::authpb::User>,
+    pub roles: Vec<api::authpb::Role>,
+    pub auth_enabled: bool,
+}
+
+/// etcd's `leasepb.Lease` (server/lease/leasepb/lease.proto), the value of the `lease` bucket.
+#[derive(Clone, PartialEq, prost::Message)]
+struct EtcdLease {
+    #[prost(int64, tag = "1")]
+    id: i64,
+    #[prost(int64, tag = "2")]
+    ttl: i64,
+}
+
+/// Reads the state of an etcd snapshot (`bytes`: the database, a SHA-256 trailer after it or
+/// not; bbolt never reads past its pages).
+pub fn read(bytes: &[u8]) -> Result<EtcdState> {
+    let db = bbolt::Db::open(bytes)?;
+    let root = db.root();
+    let mut buckets = BTreeMap::new();
+    db.walk(root, 0, &mut |name, value, is_bucket| {
+        if is_bucket {
+            buckets.insert(name, value);
+        }
+        Ok(())
+    })?;
+    let bucket = |name: &'static str| -> Result<Option<bbolt::PageRef>> {
+        buckets
+            .get(name.as_bytes())
+            .map(|v| db.bucket(v))
+            .transpose()
+    };
+    let mut state = EtcdState::default();
+
+    let keys = bucket("key")?.ok_or(EtcdSnapshotError::NoBucket("key"))?;
+    let mut latest: BTreeMap<Vec<u8>, Option<(Vec<u8>, i64)>> = BTreeMap::new();
+    db.walk(keys, 0, &mut |rev, value, _| {
+        // `main` (8 bytes, big-endian) `_` `sub` (8 bytes), then `t` for a tombstone.
+        if rev.len() < 17 || rev[8] != b'_' {
+            return Err(EtcdSnapshotError::Damaged(format!(
+                "a revision key of {} bytes",
+                rev.len()
+            )));
+        }
+        let main = i64::from_be_bytes(rev[..8].try_into().unwrap_or_default());
+        state.revision = state.revision.max(main);
+        let kv = KeyValue::decode(value).map_err(|source| EtcdSnapshotError::Decode {
+            what: "a key-value",
+            source,
+        })?;
+        let tombstone = rev.get(17) == Some(&b't');
+        latest.insert(kv.key, (!tombstone).then_some((kv.value, kv.lease)));
+        Ok(())
+    })?;
+    state.keys = latest
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, v?)))
+        .collect();
+
+    for l in decoded::<EtcdLease>(&db, bucket("lease")?, "a lease")? {
+        state.leases.insert(l.id, l.ttl);
+    }
+    state.users = decoded(&db, bucket("authUsers")?, "a user")?;
+    state.roles = decoded(&db, bucket("authRoles")?, "a role")?;
+    if let Some(auth) = bucket("auth")? {
+        db.walk(auth, 0, &mut |key, value, _| {
+            if key == b"authEnabled" {
+                state.auth_enabled = value == [1];
+            }
+            Ok(())
+        })?;
+    }
+    Ok(state)
+}
+
+/// Every value of `bucket` (none if the file has no such bucket), decoded as `M`.
+fn decoded<M: Message + Default>(
+    db: &bbolt::Db<'_>,
+    bucket: Option<bbolt::PageRef>,
+    what: &'static str,
+) -> Result<Vec<M>> {
+    let mut out = Vec::new();
+    if let Some(bucket) = bucket {
+        db.walk(bucket, 0, &mut |_, value, _| {
+            out.push(
+                M::decode(value).map_err(|source| EtcdSnapshotError::Decode { what, source })?,
+            );
+            Ok(())
+        })?;
+    }
+    Ok(out)
+}
+
+impl EtcdState {
+    /// A store holding this state (for [`crate::restore::plan`]): leases, then keys, then roles,
+    /// users and the enabled flag. A key whose lease the file does not hold is loaded without
+    /// one.
+    pub fn into_store(self, tenant: &str) -> Result<MemStore> {
+        let mut store = MemStore::new(memstore::Config::default());
+        let mut index = 0;
+        let mut apply = |what: String, request: Request| -> Result<()> {
+            index += 1;
+            let entry = Entry {
+                format_version: api::ENTRY_FORMAT_VERSION,
+                tenant: tenant.to_string(),
+                request: Some(request),
+                ..Default::default()
+            };
+            match store.apply(index, &entry).outcome {
+                Outcome::Failed(error) => Err(EtcdSnapshotError::Refused { what, error }),
+                _ => Ok(()),
+            }
+        };
+        for (&id, &ttl) in &self.leases {
+            apply(
+                format!("lease {id:x}"),
+                Request::LeaseGrant(LeaseGrantRequest { ttl, id }),
+            )?;
+        }
+        for (key, (value, lease)) in self.keys {
+            let lease = if self.leases.contains_key(&lease) {
+                lease
+            } else {
+                0
+            };
+            apply(
+                format!("key {}", String::from_utf8_lossy(&key)),
+                Request::Put(PutRequest {
+                    key,
+                    value,
+                    lease,
+                    ..Default::default()
+                }),
+            )?;
+        }
+        let auth = |change: Change| {
+            Request::Auth(AuthChange {
+                change: Some(change),
+            })
+        };
+        for role in &self.roles {
+            let name = String::from_utf8_lossy(&role.name).into_owned();
+            apply(
+                format!("role {name}"),
+                auth(Change::RoleAdd(AuthRoleAddRequest { name: name.clone() })),
+            )?;
+            for perm in &role.key_permission {
+                apply(
+                    format!("a permission of role {name}"),
+                    auth(Change::RoleGrantPermission(
+                        AuthRoleGrantPermissionRequest {
+                            name: name.clone(),
+                            perm: Some(perm.clone()),
+                        },
+                    )),
+                )?;
+            }
+        }
+        let known: Vec<&[u8]> = self.roles.iter().map(|r| r.name.as_slice()).collect();
+        // etcd's root role is built in: it need not be stored to be granted.
+        if self
+            .users
+            .iter()
+            .any(|u| u.roles.iter().any(|r| r == "root"))
+            && !known.contains(&&b"root"[..])
+        {
+            apply(
+                "role root".into(),
+                auth(Change::RoleAdd(AuthRoleAddRequest {
+                    name: "root".into(),
+                })),
+            )?;
+        }
+        for user in &self.users {
+            let name = String::from_utf8_lossy(&user.name).into_owned();
+            apply(
+                format!("user {name}"),
+                auth(Change::UserAdd(AuthUserAddRequest {
+                    name: name.clone(),
+                    hashed_password: base64::engine::general_purpose::STANDARD
+                        .encode(&user.password),
+                    options: user.options,
+                    ..Default::default()
+                })),
+            )?;
+            for role in &user.roles {
+                apply(
+                    format!("role {role} of user {name}"),
+                    auth(Change::UserGrantRole(AuthUserGrantRoleRequest {
+                        user: name.clone(),
+                        role: role.clone(),
+                    })),
+                )?;
+            }
+        }
+        if self.auth_enabled {
+            apply(
+                "auth enable".into(),
+                auth(Change::Enable(AuthEnableRequest {})),
+            )?;
+        }
+        Ok(store)
+    }
+}
+
+/// A read-only reader of bbolt's file format (the format etcd's backend writes): meta pages,
+/// then a B+tree of buckets whose leaves hold keys and values or nested buckets.
+mod bbolt {
+    use super::{EtcdSnapshotError, Result};
+
+    const PAGE_HEADER: usize = 16;
+    const ELEMENT: usize = 16;
+    const BRANCH: u16 = 0x01;
+    const LEAF: u16 = 0x02;
+    const META: u16 = 0x04;
+    const BUCKET_LEAF: u32 = 0x01;
+    const MAGIC: u32 = 0xED0C_DAED;
+    const VERSION: u32 = 2;
+    /// The meta fields before the checksum (magic, version, page size, flags, root bucket,
+    /// freelist, high-water page, txid): what the checksum covers.
+    const META_SUMMED: usize = 56;
+    /// Deeper than any B+tree of a real file: a loop in a damaged one ends here.
+    const MAX_DEPTH: usize = 64;
+
+    /// A page to walk: one of the file's, or a bucket's inline page (inside its value).
+    #[derive(Clone, Copy)]
+    pub enum PageRef {
+        File(u64),
+        Inline(usize, usize),
+    }
+
+    pub struct Db<'a> {
+        bytes: &'a [u8],
+        page_size: usize,
+        root: u64,
+    }
+
+    fn u16_at(b: &[u8], at: usize) -> u16 {
+        u16::from_le_bytes([b[at], b[at + 1]])
+    }
+
+    fn u32_at(b: &[u8], at: usize) -> u32 {
+        u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default())
+    }
+
+    fn u64_at(b: &[u8], at: usize) -> u64 {
+        u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
+    }
+
+    /// FNV-1a, 64 bits: bbolt's meta checksum.
+    fn fnv1a(bytes: &[u8]) -> u64 {
+        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    }
+
+    /// The meta page at `at`: (txid, page size, root bucket page) if it is whole and valid.
+    fn meta(bytes: &[u8], at: usize) -> Option<(u64, usize, u64)> {
+        let m = bytes.get(at..at + PAGE_HEADER + META_SUMMED + 8)?;
+        let body = &m[PAGE_HEADER..];
+        if u16_at(m, 8) & META == 0
+            || u32_at(body, 0) != MAGIC
+            || u32_at(body, 4) != VERSION
+            || fnv1a(&body[..META_SUMMED]) != u64_at(body, META_SUMMED)
+        {
+            return None;
+        }
+        let page_size = u32_at(body, 8) as usize;
+        Some((u64_at(body, 48), page_size, u64_at(body, 16)))
+    }
+
+    impl<'a> Db<'a> {
+        /// The database in `bytes`, as of its newest valid meta page (bbolt writes the two
+        /// alternately, so a torn write leaves the other).
+        pub fn open(bytes: &'a [u8]) -> Result<Self> {
+            let first = meta(bytes, 0);
+            let page_size = first
+                .map(|m| m.1)
+                .or_else(|| {
+                    bytes
+                        .get(PAGE_HEADER + 8..PAGE_HEADER + 12)
+                        .map(|b| u32::from_le_bytes(b.try_into().unwrap_or_default()) as usize)
+                })
+                .filter(|p| (512..=1 << 20).contains(p) && p.is_power_of_two())
+                .ok_or(EtcdSnapshotError::NotBbolt("no meta page"))?;
+            let second = meta(bytes, page_size).filter(|m| m.1 == page_size);
+            let (_, _, root) = [first, second]
+                .into_iter()
+                .flatten()
+                .max_by_key(|m| m.0)
+                .ok_or(EtcdSnapshotError::NotBbolt("no valid meta page"))?;
+            Ok(Db {
+                bytes,
+                page_size,
+                root,
+            })
+        }
+
+        pub fn root(&self) -> PageRef {
+            PageRef::File(self.root)
+        }
+
+        /// The root page of a bucket, from its value in the parent (its header: root page id
+        /// and sequence; root 0: the page follows inline).
+        pub fn bucket(&self, value: &'a [u8]) -> Result<PageRef> {
+            if value.len() < 16 {
+                return Err(EtcdSnapshotError::Damaged("a bucket header".into()));
+            }
+            let root = u64_at(value, 0);
+            if root != 0 {
+                return Ok(PageRef::File(root));
+            }
+            // An inline page: where `value` (a slice of the file) lies in it addresses it.
+            let start = (value.as_ptr() as usize)
+                .checked_sub(self.bytes.as_ptr() as usize)
+                .filter(|at| at + value.len() <= self.bytes.len())
+                .ok_or_else(|| EtcdSnapshotError::Damaged("a bucket outside the file".into()))?;
+            Ok(PageRef::Inline(start + 16, value.len() - 16))
+        }
+
+        fn page(&self, page: PageRef) -> Result<&'a [u8]> {
+            let damaged = |what: String| EtcdSnapshotError::Damaged(what);
+            match page {
+                PageRef::File(id) => {
+                    let at = usize::try_from(id)
+                        .ok()
+                        .and_then(|id| id.checked_mul(self.page_size))
+                        .filter(|&at| at + PAGE_HEADER <= self.bytes.len())
+                        .ok_or_else(|| damaged(format!("page {id} lies past the end")))?;
+                    let overflow = u32_at(self.bytes, at + 12) as usize;
+                    let len = (overflow + 1) * self.page_size;
+                    self.bytes
+                        .get(at..at + len)
+                        .ok_or_else(|| damaged(format!("page {id} is cut short")))
+                }
+                PageRef::Inline(at, len) => self
+                    .bytes
+                    .get(at..at + len)
+                    .filter(|p| p.len() >= PAGE_HEADER)
+                    .ok_or_else(|| damaged("an inline bucket page".into())),
+            }
+        }
+
+        /// Calls `f(key, value, is_bucket)` for every element of the B+tree at `page`, in key
+        /// order (a nested bucket's value is its header).
+        pub fn walk(
+            &self,
+            page: PageRef,
+            depth: usize,
+            f: &mut dyn FnMut(&'a [u8], &'a [u8], bool) -> Result<()>,
+        ) -> Result<()> {
+            if depth > MAX_DEPTH {
+                return Err(EtcdSnapshotError::Damaged(
+                    "a B+tree deeper than any".into(),
+                ));
+            }
+            let p = self.page(page)?;
+            let (flags, count) = (u16_at(p, 8), usize::from(u16_at(p, 10)));
+            let out_of_page = || EtcdSnapshotError::Damaged("an element outside its page".into());
+            for i in 0..count {
+                let e = PAGE_HEADER + i * ELEMENT;
+                if e + ELEMENT > p.len() {
+                    return Err(out_of_page());
+                }
+                if flags & BRANCH != 0 {
+                    let child = u64_at(p, e + 8);
+                    self.walk(PageRef::File(child), depth + 1, f)?;
+                } else if flags & LEAF != 0 {
+                    let (eflags, pos) = (u32_at(p, e), u32_at(p, e + 4) as usize);
+                    let (ksize, vsize) = (u32_at(p, e + 8) as usize, u32_at(p, e + 12) as usize);
+                    let k = e + pos;
+                    let key = p.get(k..k + ksize).ok_or_else(out_of_page)?;
+                    let value = p
+                        .get(k + ksize..k + ksize + vsize)
+                        .ok_or_else(out_of_page)?;
+                    f(key, value, eflags & BUCKET_LEAF != 0)?;
+                } else {
+                    return Err(EtcdSnapshotError::Damaged(format!(
+                        "a page of kind {flags:#x} inside a B+tree"
+                    )));
+                }
+            }
+            Ok(())
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn fnv1a_is_the_64_bit_variant() {
+            // Test vectors of FNV-1a 64.
+            assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+            assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+        }
+
+        #[test]
+        fn what_is_not_bbolt_is_refused() {
+            assert!(matches!(
+                Db::open(b"not a database at all"),
+                Err(EtcdSnapshotError::NotBbolt(_))
+            ));
+            assert!(matches!(
+                Db::open(&[0u8; 8192]),
+                Err(EtcdSnapshotError::NotBbolt(_))
+            ));
+        }
+    }
+}

@@ -132,10 +132,11 @@ impl OpenConnections {
     ) -> Tracked {
         let revocation = Arc::clone(&peer.revocation);
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        lock(&self.open).insert(id, peer);
-        if lock(&self.open).get(&id).is_some_and(revoked_since) {
+        let mut open = lock(&self.open);
+        if revoked_since(open.entry(id).or_insert(peer)) {
             revocation.close();
         }
+        drop(open);
         Tracked {
             open: Arc::clone(self),
             id,
@@ -184,27 +185,20 @@ impl Tracked {
     /// task polling is woken when it is.
     pub fn poll_revoked(&self, cx: &mut Context<'_>) -> Option<io::Error> {
         self.revocation.waker.register(cx.waker());
-        self.closed().then(|| {
-            io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "the peer's certificate was revoked",
-            )
-        })
+        self.closed().then(revoked_error)
     }
+}
+
+fn revoked_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::ConnectionAborted,
+        "the peer's certificate was revoked",
+    )
 }
 
 impl Drop for Tracked {
     fn drop(&mut self) {
         lock(&self.open.open).remove(&self.id);
-    }
-}
-
-impl std::fmt::Debug for Tracked {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tracked")
-            .field("id", &self.id)
-            .field("closed", &self.closed())
-            .finish()
     }
 }
 
@@ -220,12 +214,18 @@ impl<S> Revocable<S> {
         Revocable { inner, tracked }
     }
 
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
+    /// A read's check: the error once closed; until then the reading task (a served
+    /// connection always has one waiting) is woken when it is.
     fn revoked(&self, cx: &mut Context<'_>) -> Option<io::Error> {
         self.tracked.as_ref()?.poll_revoked(cx)
+    }
+
+    /// A write's check: the error once closed (the reading task is the one woken).
+    fn revoked_for_write(&self) -> Option<io::Error> {
+        self.tracked
+            .as_ref()
+            .filter(|t| t.closed())
+            .map(|_| revoked_error())
     }
 }
 
@@ -256,7 +256,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Revocable<S> {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        if let Some(e) = self.revoked(cx) {
+        if let Some(e) = self.revoked_for_write() {
             return Poll::Ready(Err(e));
         }
         Pin::new(&mut self.inner).poll_write(cx, buf)
@@ -275,7 +275,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Revocable<S> {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        if let Some(e) = self.revoked(cx) {
+        if let Some(e) = self.revoked_for_write() {
             return Poll::Ready(Err(e));
         }
         Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)

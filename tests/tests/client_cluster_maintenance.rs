@@ -482,28 +482,12 @@ async fn move_leader_to_itself_and_to_a_stranger_and_hash_kv_before_any_compacti
 /// as against etcd's default tokens, which Strata's behave like.
 #[tokio::test]
 async fn a_logged_in_client_goes_on_through_auth_changes() {
-    use etcd_client::{Client, ConnectOptions, Permission};
     let (t, mut admin) = start().await;
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin.user_add("alice", "alicepw", None).await.unwrap();
-    admin.role_add("app").await.unwrap();
-    let app = Permission::read_write("ec/").with_prefix();
-    admin.role_grant_permission("app", app).await.unwrap();
-    admin.user_grant_role("alice", "app").await.unwrap();
-    admin.auth_enable().await.unwrap();
-    let login = |user: &str, password: &str| {
-        ConnectOptions::new()
-            .with_user(user, password)
-            .with_timeout(std::time::Duration::from_secs(30))
-    };
+    let app = etcd_client::Permission::read_write("ec/").with_prefix();
+    common::enable_auth(&mut admin, ("alice", "alicepw"), "app", &[app]).await;
     let endpoint = t.endpoint().to_string();
-    let mut alice = Client::connect([&endpoint], Some(login("alice", "alicepw")))
-        .await
-        .unwrap();
-    let mut root = Client::connect([&endpoint], Some(login("root", "rootpw")))
-        .await
-        .unwrap();
+    let mut alice = common::login(&endpoint, "alice", "alicepw").await;
+    let mut root = common::login(&endpoint, "root", "rootpw").await;
     alice.put("ec/1", "v", None).await.unwrap();
     // Auth changes that are not alice's: she goes on with the token she has.
     root.role_add("other").await.unwrap();

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{WATCH_TIMEOUT, assert_status, connect, rev, start};
+use common::{WATCH_TIMEOUT, assert_status, connect, enable_auth, login, rev, start};
 use etcd_client::{Client, GetOptions, LeaderKey, LockOptions, ProclaimOptions, ResignOptions};
 use tonic::Code;
 
@@ -257,22 +257,10 @@ async fn proclaim_and_resign_need_a_leader_key() {
 /// election servers hand on their own client's errors as plain errors).
 #[tokio::test]
 async fn locks_and_elections_run_with_the_callers_permissions() {
-    use etcd_client::{ConnectOptions, Permission};
     let (t, mut admin) = start().await;
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin.user_add("alice", "alicepw", None).await.unwrap();
-    admin.role_add("app").await.unwrap();
-    let app = Permission::read_write("app/").with_prefix();
-    admin.role_grant_permission("app", app).await.unwrap();
-    admin.user_grant_role("alice", "app").await.unwrap();
-    admin.auth_enable().await.unwrap();
-    let options = ConnectOptions::new()
-        .with_user("alice", "alicepw")
-        .with_timeout(Duration::from_secs(30));
-    let mut alice = Client::connect([t.endpoint()], Some(options))
-        .await
-        .unwrap();
+    let app = etcd_client::Permission::read_write("app/").with_prefix();
+    enable_auth(&mut admin, ("alice", "alicepw"), "app", &[app]).await;
+    let mut alice = login(t.endpoint(), "alice", "alicepw").await;
     let lease = alice.lease_grant(60, None).await.unwrap().id();
 
     let held = alice

@@ -584,21 +584,11 @@ async fn compaction_coordinated_through_compact_rev_key() {
 async fn the_apiserver_flow_as_a_user_limited_to_its_keys() {
     use etcd_client::{ConnectOptions, Permission};
     let (t, mut admin) = start().await;
-    admin.user_add("root", "rootpw", None).await.unwrap();
-    admin.user_grant_role("root", "root").await.unwrap();
-    admin
-        .user_add("apiserver", "apiserverpw", None)
-        .await
-        .unwrap();
-    admin.role_add("kube").await.unwrap();
-    for perm in [
+    let perms = [
         Permission::read_write("/registry/").with_prefix(),
         Permission::read_write(COMPACT_REV_KEY),
-    ] {
-        admin.role_grant_permission("kube", perm).await.unwrap();
-    }
-    admin.user_grant_role("apiserver", "kube").await.unwrap();
-    admin.auth_enable().await.unwrap();
+    ];
+    common::enable_auth(&mut admin, ("apiserver", "apiserverpw"), "kube", &perms).await;
     let as_user = |user: &str, password: &str| {
         ConnectOptions::new()
             .with_user(user, password)

@@ -54,3 +54,35 @@ pub fn assert_status<T: std::fmt::Debug>(r: Result<T, Error>, code: Code, messag
 pub fn rev(h: Option<&etcd_client::ResponseHeader>) -> i64 {
     h.expect("response header").revision()
 }
+
+/// Turns auth on with `root` (password `rootpw`) and `user` (`password`), `user` holding the
+/// role `role` with `perms`.
+pub async fn enable_auth(
+    admin: &mut Client,
+    (user, password): (&str, &str),
+    role: &str,
+    perms: &[etcd_client::Permission],
+) {
+    admin.user_add("root", "rootpw", None).await.unwrap();
+    admin.user_grant_role("root", "root").await.unwrap();
+    admin.user_add(user, password, None).await.unwrap();
+    admin.role_add(role).await.unwrap();
+    for perm in perms {
+        admin
+            .role_grant_permission(role, perm.clone())
+            .await
+            .unwrap();
+    }
+    admin.user_grant_role(user, role).await.unwrap();
+    admin.auth_enable().await.unwrap();
+}
+
+/// A client of `endpoint` logged in as `user`.
+pub async fn login(endpoint: &str, user: &str, password: &str) -> Client {
+    let options = ConnectOptions::new()
+        .with_user(user, password)
+        .with_timeout(REQUEST_TIMEOUT);
+    Client::connect([endpoint], Some(options))
+        .await
+        .unwrap_or_else(|e| panic!("log in to {endpoint} as {user}: {e}"))
+}

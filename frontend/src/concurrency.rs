@@ -176,7 +176,7 @@ impl ConcurrencyService {
         }
     }
 
-    pub async fn lock(&self, md: &MetadataMap, req: LockRequest) -> Result<LockResponse, Status> {
+    async fn lock(&self, md: &MetadataMap, req: LockRequest) -> Result<LockResponse, Status> {
         let lease = self.session_lease(md, req.lease).await?;
         let prefix = prefix(&req.name);
         let key = member_key(&prefix, lease);
@@ -221,7 +221,7 @@ impl ConcurrencyService {
         })
     }
 
-    pub async fn unlock(
+    async fn unlock(
         &self,
         md: &MetadataMap,
         req: UnlockRequest,
@@ -240,7 +240,7 @@ impl ConcurrencyService {
         })
     }
 
-    pub async fn campaign(
+    async fn campaign(
         &self,
         md: &MetadataMap,
         req: CampaignRequest,
@@ -327,7 +327,7 @@ impl ConcurrencyService {
             .header)
     }
 
-    pub async fn proclaim(
+    async fn proclaim(
         &self,
         md: &MetadataMap,
         req: ProclaimRequest,
@@ -339,7 +339,7 @@ impl ConcurrencyService {
         Ok(ProclaimResponse { header })
     }
 
-    pub async fn resign(
+    async fn resign(
         &self,
         md: &MetadataMap,
         req: ResignRequest,
@@ -349,7 +349,7 @@ impl ConcurrencyService {
         Ok(ResignResponse { header })
     }
 
-    pub async fn leader(
+    async fn leader(
         &self,
         md: &MetadataMap,
         req: LeaderRequest,
@@ -370,7 +370,7 @@ impl ConcurrencyService {
     /// leader (or the first to come, if there is none), its key's puts until it is deleted,
     /// then the next (clientv3 `Election.Observe`). Ends when the caller goes away; an error
     /// ends it with that error (etcd ends the stream without one).
-    pub async fn observe(
+    async fn observe(
         self: &Arc<Self>,
         md: MetadataMap,
         req: LeaderRequest,

@@ -221,11 +221,7 @@ impl ConcurrencyService {
         })
     }
 
-    async fn unlock(
-        &self,
-        md: &MetadataMap,
-        req: UnlockRequest,
-    ) -> Result<UnlockResponse, Status> {
+    async fn unlock(&self, md: &MetadataMap, req: UnlockRequest) -> Result<UnlockResponse, Status> {
         let delete = DeleteRangeRequest {
             key: req.key,
             ..Default::default()
@@ -339,21 +335,13 @@ impl ConcurrencyService {
         Ok(ProclaimResponse { header })
     }
 
-    async fn resign(
-        &self,
-        md: &MetadataMap,
-        req: ResignRequest,
-    ) -> Result<ResignResponse, Status> {
+    async fn resign(&self, md: &MetadataMap, req: ResignRequest) -> Result<ResignResponse, Status> {
         let leader = req.leader.ok_or_else(|| Status::unknown(MISSING_LEADER))?;
         let header = self.resign_as(md, &leader).await?;
         Ok(ResignResponse { header })
     }
 
-    async fn leader(
-        &self,
-        md: &MetadataMap,
-        req: LeaderRequest,
-    ) -> Result<LeaderResponse, Status> {
+    async fn leader(&self, md: &MetadataMap, req: LeaderRequest) -> Result<LeaderResponse, Status> {
         let found = self
             .range(md, queue(&prefix(&req.name), SortOrder::Ascend))
             .await?;

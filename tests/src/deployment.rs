@@ -228,6 +228,11 @@ pub struct Setup {
     pub frontend_env: Vec<(String, String)>,
     /// Added to every journal node's command line (e.g. `--failpoints`).
     pub journal_extra: Vec<String>,
+    /// Added to frontend `i`'s command line after `frontend_extra` (at restarts too): e.g.
+    /// `--tenant t --shard 1` for the frontends of a second tenant. Frontends given the same
+    /// arguments here are each other's `--peer-frontends` (MemberList lists the frontends
+    /// serving one tenant), and only those.
+    pub frontend_own: Option<FrontendJournals>,
 }
 
 impl Default for Setup {
@@ -238,6 +243,7 @@ impl Default for Setup {
             frontend_journals: None,
             frontend_env: Vec::new(),
             journal_extra: Vec::new(),
+            frontend_own: None,
         }
     }
 }
@@ -250,6 +256,8 @@ pub struct Frontend {
     pub peers: Vec<String>,
     /// The journal addresses it dials (`--journal`).
     pub journals: Vec<String>,
+    /// Its own arguments ([`Setup::frontend_own`]).
+    own: Vec<String>,
     child: ChildGuard,
     log: PathBuf,
 }
@@ -319,13 +327,16 @@ impl Deployment {
                 )
             })
             .collect();
+        let own: Vec<Vec<String>> = (0..frontends)
+            .map(|i| setup.frontend_own.as_ref().map_or_else(Vec::new, |f| f(i)))
+            .collect();
         let fronts = (0..frontends)
             .map(|i| {
                 let (listen, metrics) = addrs[i].clone();
                 let peers: Vec<String> = addrs
                     .iter()
                     .enumerate()
-                    .filter(|(j, _)| *j != i)
+                    .filter(|(j, _)| *j != i && own[*j] == own[i])
                     .map(|(_, (l, _))| format!("http://{l}"))
                     .collect();
                 let log = dir.path().join(format!("frontend-{i}.log"));
@@ -335,6 +346,7 @@ impl Deployment {
                     .map_or_else(|| journal_addrs.clone(), |f| f(i));
                 let mut args = frontend_args(&journals, &listen, &metrics, &peers);
                 args.extend(frontend_extra.iter().cloned());
+                args.extend(own[i].iter().cloned());
                 let child = ChildGuard::strata_with_env(
                     &format!("frontend-{i}"),
                     &with_token_key(args, dir.path()),
@@ -346,6 +358,7 @@ impl Deployment {
                     metrics,
                     peers,
                     journals,
+                    own: own[i].clone(),
                     child,
                     log,
                 }
@@ -373,6 +386,7 @@ impl Deployment {
         f.child.kill();
         let mut args = frontend_args(&f.journals, &f.listen, &f.metrics, &f.peers);
         args.extend(self.frontend_extra.iter().cloned());
+        args.extend(f.own.iter().cloned());
         f.child = ChildGuard::strata_with_env(
             &format!("frontend-{index}"),
             &with_token_key(args, self.dir.path()),

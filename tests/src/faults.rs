@@ -2,10 +2,11 @@
 //! clients that record every operation, a fault schedule drawn from one seed, and the checks of
 //! [`crate::history`] on what the clients saw.
 //!
-//! One [`run`] is: start three or five journal nodes, two or three frontends (loading checkpoints from
-//! object storage) and a compactor; start the clients (a mixed workload on a small keyspace, a
-//! lease kept alive, watchers opened from past revisions, an observer that records every event
-//! of the keyspace); play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT, dropped
+//! One [`run`] is: start three or five journal nodes, one tenant on one shard or two on two,
+//! two or three frontends per tenant (loading checkpoints from object storage) and a compactor;
+//! start each tenant's clients (a mixed workload on a small keyspace, a lease kept alive,
+//! watchers opened from past revisions, an observer that records every event of the keyspace);
+//! play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT, dropped
 //! frontend-to-journal connections, full and failing journal disks, a paused S3 server; at most
 //! one journal node and one frontend at a time), then take a majority of the journal down for a
 //! while; heal everything; then check the history, the watchers, the lease, and that every
@@ -76,12 +77,15 @@ impl Config {
 #[derive(Debug)]
 pub struct Summary {
     pub seed: u64,
+    /// Frontends per tenant.
     pub frontends: usize,
     /// Checkpoints went to an S3 server (moto), not a local directory.
     pub s3: bool,
     /// The journal was dialled over internal TLS.
     pub internal_tls: bool,
     pub journal_nodes: usize,
+    /// Shards in use, one tenant on each ([`Plan::shards`]).
+    pub shards: usize,
     pub schedule: Vec<String>,
     pub acknowledged: usize,
     pub unknown: usize,
@@ -90,7 +94,8 @@ pub struct Summary {
     pub events: usize,
     pub watchers: usize,
     pub watched_events: usize,
-    pub final_revision: i64,
+    /// Each tenant's last revision.
+    pub final_revisions: Vec<i64>,
 }
 
 /// One process a fault hits.
@@ -98,8 +103,8 @@ pub struct Summary {
 pub enum Target {
     Frontend(usize),
     Journal(usize),
-    /// Whichever journal node leads shard 0 when the fault starts (the node whose loss is
-    /// interesting: appends in flight, a new election, leases extended).
+    /// Whichever journal node leads the fault's shard when it starts (the node whose
+    /// loss is interesting: appends in flight, a new election, leases extended).
     JournalLeader,
     Compactor,
     /// The S3 server holding the checkpoints (moto), when the run has one: only paused (its
@@ -142,7 +147,7 @@ pub enum Action {
     /// The same, [`CLOCK_STEP`] behind: journal time must go on, and leases still expire.
     ClockBehind,
     /// The journal node restarts (`kill -9`, as a reboot) and, once caught up, the leader
-    /// hands shard 0 to it (`JournalAdmin.Handoff`, as an operator or the preferred-leader
+    /// hands the fault's shard to it (`JournalAdmin.Handoff`, as an operator or the preferred-leader
     /// rebalancing does): a leader whose stamps start from its own clock. Nothing to heal. A
     /// hand-off still refused after 15 s is written in the schedule, not a failure.
     TakeOver,
@@ -237,8 +242,10 @@ pub fn schedule(
 }
 
 /// Seeds run on every CI run (`tests/tests/faults.rs`); a seed that once failed is added here
-/// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, the second in
-/// a directory with two; together they hit every kind of fault (a unit test checks).
+/// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, internal TLS
+/// and three journal nodes; the second in a directory, with five journal nodes and two tenants
+/// on two shards, two frontends each; together they hit every kind of fault (a unit test
+/// checks).
 pub const FIXED_SEEDS: &[u64] = &[0x5eed_8adb, 0x5eed_3c45];
 
 /// Everything a seed decides before a run starts.
@@ -255,6 +262,12 @@ pub struct Plan {
     /// Three journal nodes, or five (the seed's third bit, for the same reason). With five, a
     /// step still takes one node at most, and the final phase takes three down.
     pub journal_nodes: usize,
+    /// Journal shards in use, one tenant on each (the seed's eleventh bit, for the same
+    /// reason): one, the default tenant on shard 0; or two, a second tenant on shard 1 with
+    /// `frontends` frontends of its own, a workload and checks of its own, and the compactor
+    /// checkpointing both shards. The faults that concern one shard then take turns
+    /// ([`shards_hit`]).
+    pub shards: usize,
     pub steps: Vec<Step>,
     /// The first of the journal nodes left running when the majority goes down at the end
     /// (with five, it and the one before it, cyclically).
@@ -274,9 +287,37 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
         s3,
         internal_tls: (seed >> 1) & 1 == 1,
         journal_nodes,
+        shards: if (seed >> 10) & 1 == 1 { 2 } else { 1 },
         steps,
         spared: rng.random_range(0..journal_nodes),
     }
+}
+
+/// The shard each fault of `steps` concerns, with `shards` shards: the faults on a frontend
+/// take the tenants in turn (the `k`-th hits frontend `f` of tenant `k % shards`), and so do
+/// those on a shard's leader ([`Target::JournalLeader`], [`Action::TakeOver`]: the `k`-th means
+/// shard `k % shards`); the rest hit every shard alike (0 here). Taking turns by occurrence,
+/// not by step, so that every seed's frontend faults reach both tenants, and the schedule's
+/// draws stay what they were before runs had two shards.
+pub fn shards_hit(steps: &[Step], shards: usize) -> Vec<Vec<u32>> {
+    let (mut frontend, mut leader) = (0usize, 0usize);
+    let turn = |k: &mut usize| {
+        *k += 1;
+        u32::try_from((*k - 1) % shards).unwrap_or(0)
+    };
+    steps
+        .iter()
+        .map(|step| {
+            step.faults
+                .iter()
+                .map(|&(action, target)| match (action, target) {
+                    (_, Target::Frontend(_)) => turn(&mut frontend),
+                    (Action::TakeOver, _) | (_, Target::JournalLeader) => turn(&mut leader),
+                    _ => 0,
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The one clock of a run.
@@ -734,6 +775,10 @@ struct Faults {
     /// `links[f][j]`: the proxy frontend `f` dials journal node `j` through.
     links: Vec<Vec<TcpProxy>>,
     objects: Objects,
+    /// Frontends per tenant: tenant `t`'s are `t * per_tenant..(t + 1) * per_tenant`.
+    per_tenant: usize,
+    /// The shard the fault being started concerns ([`shards_hit`]).
+    shard: u32,
     /// The internal TLS files, when the run uses them.
     _pki: Option<tempfile::TempDir>,
 }
@@ -834,16 +879,23 @@ impl Faults {
         }
     }
 
-    /// `target` with [`Target::JournalLeader`] resolved to the node that leads shard 0 now, as
-    /// the first node to answer says (node 0 if none does).
+    /// `target` as the fault hits it: [`Target::JournalLeader`] resolved to the node that leads
+    /// the fault's shard now, as the first node to answer says (node 0 if none does), and
+    /// [`Target::Frontend`] to that frontend of the shard's tenant.
     async fn resolve(&self, target: Target) -> Target {
-        if target != Target::JournalLeader {
-            return target;
+        match target {
+            Target::JournalLeader => {}
+            Target::Frontend(f) => {
+                return Target::Frontend(self.shard as usize * self.per_tenant + f);
+            }
+            _ => return target,
         }
         for addr in self.deployment.journal_addrs() {
-            if let Ok(Ok(st)) =
-                tokio::time::timeout(Duration::from_millis(500), self.journal.status_of(addr, 0))
-                    .await
+            if let Ok(Ok(st)) = tokio::time::timeout(
+                Duration::from_millis(500),
+                self.journal.status_of(addr, self.shard),
+            )
+            .await
                 && st.leader_id > 0
             {
                 return Target::Journal(usize::try_from(st.leader_id - 1).unwrap_or(0));
@@ -905,7 +957,7 @@ impl Faults {
                 loop {
                     let done = tokio::time::timeout(
                         Duration::from_secs(5),
-                        self.journal.handoff(0, true, node),
+                        self.journal.handoff(self.shard, true, node),
                     )
                     .await;
                     let said = match done {
@@ -965,7 +1017,11 @@ impl Faults {
 
 /// The compactor's command line: checkpoints often, trims right behind them, so restarted
 /// frontends must load checkpoints.
-fn compactor_args(d: &Deployment, objects: &Objects) -> Vec<String> {
+fn compactor_args(d: &Deployment, objects: &Objects, shards: usize) -> Vec<String> {
+    let shards = (0..shards)
+        .map(|s| s.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
     [
         "compactor",
         "--journal",
@@ -982,6 +1038,8 @@ fn compactor_args(d: &Deployment, objects: &Objects) -> Vec<String> {
         "100ms",
         "--retry-max",
         "1s",
+        "--shards",
+        &shards,
     ]
     .iter()
     .map(|s| s.to_string())
@@ -1004,15 +1062,24 @@ async fn grant_lease(endpoints: &[String]) -> Result<i64, String> {
     Err(format!("could not grant the lease: {last}"))
 }
 
-/// Starts the deployment of a run: the journal nodes, `frontends` frontends dialling them
-/// through proxies, the compactor; `journal_nodes` journal nodes; over internal TLS if
-/// `internal_tls`.
+/// The tenant served on `shard` in a run: the default tenant on shard 0 (its frontends are
+/// started without `--tenant`), one of its own on every other.
+fn tenant_of(shard: usize) -> Option<String> {
+    (shard > 0).then(|| format!("shard{shard}"))
+}
+
+/// Starts the deployment of a run: `journal_nodes` journal nodes, `frontends` frontends for
+/// each of `shards` tenants dialling them through proxies, the compactor of every shard; over
+/// internal TLS if `internal_tls`.
 async fn deploy(
     frontends: usize,
     journal_nodes: usize,
+    shards: usize,
     objects: Objects,
     internal_tls: bool,
 ) -> Result<Faults, String> {
+    let per_tenant = frontends;
+    let frontends = per_tenant * shards;
     let pki = internal_tls.then(InternalPki::new);
     let node_flags = pki.as_ref().map(|p| p.node.clone()).unwrap_or_default();
     let frontend_client_flags = pki.as_ref().map(|p| p.frontend.clone()).unwrap_or_default();
@@ -1055,10 +1122,17 @@ async fn deploy(
             journal_extra: std::iter::once("--failpoints".to_string())
                 .chain(node_flags)
                 .collect(),
+            frontend_own: Some(Box::new(move |i| {
+                let shard = i / per_tenant;
+                match tenant_of(shard) {
+                    Some(t) => vec!["--tenant".into(), t, "--shard".into(), shard.to_string()],
+                    None => Vec::new(),
+                }
+            })),
         },
     )
     .await;
-    let mut compactor_args = compactor_args(&deployment, &objects);
+    let mut compactor_args = compactor_args(&deployment, &objects, shards);
     compactor_args.extend(compactor_client_flags);
     let tls = match &pki {
         Some(p) => Some(std::sync::Arc::new(
@@ -1077,6 +1151,8 @@ async fn deploy(
         journal,
         links,
         objects,
+        per_tenant,
+        shard: 0,
         _pki: pki.map(|p| p.dir),
     })
 }
@@ -1097,14 +1173,21 @@ impl Faults {
 
     /// Plays `steps`, writing what it does to `ran`.
     async fn play(&mut self, steps: &[Step], clock: &Clock, ran: &mut Vec<String>) {
-        for step in steps {
+        let shards = self.links.len() / self.per_tenant;
+        for (step, hit) in steps.iter().zip(shards_hit(steps, shards)) {
             let mut started = Vec::new();
-            for &(action, target) in &step.faults {
+            for (&(action, target), shard) in step.faults.iter().zip(hit) {
+                self.shard = shard;
                 let resolved = self.resolve(target).await;
-                let named = if resolved == target {
-                    format!("{target:?}")
-                } else {
-                    format!("{resolved:?} (the leader)")
+                let named = match target {
+                    Target::JournalLeader if shards > 1 => {
+                        format!("{resolved:?} (the leader of shard {})", self.shard)
+                    }
+                    Target::JournalLeader => format!("{resolved:?} (the leader)"),
+                    _ if action == Action::TakeOver && shards > 1 => {
+                        format!("{resolved:?} (shard {})", self.shard)
+                    }
+                    _ => format!("{resolved:?}"),
                 };
                 let at = clock.secs();
                 let said = self.start(action, resolved).await;
@@ -1257,58 +1340,49 @@ fn check_availability(ops: &[Op], healed: Time, no_quorum: (Time, Time)) -> Vec<
     violations
 }
 
-/// Runs one seed: the deployment, the clients, the schedule, the checks. `Err` holds the whole
-/// report (seed, schedule as it ran, every violation, where the logs were kept).
-pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
-    let Plan {
-        frontends,
-        s3,
-        internal_tls,
-        journal_nodes,
-        steps,
-        spared,
-    } = plan(seed, config.faults_for);
-    let objects = if s3 {
-        Objects::S3(MotoS3::start("strata-faults"))
-    } else {
-        Objects::Dir
-    };
-    let mut faults = deploy(frontends, journal_nodes, objects, internal_tls).await?;
-    let endpoints = faults.deployment.endpoints();
-    let lease = grant_lease(&endpoints).await?;
-    let clock = Clock(Instant::now());
-    let shared = Arc::new(Shared {
-        clock: clock.clone(),
-        endpoints: endpoints.clone(),
-        stop_clients: AtomicBool::new(false),
-        stop: AtomicBool::new(false),
-        ops: Mutex::new(Vec::new()),
-        log: Mutex::new(Vec::new()),
-        observed: tokio::sync::watch::channel(0).0,
-        watchers: Mutex::new(Vec::new()),
-        errors: Mutex::new(Vec::new()),
-        lease: AtomicI64::new(lease),
-        keepalive_gap_ms: AtomicI64::new(0),
-    });
-    let mut tasks = Tasks::spawn(&shared, seed, config.clients);
+/// One tenant's workload in a run: its clients' shared record and their tasks.
+struct Workload {
+    shard: usize,
+    shared: Arc<Shared>,
+    tasks: Tasks,
+}
 
-    let mut ran = Vec::new();
-    faults.play(&steps, &clock, &mut ran).await;
-    let no_quorum = faults.majority_down(spared, &clock, &mut ran).await;
-    // Everything healed: every frontend must serve again, and clients get answers.
-    for e in &endpoints {
-        if let Err(why) = wait_ready(e, SETTLE_TIMEOUT).await {
-            let violation = format!("{e} never served again: {why}");
-            return Err(report(seed, &ran, &[violation], &faults.deployment));
-        }
+impl Workload {
+    /// The tenant's name in reports.
+    fn tenant(&self) -> String {
+        tenant_of(self.shard).unwrap_or_else(|| "default".into())
     }
-    let healed = clock.now();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    tasks.stop_clients(&shared).await;
+}
+
+/// The random streams of the workload on `shard`: shard 0's are the seed's own (as before runs
+/// had more than one tenant), the others' differ.
+fn workload_seed(seed: u64, shard: usize) -> u64 {
+    seed ^ (shard as u64).wrapping_mul(0xd6e8_feb8_6659_fd93)
+}
+
+/// What the checks of one workload found, and what it did.
+struct Checked {
+    violations: Vec<String>,
+    /// The keyspace at `final_revision`, by the observer's log.
+    expected: BTreeMap<String, Kv>,
+    final_revision: i64,
+    acknowledged: usize,
+    unknown: usize,
+    revisions_written: usize,
+    events: usize,
+    watchers: usize,
+    watched_events: usize,
+}
+
+/// Checks what one workload's clients saw once its clients stopped: availability around the
+/// faults, the history, the watchers, and that every frontend of the tenant holds the log's
+/// replay.
+async fn check_workload(w: &mut Workload, healed: Time, no_quorum: (Time, Time)) -> Checked {
+    let shared = &w.shared;
     let mut violations = check_availability(&shared.ops.lock().unwrap(), healed, no_quorum);
-    let final_revision = finish_history(&shared, &mut violations).await;
+    let final_revision = finish_history(shared, &mut violations).await;
     shared.stop.store(true, Ordering::Relaxed);
-    tasks.observer.abort();
+    w.tasks.observer.abort();
 
     let ops = std::mem::take(&mut *shared.ops.lock().unwrap());
     let log = std::mem::take(&mut *shared.log.lock().unwrap());
@@ -1327,27 +1401,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
         violations.extend(history::check_watch(w, &log, FIRST_REVISION).violations);
     }
     let expected = history::state_at(&log, FIRST_REVISION, final_revision);
-    violations.extend(check_replicas(&endpoints, final_revision, &expected).await);
-    // A replica rebuilt from the newest checkpoint and the journal agrees too.
-    faults.deployment.kill_frontend(0);
-    faults.deployment.restart_frontend(0).await;
-    let rebuilt = std::fs::read_to_string(faults.deployment.frontend_log(0)).unwrap_or_default();
-    if !rebuilt.contains("starting from checkpoint") {
-        violations.push("the rebuilt frontend did not start from a checkpoint".into());
-    }
-    violations.extend(check_replicas(&endpoints, final_revision, &expected).await);
-
-    // The compactor trimmed the journal behind its checkpoints: its trims were answered (over
-    // internal TLS, only a certificate valid for strata-compactor is).
-    let mut first_index = 0;
-    for addr in faults.deployment.journal_addrs() {
-        if let Ok(status) = faults.journal.status_of(addr, 0).await {
-            first_index = first_index.max(status.first_index);
-        }
-    }
-    if first_index == 0 {
-        violations.push("the journal was never trimmed behind the compactor's checkpoints".into());
-    }
+    violations.extend(check_replicas(&shared.endpoints, final_revision, &expected).await);
 
     // Writes that changed the keyspace: one revision each.
     let revisions_written = log
@@ -1360,28 +1414,152 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
             "only {revisions_written} writes changed the keyspace: the run checked too little"
         ));
     }
-    if !violations.is_empty() {
-        violations.push(format!(
-            "longest gap between the lease's keep-alives: {} ms (TTL {LEASE_TTL} s)",
-            shared.keepalive_gap_ms.load(Ordering::Relaxed)
-        ));
-        return Err(report(seed, &ran, &violations, &faults.deployment));
-    }
     let count = |f: fn(&Outcome) -> bool| ops.iter().filter(|o| f(&o.outcome)).count();
-    Ok(Summary {
-        seed,
-        frontends,
-        s3,
-        internal_tls,
-        journal_nodes,
-        schedule: ran,
+    Checked {
+        violations,
+        expected,
+        final_revision,
         acknowledged: count(|o| matches!(o, Outcome::Ok { .. })),
         unknown: count(|o| matches!(o, Outcome::Unknown(_))),
         revisions_written,
         events: log.len(),
         watchers: watched.len(),
         watched_events: watched.iter().map(|w| w.events.len()).sum(),
-        final_revision,
+    }
+}
+
+/// Runs one seed: the deployment, the clients, the schedule, the checks. `Err` holds the whole
+/// report (seed, schedule as it ran, every violation, where the logs were kept).
+pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
+    let Plan {
+        frontends,
+        s3,
+        internal_tls,
+        journal_nodes,
+        shards,
+        steps,
+        spared,
+    } = plan(seed, config.faults_for);
+    let objects = if s3 {
+        Objects::S3(MotoS3::start("strata-faults"))
+    } else {
+        Objects::Dir
+    };
+    let mut faults = deploy(frontends, journal_nodes, shards, objects, internal_tls).await?;
+    let all_endpoints = faults.deployment.endpoints();
+    let clock = Clock(Instant::now());
+    let mut workloads = Vec::new();
+    for (shard, endpoints) in all_endpoints.chunks(frontends).enumerate() {
+        let lease = grant_lease(endpoints).await?;
+        let shared = Arc::new(Shared {
+            clock: clock.clone(),
+            endpoints: endpoints.to_vec(),
+            stop_clients: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            ops: Mutex::new(Vec::new()),
+            log: Mutex::new(Vec::new()),
+            observed: tokio::sync::watch::channel(0).0,
+            watchers: Mutex::new(Vec::new()),
+            errors: Mutex::new(Vec::new()),
+            lease: AtomicI64::new(lease),
+            keepalive_gap_ms: AtomicI64::new(0),
+        });
+        let tasks = Tasks::spawn(&shared, workload_seed(seed, shard), config.clients);
+        workloads.push(Workload {
+            shard,
+            shared,
+            tasks,
+        });
+    }
+
+    let mut ran = Vec::new();
+    faults.play(&steps, &clock, &mut ran).await;
+    let no_quorum = faults.majority_down(spared, &clock, &mut ran).await;
+    // Everything healed: every frontend must serve again, and clients get answers.
+    for e in &all_endpoints {
+        if let Err(why) = wait_ready(e, SETTLE_TIMEOUT).await {
+            let violation = format!("{e} never served again: {why}");
+            return Err(report(seed, &ran, &[violation], &faults.deployment));
+        }
+    }
+    let healed = clock.now();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for w in &mut workloads {
+        w.tasks.stop_clients(&w.shared).await;
+    }
+    let mut checked = Vec::new();
+    for w in &mut workloads {
+        checked.push(check_workload(w, healed, no_quorum).await);
+    }
+
+    for (w, c) in workloads.iter().zip(&mut checked) {
+        // A replica rebuilt from the newest checkpoint and the journal agrees too.
+        let first = w.shard * frontends;
+        faults.deployment.kill_frontend(first);
+        faults.deployment.restart_frontend(first).await;
+        let rebuilt =
+            std::fs::read_to_string(faults.deployment.frontend_log(first)).unwrap_or_default();
+        if !rebuilt.contains("starting from checkpoint") {
+            c.violations
+                .push("the rebuilt frontend did not start from a checkpoint".into());
+        }
+        c.violations
+            .extend(check_replicas(&w.shared.endpoints, c.final_revision, &c.expected).await);
+
+        // The compactor trimmed the tenant's shard behind its checkpoints: its trims were
+        // answered (over internal TLS, only a certificate valid for strata-compactor is).
+        let shard = u32::try_from(w.shard).unwrap_or(0);
+        let mut first_index = 0;
+        for addr in faults.deployment.journal_addrs() {
+            if let Ok(status) = faults.journal.status_of(addr, shard).await {
+                first_index = first_index.max(status.first_index);
+            }
+        }
+        if first_index == 0 {
+            c.violations.push(format!(
+                "the journal's shard {shard} was never trimmed behind the compactor's checkpoints"
+            ));
+        }
+    }
+
+    let mut violations = Vec::new();
+    for (w, c) in workloads.iter().zip(&checked) {
+        let tenant = w.tenant();
+        let named = |v: &String| {
+            if shards > 1 {
+                format!("tenant {tenant}: {v}")
+            } else {
+                v.clone()
+            }
+        };
+        violations.extend(c.violations.iter().map(named));
+    }
+    if !violations.is_empty() {
+        for w in &workloads {
+            violations.push(format!(
+                "longest gap between the lease's keep-alives of tenant {}: {} ms (TTL {LEASE_TTL} s)",
+                w.tenant(),
+                w.shared.keepalive_gap_ms.load(Ordering::Relaxed)
+            ));
+        }
+        return Err(report(seed, &ran, &violations, &faults.deployment));
+    }
+    let sum = |f: fn(&Checked) -> usize| checked.iter().map(f).sum();
+    Ok(Summary {
+        seed,
+        frontends,
+        s3,
+        internal_tls,
+        journal_nodes,
+        shards,
+        schedule: ran,
+        acknowledged: sum(|c| c.acknowledged),
+        unknown: sum(|c| c.unknown),
+        revisions_written: sum(|c| c.revisions_written),
+        events: sum(|c| c.events),
+        watchers: sum(|c| c.watchers),
+        watched_events: sum(|c| c.watched_events),
+        final_revisions: checked.iter().map(|c| c.final_revision).collect(),
     })
 }
 
@@ -1551,6 +1729,40 @@ mod tests {
                 .flat_map(|s| &s.faults)
                 .any(|(_, t)| matches!(t, Target::Journal(3 | 4))),
             "the five-node seed never hits node 3 or 4 itself"
+        );
+        // With two shards, the faults that concern the second take its leader and kill one of
+        // its tenant's frontends.
+        let two = FIXED_SEEDS
+            .iter()
+            .map(|&seed| plan(seed, Config::ci().faults_for))
+            .find(|p| p.shards == 2)
+            .expect("a fixed seed runs two shards");
+        let hit = shards_hit(&two.steps, two.shards);
+        let on_shard_1: Vec<&(Action, Target)> = two
+            .steps
+            .iter()
+            .zip(&hit)
+            .flat_map(|(s, h)| s.faults.iter().zip(h))
+            .filter(|(_, shard)| **shard == 1)
+            .map(|(f, _)| f)
+            .collect();
+        assert!(
+            on_shard_1
+                .iter()
+                .any(|(a, t)| *t == Target::JournalLeader && *a != Action::SlowDisk),
+            "no step takes shard 1's leader"
+        );
+        assert!(
+            on_shard_1
+                .iter()
+                .any(|(a, t)| matches!(t, Target::Frontend(_)) && *a == Action::Kill),
+            "no step kills a frontend of shard 1's tenant"
+        );
+        assert!(
+            FIXED_SEEDS
+                .iter()
+                .any(|&seed| plan(seed, Config::ci().faults_for).shards == 1),
+            "a fixed seed runs one shard"
         );
     }
 }

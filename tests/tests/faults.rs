@@ -37,9 +37,10 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
         match run(seed, &Config::ci()).await {
             Ok(s) => {
                 println!(
-                    "seed {:#x}: {} frontends, {} journal nodes, checkpoints in {}, journal {}; {} faults; {} answered, {} unknown; \
-                     {} revisions written, {} events to revision {}; {} watchers saw {} events",
+                    "seed {:#x}: {} tenant(s) on as many shards, {} frontends each, {} journal nodes, checkpoints in {}, journal {}; {} faults; \
+                     {} answered, {} unknown; {} revisions written, {} events to revisions {:?}; {} watchers saw {} events",
                     s.seed,
+                    s.shards,
                     s.frontends,
                     s.journal_nodes,
                     if s.s3 { "S3 (moto)" } else { "a directory" },
@@ -53,7 +54,7 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
                     s.unknown,
                     s.revisions_written,
                     s.events,
-                    s.final_revision,
+                    s.final_revisions,
                     s.watchers,
                     s.watched_events
                 );

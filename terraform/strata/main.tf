@@ -16,6 +16,12 @@ locals {
   # The journal's volume claim; the storage class goes in front of it when one is given.
   storage_placeholder = "        resources:\n          requests: {storage: 50Gi}"
   storage_class_line  = var.journal_storage_class == null ? "" : "        storageClassName: ${var.journal_storage_class}\n"
+  # Every container's revocation list setting, commented out in the manifests (a process given
+  # a list that is missing does not start); uncommented when internal_crl_pem is set, which
+  # also creates the secret it reads.
+  crl_placeholder = "# - {name: STRATA_INTERNAL_CRL_FILE,"
+  crl_uncommented = "- {name: STRATA_INTERNAL_CRL_FILE,"
+  crl_setting     = var.internal_crl_pem == null ? local.crl_placeholder : local.crl_uncommented
 
   # Each component's image: one release rolls out journal first, frontends next, the
   # compactor last (docs/OPERATIONS.md, "Upgrading") by setting these one apply at a time.
@@ -46,11 +52,12 @@ locals {
 
   documents = flatten([
     for f in local.manifest_files : [
-      for doc in split("\n---\n", replace(replace(replace(replace(file("${local.manifests_dir}/${f}"),
+      for doc in split("\n---\n", replace(replace(replace(replace(replace(file("${local.manifests_dir}/${f}"),
         local.image_placeholder, "image: ${local.images[f]}"),
         local.bucket_placeholder, "s3://${var.bucket_name}"),
         local.tenant_domain_placeholder, var.tenant_domain),
-      local.storage_placeholder, "${local.storage_class_line}${local.storage_placeholder}")) : yamldecode(doc)
+        local.storage_placeholder, "${local.storage_class_line}${local.storage_placeholder}"),
+      local.crl_placeholder, local.crl_setting)) : yamldecode(doc)
     ]
   ])
 }
@@ -281,6 +288,23 @@ resource "kubernetes_secret_v1" "internal_compactor_tls" {
   }
 }
 
+# The internal CA's revocation lists, when internal_crl_pem is set. One secret of its own that
+# every journal node, frontend and compactor mounts, rather than a key added to each of the
+# three internal TLS secrets: one list for the whole deployment, replaced in one place and
+# without touching the certificates' secrets (which cert-manager may own instead of this
+# module). Kubernetes updates the mounted file in place, and each process loads a changed
+# list within --internal-tls-reload-interval: a new list is an apply, not a restart.
+resource "kubernetes_secret_v1" "internal_crl" {
+  count = var.internal_crl_pem == null ? 0 : 1
+  metadata {
+    name      = "strata-internal-crl"
+    namespace = local.namespace
+  }
+  data = {
+    "crl.pem" = var.internal_crl_pem
+  }
+}
+
 resource "kubernetes_secret_v1" "admin_tls" {
   metadata {
     name      = "strata-admin-tls"
@@ -325,6 +349,9 @@ resource "tls_locally_signed_cert" "client" {
 
 resource "kubernetes_manifest" "strata" {
   for_each = { for d in local.documents : "${d.kind}/${d.metadata.name}" => d }
+  # The workloads' revocation list volume is optional: without this, a pod given the setting
+  # could start before the secret exists, find no list where it points, and fail.
+  depends_on = [kubernetes_secret_v1.internal_crl]
   manifest = merge(each.value, {
     metadata = merge(each.value.metadata, { namespace = local.namespace })
   })

@@ -95,3 +95,13 @@ variable "journal_certificate_nodes" {
     error_message = "journal_certificate_nodes must be a whole number of at least 3 (the manifests run 3 journal nodes)."
   }
 }
+
+variable "internal_crl_pem" {
+  description = "Certificate revocation lists (PEM) of the internal CA (the `ca` output's `internal`), or null. Set: the secret strata-internal-crl holds it and every journal node, frontend and compactor loads it (STRATA_INTERNAL_CRL_FILE): a certificate it revokes connects no more and its open connections are closed. A new list takes effect without a restart (docs/OPERATIONS.md). Null: no secret and no setting."
+  type        = string
+  default     = null
+  validation {
+    condition     = var.internal_crl_pem == null || can(regex("-----BEGIN X509 CRL-----", var.internal_crl_pem))
+    error_message = "internal_crl_pem must be PEM revocation lists (-----BEGIN X509 CRL-----), or null."
+  }
+}

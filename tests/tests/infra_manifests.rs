@@ -50,6 +50,13 @@ fn python_json(script: &str, path: &Path) -> Value {
     serde_json::from_slice(&out.stdout).expect("the parser printed JSON")
 }
 
+/// Every YAML document of `text`.
+fn yaml_docs_of(text: &str) -> Vec<Value> {
+    let file = tempfile::NamedTempFile::new().expect("a temporary file");
+    std::fs::write(file.path(), text).expect("written");
+    yaml_docs(file.path())
+}
+
 /// Every YAML document of `path`.
 fn yaml_docs(path: &Path) -> Vec<Value> {
     let script =
@@ -112,6 +119,14 @@ fn containers(workload: &Value) -> &Vec<Value> {
         .expect("a pod template with containers")
 }
 
+/// The volumes of a workload's pods.
+fn volumes(workload: &Value) -> Vec<Value> {
+    workload["spec"]["template"]["spec"]["volumes"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
 fn strs(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| {
@@ -170,14 +185,19 @@ fn flags(argv: &[String]) -> BTreeMap<String, String> {
     out
 }
 
-/// The long flags `strata <sub> --help` documents.
-fn help_flags(sub: &str) -> BTreeSet<String> {
+/// What `strata <sub> --help` prints.
+fn help(sub: &str) -> String {
     let out = Command::new(strata_bin())
         .args([sub, "--help"])
         .output()
         .expect("strata runs");
     assert!(out.status.success(), "strata {sub} --help failed");
-    String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The long flags `strata <sub> --help` documents.
+fn help_flags(sub: &str) -> BTreeSet<String> {
+    help(sub)
         .split_whitespace()
         .filter(|t| t.starts_with("--"))
         .map(|t| {
@@ -715,26 +735,51 @@ fn secret_ca(main: &Value, secret: &str) -> String {
     secret_data(main, secret, "ca.crt")
 }
 
+/// Every resource of type `kind` of the Terraform module: its name in the module and its body.
+fn module_resources<'a>(main: &'a Value, kind: &str) -> Vec<(String, &'a Value)> {
+    main["resource"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .flat_map(|r| r.as_object().expect("a resource block").iter())
+        .filter(|(k, _)| unquoted_str(k) == kind)
+        .flat_map(|(_, named)| named.as_object().expect("named resources").iter())
+        .map(|(name, body)| (unquoted_str(name), body))
+        .collect()
+}
+
+/// Every `kubernetes_secret_v1` of the Terraform module: the secret's name, the resource's
+/// body and its name in the module.
+fn module_secrets(main: &Value) -> Vec<(String, &Value, String)> {
+    module_resources(main, "kubernetes_secret_v1")
+        .into_iter()
+        .map(|(resource, body)| (unquoted(&body["metadata"][0]["name"]), body, resource))
+        .collect()
+}
+
 /// The expression the Terraform module gives the key `key` of the secret named `secret`.
 fn secret_data(main: &Value, secret: &str, key: &str) -> String {
-    for resource in main["resource"].as_array().expect("resources") {
-        for (kind, named) in resource.as_object().expect("a resource block") {
-            if unquoted_str(kind) != "kubernetes_secret_v1" {
-                continue;
-            }
-            for body in named.as_object().expect("named resources").values() {
-                if unquoted(&body["metadata"][0]["name"]) == secret {
-                    let data = body["data"].as_object().expect("data");
-                    return data
-                        .iter()
-                        .find(|(k, _)| unquoted_str(k) == key)
-                        .map(|(_, v)| unquoted(v))
-                        .unwrap_or_else(|| panic!("{secret} has no {key}"));
-                }
-            }
-        }
-    }
-    panic!("no secret {secret}")
+    let (_, body, _) = module_secrets(main)
+        .into_iter()
+        .find(|(name, _, _)| name == secret)
+        .unwrap_or_else(|| panic!("no secret {secret}"));
+    body["data"]
+        .as_object()
+        .expect("data")
+        .iter()
+        .find(|(k, _)| unquoted_str(k) == key)
+        .map(|(_, v)| unquoted(v))
+        .unwrap_or_else(|| panic!("{secret} has no {key}"))
+}
+
+/// The volume mount of `container` that `file` is under.
+fn mount_of<'a>(container: &'a Value, file: &str) -> &'a Value {
+    container["volumeMounts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| file.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap_or("-"))))
+        .unwrap_or_else(|| panic!("{}: {file} is on no mount", container["name"]))
 }
 
 /// The journal is reached only over internal TLS: every workload (the journal nodes, the
@@ -753,10 +798,7 @@ fn the_journal_is_reached_only_over_internal_tls() {
     let mut dialled = BTreeSet::new();
     for w in workloads(&objects) {
         let name = w["metadata"]["name"].as_str().expect("named");
-        let volumes = w["spec"]["template"]["spec"]["volumes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default();
+        let volumes = volumes(w);
         for c in containers(w) {
             let f = flags(&strata_argv(c));
             let files: Vec<&String> = [
@@ -771,14 +813,7 @@ fn the_journal_is_reached_only_over_internal_tls() {
             })
             .collect();
             for file in files {
-                let mount = c["volumeMounts"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .find(|m| {
-                        file.starts_with(&format!("{}/", m["mountPath"].as_str().unwrap_or("-")))
-                    })
-                    .unwrap_or_else(|| panic!("{name}: {file} is on no mount"));
+                let mount = mount_of(c, file);
                 let secret = volumes
                     .iter()
                     .find(|v| v["name"] == mount["name"])
@@ -829,14 +864,9 @@ fn the_journal_is_reached_only_over_internal_tls() {
         "the frontends hold the compactor's certificate: they could trim the journal"
     );
     let cert_of = |secret: &str| secret_data(&main, secret, "tls.crt");
-    let names = main["resource"]
-        .as_array()
-        .expect("resources")
-        .iter()
-        .flat_map(|r| r.as_object().expect("a resource block").iter())
-        .filter(|(kind, _)| unquoted_str(kind) == "tls_cert_request")
-        .flat_map(|(_, named)| named.as_object().expect("named resources").iter())
-        .find(|(name, _)| unquoted_str(name) == "internal")
+    let names = module_resources(&main, "tls_cert_request")
+        .into_iter()
+        .find(|(name, _)| name == "internal")
         .and_then(|(_, body)| body["dns_names"].as_str())
         .expect("tls_cert_request.internal's dns_names");
     assert!(
@@ -894,28 +924,21 @@ fn the_journal_is_reached_only_over_internal_tls() {
 fn secrets_the_workloads_need_are_provisioned() {
     let main = hcl(&repo().join("terraform/strata/main.tf"));
     // Secret name -> its keys (data or binary_data), as the module creates them.
-    let mut made: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for resource in main["resource"].as_array().expect("resources") {
-        for (kind, named) in resource.as_object().expect("a resource block") {
-            if unquoted_str(kind) != "kubernetes_secret_v1" {
-                continue;
-            }
-            for body in named.as_object().expect("named resources").values() {
-                let name = unquoted(&body["metadata"][0]["name"]);
-                let keys = ["data", "binary_data"]
-                    .iter()
-                    .filter_map(|k| body[*k].as_object())
-                    .flat_map(|m| m.keys().map(|k| unquoted_str(k)))
-                    .collect();
-                made.insert(name, keys);
-            }
-        }
-    }
+    let made: BTreeMap<String, BTreeSet<String>> = module_secrets(&main)
+        .into_iter()
+        .map(|(name, body, _)| {
+            let keys = ["data", "binary_data"]
+                .iter()
+                .filter_map(|k| body[*k].as_object())
+                .flat_map(|m| m.keys().map(|k| unquoted_str(k)))
+                .collect();
+            (name, keys)
+        })
+        .collect();
     let objects = objects();
     let mut mounted = 0;
     for w in workloads(&objects) {
-        let spec = &w["spec"]["template"]["spec"];
-        let volumes = spec["volumes"].as_array().cloned().unwrap_or_default();
+        let volumes = volumes(w);
         for c in containers(w) {
             for from in c["envFrom"].as_array().into_iter().flatten() {
                 let r = &from["secretRef"];
@@ -948,6 +971,199 @@ fn secrets_the_workloads_need_are_provisioned() {
         mounted >= 1,
         "the frontends read their token key from a secret"
     );
+}
+
+/// The environment variable `strata <sub> --help` names for `flag`, if any.
+fn help_env(sub: &str, flag: &str) -> Option<String> {
+    let help = help(sub);
+    // The flag's entry: its line and the description below it, up to the next flag's line.
+    let mut lines = help
+        .lines()
+        .skip_while(|l| !l.trim_start().starts_with(flag));
+    let entry: String = lines
+        .next()
+        .into_iter()
+        .chain(lines.take_while(|l| !l.trim_start().starts_with('-')))
+        .collect();
+    let env = entry.split("[env: ").nth(1)?;
+    Some(env.split('=').next()?.to_string())
+}
+
+/// How the Terraform module names the internal CA's revocation lists to the workloads: the
+/// manifests' placeholder (the setting, commented out), what replaces it when
+/// `internal_crl_pem` is set, and the secret (name, key) that holds the lists then.
+struct CrlModule {
+    placeholder: String,
+    uncommented: String,
+    secret: String,
+    key: String,
+}
+
+/// Reads [`CrlModule`] from the module, checking that its substitution and its secret both
+/// hang on `internal_crl_pem` (null by default) and that the manifests wait for the secret.
+fn crl_module() -> CrlModule {
+    let main = hcl(&repo().join("terraform/strata/main.tf"));
+    let locals = &main["locals"][0];
+    assert_eq!(
+        locals["crl_setting"],
+        "${var.internal_crl_pem == null ? local.crl_placeholder : local.crl_uncommented}",
+        "the setting is uncommented exactly when internal_crl_pem is set"
+    );
+    let documents = locals["documents"].as_str().expect("local.documents");
+    assert!(
+        documents.contains("local.crl_placeholder, local.crl_setting"),
+        "the manifests' revocation list placeholder is substituted: {documents}"
+    );
+    let (secret, body, resource) = module_secrets(&main)
+        .into_iter()
+        .find(|(_, body, _)| {
+            body["data"]
+                .as_object()
+                .is_some_and(|d| d.values().any(|v| v == "${var.internal_crl_pem}"))
+        })
+        .expect("a secret holds internal_crl_pem");
+    assert_eq!(
+        body["count"], "${var.internal_crl_pem == null ? 0 : 1}",
+        "{secret} exists exactly when internal_crl_pem is set"
+    );
+    let data = body["data"].as_object().expect("data");
+    assert_eq!(data.len(), 1, "{secret} holds the lists only");
+    let key = unquoted_str(data.keys().next().expect("one key"));
+    let variables = hcl(&repo().join("terraform/strata/variables.tf"));
+    let default = variables["variable"]
+        .as_array()
+        .expect("variables")
+        .iter()
+        .find_map(|v| v.get("\"internal_crl_pem\""))
+        .expect("variable internal_crl_pem")
+        .get("default");
+    assert_eq!(
+        default,
+        Some(&Value::Null),
+        "internal_crl_pem is unset (null) by default"
+    );
+    let (_, manifests) = module_resources(&main, "kubernetes_manifest")
+        .into_iter()
+        .find(|(name, _)| name == "strata")
+        .expect("kubernetes_manifest.strata");
+    let secret_resource = format!("${{kubernetes_secret_v1.{resource}}}");
+    assert!(
+        strs(&manifests["depends_on"]).contains(&secret_resource),
+        "the manifests must be applied after {secret_resource}, the lists' secret: a pod \
+         started first finds no list and fails"
+    );
+    CrlModule {
+        placeholder: unquoted(&locals["crl_placeholder"]),
+        uncommented: unquoted(&locals["crl_uncommented"]),
+        secret,
+        key,
+    }
+}
+
+/// The workloads as the Terraform module renders them, with `internal_crl_pem` set or not (its
+/// other substitutions change nothing the callers look at).
+fn rendered_workloads(crl: &CrlModule, crl_set: bool) -> Vec<Value> {
+    let dir = repo().join("infra/kubernetes");
+    let workloads: Vec<Value> = MANIFESTS
+        .iter()
+        .flat_map(|f| {
+            let text = std::fs::read_to_string(dir.join(f)).expect("manifest");
+            let text = if crl_set {
+                text.replace(&crl.placeholder, &crl.uncommented)
+            } else {
+                text
+            };
+            yaml_docs_of(&text)
+        })
+        .filter(|d| d["kind"] == "StatefulSet" || d["kind"] == "Deployment")
+        .collect();
+    assert_eq!(workloads.len(), 3, "journal, frontend, compactor");
+    workloads
+}
+
+/// The revocation list file a container's process is given: by `--internal-crl-file`, or by
+/// the environment variable `strata <sub> --help` names for it.
+fn crl_file(container: &Value) -> Option<String> {
+    const FLAG: &str = "--internal-crl-file";
+    let argv = strata_argv(container);
+    let sub = argv.first().expect("a subcommand");
+    let env = help_env(sub, FLAG).unwrap_or_else(|| panic!("strata {sub}: {FLAG} has no env"));
+    let from_env: Vec<String> = container["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["name"] == env.as_str())
+        .map(|e| e["value"].as_str().expect("a value").to_string())
+        .collect();
+    let from_flag = flags(&argv).get(FLAG).cloned();
+    assert!(
+        from_env.len() + usize::from(from_flag.is_some()) <= 1,
+        "{}: the revocation list given twice ({FLAG}, {env})",
+        container["name"]
+    );
+    from_flag.or(from_env.into_iter().next())
+}
+
+/// With `internal_crl_pem` set, every journal node, frontend and compactor is given the lists'
+/// file, in a directory the lists' secret is mounted at whole: a `subPath` mount is never
+/// updated, so a new list would not reach a running process.
+#[test]
+fn a_revocation_list_reaches_every_process_in_place() {
+    let crl = crl_module();
+    let workloads = rendered_workloads(&crl, true);
+    for w in &workloads {
+        let name = w["metadata"]["name"].as_str().expect("named");
+        let volumes = volumes(w);
+        for c in containers(w) {
+            let file = crl_file(c).unwrap_or_else(|| panic!("{name}: no revocation list"));
+            let mount = mount_of(c, &file);
+            assert!(
+                mount.get("subPath").is_none() && mount.get("subPathExpr").is_none(),
+                "{name}: {file} is mounted with subPath, which a new list never reaches"
+            );
+            let dir = mount["mountPath"].as_str().expect("mountPath");
+            assert_eq!(
+                file,
+                format!("{dir}/{}", crl.key),
+                "{name}: not the key of {} that holds the lists",
+                crl.secret
+            );
+            let volume = volumes
+                .iter()
+                .find(|v| v["name"] == mount["name"])
+                .unwrap_or_else(|| panic!("{name}: no volume {}", mount["name"]));
+            assert_eq!(
+                volume["secret"]["secretName"],
+                crl.secret.as_str(),
+                "{name}: {file} is not from the lists' secret"
+            );
+        }
+    }
+}
+
+/// Without `internal_crl_pem` (and with the manifests as shipped), no process is given a
+/// revocation list (a missing one fails its start) and no secret is made for one; the lists'
+/// volume is optional, so pods start without the secret.
+#[test]
+fn without_a_revocation_list_nothing_asks_for_one() {
+    let crl = crl_module();
+    let workloads = rendered_workloads(&crl, false);
+    for w in &workloads {
+        let name = w["metadata"]["name"].as_str().expect("named");
+        for c in containers(w) {
+            assert_eq!(crl_file(c), None, "{name} is given a revocation list");
+        }
+        for v in volumes(w)
+            .iter()
+            .filter(|v| v["secret"]["secretName"] == crl.secret.as_str())
+        {
+            assert_eq!(
+                v["secret"]["optional"], true,
+                "{name}: a pod would not start without {}",
+                crl.secret
+            );
+        }
+    }
 }
 
 fn unquoted_str(s: &str) -> String {

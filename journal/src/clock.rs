@@ -15,7 +15,13 @@
 //! off and then took over does not move journal time by that hour (until session 24 its first
 //! stamp was its wall clock). A stamp this process only found on disk is of unknown age (the
 //! whole cluster may have been down for a day) and is not gone on from: the first stamp is then
-//! the wall clock, as before.
+//! a wall clock, the one clue to how long the outage was. Since session 28 not its own alone:
+//! it asks the shard's other voters for theirs (the `Clock` call) and takes the earliest of
+//! those that answer and its own ([`earliest`]), never below the log's last stamp. A node whose
+//! clock came up an hour ahead after a reboot no longer moves journal time by the hour when it
+//! is the first elected (auth tokens, checked against journal time, would all expire at once);
+//! a clock behind costs at most the time the shard had no leader, which journal time then does
+//! not count (leases are extended after an election anyway, as etcd extends them).
 
 use std::time::Instant;
 
@@ -44,7 +50,21 @@ pub struct StampClock {
     last: Option<(i64, Instant)>,
 }
 
+/// The wall clock a first stamp with nothing to go on from is taken from: the earliest of this
+/// node's (`own`) and the other voters' that answered (`peers`). Not the median: with three
+/// nodes, one down, two clocks are all there is, and only the earlier of them cannot move
+/// journal time ahead of real time when the other is wrong.
+pub fn earliest(own: i64, peers: &[i64]) -> i64 {
+    peers.iter().copied().fold(own, i64::min)
+}
+
 impl StampClock {
+    /// Whether this clock has nothing to go on from: no stamp of its own and none seen appended.
+    /// Its next stamp is then a wall clock (see [`earliest`]).
+    pub fn is_fresh(&self) -> bool {
+        self.last.is_none()
+    }
+
     /// The log's last entry, stamped `stamp` (by another leader, or by this node), was appended
     /// by this process at `at`: the next stamp goes on from it, as from a stamp of its own, if
     /// it is later than this node's own last one.
@@ -147,6 +167,28 @@ mod tests {
             c.stamp(9_003_000, t0 + Duration::from_secs(3), 8_500_000),
             9_003_000
         );
+    }
+
+    /// A fresh clock (nothing stamped, nothing seen) takes the earliest clock of the voters
+    /// that answered; one that saw a stamp, or made one, is not fresh.
+    #[test]
+    fn a_fresh_leader_starts_from_the_earliest_clock() {
+        let hour = 3_600_000;
+        let t0 = Instant::now();
+        assert_eq!(
+            earliest(5_000_000 + hour, &[5_000_100, 5_000_000 + hour]),
+            5_000_100
+        );
+        assert_eq!(earliest(5_000_000, &[5_000_000 + hour]), 5_000_000);
+        assert_eq!(earliest(5_000_000, &[]), 5_000_000, "no voter answered");
+        let mut c = StampClock::default();
+        assert!(c.is_fresh());
+        let wall = earliest(5_000_000 + hour, &[5_000_100]);
+        assert_eq!(c.stamp(wall, t0, 4_000_000), 5_000_100);
+        assert!(!c.is_fresh());
+        let mut c = StampClock::default();
+        c.saw(4_000_000, t0);
+        assert!(!c.is_fresh(), "it goes on from what it saw");
     }
 
     proptest! {

@@ -23,6 +23,10 @@ use crate::network::{Network, Peers};
 use crate::state_machine::{SmShared, StateMachine};
 use crate::types::{JournalRequest, NodeId, Payloads, TypeConfig};
 
+/// How long a new leader with nothing to go on from waits for the other voters' clocks before
+/// its first stamp (crate::clock): once per process and shard, only after every node
+/// restarted; a peer that does not answer by then is left out.
+pub const PEER_CLOCK_TIMEOUT: Duration = Duration::from_millis(500);
 /// Largest payload of one entry.
 pub const MAX_ENTRY_BYTES: usize = 2 * 1024 * 1024;
 /// Largest sum of payloads in one Append call.
@@ -237,6 +241,44 @@ impl Shard {
             (!a.is_empty()).then_some(a)
         });
         (id, addr)
+    }
+
+    /// The wall clocks of this shard's other voters that answer within [`PEER_CLOCK_TIMEOUT`]
+    /// (asked together; a node down, cut off or too old to know the call is left out).
+    async fn peer_clocks(&self) -> Vec<i64> {
+        use api::strata::journal::ClockRequest;
+        use api::strata::journal::raft_client::RaftClient;
+        let voters: Vec<String> = {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            let membership = m.membership_config.membership();
+            membership
+                .voter_ids()
+                .filter(|id| *id != self.node_id)
+                .map(|id| {
+                    let recorded = membership
+                        .get_node(&id)
+                        .map(|n| n.addr.clone())
+                        .unwrap_or_default();
+                    self.peers.addr_of(id, &recorded)
+                })
+                .collect()
+        };
+        let asks = voters.into_iter().map(|addr| async move {
+            let ch = self.peers.channel(&addr).ok()?;
+            let mut req = tonic::Request::new(ClockRequest {});
+            req.set_timeout(PEER_CLOCK_TIMEOUT);
+            let mut client = RaftClient::new(ch);
+            match tokio::time::timeout(PEER_CLOCK_TIMEOUT, client.clock(req)).await {
+                Ok(Ok(r)) => Some(r.into_inner().wall_ms),
+                _ => None,
+            }
+        });
+        futures::future::join_all(asks)
+            .await
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// The hosts of every member of this shard, as its peers dial them.
@@ -485,6 +527,32 @@ impl Batch {
     }
 }
 
+/// The stamp of the next entry this node proposes for `shard` (crate::clock).
+async fn next_stamp(stamps: &mut clock::StampClock, shard: &Shard) -> i64 {
+    // Another leader's last entry, if this process appended it: a node that just took over
+    // goes on from it, whatever its own clock says.
+    if let Some((stamp, at)) = shard.log.last_appended() {
+        stamps.saw(stamp, at);
+    }
+    let mut wall = clock::now_ms();
+    if stamps.is_fresh() {
+        // Nothing to go on from (every node restarted): the earliest clock of the voters.
+        let peers = shard.peer_clocks().await;
+        let own = wall;
+        wall = clock::earliest(own, &peers);
+        if wall < own {
+            tracing::info!(
+                shard = shard.id,
+                own_ms = own,
+                taken_ms = wall,
+                answered = peers.len(),
+                "first stamp from a voter's clock, earlier than this node's"
+            );
+        }
+    }
+    stamps.stamp(wall, std::time::Instant::now(), shard.log.last_time_ms())
+}
+
 /// Orders, stamps and proposes one shard's entries; appends idle ticks. Append calls queued
 /// while `max_inflight_entries` entries are in flight are coalesced into one entry (bounded by
 /// `MAX_BATCH_BYTES` / `MAX_BATCH_RECORDS`); each caller gets the record indexes of its own
@@ -497,18 +565,6 @@ async fn proposer(
 ) {
     let mut stamps = clock::StampClock::default();
     let mut last_activity = Instant::now();
-    let mut stamp = |shard: &Shard| {
-        // Another leader's last entry, if this process appended it: a node that just took
-        // over goes on from it, whatever its own clock says (clock.rs).
-        if let Some((stamp, at)) = shard.log.last_appended() {
-            stamps.saw(stamp, at);
-        }
-        stamps.stamp(
-            clock::now_ms(),
-            std::time::Instant::now(),
-            shard.log.last_time_ms(),
-        )
-    };
     let inflight = Arc::new(Semaphore::new(batching.max_inflight_entries.max(1)));
     // Callers answered by the most recently committed entry: they tend to come back together.
     let last_done = Arc::new(AtomicUsize::new(0));
@@ -526,7 +582,7 @@ async fn proposer(
                     last_activity = Instant::now();
                     let pass = shard.gate.pass();
                     if shard.is_leader() && pass.is_some() {
-                        let time_ms = stamp(&shard);
+                        let time_ms = next_stamp(&mut stamps, &shard).await;
                         match shard.raft.client_write_ff(JournalRequest::Tick { time_ms }).await {
                             // Nobody waits for a tick; keep its responder alive until it is done.
                             Ok(r) => drop(tokio::spawn(r)),
@@ -577,7 +633,7 @@ async fn proposer(
                         }
                     }
                 }
-                let time_ms = stamp(&shard);
+                let time_ms = next_stamp(&mut stamps, &shard).await;
                 let Batch {
                     payloads, waiters, ..
                 } = batch;
@@ -637,7 +693,7 @@ async fn proposer(
                     let _ = reply.send(Err(shard.not_leader()));
                     continue;
                 }
-                let time_ms = stamp(&shard);
+                let time_ms = next_stamp(&mut stamps, &shard).await;
                 let s = Arc::clone(&shard);
                 match shard
                     .raft

@@ -11,10 +11,10 @@ use api::strata::journal::journal_server::{Journal, JournalServer};
 use api::strata::journal::raft_server::{Raft as RaftSvc, RaftServer};
 use api::strata::journal::{
     AppendError, AppendRequest, AppendResponse, AppendStreamRequest, AppendStreamResponse,
-    CampaignRequest, CampaignResponse, HandoffRequest, HandoffResponse, RaftAppendRequest,
-    RaftAppendStreamReply, RaftAppendStreamRequest, RaftMessage, RaftReply, ReadIndexRequest,
-    ReadIndexResponse, ReadRequest, ReadResponse, ReplaceNodeRequest, ReplaceNodeResponse,
-    StatusRequest, StatusResponse, TrimRequest, TrimResponse,
+    CampaignRequest, CampaignResponse, ClockReply, ClockRequest, HandoffRequest, HandoffResponse,
+    RaftAppendRequest, RaftAppendStreamReply, RaftAppendStreamRequest, RaftMessage, RaftReply,
+    ReadIndexRequest, ReadIndexResponse, ReadRequest, ReadResponse, ReplaceNodeRequest,
+    ReplaceNodeResponse, StatusRequest, StatusResponse, TrimRequest, TrimResponse,
 };
 use futures::stream::FuturesUnordered;
 use futures::{Stream, StreamExt};
@@ -736,6 +736,12 @@ impl RaftSvc for JournalSvc {
         let rpc = serde_json::from_slice(&req.json)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         reply(&shard.raft.install_snapshot(rpc).await)
+    }
+
+    async fn clock(&self, _: Request<ClockRequest>) -> Result<Response<ClockReply>, Status> {
+        Ok(Response::new(ClockReply {
+            wall_ms: crate::clock::now_ms(),
+        }))
     }
 
     async fn campaign(

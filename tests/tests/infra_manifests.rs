@@ -1169,3 +1169,57 @@ fn without_a_revocation_list_nothing_asks_for_one() {
 fn unquoted_str(s: &str) -> String {
     s.trim_matches('"').to_string()
 }
+
+/// Every secret a workload mounts is readable by the user its pods run as. Secret files are
+/// root-owned with the volume's `defaultMode`; a pod's `fsGroup` becomes their group (the kubelet
+/// then adds group read). And no mode is written with a leading zero: kubectl's YAML 1.1 reads
+/// `0400` as octal (256) but Terraform's `yamldecode` (YAML 1.2) as the decimal 400, which is
+/// mode 0620 (no read for the group), so the module would mount what the raw manifests do not.
+#[test]
+fn mounted_secrets_are_readable_by_the_pods_user() {
+    let dir = repo().join("infra/kubernetes");
+    for f in MANIFESTS {
+        let text = std::fs::read_to_string(dir.join(f)).unwrap();
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split('#').next().unwrap_or_default();
+            let leading_zero = code
+                .split([' ', '{', ',', '['])
+                .collect::<Vec<_>>()
+                .windows(2)
+                .any(|w| {
+                    w[0].ends_with(':')
+                        && w[1].len() > 1
+                        && w[1].starts_with('0')
+                        && w[1]
+                            .trim_end_matches(['}', ',', ']'])
+                            .bytes()
+                            .all(|b| b.is_ascii_digit())
+                });
+            assert!(
+                !leading_zero,
+                "{f}:{}: an integer with a leading zero reads differently to kubectl and Terraform: {line}",
+                n + 1
+            );
+        }
+    }
+    let objects = objects();
+    for w in workloads(&objects) {
+        let name = w["metadata"]["name"].as_str().unwrap_or("?").to_string();
+        let security = &w["spec"]["template"]["spec"]["securityContext"];
+        let user = security["runAsUser"].as_u64().unwrap_or(0);
+        let fs_group = security["fsGroup"].as_u64();
+        for v in volumes(w) {
+            let Some(secret) = v.get("secret") else {
+                continue;
+            };
+            let mode = secret["defaultMode"].as_u64().unwrap_or(0o644);
+            // With an fsGroup the kubelet gives the files to that group and adds group read.
+            let readable = user == 0 || mode & 0o004 != 0 || fs_group.is_some();
+            assert!(
+                readable,
+                "{name}: secret volume {} (mode {mode:o}, root-owned) cannot be read by user {user}: no fsGroup",
+                v["name"]
+            );
+        }
+    }
+}

@@ -16,6 +16,34 @@ const AHEAD_MS: i64 = 3_600_000;
 /// Whole-cluster restarts tried before the test gives up on the node ahead winning the election.
 const ATTEMPTS: usize = 8;
 
+/// The leader the running nodes `running` agree on in a term after `term` (a restarted node
+/// reports the leader and term of the vote it found on disk until an election is held), and
+/// that term.
+async fn elected_after(c: &JournalCluster, running: &[usize], term: u64) -> (u64, u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut seen = Vec::new();
+        for &i in running {
+            let client = c.client_of(i).await;
+            if let Ok(st) = client.status_of(&c.nodes[i].addr, SHARD).await {
+                seen.push((st.leader_id, st.term));
+            }
+        }
+        if seen.len() == running.len()
+            && seen.windows(2).all(|w| w[0] == w[1])
+            && seen[0].0 != 0
+            && seen[0].1 > term
+        {
+            return seen[0];
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no new leader after term {term}: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The largest step of journal time between two consecutive records of `SHARD`, read up to the
 /// last committed record.
 async fn largest_step(c: &JournalCluster, running: &[usize]) -> i64 {
@@ -45,6 +73,7 @@ async fn a_node_elected_first_after_every_node_restarted_with_its_clock_ahead_ke
         .append(SHARD, vec![b"before".to_vec()])
         .await
         .expect("an append before the restarts");
+    let mut term = journal.status(SHARD).await.expect("a status").term;
     for attempt in 1..=ATTEMPTS {
         for i in 0..3 {
             c.kill(i);
@@ -57,7 +86,8 @@ async fn a_node_elected_first_after_every_node_restarted_with_its_clock_ahead_ke
         c.restart(0);
         tokio::time::sleep(Duration::from_millis(2500)).await;
         c.restart(1);
-        let leader = c.wait_leaders(&[0, 1]).await[0];
+        let (leader, elected_in) = elected_after(&c, &[0, 1], term).await;
+        term = elected_in;
         if leader != 1 {
             eprintln!("attempt {attempt}: node {leader} was elected, not the node ahead; again");
             continue;

@@ -168,6 +168,9 @@ impl Action {
 #[derive(Clone, Debug)]
 pub struct Step {
     pub faults: Vec<(Action, Target)>,
+    /// The shard each fault concerns ([`Plan::shards`]), decided with the plan so that a fault
+    /// keeps it when [`shrink`] removes others.
+    pub shards: Vec<u32>,
     pub hold: Duration,
     pub settle: Duration,
 }
@@ -233,6 +236,7 @@ pub fn schedule(
         let settle = Duration::from_millis(rng.random_range(300..2000));
         total += hold + settle;
         steps.push(Step {
+            shards: vec![0; faults.len()],
             faults,
             hold,
             settle,
@@ -266,7 +270,7 @@ pub struct Plan {
     /// reason): one, the default tenant on shard 0; or two, a second tenant on shard 1 with
     /// `frontends` frontends of its own, a workload and checks of its own, and the compactor
     /// checkpointing both shards. The faults that concern one shard then take turns
-    /// ([`shards_hit`]).
+    /// ([`Step::shards`]).
     pub shards: usize,
     pub steps: Vec<Step>,
     /// The first of the journal nodes left running when the majority goes down at the end
@@ -281,13 +285,18 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
     let frontends = rng.random_range(2..=3);
     let s3 = rng.random_bool(0.5) && moto_bin().is_some();
     let journal_nodes = if (seed >> 2) & 1 == 1 { 5 } else { 3 };
-    let steps = schedule(&mut rng, frontends, journal_nodes, s3, length);
+    let mut steps = schedule(&mut rng, frontends, journal_nodes, s3, length);
+    let shards = if (seed >> 10) & 1 == 1 { 2 } else { 1 };
+    let hits = shards_hit(&steps, shards);
+    for (step, hit) in steps.iter_mut().zip(hits) {
+        step.shards = hit;
+    }
     Plan {
         frontends,
         s3,
         internal_tls: (seed >> 1) & 1 == 1,
         journal_nodes,
-        shards: if (seed >> 10) & 1 == 1 { 2 } else { 1 },
+        shards,
         steps,
         spared: rng.random_range(0..journal_nodes),
     }
@@ -299,7 +308,7 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
 /// shard `k % shards`); the rest hit every shard alike (0 here). Taking turns by occurrence,
 /// not by step, so that every seed's frontend faults reach both tenants, and the schedule's
 /// draws stay what they were before runs had two shards.
-pub fn shards_hit(steps: &[Step], shards: usize) -> Vec<Vec<u32>> {
+fn shards_hit(steps: &[Step], shards: usize) -> Vec<Vec<u32>> {
     let (mut frontend, mut leader) = (0usize, 0usize);
     let turn = |k: &mut usize| {
         *k += 1;
@@ -777,7 +786,7 @@ struct Faults {
     objects: Objects,
     /// Frontends per tenant: tenant `t`'s are `t * per_tenant..(t + 1) * per_tenant`.
     per_tenant: usize,
-    /// The shard the fault being started concerns ([`shards_hit`]).
+    /// The shard the fault being started concerns ([`Step::shards`]).
     shard: u32,
     /// The internal TLS files, when the run uses them.
     _pki: Option<tempfile::TempDir>,
@@ -1174,9 +1183,9 @@ impl Faults {
     /// Plays `steps`, writing what it does to `ran`.
     async fn play(&mut self, steps: &[Step], clock: &Clock, ran: &mut Vec<String>) {
         let shards = self.links.len() / self.per_tenant;
-        for (step, hit) in steps.iter().zip(shards_hit(steps, shards)) {
+        for step in steps {
             let mut started = Vec::new();
-            for (&(action, target), shard) in step.faults.iter().zip(hit) {
+            for (&(action, target), &shard) in step.faults.iter().zip(&step.shards) {
                 self.shard = shard;
                 let resolved = self.resolve(target).await;
                 let named = match target {
@@ -1431,6 +1440,12 @@ async fn check_workload(w: &mut Workload, healed: Time, no_quorum: (Time, Time))
 /// Runs one seed: the deployment, the clients, the schedule, the checks. `Err` holds the whole
 /// report (seed, schedule as it ran, every violation, where the logs were kept).
 pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
+    run_plan(seed, plan(seed, config.faults_for), config).await
+}
+
+/// [`run`] with a plan of one's own, the workload still the seed's: how [`shrink`] replays a
+/// seed with faults removed.
+pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary, String> {
     let Plan {
         frontends,
         s3,
@@ -1439,7 +1454,7 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
         shards,
         steps,
         spared,
-    } = plan(seed, config.faults_for);
+    } = plan;
     let objects = if s3 {
         Objects::S3(MotoS3::start("strata-faults"))
     } else {
@@ -1563,6 +1578,91 @@ pub async fn run(seed: u64, config: &Config) -> Result<Summary, String> {
     })
 }
 
+/// What [`shrink`] found.
+#[derive(Debug)]
+pub struct Shrunk {
+    /// The smallest schedule that still failed (the original, if no smaller one did).
+    pub steps: Vec<Step>,
+    /// The report of the last failing run, if a smaller schedule failed.
+    pub report: Option<String>,
+    /// Runs made.
+    pub runs: usize,
+    /// The budget ran out before every fault left had been tried.
+    pub out_of_time: bool,
+}
+
+/// F5: removes the faults of a failing schedule one at a time, in order, keeping each removal
+/// after which the run still fails, until every fault left has been tried or `budget` has
+/// passed. A step whose faults are all removed goes (its hold and settle with it). `fails` runs
+/// a schedule and answers its report if it failed. One failing run is taken as failing: a
+/// failure that comes and goes with timing may shrink less than it could, never wrongly (every
+/// schedule answered failed once).
+pub async fn shrink<F, Fut>(steps: Vec<Step>, budget: Duration, mut fails: F) -> Shrunk
+where
+    F: FnMut(Vec<Step>) -> Fut,
+    Fut: std::future::Future<Output = Option<String>>,
+{
+    let started = Instant::now();
+    let mut shrunk = Shrunk {
+        steps,
+        report: None,
+        runs: 0,
+        out_of_time: false,
+    };
+    // The fault tried next: step `i`, fault `j`. A removal leaves the position naming the
+    // fault (or step) after the one removed.
+    let (mut i, mut j) = (0, 0);
+    while i < shrunk.steps.len() {
+        if j >= shrunk.steps[i].faults.len() {
+            (i, j) = (i + 1, 0);
+            continue;
+        }
+        if started.elapsed() >= budget {
+            shrunk.out_of_time = true;
+            break;
+        }
+        let mut candidate = shrunk.steps.clone();
+        candidate[i].faults.remove(j);
+        candidate[i].shards.remove(j);
+        if candidate[i].faults.is_empty() {
+            candidate.remove(i);
+        }
+        shrunk.runs += 1;
+        match fails(candidate.clone()).await {
+            Some(report) => {
+                shrunk.report = Some(report);
+                shrunk.steps = candidate;
+            }
+            None => j += 1,
+        }
+    }
+    shrunk
+}
+
+/// A schedule as a reader wants it in a report: one line per step.
+pub fn describe(steps: &[Step]) -> String {
+    let mut out = String::new();
+    for s in steps {
+        let faults: Vec<String> = s
+            .faults
+            .iter()
+            .zip(&s.shards)
+            .map(|((a, t), shard)| match shard {
+                0 => format!("{a:?} {t:?}"),
+                _ => format!("{a:?} {t:?} on shard {shard}"),
+            })
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {} for {} ms, then {} ms settled",
+            faults.join(" + "),
+            s.hold.as_millis(),
+            s.settle.as_millis()
+        );
+    }
+    out
+}
+
 /// The revision of the first write of a fresh deployment.
 const FIRST_REVISION: i64 = 2;
 
@@ -1654,6 +1754,71 @@ fn report(seed: u64, ran: &[String], violations: &[String], d: &Deployment) -> S
 mod tests {
     use super::*;
 
+    fn step(faults: &[(Action, Target)]) -> Step {
+        Step {
+            faults: faults.to_vec(),
+            shards: vec![0; faults.len()],
+            hold: Duration::from_millis(100),
+            settle: Duration::from_millis(100),
+        }
+    }
+
+    /// Shrinking keeps exactly the faults a failure needs: a run "fails" here when its schedule
+    /// kills journal node 1 and, later, pauses frontend 0, wherever they are.
+    #[tokio::test]
+    async fn shrinking_keeps_the_faults_a_failure_needs() {
+        let kill = (Action::Kill, Target::Journal(1));
+        let pause = (Action::Pause, Target::Frontend(0));
+        let steps = vec![
+            step(&[(Action::Kill, Target::Frontend(1))]),
+            step(&[(Action::DiskFull, Target::Journal(0)), kill]),
+            step(&[(Action::Pause, Target::Compactor)]),
+            step(&[kill]),
+            step(&[(Action::SlowDisk, Target::JournalLeader), pause]),
+            step(&[(Action::Disconnect, Target::Journal(2))]),
+        ];
+        let faults = steps.iter().map(|s| s.faults.len()).sum::<usize>();
+        let mut tried = Vec::new();
+        let shrunk = shrink(steps, Duration::from_secs(60), |candidate| {
+            tried.push(candidate.len());
+            let all: Vec<(Action, Target)> =
+                candidate.iter().flat_map(|s| s.faults.clone()).collect();
+            let killed = all.iter().position(|f| *f == kill);
+            let paused = all.iter().rposition(|f| *f == pause);
+            let fails = matches!((killed, paused), (Some(k), Some(p)) if k < p);
+            async move { fails.then(|| format!("failed with {} steps", candidate.len())) }
+        })
+        .await;
+        let left: Vec<Vec<(Action, Target)>> =
+            shrunk.steps.iter().map(|s| s.faults.clone()).collect();
+        assert_eq!(left, vec![vec![kill], vec![pause]]);
+        assert_eq!(shrunk.report.as_deref(), Some("failed with 2 steps"));
+        assert!(!shrunk.out_of_time);
+        // Each fault is tried once: removed for good, or kept and passed over.
+        assert_eq!(shrunk.runs, faults);
+        assert_eq!(tried.len(), faults);
+        assert!(describe(&shrunk.steps).contains("Kill Journal(1) for 100 ms"));
+
+        // Nothing smaller fails: the schedule stays, and so says the result.
+        let steps = vec![step(&[kill]), step(&[pause])];
+        let shrunk = shrink(steps, Duration::from_secs(60), |c| {
+            let n = c.len();
+            async move { (n == 2).then(String::new) }
+        })
+        .await;
+        assert_eq!(shrunk.steps.len(), 2);
+        assert!(shrunk.report.is_none());
+        assert_eq!(shrunk.runs, 2);
+
+        // No budget, no runs.
+        let shrunk = shrink(vec![step(&[kill])], Duration::ZERO, |_| async {
+            Some(String::new())
+        })
+        .await;
+        assert!(shrunk.out_of_time);
+        assert_eq!((shrunk.runs, shrunk.steps.len()), (0, 1));
+    }
+
     /// The seeds CI runs hit every fault the suite knows, so none is left untested by a change
     /// to the generator.
     #[test]
@@ -1737,12 +1902,10 @@ mod tests {
             .map(|&seed| plan(seed, Config::ci().faults_for))
             .find(|p| p.shards == 2)
             .expect("a fixed seed runs two shards");
-        let hit = shards_hit(&two.steps, two.shards);
         let on_shard_1: Vec<&(Action, Target)> = two
             .steps
             .iter()
-            .zip(&hit)
-            .flat_map(|(s, h)| s.faults.iter().zip(h))
+            .flat_map(|s| s.faults.iter().zip(&s.shards))
             .filter(|(_, shard)| **shard == 1)
             .map(|(f, _)| f)
             .collect();

@@ -7,8 +7,13 @@
 //!   in what they cover.
 //! - `STRATA_FAULT_SEED=0x...`: that one seed (to replay a failure's report).
 //! - `STRATA_FAULT_SEEDS=N`: N fresh seeds (a soak); each prints its seed first.
+//! - `STRATA_FAULT_SHRINK=MINUTES`: a failing seed is re-run with its faults removed one at a
+//!   time for up to that long, and the smallest schedule that still failed is reported with the
+//!   seed's own report (F5; a minute or more per run).
 
-use strata_tests::faults::{Config, FIXED_SEEDS, run};
+use std::time::Duration;
+
+use strata_tests::faults::{Config, FIXED_SEEDS, describe, plan, run, run_plan, shrink};
 
 fn parse_seed(s: &str) -> u64 {
     let s = s.trim();
@@ -17,6 +22,52 @@ fn parse_seed(s: &str) -> u64 {
         None => s.parse(),
     }
     .unwrap_or_else(|e| panic!("STRATA_FAULT_SEED={s}: {e}"))
+}
+
+/// `STRATA_FAULT_SHRINK`'s budget, if set.
+fn shrink_budget() -> Option<Duration> {
+    let minutes = std::env::var("STRATA_FAULT_SHRINK").ok()?;
+    let minutes: u64 = minutes
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("STRATA_FAULT_SHRINK={minutes}: minutes, {e}"));
+    Some(Duration::from_secs(minutes * 60))
+}
+
+/// The seed's report, then (with `STRATA_FAULT_SHRINK`) the smallest schedule that still failed.
+async fn failure(seed: u64, config: &Config, report: String) -> String {
+    let Some(budget) = shrink_budget() else {
+        return report;
+    };
+    let steps = plan(seed, config.faults_for).steps;
+    println!("seed {seed:#x} failed; shrinking its {} steps", steps.len());
+    let shrunk = shrink(steps, budget, |steps| {
+        let mut p = plan(seed, config.faults_for);
+        p.steps = steps;
+        let config = config.clone();
+        async move {
+            let failed = run_plan(seed, p, &config).await.err();
+            println!(
+                "  a run: {}",
+                if failed.is_some() { "failed" } else { "passed" }
+            );
+            failed
+        }
+    })
+    .await;
+    let mut out = report;
+    out.push_str(&format!(
+        "\nshrunk in {} run(s){}: the smallest schedule that still failed ({} steps, then a majority of the journal down as always):\n{}",
+        shrunk.runs,
+        if shrunk.out_of_time { ", out of time" } else { "" },
+        shrunk.steps.len(),
+        describe(&shrunk.steps)
+    ));
+    match shrunk.report {
+        Some(r) => out.push_str(&format!("its report:\n{r}")),
+        None => out.push_str("(no smaller schedule failed: the seed's own report above)\n"),
+    }
+    out
 }
 
 fn seeds() -> Vec<u64> {
@@ -62,7 +113,7 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
                     println!("  {line}");
                 }
             }
-            Err(report) => panic!("{report}"),
+            Err(report) => panic!("{}", failure(seed, &Config::ci(), report).await),
         }
     }
 }

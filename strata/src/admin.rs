@@ -69,7 +69,7 @@ struct RestoreArgs {
     /// Journal nodes, comma-separated `host:port`.
     #[arg(long, value_delimiter = ',', required = true)]
     journal: Vec<String>,
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = DEFAULT_TENANT)]
     tenant: String,
     /// Journal index of the checkpoint to restore (see `backup list`).
     #[arg(
@@ -88,6 +88,12 @@ struct RestoreArgs {
     /// from etcd; `etcdctl make-mirror` is the live one.
     #[arg(long = "from-etcd-snapshot")]
     from_etcd_snapshot: Option<std::path::PathBuf>,
+    /// Journal shard of a tenant with no checkpoint yet (created, or never written, so the
+    /// compactor has not checkpointed it): the default tenant's is 0 (the default here), a
+    /// catalogue tenant's the one `strata admin tenant get` shows. A tenant with checkpoints is
+    /// on the shard its manifest names, and a different one given here is refused.
+    #[arg(long)]
+    shard: Option<u32>,
     /// Plans tried before giving up when concurrent writes keep touching the same keys.
     #[arg(long, default_value_t = 5)]
     attempts: u32,
@@ -187,6 +193,28 @@ struct Source {
     what: String,
 }
 
+/// The tenant restored when `--tenant` is not given, and the one a frontend serves by default.
+const DEFAULT_TENANT: &str = "default";
+
+/// For a tenant with no checkpoint, on a shard trimmed below `first_index`: the compactor's word
+/// that the tenant had no record below it (as a frontend starting such a tenant asks,
+/// `frontend::checkpoint::shard_trimmed_to`), so the tenant was empty there; answers the index
+/// an empty store starts after.
+async fn no_record_below(
+    object_store: &str,
+    tenant: &str,
+    shard: u32,
+    first_index: u64,
+) -> anyhow::Result<u64> {
+    let objects = frontend::checkpoint::open(object_store)?;
+    if !frontend::checkpoint::shard_trimmed_to(&objects, shard, first_index).await? {
+        bail!(
+            "tenant {tenant} has no checkpoint, and shard {shard} was trimmed below {first_index} with no word of the compactor's that the tenant had nothing there: is --object-store the compactor's, and --shard the tenant's?"
+        );
+    }
+    Ok(first_index - 1)
+}
+
 /// The checkpoint inside a file `etcdctl snapshot save` wrote from a Strata frontend.
 fn saved_snapshot(
     path: &std::path::Path,
@@ -206,11 +234,21 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
     let client = JournalClient::connect_over(&args.journal, args.internal_tls.load()?).await?;
     let tenant = args.tenant.as_str();
-    let manifest = catalog
-        .latest_manifest(tenant)
-        .await?
-        .with_context(|| format!("tenant {tenant} has no checkpoints"))?;
-    let shard = manifest.shard;
+    let manifest = catalog.latest_manifest(tenant).await?;
+    let shard = match (&manifest, args.shard) {
+        (Some(m), Some(s)) if m.shard != s => {
+            bail!(
+                "tenant {tenant} is on shard {} (its manifest), not {s}",
+                m.shard
+            )
+        }
+        (Some(m), _) => m.shard,
+        (None, Some(s)) => s,
+        (None, None) if tenant == DEFAULT_TENANT => 0,
+        (None, None) => bail!(
+            "tenant {tenant} has no checkpoint yet: name its shard with --shard (`strata admin tenant get {tenant}` shows it)"
+        ),
+    };
     let (source, target) = match (&args.from_file, args.index, &args.from_etcd_snapshot) {
         (_, _, Some(path)) => {
             let bytes =
@@ -249,6 +287,9 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             (source, target)
         }
         (None, Some(index), None) => {
+            let Some(manifest) = &manifest else {
+                bail!("tenant {tenant} has no checkpoints");
+            };
             let Some(r) = manifest.checkpoints.iter().find(|c| c.index == index) else {
                 bail!(
                     "tenant {tenant} has no checkpoint at index {index}; retained: {:?}",
@@ -278,11 +319,15 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         // rounds): then a newer one is there, and loading starts again (found by review: the
         // restore failed).
         let mut reloads = 0;
+        // A tenant without a checkpoint starts empty, from the shard's start or from where the
+        // compactor trimmed it (below).
+        let mut empty_at = 0;
         let (mut current, mut stream) = loop {
-            let loaded = reader::latest_in(&catalog, tenant)
-                .await?
-                .context("the tenant's newest checkpoint vanished")?;
-            let mut current = loaded.store;
+            let mut current = match reader::latest_in(&catalog, tenant).await? {
+                Some(loaded) => loaded.store,
+                None if manifest.is_some() => bail!("the tenant's newest checkpoint vanished"),
+                None => MemStore::new_at(memstore::Config::default(), empty_at),
+            };
             let from = current.applied_index() + 1;
             let read = async {
                 let mut stream = Box::pin(client.read(shard, from).await?);
@@ -301,6 +346,13 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
                         ) =>
                 {
                     reloads += 1;
+                    if let (None, Some(ClientError::Trimmed { first_index, .. })) =
+                        (&manifest, e.downcast_ref::<ClientError>())
+                    {
+                        empty_at = no_record_below(&args.object_store, tenant, shard, *first_index)
+                            .await?;
+                        continue;
+                    }
                     eprintln!(
                         "the journal was trimmed past the checkpoint being read ({e}); loading the newest again"
                     );

@@ -782,3 +782,119 @@ async fn an_etcd_snapshot_becomes_a_tenants_keyspace() {
         "a wrong password is refused"
     );
 }
+
+/// A tenant the compactor has never checkpointed (created, nothing written yet: the usual start
+/// of a move from etcd) takes an etcd snapshot too. On a shard the compactor trimmed while it
+/// held no record of the tenant, the restore starts from an empty tenant on the compactor's word,
+/// as a frontend starting that tenant does; on a shard never trimmed, from the journal's start.
+/// A tenant other than the default one needs its shard named.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_snapshot_restores_into_a_tenant_never_checkpointed() {
+    use strata_tests::deployment::frontend_args;
+    use strata_tests::process::{ChildGuard, free_port};
+    use strata_tests::readiness::wait_ready;
+    let etcd = strata_tests::etcd::EtcdServer::start().await;
+    let mut e = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    for i in 0..500 {
+        e.put(format!("/registry/cm/c{i:03}"), format!("v{i}"), None)
+            .await
+            .unwrap();
+    }
+    let file = etcd.dir().join("etcd.db");
+    let ctl = strata_tests::etcdctl::Etcdctl::new(etcd.endpoint());
+    let path = file.to_str().unwrap().to_string();
+    let out = tokio::task::spawn_blocking(move || ctl.ok(&["snapshot", "save", &path]))
+        .await
+        .unwrap();
+    assert!(out.contains("Snapshot saved at"), "{out}");
+
+    let d = Deployment::start(0).await;
+    let journals = d.journal_addrs().to_vec();
+    let url = format!("file://{}", d.objects().display());
+    // Shard 1 holds no tenant: the compactor trims it behind its idle ticks.
+    let _compactor =
+        d.start_compactor(&["--shards", "0,1", "--every-entries", "10", "--every", "1s"]);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let mut first = 0;
+        for j in &journals {
+            first = first.max(strata_tests::journal::first_index_of(j, 1).await);
+        }
+        if first > 1 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "shard 1 was never trimmed\n{}",
+            tail_file(&d.dir().join("compactor.log"))
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let snapshot = file.to_str().unwrap();
+    let refused = tokio::process::Command::new(strata_bin())
+        .args(restore_args(
+            &url,
+            &journals,
+            &["--tenant", "late", "--from-etcd-snapshot", snapshot],
+        ))
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && said.contains("name its shard with --shard"),
+        "{said}"
+    );
+    // Trimmed shard 1; shard 2, never trimmed (the compactor does not own it).
+    for (tenant, shard) in [("late", "1"), ("other", "2")] {
+        let out = admin(&restore_args(
+            &url,
+            &journals,
+            &[
+                "--tenant",
+                tenant,
+                "--shard",
+                shard,
+                "--from-etcd-snapshot",
+                snapshot,
+            ],
+        ))
+        .await;
+        assert!(
+            out.contains(&format!("restored tenant {tenant} to etcd snapshot")),
+            "{out}"
+        );
+        assert!(out.contains("500 keys put"), "{out}");
+
+        // A frontend of the tenant serves etcd's keys.
+        let listen = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let log = d.dir().join(format!("frontend-{tenant}.log"));
+        let mut args = frontend_args(&journals, &listen, &metrics, &[]);
+        args.extend(
+            [
+                "--tenant",
+                tenant,
+                "--shard",
+                shard,
+                "--object-store",
+                &d.objects().display().to_string(),
+            ]
+            .map(String::from),
+        );
+        let _fe = ChildGuard::strata(&format!("frontend-{tenant}"), &args, Some(&log));
+        let endpoint = format!("http://{listen}");
+        if let Err(e) = wait_ready(&endpoint, WAIT).await {
+            panic!("{e}\n--- frontend log ---\n{}", tail_file(&log));
+        }
+        let mut c = etcd_client::Client::connect([endpoint], None)
+            .await
+            .unwrap();
+        let got = keys_under(&mut c, "/registry/").await;
+        assert_eq!(got.len(), 500, "tenant {tenant}");
+        assert_eq!(got[7].1, b"v7");
+    }
+}

@@ -48,20 +48,27 @@ impl Plan {
         self.grants + self.puts + self.deletes + self.revokes == 0 && self.auth.is_none()
     }
 
-    /// The entries to append, in order: begin, every chunk, commit.
-    pub fn requests(&self) -> Vec<Request> {
-        let mut out = Vec::with_capacity(self.chunks.len() + 2);
-        out.push(Request::RestoreBegin(RestoreBegin {
+    /// The entries to append, in order: begin, every chunk, commit ([`Plan::request_count`] of
+    /// them); made one at a time, so a large restore holds its chunks once (a 1M-key plan's are
+    /// hundreds of MB), not also as a list of requests.
+    pub fn requests(&self) -> impl Iterator<Item = Request> + '_ {
+        let begin = Request::RestoreBegin(RestoreBegin {
             restore_id: self.restore_id.clone(),
             checkpoint_index: self.checkpoint_index,
-        }));
-        out.extend(self.chunks.iter().cloned().map(Request::RestoreChunk));
-        out.push(Request::RestoreCommit(RestoreCommit {
+        });
+        let commit = Request::RestoreCommit(RestoreCommit {
             restore_id: self.restore_id.clone(),
             chunks: self.chunks.len() as u32,
             auth: self.auth.clone(),
-        }));
-        out
+        });
+        std::iter::once(begin)
+            .chain(self.chunks.iter().cloned().map(Request::RestoreChunk))
+            .chain(std::iter::once(commit))
+    }
+
+    /// How many entries [`Plan::requests`] makes.
+    pub fn request_count(&self) -> usize {
+        self.chunks.len() + 2
     }
 }
 

@@ -257,6 +257,9 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
                 .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
             let state = compactor::etcd_snapshot::read(db)
                 .with_context(|| format!("{} is not an etcd snapshot", path.display()))?;
+            // The state owns what it read: the file's bytes (as large as the snapshot) go now,
+            // before the store is built from it.
+            drop(bytes);
             let what = format!(
                 "etcd snapshot {} ({} keys, {} leases, {} users at etcd revision {})",
                 path.display(),
@@ -375,18 +378,17 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             );
             return Ok(());
         }
-        let requests = plan.requests();
-        let entries = requests.len();
+        let entries = plan.request_count();
         let mut ours = Vec::with_capacity(entries);
         let mut batch: Vec<Vec<u8>> = Vec::new();
         let mut batch_bytes = 0;
-        for (i, req) in requests.iter().enumerate() {
+        for (i, req) in plan.requests().enumerate() {
             let payload = encode_entry(&Entry {
                 format_version: api::ENTRY_FORMAT_VERSION,
                 tenant: tenant.to_string(),
                 request_id: rand::random::<[u8; 16]>().to_vec(),
                 time_ms: 0,
-                request: Some(req.clone()),
+                request: Some(req),
                 ..Default::default()
             });
             batch_bytes += payload.len();

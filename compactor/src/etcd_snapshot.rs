@@ -159,25 +159,27 @@ impl EtcdState {
     /// one.
     pub fn into_store(self, tenant: &str) -> Result<MemStore> {
         let mut store = MemStore::new(memstore::Config::default());
+        // One entry, its request replaced each time; a failure is described from the request
+        // it failed on, so a million keys make no description they do not need.
+        let mut entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: tenant.to_string(),
+            ..Default::default()
+        };
         let mut index = 0;
-        let mut apply = |what: String, request: Request| -> Result<()> {
+        let mut apply = |request: Request| -> Result<()> {
             index += 1;
-            let entry = Entry {
-                format_version: api::ENTRY_FORMAT_VERSION,
-                tenant: tenant.to_string(),
-                request: Some(request),
-                ..Default::default()
-            };
+            entry.request = Some(request);
             match store.apply(index, &entry).outcome {
-                Outcome::Failed(error) => Err(EtcdSnapshotError::Refused { what, error }),
+                Outcome::Failed(error) => Err(EtcdSnapshotError::Refused {
+                    what: entry.request.as_ref().map_or_else(String::new, what_of),
+                    error,
+                }),
                 _ => Ok(()),
             }
         };
         for (&id, &ttl) in &self.leases {
-            apply(
-                format!("lease {id:x}"),
-                Request::LeaseGrant(LeaseGrantRequest { ttl, id }),
-            )?;
+            apply(Request::LeaseGrant(LeaseGrantRequest { ttl, id }))?;
         }
         for (key, (value, lease)) in self.keys {
             let lease = if self.leases.contains_key(&lease) {
@@ -185,15 +187,12 @@ impl EtcdState {
             } else {
                 0
             };
-            apply(
-                format!("key {}", String::from_utf8_lossy(&key)),
-                Request::Put(PutRequest {
-                    key,
-                    value,
-                    lease,
-                    ..Default::default()
-                }),
-            )?;
+            apply(Request::Put(PutRequest {
+                key,
+                value,
+                lease,
+                ..Default::default()
+            }))?;
         }
         let auth = |change: Change| {
             Request::Auth(AuthChange {
@@ -202,20 +201,16 @@ impl EtcdState {
         };
         for role in &self.roles {
             let name = String::from_utf8_lossy(&role.name).into_owned();
-            apply(
-                format!("role {name}"),
-                auth(Change::RoleAdd(AuthRoleAddRequest { name: name.clone() })),
-            )?;
+            apply(auth(Change::RoleAdd(AuthRoleAddRequest {
+                name: name.clone(),
+            })))?;
             for perm in &role.key_permission {
-                apply(
-                    format!("a permission of role {name}"),
-                    auth(Change::RoleGrantPermission(
-                        AuthRoleGrantPermissionRequest {
-                            name: name.clone(),
-                            perm: Some(perm.clone()),
-                        },
-                    )),
-                )?;
+                apply(auth(Change::RoleGrantPermission(
+                    AuthRoleGrantPermissionRequest {
+                        name: name.clone(),
+                        perm: Some(perm.clone()),
+                    },
+                )))?;
             }
         }
         let known: Vec<&[u8]> = self.roles.iter().map(|r| r.name.as_slice()).collect();
@@ -226,42 +221,48 @@ impl EtcdState {
             .any(|u| u.roles.iter().any(|r| r == "root"))
             && !known.contains(&&b"root"[..])
         {
-            apply(
-                "role root".into(),
-                auth(Change::RoleAdd(AuthRoleAddRequest {
-                    name: "root".into(),
-                })),
-            )?;
+            apply(auth(Change::RoleAdd(AuthRoleAddRequest {
+                name: "root".into(),
+            })))?;
         }
         for user in &self.users {
             let name = String::from_utf8_lossy(&user.name).into_owned();
-            apply(
-                format!("user {name}"),
-                auth(Change::UserAdd(AuthUserAddRequest {
-                    name: name.clone(),
-                    hashed_password: base64::engine::general_purpose::STANDARD
-                        .encode(&user.password),
-                    options: user.options,
-                    ..Default::default()
-                })),
-            )?;
+            apply(auth(Change::UserAdd(AuthUserAddRequest {
+                name: name.clone(),
+                hashed_password: base64::engine::general_purpose::STANDARD.encode(&user.password),
+                options: user.options,
+                ..Default::default()
+            })))?;
             for role in &user.roles {
-                apply(
-                    format!("role {role} of user {name}"),
-                    auth(Change::UserGrantRole(AuthUserGrantRoleRequest {
-                        user: name.clone(),
-                        role: role.clone(),
-                    })),
-                )?;
+                apply(auth(Change::UserGrantRole(AuthUserGrantRoleRequest {
+                    user: name.clone(),
+                    role: role.clone(),
+                })))?;
             }
         }
         if self.auth_enabled {
-            apply(
-                "auth enable".into(),
-                auth(Change::Enable(AuthEnableRequest {})),
-            )?;
+            apply(auth(Change::Enable(AuthEnableRequest {})))?;
         }
         Ok(store)
+    }
+}
+
+/// What a request of [`EtcdState::into_store`] loads, for the error that refuses it.
+fn what_of(request: &Request) -> String {
+    match request {
+        Request::LeaseGrant(l) => format!("lease {:x}", l.id),
+        Request::Put(p) => format!("key {}", String::from_utf8_lossy(&p.key)),
+        Request::Auth(AuthChange {
+            change: Some(change),
+        }) => match change {
+            Change::RoleAdd(r) => format!("role {}", r.name),
+            Change::RoleGrantPermission(r) => format!("a permission of role {}", r.name),
+            Change::UserAdd(u) => format!("user {}", u.name),
+            Change::UserGrantRole(u) => format!("role {} of user {}", u.role, u.user),
+            Change::Enable(_) => "auth enable".into(),
+            other => format!("{other:?}"),
+        },
+        other => format!("{other:?}"),
     }
 }
 
@@ -468,5 +469,38 @@ mod bbolt {
                 Err(EtcdSnapshotError::NotBbolt(_))
             ));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state the store refuses names what it refused (described only then), and loads what
+    /// it holds otherwise.
+    #[test]
+    fn a_refused_key_is_named_in_the_error() {
+        let mut state = EtcdState::default();
+        state.leases.insert(7, 60);
+        state.keys.insert(b"a".to_vec(), (b"1".to_vec(), 7));
+        state.keys.insert(b"b".to_vec(), (b"2".to_vec(), 8));
+        let store = state.into_store("t").expect("a valid state loads");
+        let all = api::etcdserverpb::RangeRequest {
+            key: vec![0],
+            range_end: vec![0],
+            ..Default::default()
+        };
+        let kvs = store.range(&all).expect("a range").kvs;
+        let leases: Vec<i64> = kvs.iter().map(|kv| kv.lease).collect();
+        assert_eq!(leases, [7, 0], "a lease the file lacks is dropped");
+
+        let mut state = EtcdState::default();
+        state.keys.insert(Vec::new(), (b"1".to_vec(), 0));
+        let err = state.into_store("t").expect_err("an empty key is refused");
+        let said = err.to_string();
+        assert!(
+            said.contains("key ") && said.contains("key is not provided"),
+            "{said}"
+        );
     }
 }

@@ -424,16 +424,10 @@ async fn campaign(
         to,
         reason,
     };
-    let recorded = shard
-        .raft
-        .metrics()
-        .borrow()
-        .membership_config
-        .membership()
-        .get_node(&to)
-        .map(|n| n.addr.clone())
-        .unwrap_or_default();
-    let addr = node.peers.addr_of(to, &recorded);
+    let addr = shard.member_addr(
+        shard.raft.metrics().borrow().membership_config.membership(),
+        to,
+    );
     let ch = node
         .peers
         .channel(&addr)

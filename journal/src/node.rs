@@ -231,16 +231,24 @@ impl Shard {
             .current_leader
             .filter(|l| !(*l == self.node_id && (self.log.failed() || self.quorum.lost())));
         let addr = id.and_then(|id| {
-            let recorded = m
-                .membership_config
-                .membership()
-                .get_node(&id)
-                .map(|n| n.addr.clone())
-                .unwrap_or_default();
-            let a = self.peers.addr_of(id, &recorded);
+            let a = self.member_addr(m.membership_config.membership(), id);
             (!a.is_empty()).then_some(a)
         });
         (id, addr)
+    }
+
+    /// The address to dial member `id` of `membership` at: `--peers` wins over the address the
+    /// membership records (empty if neither knows it).
+    pub(crate) fn member_addr(
+        &self,
+        membership: &openraft::Membership<NodeId, BasicNode>,
+        id: NodeId,
+    ) -> String {
+        let recorded = membership
+            .get_node(&id)
+            .map(|n| n.addr.clone())
+            .unwrap_or_default();
+        self.peers.addr_of(id, &recorded)
     }
 
     /// The wall clocks of this shard's other voters that answer within [`PEER_CLOCK_TIMEOUT`]
@@ -255,13 +263,7 @@ impl Shard {
             membership
                 .voter_ids()
                 .filter(|id| *id != self.node_id)
-                .map(|id| {
-                    let recorded = membership
-                        .get_node(&id)
-                        .map(|n| n.addr.clone())
-                        .unwrap_or_default();
-                    self.peers.addr_of(id, &recorded)
-                })
+                .map(|id| self.member_addr(membership, id))
                 .collect()
         };
         let asks = voters.into_iter().map(|addr| async move {

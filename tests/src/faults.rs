@@ -786,8 +786,6 @@ struct Faults {
     objects: Objects,
     /// Frontends per tenant: tenant `t`'s are `t * per_tenant..(t + 1) * per_tenant`.
     per_tenant: usize,
-    /// The shard the fault being started concerns ([`Step::shards`]).
-    shard: u32,
     /// The internal TLS files, when the run uses them.
     _pki: Option<tempfile::TempDir>,
 }
@@ -888,21 +886,21 @@ impl Faults {
         }
     }
 
-    /// `target` as the fault hits it: [`Target::JournalLeader`] resolved to the node that leads
-    /// the fault's shard now, as the first node to answer says (node 0 if none does), and
-    /// [`Target::Frontend`] to that frontend of the shard's tenant.
-    async fn resolve(&self, target: Target) -> Target {
+    /// `target` as a fault concerning `shard` ([`Step::shards`]) hits it: [`Target::JournalLeader`]
+    /// resolved to the node that leads the shard now, as the first node to answer says (node 0
+    /// if none does), and [`Target::Frontend`] to that frontend of the shard's tenant.
+    async fn resolve(&self, target: Target, shard: u32) -> Target {
         match target {
             Target::JournalLeader => {}
             Target::Frontend(f) => {
-                return Target::Frontend(self.shard as usize * self.per_tenant + f);
+                return Target::Frontend(shard as usize * self.per_tenant + f);
             }
             _ => return target,
         }
         for addr in self.deployment.journal_addrs() {
             if let Ok(Ok(st)) = tokio::time::timeout(
                 Duration::from_millis(500),
-                self.journal.status_of(addr, self.shard),
+                self.journal.status_of(addr, shard),
             )
             .await
                 && st.leader_id > 0
@@ -930,8 +928,9 @@ impl Faults {
         (j, self.deployment.journal_dir(j).join("FAILPOINTS"))
     }
 
-    /// Starts `action` on `target`; answers what it did when there is more to say than that.
-    async fn start(&mut self, action: Action, target: Target) -> Option<String> {
+    /// Starts `action` on `target` (a fault concerning `shard`); answers what it did when there
+    /// is more to say than that.
+    async fn start(&mut self, action: Action, target: Target, shard: u32) -> Option<String> {
         match action {
             Action::DiskFull => {
                 std::fs::write(self.disk(target).1, "write").expect("arm the failpoint");
@@ -966,7 +965,7 @@ impl Faults {
                 loop {
                     let done = tokio::time::timeout(
                         Duration::from_secs(5),
-                        self.journal.handoff(self.shard, true, node),
+                        self.journal.handoff(shard, true, node),
                     )
                     .await;
                     let said = match done {
@@ -977,7 +976,7 @@ impl Faults {
                         Err(_) => "(not handed over: no answer in 5 s)".into(),
                     };
                     // Elected by itself meanwhile (or handed back as the preferred node).
-                    if self.resolve(Target::JournalLeader).await == target {
+                    if self.resolve(Target::JournalLeader, shard).await == target {
                         return Some("(leads already: elected after its restart)".into());
                     }
                     if Instant::now() >= deadline {
@@ -1161,7 +1160,6 @@ async fn deploy(
         links,
         objects,
         per_tenant,
-        shard: 0,
         _pki: pki.map(|p| p.dir),
     })
 }
@@ -1186,20 +1184,19 @@ impl Faults {
         for step in steps {
             let mut started = Vec::new();
             for (&(action, target), &shard) in step.faults.iter().zip(&step.shards) {
-                self.shard = shard;
-                let resolved = self.resolve(target).await;
+                let resolved = self.resolve(target, shard).await;
                 let named = match target {
                     Target::JournalLeader if shards > 1 => {
-                        format!("{resolved:?} (the leader of shard {})", self.shard)
+                        format!("{resolved:?} (the leader of shard {shard})")
                     }
                     Target::JournalLeader => format!("{resolved:?} (the leader)"),
                     _ if action == Action::TakeOver && shards > 1 => {
-                        format!("{resolved:?} (shard {})", self.shard)
+                        format!("{resolved:?} (shard {shard})")
                     }
                     _ => format!("{resolved:?}"),
                 };
                 let at = clock.secs();
-                let said = self.start(action, resolved).await;
+                let said = self.start(action, resolved, shard).await;
                 ran.push(format!(
                     "{at:7.2}s {action:?} {named}{}",
                     said.map(|s| format!(" {s}")).unwrap_or_default()

@@ -520,6 +520,25 @@ async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revisi
 }
 
 /// Keys under `prefix` with their values and leases, as `c` may read them.
+/// `etcdctl [flags] snapshot save` of `etcd` into its directory: the file.
+async fn save_etcd_snapshot(
+    etcd: &strata_tests::etcd::EtcdServer,
+    flags: &[&str],
+) -> std::path::PathBuf {
+    let file = etcd.dir().join("etcd.db");
+    let ctl = strata_tests::etcdctl::Etcdctl::new(etcd.endpoint());
+    let mut args: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+    args.extend(["snapshot".into(), "save".into(), file.display().to_string()]);
+    let out = tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ctl.ok(&args)
+    })
+    .await
+    .unwrap();
+    assert!(out.contains("Snapshot saved at"), "{out}");
+    file
+}
+
 async fn keys_under(c: &mut etcd_client::Client, prefix: &str) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
     c.get(prefix, Some(etcd_client::GetOptions::new().with_prefix()))
         .await
@@ -711,15 +730,7 @@ async fn an_etcd_snapshot_becomes_a_tenants_keyspace() {
     let want = keys_under(&mut root, "/registry/").await;
     let deleted = (0..3000).filter(|i| i % 7 == 0).count();
     assert_eq!(want.len(), 3000 - deleted + 1);
-    let file = etcd.dir().join("etcd.db");
-    let ctl = strata_tests::etcdctl::Etcdctl::new(etcd.endpoint());
-    let path = file.to_str().unwrap().to_string();
-    let out = tokio::task::spawn_blocking(move || {
-        ctl.ok(&["--user", "root:rootpw", "snapshot", "save", &path])
-    })
-    .await
-    .unwrap();
-    assert!(out.contains("Snapshot saved at"), "{out}");
+    let file = save_etcd_snapshot(&etcd, &["--user", "root:rootpw"]).await;
 
     // A Strata tenant with a key of its own and a checkpoint.
     let served = Served::start().await;
@@ -802,13 +813,7 @@ async fn an_etcd_snapshot_restores_into_a_tenant_never_checkpointed() {
             .await
             .unwrap();
     }
-    let file = etcd.dir().join("etcd.db");
-    let ctl = strata_tests::etcdctl::Etcdctl::new(etcd.endpoint());
-    let path = file.to_str().unwrap().to_string();
-    let out = tokio::task::spawn_blocking(move || ctl.ok(&["snapshot", "save", &path]))
-        .await
-        .unwrap();
-    assert!(out.contains("Snapshot saved at"), "{out}");
+    let file = save_etcd_snapshot(&etcd, &[]).await;
 
     let d = Deployment::start(0).await;
     let journals = d.journal_addrs().to_vec();

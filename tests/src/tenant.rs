@@ -62,14 +62,14 @@ impl TenantClient {
         Self::over(self.channel.clone(), &self.tenant, Some(token))
     }
 
-    /// Opens a watch of `key` from `start_revision` (0: from now) and answers the stream once
-    /// the watch is created; the open or the creation failing is the error.
     /// A lease of `ttl` seconds: its id.
     pub async fn grant(&mut self, ttl: i64) -> Result<i64, tonic::Status> {
         let req = api::etcdserverpb::LeaseGrantRequest { ttl, id: 0 };
         Ok(self.lease.lease_grant(req).await?.into_inner().id)
     }
 
+    /// Opens a watch of `key` from `start_revision` (0: from now) and answers the stream once
+    /// the watch is created; the open or the creation failing is the error.
     pub async fn watch_key(
         &mut self,
         key: &str,

@@ -201,11 +201,11 @@ pub struct Deployment {
     journals: Vec<ChildGuard>,
     /// The command line of each journal node, for restarts.
     journal_args: Vec<Vec<String>>,
-    /// Added to every frontend's command line, at start and at restarts.
-    frontend_extra: Vec<String>,
     /// Added to every frontend's environment.
     frontend_env: Vec<(String, String)>,
     frontends: Vec<Frontend>,
+    /// Frontends are ready by their `/readyz` ([`Setup::readyz`]).
+    readyz: bool,
     dir: tempfile::TempDir,
 }
 
@@ -228,11 +228,13 @@ pub struct Setup {
     pub frontend_env: Vec<(String, String)>,
     /// Added to every journal node's command line (e.g. `--failpoints`).
     pub journal_extra: Vec<String>,
-    /// Added to frontend `i`'s command line after `frontend_extra` (at restarts too): e.g.
-    /// `--tenant t --shard 1` for the frontends of a second tenant. Frontends given the same
-    /// arguments here are each other's `--peer-frontends` (MemberList lists the frontends
-    /// serving one tenant), and only those.
-    pub frontend_own: Option<FrontendJournals>,
+    /// Every frontend serves the admin API on a loopback port of its own ([`Frontend::admin`]),
+    /// as every frontend of the manifests does (it needs `--catalogue`).
+    pub admin: bool,
+    /// A frontend is ready when its `/readyz` says so, rather than when a Range naming no
+    /// tenant is answered: for frontends with no default tenant (`--tenant=`), as production
+    /// runs them. After a restart, a catalogue frontend's `/readyz` waits for its tenants.
+    pub readyz: bool,
 }
 
 impl Default for Setup {
@@ -243,7 +245,8 @@ impl Default for Setup {
             frontend_journals: None,
             frontend_env: Vec::new(),
             journal_extra: Vec::new(),
-            frontend_own: None,
+            admin: false,
+            readyz: false,
         }
     }
 }
@@ -256,8 +259,10 @@ pub struct Frontend {
     pub peers: Vec<String>,
     /// The journal addresses it dials (`--journal`).
     pub journals: Vec<String>,
-    /// Its own arguments ([`Setup::frontend_own`]).
-    own: Vec<String>,
+    /// The admin API's address, `127.0.0.1:<port>` ([`Setup::admin`]).
+    pub admin: Option<String>,
+    /// Its whole command line, for restarts.
+    args: Vec<String>,
     child: ChildGuard,
     log: PathBuf,
 }
@@ -327,8 +332,8 @@ impl Deployment {
                 )
             })
             .collect();
-        let own: Vec<Vec<String>> = (0..frontends)
-            .map(|i| setup.frontend_own.as_ref().map_or_else(Vec::new, |f| f(i)))
+        let admins: Vec<Option<String>> = (0..frontends)
+            .map(|_| setup.admin.then(|| format!("127.0.0.1:{}", free_port())))
             .collect();
         let fronts = (0..frontends)
             .map(|i| {
@@ -336,7 +341,7 @@ impl Deployment {
                 let peers: Vec<String> = addrs
                     .iter()
                     .enumerate()
-                    .filter(|(j, _)| *j != i && own[*j] == own[i])
+                    .filter(|(j, _)| *j != i)
                     .map(|(_, (l, _))| format!("http://{l}"))
                     .collect();
                 let log = dir.path().join(format!("frontend-{i}.log"));
@@ -346,10 +351,14 @@ impl Deployment {
                     .map_or_else(|| journal_addrs.clone(), |f| f(i));
                 let mut args = frontend_args(&journals, &listen, &metrics, &peers);
                 args.extend(frontend_extra.iter().cloned());
-                args.extend(own[i].iter().cloned());
+                let admin = admins[i].clone();
+                if let Some(a) = &admin {
+                    args.extend(["--admin-listen".into(), a.clone()]);
+                }
+                let args = with_token_key(args, dir.path());
                 let child = ChildGuard::strata_with_env(
                     &format!("frontend-{i}"),
-                    &with_token_key(args, dir.path()),
+                    &args,
                     &setup.frontend_env,
                     Some(&log),
                 );
@@ -358,7 +367,8 @@ impl Deployment {
                     metrics,
                     peers,
                     journals,
-                    own: own[i].clone(),
+                    admin,
+                    args,
                     child,
                     log,
                 }
@@ -368,9 +378,9 @@ impl Deployment {
             journal_addrs,
             journals,
             journal_args,
-            frontend_extra,
             frontend_env: setup.frontend_env,
             frontends: fronts,
+            readyz: setup.readyz,
             dir,
         };
         for i in 0..frontends {
@@ -384,12 +394,9 @@ impl Deployment {
     pub async fn restart_frontend(&mut self, index: usize) {
         let f = &mut self.frontends[index];
         f.child.kill();
-        let mut args = frontend_args(&f.journals, &f.listen, &f.metrics, &f.peers);
-        args.extend(self.frontend_extra.iter().cloned());
-        args.extend(f.own.iter().cloned());
         f.child = ChildGuard::strata_with_env(
             &format!("frontend-{index}"),
-            &with_token_key(args, self.dir.path()),
+            &f.args,
             &self.frontend_env,
             Some(&f.log),
         );
@@ -445,7 +452,12 @@ impl Deployment {
 
     async fn wait_frontend(&self, index: usize) {
         let f = &self.frontends[index];
-        if let Err(e) = wait_ready(&f.endpoint(), START_TIMEOUT).await {
+        let ready = if self.readyz {
+            wait_readyz_while(&f.metrics, START_TIMEOUT, || Ok(())).await
+        } else {
+            wait_ready(&f.endpoint(), START_TIMEOUT).await
+        };
+        if let Err(e) = ready {
             panic!(
                 "frontend {index} did not become ready: {e}\n--- frontend log ---\n{}\n--- journal-1 log ---\n{}",
                 tail_file(&f.log),

@@ -3,8 +3,9 @@
 //! [`crate::history`] on what the clients saw.
 //!
 //! One [`run`] is: start three or five journal nodes, one tenant on one shard or two on two,
-//! two or three frontends per tenant (loading checkpoints from object storage) and a compactor;
-//! start each tenant's clients (a mixed workload on a small keyspace, a lease kept alive,
+//! two or three frontends (loading checkpoints from object storage), each serving every
+//! tenant, and a compactor; start each tenant's clients, spread over every frontend (a mixed
+//! workload on a small keyspace, a lease kept alive,
 //! watchers opened from past revisions, an observer that records every event of the keyspace);
 //! play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT, dropped
 //! frontend-to-journal connections, full and failing journal disks, a paused S3 server; at most
@@ -18,9 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{
-    Client, Compare, CompareOp, EventType, GetOptions, PutOptions, Txn, TxnOp, WatchOptions,
-};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio::task::JoinHandle;
@@ -33,8 +31,11 @@ use crate::history::{
 };
 use crate::journal::TcpProxy;
 use crate::process::{ChildGuard, free_port};
-use crate::readiness::{tail_file, wait_ready};
+use crate::readiness::tail_file;
 use crate::s3::{MotoS3, moto_bin};
+
+mod client;
+use client::{Conn, Stack};
 
 /// Keys the workload writes (`k/00`..), few enough that clients collide all the time.
 const KEYS: usize = 40;
@@ -77,7 +78,7 @@ impl Config {
 #[derive(Debug)]
 pub struct Summary {
     pub seed: u64,
-    /// Frontends per tenant.
+    /// Frontends, each serving every tenant.
     pub frontends: usize,
     /// Checkpoints went to an S3 server (moto), not a local directory.
     pub s3: bool,
@@ -247,9 +248,9 @@ pub fn schedule(
 
 /// Seeds run on every CI run (`tests/tests/faults.rs`); a seed that once failed is added here
 /// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, internal TLS
-/// and three journal nodes; the second in a directory, with five journal nodes and two tenants
-/// on two shards, two frontends each; together they hit every kind of fault (a unit test
-/// checks).
+/// and three journal nodes; the second in a directory, with five journal nodes and two
+/// catalogue tenants on two shards served by both of its two frontends; together they hit
+/// every kind of fault (a unit test checks).
 pub const FIXED_SEEDS: &[u64] = &[0x5eed_8adb, 0x5eed_3c45];
 
 /// Everything a seed decides before a run starts.
@@ -267,10 +268,12 @@ pub struct Plan {
     /// step still takes one node at most, and the final phase takes three down.
     pub journal_nodes: usize,
     /// Journal shards in use, one tenant on each (the seed's eleventh bit, for the same
-    /// reason): one, the default tenant on shard 0; or two, a second tenant on shard 1 with
-    /// `frontends` frontends of its own, a workload and checks of its own, and the compactor
-    /// checkpointing both shards. The faults that concern one shard then take turns
-    /// ([`Step::shards`]).
+    /// reason): one, the frontends' default tenant on shard 0, reached through the
+    /// `etcd-client` crate; or two, tenants of the catalogue placed on shards 0 and 1, both
+    /// served by every frontend (`--catalogue --catalogue-shards all`, as production runs
+    /// them) and named in the `x-strata-tenant` header, each with a workload and checks of
+    /// its own, and the compactor checkpointing both shards ([`stack_of`]). The faults on a
+    /// shard's leader then take turns ([`Step::shards`]).
     pub shards: usize,
     pub steps: Vec<Step>,
     /// The first of the journal nodes left running when the majority goes down at the end
@@ -302,26 +305,24 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
     }
 }
 
-/// The shard each fault of `steps` concerns, with `shards` shards: the faults on a frontend
-/// take the tenants in turn (the `k`-th hits frontend `f` of tenant `k % shards`), and so do
-/// those on a shard's leader ([`Target::JournalLeader`], [`Action::TakeOver`]: the `k`-th means
-/// shard `k % shards`); the rest hit every shard alike (0 here). Taking turns by occurrence,
-/// not by step, so that every seed's frontend faults reach both tenants, and the schedule's
-/// draws stay what they were before runs had two shards.
+/// The shard each fault of `steps` concerns, with `shards` shards: the faults on a shard's
+/// leader ([`Target::JournalLeader`], [`Action::TakeOver`]) take the shards in turn (the
+/// `k`-th means shard `k % shards`); the rest hit every shard alike (0 here): a journal node
+/// hosts every shard, and every frontend serves every shard's tenant. Taking turns by
+/// occurrence, not by step, so that every seed's leader faults reach both shards, and the
+/// schedule's draws stay what they were before runs had two shards.
 fn shards_hit(steps: &[Step], shards: usize) -> Vec<Vec<u32>> {
-    let (mut frontend, mut leader) = (0usize, 0usize);
-    let turn = |k: &mut usize| {
-        *k += 1;
-        u32::try_from((*k - 1) % shards).unwrap_or(0)
-    };
+    let mut leader = 0usize;
     steps
         .iter()
         .map(|step| {
             step.faults
                 .iter()
                 .map(|&(action, target)| match (action, target) {
-                    (_, Target::Frontend(_)) => turn(&mut frontend),
-                    (Action::TakeOver, _) | (_, Target::JournalLeader) => turn(&mut leader),
+                    (Action::TakeOver, _) | (_, Target::JournalLeader) => {
+                        leader += 1;
+                        u32::try_from((leader - 1) % shards).unwrap_or(0)
+                    }
                     _ => 0,
                 })
                 .collect()
@@ -343,9 +344,11 @@ impl Clock {
     }
 }
 
-/// State shared by the clients of a run.
+/// State shared by the clients of one tenant in a run.
 struct Shared {
     clock: Clock,
+    /// How the clients reach their tenant, and the frontends they reach it on.
+    stack: Stack,
     endpoints: Vec<String>,
     /// Stops the clients, the lease keeper and the watchers.
     stop_clients: AtomicBool,
@@ -372,132 +375,30 @@ impl Shared {
     fn error(&self, e: String) {
         self.errors.lock().unwrap().push(e);
     }
-}
 
-/// An error's meaning for the history: a definite refusal or an unknown outcome.
-fn outcome_of(e: &etcd_client::Error) -> Outcome {
-    use tonic::Code;
-    match e {
-        etcd_client::Error::GRpcStatus(s)
-            if matches!(
-                s.code(),
-                Code::InvalidArgument
-                    | Code::NotFound
-                    | Code::AlreadyExists
-                    | Code::PermissionDenied
-                    | Code::FailedPrecondition
-                    | Code::OutOfRange
-                    | Code::Unauthenticated
-                    | Code::ResourceExhausted
-            ) =>
-        {
-            Outcome::Failed(format!("{:?}: {}", s.code(), s.message()))
+    /// A connection to frontend `at` (of [`Shared::endpoints`]) as the tenant's client.
+    async fn connect(&self, at: usize) -> Option<Conn> {
+        self.stack.connect(&self.endpoints[at]).await
+    }
+
+    /// Waits until frontend `at` answers the tenant a linearizable Get, within
+    /// [`SETTLE_TIMEOUT`]; the last error if it never does.
+    async fn serves_again(&self, at: usize) -> Result<(), String> {
+        let deadline = Instant::now() + SETTLE_TIMEOUT;
+        let read = Request::Get { key: "k/00".into() };
+        loop {
+            let last = match self.connect(at).await {
+                Some(mut c) => match c.perform(&read).await {
+                    Outcome::Ok { .. } => return Ok(()),
+                    other => format!("{other:?}"),
+                },
+                None => "cannot connect".into(),
+            };
+            if Instant::now() >= deadline {
+                return Err(format!("{} never served again: {last}", self.endpoints[at]));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        other => Outcome::Unknown(other.to_string()),
-    }
-}
-
-fn kv_of(kv: &etcd_client::KeyValue) -> Kv {
-    Kv {
-        value: String::from_utf8_lossy(kv.value()).into_owned(),
-        create_revision: kv.create_revision(),
-        mod_revision: kv.mod_revision(),
-        version: kv.version(),
-        lease: kv.lease(),
-    }
-}
-
-fn event_of(e: &etcd_client::Event) -> Option<Event> {
-    let kv = e.kv()?;
-    Some(Event {
-        revision: kv.mod_revision(),
-        key: String::from_utf8_lossy(kv.key()).into_owned(),
-        value: match e.event_type() {
-            EventType::Put => Some(String::from_utf8_lossy(kv.value()).into_owned()),
-            EventType::Delete => None,
-        },
-        create_revision: kv.create_revision(),
-        version: kv.version(),
-        lease: kv.lease(),
-    })
-}
-
-async fn connect(endpoint: &str) -> Option<Client> {
-    tokio::time::timeout(OP_TIMEOUT, Client::connect([endpoint], None))
-        .await
-        .ok()?
-        .ok()
-}
-
-/// Sends `request` and waits for its outcome (at most [`OP_TIMEOUT`]).
-async fn perform(client: &mut Client, request: &Request) -> Outcome {
-    let call = async {
-        Ok::<_, etcd_client::Error>(match request {
-            Request::Get { key } => {
-                let r = client.get(key.as_str(), None).await?;
-                let revision = r.header().map_or(0, |h| h.revision());
-                Outcome::Ok {
-                    revision,
-                    response: Response::Get(r.kvs().first().map(kv_of)),
-                }
-            }
-            Request::Put { key, value, lease } => {
-                let options = (*lease != 0).then(|| PutOptions::new().with_lease(*lease));
-                let r = client.put(key.as_str(), value.as_str(), options).await?;
-                Outcome::Ok {
-                    revision: r.header().map_or(0, |h| h.revision()),
-                    response: Response::Put,
-                }
-            }
-            Request::Delete { key } => {
-                let r = client.delete(key.as_str(), None).await?;
-                Outcome::Ok {
-                    revision: r.header().map_or(0, |h| h.revision()),
-                    response: Response::Delete {
-                        deleted: r.deleted(),
-                    },
-                }
-            }
-            Request::Cas { key, expect, value } => {
-                let txn = Txn::new()
-                    .when([Compare::mod_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        *expect,
-                    )])
-                    .and_then([TxnOp::put(key.as_str(), value.as_str(), None)]);
-                let r = client.txn(txn).await?;
-                Outcome::Ok {
-                    revision: r.header().map_or(0, |h| h.revision()),
-                    response: Response::Cas {
-                        succeeded: r.succeeded(),
-                    },
-                }
-            }
-            Request::Txn { puts } => {
-                let ops: Vec<TxnOp> = puts
-                    .iter()
-                    .map(|(k, v)| TxnOp::put(k.as_str(), v.as_str(), None))
-                    .collect();
-                let r = client.txn(Txn::new().and_then(ops)).await?;
-                Outcome::Ok {
-                    revision: r.header().map_or(0, |h| h.revision()),
-                    response: Response::Txn,
-                }
-            }
-            Request::LeaseRevoke { lease } => {
-                let r = client.lease_revoke(*lease).await?;
-                Outcome::Ok {
-                    revision: r.header().map_or(0, |h| h.revision()),
-                    response: Response::LeaseRevoke,
-                }
-            }
-        })
-    };
-    match tokio::time::timeout(OP_TIMEOUT, call).await {
-        Err(_) => Outcome::Unknown("timed out".into()),
-        Ok(Err(e)) => outcome_of(&e),
-        Ok(Ok(o)) => o,
     }
 }
 
@@ -506,14 +407,14 @@ async fn perform(client: &mut Client, request: &Request) -> Outcome {
 async fn client_loop(shared: Arc<Shared>, id: usize, seed: u64) {
     let mut rng = StdRng::seed_from_u64(seed ^ (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let mut at = id % shared.endpoints.len();
-    let mut client: Option<Client> = None;
+    let mut client: Option<Conn> = None;
     let mut seq = 0u64;
     // The mod_revision this client last saw per key: what its compare-and-swaps expect.
     let mut seen: HashMap<String, i64> = HashMap::new();
     let mut last_compact = 0i64;
     while !shared.stopped() {
         let Some(c) = client.as_mut() else {
-            client = connect(&shared.endpoints[at]).await;
+            client = shared.connect(at).await;
             if client.is_none() {
                 at = (at + 1) % shared.endpoints.len();
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -523,8 +424,7 @@ async fn client_loop(shared: Arc<Shared>, id: usize, seed: u64) {
         // Client 0 also compacts now and then, never past what the observer has seen.
         if id == 0 && rng.random_ratio(1, 150) {
             let target = *shared.observed.borrow() - 30;
-            let compact = tokio::time::timeout(OP_TIMEOUT, c.compact(target, None));
-            if target > last_compact && matches!(compact.await, Ok(Ok(_))) {
+            if target > last_compact && c.compact(target).await {
                 last_compact = target;
             }
         }
@@ -565,7 +465,7 @@ async fn client_loop(shared: Arc<Shared>, id: usize, seed: u64) {
             },
         };
         let invoke = shared.clock.now();
-        let outcome = perform(c, &request).await;
+        let outcome = c.perform(&request).await;
         let complete = shared.clock.now();
         match (&request, &outcome) {
             (
@@ -619,16 +519,11 @@ async fn observer_loop(shared: Arc<Shared>) {
     let stopped = || shared.stop.load(Ordering::Relaxed);
     while !stopped() {
         at = (at + 1) % shared.endpoints.len();
-        let Some(mut c) = connect(&shared.endpoints[at]).await else {
+        let Some(mut c) = shared.connect(at).await else {
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
-        let options = WatchOptions::new()
-            .with_all_keys()
-            .with_start_revision(next)
-            .with_progress_notify();
-        let Ok(Ok(mut stream)) = tokio::time::timeout(OP_TIMEOUT, c.watch("", Some(options))).await
-        else {
+        let Ok(mut stream) = c.watch("\0", "\0", next).await else {
             continue;
         };
         while !stopped() {
@@ -636,19 +531,17 @@ async fn observer_loop(shared: Arc<Shared>) {
             else {
                 break;
             };
-            if r.canceled() {
+            if r.canceled {
                 shared.error(format!(
                     "the observer's watch from {next} was cancelled: {:?} (compact revision {})",
-                    r.cancel_reason(),
-                    r.compact_revision()
+                    r.cancel_reason, r.compact_revision
                 ));
                 // Nothing after this can be checked; stop observing.
                 return;
             }
-            let events: Vec<Event> = r.events().iter().filter_map(event_of).collect();
-            if let Some(last) = events.last() {
+            if let Some(last) = r.events.last() {
                 next = last.revision + 1;
-                shared.log.lock().unwrap().extend(events);
+                shared.log.lock().unwrap().extend(r.events);
                 shared.observed.send_replace(next - 1);
             }
         }
@@ -663,25 +556,20 @@ async fn keeper_loop(shared: Arc<Shared>) {
     let mut last_ok = Instant::now();
     while !shared.stopped() {
         at = (at + 1) % shared.endpoints.len();
-        let Some(mut c) = connect(&shared.endpoints[at]).await else {
+        let Some(mut c) = shared.connect(at).await else {
             continue;
         };
-        let Ok(Ok((mut keeper, mut stream))) =
-            tokio::time::timeout(OP_TIMEOUT, c.lease_keep_alive(lease)).await
-        else {
+        let Ok(mut keep_alive) = c.keep_alive(lease).await else {
             continue;
         };
         while !shared.stopped() {
-            if keeper.keep_alive().await.is_err() {
-                break;
-            }
-            match tokio::time::timeout(OP_TIMEOUT, stream.message()).await {
-                Ok(Ok(Some(r))) if r.ttl() > 0 => {
+            match tokio::time::timeout(OP_TIMEOUT, keep_alive.renew()).await {
+                Ok(Ok(ttl)) if ttl > 0 => {
                     let gap = i64::try_from(last_ok.elapsed().as_millis()).unwrap_or(i64::MAX);
                     shared.keepalive_gap_ms.fetch_max(gap, Ordering::Relaxed);
                     last_ok = Instant::now();
                 }
-                Ok(Ok(Some(_))) => {
+                Ok(Ok(_)) => {
                     shared.error(format!("lease {lease:x} is gone although kept alive"));
                     return;
                 }
@@ -735,41 +623,32 @@ async fn watchers_loop(shared: Arc<Shared>, seed: u64) {
 
 async fn watch_one(shared: Arc<Shared>, endpoint: String, mut w: WatchRecord, lasts: Duration) {
     let deadline = tokio::time::Instant::now() + lasts;
-    if let Some(mut c) = connect(&endpoint).await {
-        let mut options = WatchOptions::new()
-            .with_start_revision(w.start_revision)
-            .with_progress_notify();
-        if !w.range_end.is_empty() {
-            options = options.with_range(w.range_end.as_str());
-        }
-        if let Ok(Ok(mut stream)) =
-            tokio::time::timeout(OP_TIMEOUT, c.watch(w.key.as_str(), Some(options))).await
-        {
-            while tokio::time::Instant::now() < deadline {
-                let Ok(Ok(Some(r))) = tokio::time::timeout_at(
-                    deadline.min(tokio::time::Instant::now() + WATCH_SILENCE),
-                    stream.message(),
-                )
-                .await
-                else {
-                    break;
-                };
-                if r.canceled() {
-                    if r.compact_revision() > 0 {
-                        w.end = WatchEnd::Compacted {
-                            compact_revision: r.compact_revision(),
-                        };
-                    } else {
-                        shared.error(format!(
-                            "watcher {} cancelled: {:?}",
-                            w.name,
-                            r.cancel_reason()
-                        ));
-                    }
-                    break;
+    if let Some(mut c) = shared.stack.connect(&endpoint).await
+        && let Ok(mut stream) = c.watch(&w.key, &w.range_end, w.start_revision).await
+    {
+        while tokio::time::Instant::now() < deadline {
+            let Ok(Ok(Some(r))) = tokio::time::timeout_at(
+                deadline.min(tokio::time::Instant::now() + WATCH_SILENCE),
+                stream.message(),
+            )
+            .await
+            else {
+                break;
+            };
+            if r.canceled {
+                if r.compact_revision > 0 {
+                    w.end = WatchEnd::Compacted {
+                        compact_revision: r.compact_revision,
+                    };
+                } else {
+                    shared.error(format!(
+                        "watcher {} cancelled: {:?}",
+                        w.name, r.cancel_reason
+                    ));
                 }
-                w.events.extend(r.events().iter().filter_map(event_of));
+                break;
             }
+            w.events.extend(r.events);
         }
     }
     shared.watchers.lock().unwrap().push(w);
@@ -784,8 +663,8 @@ struct Faults {
     /// `links[f][j]`: the proxy frontend `f` dials journal node `j` through.
     links: Vec<Vec<TcpProxy>>,
     objects: Objects,
-    /// Frontends per tenant: tenant `t`'s are `t * per_tenant..(t + 1) * per_tenant`.
-    per_tenant: usize,
+    /// Shards in use, one tenant on each; every frontend serves every tenant.
+    shards: usize,
     /// The internal TLS files, when the run uses them.
     _pki: Option<tempfile::TempDir>,
 }
@@ -888,14 +767,10 @@ impl Faults {
 
     /// `target` as a fault concerning `shard` ([`Step::shards`]) hits it: [`Target::JournalLeader`]
     /// resolved to the node that leads the shard now, as the first node to answer says (node 0
-    /// if none does), and [`Target::Frontend`] to that frontend of the shard's tenant.
+    /// if none does); any other target is itself.
     async fn resolve(&self, target: Target, shard: u32) -> Target {
-        match target {
-            Target::JournalLeader => {}
-            Target::Frontend(f) => {
-                return Target::Frontend(shard as usize * self.per_tenant + f);
-            }
-            _ => return target,
+        if target != Target::JournalLeader {
+            return target;
         }
         for addr in self.deployment.journal_addrs() {
             if let Ok(Ok(st)) = tokio::time::timeout(
@@ -1055,14 +930,13 @@ fn compactor_args(d: &Deployment, objects: &Objects, shards: usize) -> Vec<Strin
 }
 
 /// Grants the lease the workload attaches keys to, through any frontend.
-async fn grant_lease(endpoints: &[String]) -> Result<i64, String> {
+async fn grant_lease(stack: &Stack, endpoints: &[String]) -> Result<i64, String> {
     let mut last = String::new();
     for attempt in 0..20 {
-        if let Some(mut c) = connect(&endpoints[attempt % endpoints.len()]).await {
-            match tokio::time::timeout(OP_TIMEOUT, c.lease_grant(LEASE_TTL, None)).await {
-                Ok(Ok(r)) => return Ok(r.id()),
-                Ok(Err(e)) => last = e.to_string(),
-                Err(_) => last = "timed out".into(),
+        if let Some(mut c) = stack.connect(&endpoints[attempt % endpoints.len()]).await {
+            match c.grant(LEASE_TTL).await {
+                Ok(id) => return Ok(id),
+                Err(e) => last = e,
             }
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1070,15 +944,69 @@ async fn grant_lease(endpoints: &[String]) -> Result<i64, String> {
     Err(format!("could not grant the lease: {last}"))
 }
 
-/// The tenant served on `shard` in a run: the default tenant on shard 0 (its frontends are
-/// started without `--tenant`), one of its own on every other.
-fn tenant_of(shard: usize) -> Option<String> {
-    (shard > 0).then(|| format!("shard{shard}"))
+/// How the workload on `shard` of a run with `shards` shards reaches its tenant. With one, the
+/// frontends serve their default tenant (started without `--tenant`) to the `etcd-client`
+/// crate. With more, they serve the catalogue's tenants, every shard's (as the manifests run
+/// them), and the workload on shard `s` is tenant `shard<s>`'s, placed there at the start,
+/// named in the header as a trusted proxy names it.
+fn stack_of(shards: usize, shard: usize) -> Stack {
+    if shards > 1 {
+        Stack::Header(format!("shard{shard}"))
+    } else {
+        Stack::EtcdClient
+    }
 }
 
-/// Starts the deployment of a run: `journal_nodes` journal nodes, `frontends` frontends for
-/// each of `shards` tenants dialling them through proxies, the compactor of every shard; over
-/// internal TLS if `internal_tls`.
+/// The frontends' flags for a run with `shards` shards: none of their own with one; with
+/// more, production's: the catalogue's tenants of every shard, no default tenant, each
+/// request's tenant named by the header (the suite's clients speak plaintext, so not by TLS).
+fn catalogue_flags(shards: usize) -> Vec<String> {
+    if shards == 1 {
+        return Vec::new();
+    }
+    let shards = shards.to_string();
+    let flags = [
+        "--catalogue",
+        "--trust-tenant-header",
+        "--shards",
+        &shards,
+        "--catalogue-shards",
+        "all",
+        "--tenant=",
+    ];
+    flags.iter().map(|f| f.to_string()).collect()
+}
+
+/// Creates each shard's tenant of a catalogue run ([`stack_of`]) on its shard, through the
+/// admin API of frontend 0 (`strata admin tenant create`).
+async fn create_tenants(d: &Deployment, shards: usize) -> Result<(), String> {
+    let admin = d
+        .frontend(0)
+        .admin
+        .clone()
+        .ok_or("the frontends serve no admin API")?;
+    for shard in 0..shards {
+        let Stack::Header(tenant) = stack_of(shards, shard) else {
+            continue;
+        };
+        let endpoint = format!("http://{admin}");
+        let created = tokio::task::spawn_blocking(move || {
+            let args = ["create", &tenant, "--shard", &shard.to_string()];
+            crate::tenant::admin_as(&endpoint, &[], &args)
+        })
+        .await
+        .map_err(|e| format!("strata admin tenant create: {e}"))?
+        .map_err(|e| format!("creating the tenant of shard {shard}: {e}"))?;
+        if created["shard"] != shard {
+            return Err(format!("the tenant of shard {shard} was placed: {created}"));
+        }
+    }
+    Ok(())
+}
+
+/// Starts the deployment of a run: `journal_nodes` journal nodes, `frontends` frontends
+/// dialling them through proxies and serving the tenant of each of `shards` shards
+/// ([`stack_of`]), the compactor of every shard; over internal TLS if `internal_tls`.
 async fn deploy(
     frontends: usize,
     journal_nodes: usize,
@@ -1086,8 +1014,6 @@ async fn deploy(
     objects: Objects,
     internal_tls: bool,
 ) -> Result<Faults, String> {
-    let per_tenant = frontends;
-    let frontends = per_tenant * shards;
     let pki = internal_tls.then(InternalPki::new);
     let node_flags = pki.as_ref().map(|p| p.node.clone()).unwrap_or_default();
     let frontend_client_flags = pki.as_ref().map(|p| p.frontend.clone()).unwrap_or_default();
@@ -1122,6 +1048,7 @@ async fn deploy(
                     "500ms".into(),
                 ];
                 extra.extend(frontend_client_flags.iter().cloned());
+                extra.extend(catalogue_flags(shards));
                 extra
             }),
             journal_addrs: Some(journal_addrs),
@@ -1130,16 +1057,14 @@ async fn deploy(
             journal_extra: std::iter::once("--failpoints".to_string())
                 .chain(node_flags)
                 .collect(),
-            frontend_own: Some(Box::new(move |i| {
-                let shard = i / per_tenant;
-                match tenant_of(shard) {
-                    Some(t) => vec!["--tenant".into(), t, "--shard".into(), shard.to_string()],
-                    None => Vec::new(),
-                }
-            })),
+            admin: shards > 1,
+            readyz: shards > 1,
         },
     )
     .await;
+    if shards > 1 {
+        create_tenants(&deployment, shards).await?;
+    }
     let mut compactor_args = compactor_args(&deployment, &objects, shards);
     compactor_args.extend(compactor_client_flags);
     let tls = match &pki {
@@ -1159,7 +1084,7 @@ async fn deploy(
         journal,
         links,
         objects,
-        per_tenant,
+        shards,
         _pki: pki.map(|p| p.dir),
     })
 }
@@ -1180,7 +1105,7 @@ impl Faults {
 
     /// Plays `steps`, writing what it does to `ran`.
     async fn play(&mut self, steps: &[Step], clock: &Clock, ran: &mut Vec<String>) {
-        let shards = self.links.len() / self.per_tenant;
+        let shards = self.shards;
         for step in steps {
             let mut started = Vec::new();
             for (&(action, target), &shard) in step.faults.iter().zip(&step.shards) {
@@ -1190,6 +1115,9 @@ impl Faults {
                         format!("{resolved:?} (the leader of shard {shard})")
                     }
                     Target::JournalLeader => format!("{resolved:?} (the leader)"),
+                    Target::Frontend(_) if shards > 1 => {
+                        format!("{resolved:?} (serving every tenant)")
+                    }
                     _ if action == Action::TakeOver && shards > 1 => {
                         format!("{resolved:?} (shard {shard})")
                     }
@@ -1279,8 +1207,8 @@ async fn finish_history(shared: &Shared, violations: &mut Vec<String>) -> i64 {
         lease: shared.lease.load(Ordering::Relaxed),
     };
     let invoke = shared.clock.now();
-    let outcome = match connect(&shared.endpoints[0]).await {
-        Some(mut c) => perform(&mut c, &revoke).await,
+    let outcome = match shared.connect(0).await {
+        Some(mut c) => c.perform(&revoke).await,
         None => Outcome::Unknown("cannot connect".into()),
     };
     if !matches!(outcome, Outcome::Ok { .. }) {
@@ -1294,16 +1222,15 @@ async fn finish_history(shared: &Shared, violations: &mut Vec<String>) -> i64 {
         outcome,
     });
     let mut final_revision = 0;
-    for e in &shared.endpoints {
-        let Some(mut c) = connect(e).await else {
+    let read = Request::Get { key: "k/00".into() };
+    for (at, e) in shared.endpoints.iter().enumerate() {
+        let Some(mut c) = shared.connect(at).await else {
             violations.push(format!("cannot connect to {e} after healing"));
             continue;
         };
-        match c.get("k/00", None).await {
-            Ok(r) => {
-                final_revision = final_revision.max(r.header().map_or(0, |h| h.revision()));
-            }
-            Err(err) => violations.push(format!("a read on {e} after healing: {err}")),
+        match c.perform(&read).await {
+            Outcome::Ok { revision, .. } => final_revision = final_revision.max(revision),
+            other => violations.push(format!("a read on {e} after healing: {other:?}")),
         }
     }
     let mut observed = shared.observed.subscribe();
@@ -1355,9 +1282,18 @@ struct Workload {
 
 impl Workload {
     /// The tenant's name in reports.
-    fn tenant(&self) -> String {
-        tenant_of(self.shard).unwrap_or_else(|| "default".into())
+    fn tenant(&self) -> &str {
+        self.shared.stack.tenant()
     }
+}
+
+/// Whether `log` (a frontend's) says it loaded `tenant` from a checkpoint. A catalogue
+/// tenant's lines name it by its generation's key, `<name>.<uid>`.
+fn started_from_checkpoint(log: &str, tenant: &str) -> bool {
+    let (plain, generation) = (format!("tenant={tenant} "), format!("tenant={tenant}."));
+    log.lines().any(|l| {
+        l.contains("starting from checkpoint") && (l.contains(&plain) || l.contains(&generation))
+    })
 }
 
 /// The random streams of the workload on `shard`: shard 0's are the seed's own (as before runs
@@ -1407,7 +1343,7 @@ async fn check_workload(w: &mut Workload, healed: Time, no_quorum: (Time, Time))
         violations.extend(history::check_watch(w, &log, FIRST_REVISION).violations);
     }
     let expected = history::state_at(&log, FIRST_REVISION, final_revision);
-    violations.extend(check_replicas(&shared.endpoints, final_revision, &expected).await);
+    violations.extend(check_replicas(shared, final_revision, &expected).await);
 
     // Writes that changed the keyspace: one revision each.
     let revisions_written = log
@@ -1458,14 +1394,16 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         Objects::Dir
     };
     let mut faults = deploy(frontends, journal_nodes, shards, objects, internal_tls).await?;
-    let all_endpoints = faults.deployment.endpoints();
+    let endpoints = faults.deployment.endpoints();
     let clock = Clock(Instant::now());
     let mut workloads = Vec::new();
-    for (shard, endpoints) in all_endpoints.chunks(frontends).enumerate() {
-        let lease = grant_lease(endpoints).await?;
+    for shard in 0..shards {
+        let stack = stack_of(shards, shard);
+        let lease = grant_lease(&stack, &endpoints).await?;
         let shared = Arc::new(Shared {
             clock: clock.clone(),
-            endpoints: endpoints.to_vec(),
+            stack,
+            endpoints: endpoints.clone(),
             stop_clients: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             ops: Mutex::new(Vec::new()),
@@ -1487,11 +1425,14 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
     let mut ran = Vec::new();
     faults.play(&steps, &clock, &mut ran).await;
     let no_quorum = faults.majority_down(spared, &clock, &mut ran).await;
-    // Everything healed: every frontend must serve again, and clients get answers.
-    for e in &all_endpoints {
-        if let Err(why) = wait_ready(e, SETTLE_TIMEOUT).await {
-            let violation = format!("{e} never served again: {why}");
-            return Err(report(seed, &ran, &[violation], &faults.deployment));
+    // Everything healed: every frontend must serve every tenant again, and clients get
+    // answers.
+    for w in &workloads {
+        for at in 0..endpoints.len() {
+            if let Err(why) = w.shared.serves_again(at).await {
+                let violation = format!("tenant {}: {why}", w.tenant());
+                return Err(report(seed, &ran, &[violation], &faults.deployment));
+            }
         }
     }
     let healed = clock.now();
@@ -1504,19 +1445,22 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         checked.push(check_workload(w, healed, no_quorum).await);
     }
 
+    // A replica rebuilt from the newest checkpoint and the journal agrees too: frontend 0,
+    // restarted, rebuilds every tenant it serves (all of them).
+    let log = faults.deployment.frontend_log(0).to_path_buf();
+    let before = std::fs::metadata(&log).map_or(0, |m| m.len());
+    faults.deployment.kill_frontend(0);
+    faults.deployment.restart_frontend(0).await;
+    let rebuilt = std::fs::read(&log).unwrap_or_default();
+    let since = usize::try_from(before).unwrap_or(0);
+    let rebuilt = String::from_utf8_lossy(rebuilt.get(since..).unwrap_or_default());
     for (w, c) in workloads.iter().zip(&mut checked) {
-        // A replica rebuilt from the newest checkpoint and the journal agrees too.
-        let first = w.shard * frontends;
-        faults.deployment.kill_frontend(first);
-        faults.deployment.restart_frontend(first).await;
-        let rebuilt =
-            std::fs::read_to_string(faults.deployment.frontend_log(first)).unwrap_or_default();
-        if !rebuilt.contains("starting from checkpoint") {
+        if !started_from_checkpoint(&rebuilt, w.shared.stack.tenant()) {
             c.violations
                 .push("the rebuilt frontend did not start from a checkpoint".into());
         }
         c.violations
-            .extend(check_replicas(&w.shared.endpoints, c.final_revision, &c.expected).await);
+            .extend(check_replicas(&w.shared, c.final_revision, &c.expected).await);
 
         // The compactor trimmed the tenant's shard behind its checkpoints: its trims were
         // answered (over internal TLS, only a certificate valid for strata-compactor is).
@@ -1663,32 +1607,26 @@ pub fn describe(steps: &[Step]) -> String {
 /// The revision of the first write of a fresh deployment.
 const FIRST_REVISION: i64 = 2;
 
-/// Every frontend answers the same HashKV at `revision`, and a Range of every key at
-/// `revision` equal to the log's replay.
+/// Every frontend answers the tenant's clients the same HashKV at `revision`, and a Range of
+/// every key at `revision` equal to the log's replay.
 async fn check_replicas(
-    endpoints: &[String],
+    shared: &Shared,
     revision: i64,
     expected: &BTreeMap<String, Kv>,
 ) -> Vec<String> {
     let mut violations = Vec::new();
     let mut hashes = Vec::new();
-    for e in endpoints {
-        let Some(mut c) = connect(e).await else {
+    for (at, e) in shared.endpoints.iter().enumerate() {
+        let Some(mut c) = shared.connect(at).await else {
             violations.push(format!("cannot connect to {e} for the final checks"));
             continue;
         };
         match c.hash_kv(revision).await {
-            Ok(h) => hashes.push((e.clone(), h.hash())),
+            Ok(h) => hashes.push((e.clone(), h)),
             Err(err) => violations.push(format!("HashKV({revision}) on {e}: {err}")),
         }
-        let options = GetOptions::new().with_all_keys().with_revision(revision);
-        match c.get("", Some(options)).await {
-            Ok(r) => {
-                let got: BTreeMap<String, Kv> = r
-                    .kvs()
-                    .iter()
-                    .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv_of(kv)))
-                    .collect();
+        match c.range_all(revision).await {
+            Ok(got) => {
                 if &got != expected {
                     let differ: Vec<&String> = expected
                         .keys()
@@ -1892,8 +1830,7 @@ mod tests {
                 .any(|(_, t)| matches!(t, Target::Journal(3 | 4))),
             "the five-node seed never hits node 3 or 4 itself"
         );
-        // With two shards, the faults that concern the second take its leader and kill one of
-        // its tenant's frontends.
+        // With two shards, the faults that concern the second take its leader.
         let two = FIXED_SEEDS
             .iter()
             .map(|&seed| plan(seed, Config::ci().faults_for))
@@ -1912,12 +1849,16 @@ mod tests {
                 .any(|(a, t)| *t == Target::JournalLeader && *a != Action::SlowDisk),
             "no step takes shard 1's leader"
         );
-        assert!(
-            on_shard_1
-                .iter()
-                .any(|(a, t)| matches!(t, Target::Frontend(_)) && *a == Action::Kill),
-            "no step kills a frontend of shard 1's tenant"
-        );
+        // Its frontends serve both tenants: each of these faults hits both at once.
+        for action in [Action::Kill, Action::Disconnect] {
+            assert!(
+                two.steps
+                    .iter()
+                    .flat_map(|s| &s.faults)
+                    .any(|(a, t)| matches!(t, Target::Frontend(_)) && *a == action),
+                "the two-shard seed never plans {action:?} of a frontend"
+            );
+        }
         assert!(
             FIXED_SEEDS
                 .iter()

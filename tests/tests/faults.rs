@@ -88,10 +88,15 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
         match run(seed, &Config::ci()).await {
             Ok(s) => {
                 println!(
-                    "seed {:#x}: {} tenant(s) on as many shards, {} frontends each, {} journal nodes, checkpoints in {}, journal {}; {} faults; \
+                    "seed {:#x}: {} tenant(s) on as many shards ({}), {} frontends serving every tenant, {} journal nodes, checkpoints in {}, journal {}; {} faults; \
                      {} answered, {} unknown; {} revisions written, {} events to revisions {:?}; {} watchers saw {} events",
                     s.seed,
                     s.shards,
+                    if s.shards > 1 {
+                        "catalogue tenants, named in the x-strata-tenant header"
+                    } else {
+                        "the default tenant, through the etcd-client crate"
+                    },
                     s.frontends,
                     s.journal_nodes,
                     if s.s3 { "S3 (moto)" } else { "a directory" },

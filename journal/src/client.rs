@@ -15,7 +15,7 @@ use api::strata::journal::{
     StatusResponse, TrimRequest,
 };
 use futures::{Stream, StreamExt};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 use tonic::metadata::{MetadataKey, MetadataMap};
 use tonic::transport::{Channel, Endpoint};
@@ -36,6 +36,42 @@ pub const BACKOFF_MIN: Duration = Duration::from_millis(20);
 pub const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// Records buffered between a tailing stream's task and its consumer.
 pub const READ_BUFFER_RECORDS: usize = 4096;
+/// Payload bytes buffered between a tailing stream's task and its consumer, whatever the
+/// count: 4,096 records of a restore's 1 MiB chunks would be 4 GiB. A record larger than this
+/// alone still passes, on its own.
+pub const READ_BUFFER_BYTES: usize = 64 * 1024 * 1024;
+
+/// A record (or the read's failure) on its way to the consumer, with the share of
+/// `READ_BUFFER_BYTES` it holds until taken.
+type Buffered = (Result<Record, ClientError>, Option<OwnedSemaphorePermit>);
+
+/// A journal shard's records from [`JournalClient::read`], read ahead of the consumer within a
+/// bound of records and bytes.
+pub struct ReadStream {
+    rx: mpsc::Receiver<Buffered>,
+    budget: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl ReadStream {
+    /// Records read ahead and not yet taken, and the bytes they hold (with a record about to
+    /// join them).
+    pub fn read_ahead(&self) -> (usize, usize) {
+        (self.rx.len(), self.limit - self.budget.available_permits())
+    }
+}
+
+impl Stream for ReadStream {
+    type Item = Result<Record, ClientError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        // A record's bytes leave the buffer as the consumer takes it.
+        self.rx.poll_recv(cx).map(|item| item.map(|(r, _bytes)| r))
+    }
+}
 /// Appends queued on one node's append stream before a caller waits to send.
 pub const APPEND_STREAM_QUEUE: usize = 1024;
 /// Largest message the client accepts or sends.
@@ -549,17 +585,30 @@ impl JournalClient {
 
     /// Tails `shard` from `from`: every committed record in index order, gap-free, then new
     /// ones as they commit; endless. Reconnects to another node when one fails. Fails at once
-    /// (or as the stream's last item) with `Trimmed` if `from` is below the trim point.
-    pub async fn read(
+    /// (or as the stream's last item) with `Trimmed` if `from` is below the trim point. Reads
+    /// ahead of the consumer by at most `READ_BUFFER_RECORDS` records and `READ_BUFFER_BYTES`
+    /// of them; beyond that the journal's stream waits (flow control holds the rest on the
+    /// node).
+    pub async fn read(&self, shard: u32, from: u64) -> Result<ReadStream, ClientError> {
+        self.read_buffered(shard, from, READ_BUFFER_BYTES).await
+    }
+
+    /// [`JournalClient::read`], reading ahead by at most `bytes` of records (a record larger
+    /// than that still passes, alone).
+    pub async fn read_buffered(
         &self,
         shard: u32,
         from: u64,
-    ) -> Result<impl Stream<Item = Result<Record, ClientError>> + Send + 'static, ClientError> {
+        bytes: usize,
+    ) -> Result<ReadStream, ClientError> {
         let first = self.open_read(shard, from).await?;
         let (tx, rx) = mpsc::channel(READ_BUFFER_RECORDS);
+        let limit = bytes.clamp(1, u32::MAX as usize);
+        let budget = Arc::new(Semaphore::new(limit));
         let this = self.clone();
-        tokio::spawn(async move { this.tail(shard, from, first, tx).await });
-        Ok(tokio_stream::wrappers::ReceiverStream::new(rx))
+        let tail_budget = budget.clone();
+        tokio::spawn(async move { this.tail(shard, from, first, tx, tail_budget, limit).await });
+        Ok(ReadStream { rx, budget, limit })
     }
 
     async fn open_read(
@@ -580,7 +629,9 @@ impl JournalClient {
         shard: u32,
         mut next: u64,
         mut stream: tonic::Streaming<api::strata::journal::ReadResponse>,
-        tx: mpsc::Sender<Result<Record, ClientError>>,
+        tx: mpsc::Sender<Buffered>,
+        buffered: Arc<Semaphore>,
+        limit: usize,
     ) {
         loop {
             let item = tokio::select! {
@@ -603,7 +654,12 @@ impl JournalClient {
                             break;
                         }
                         next += 1;
-                        if tx.send(Ok(r)).await.is_err() {
+                        let bytes = prost::Message::encoded_len(&r).clamp(1, limit) as u32;
+                        let permit = tokio::select! {
+                            p = buffered.clone().acquire_many_owned(bytes) => p.ok(),
+                            _ = tx.closed() => return,
+                        };
+                        if tx.send((Ok(r), permit)).await.is_err() {
                             return;
                         }
                     }
@@ -613,7 +669,7 @@ impl JournalClient {
                 }
                 Some(Err(s)) => {
                     if let Next::Fail(e) = classify(shard, &s) {
-                        let _ = tx.send(Err(e)).await;
+                        let _ = tx.send((Err(e), None)).await;
                         return;
                     }
                     tracing::debug!(shard, status = %s, "journal read stream failed; reconnecting");
@@ -634,7 +690,7 @@ impl JournalClient {
                         }
                     }
                     Err(e) => {
-                        let _ = tx.send(Err(e)).await;
+                        let _ = tx.send((Err(e), None)).await;
                         return;
                     }
                 }

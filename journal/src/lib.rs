@@ -23,5 +23,5 @@ pub mod state_machine;
 pub mod tls;
 pub mod types;
 
-pub use client::{ClientError, JournalClient};
+pub use client::{ClientError, JournalClient, ReadStream};
 pub use node::{JournalNode, NodeConfig, NodeError};

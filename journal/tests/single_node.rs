@@ -173,3 +173,48 @@ async fn append_read_trim_restart_round_trip() {
     }
     node.stop().await;
 }
+
+/// A reader that does not keep up holds at most its byte budget of records, however many are
+/// committed (a restore's 1 MiB chunks once piled up by the thousand in a reader's buffer), and
+/// still gets every record in order once it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_reader_buffers_at_most_its_byte_budget() {
+    const RECORD: usize = 512 * 1024;
+    const RECORDS: usize = 24;
+    let dir = tempfile::tempdir().unwrap();
+    let node = start(dir.path(), 0, Duration::from_secs(60)).await;
+    let c = JournalClient::connect(std::slice::from_ref(&node.addr))
+        .await
+        .unwrap();
+    wait_leader(&c, 0).await;
+    let mut acked = Vec::new();
+    for i in 0..RECORDS / 4 {
+        let payloads: Vec<Vec<u8>> = (0..4).map(|j| vec![(4 * i + j) as u8; RECORD]).collect();
+        acked.extend(c.append(0, payloads).await.unwrap());
+    }
+    let first = acked[0];
+
+    let budget = 4 * RECORD;
+    let mut s = c.read_buffered(0, first, budget).await.unwrap();
+    // Give the reader's task every chance to read ahead.
+    let mut seen = (0, 0);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = s.read_ahead();
+    }
+    let (records, bytes) = seen;
+    assert!(records >= 2, "the reader reads ahead: {seen:?}");
+    assert!(
+        records <= 4 && bytes <= budget,
+        "{records} records of {RECORD} bytes ({bytes} bytes) buffered against a budget of {budget}"
+    );
+    for (n, &index) in acked.iter().enumerate() {
+        let r = tokio::time::timeout(Duration::from_secs(30), s.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.index, index);
+        assert!(matches!(r.kind, Some(Kind::Data(ref d)) if d.len() == RECORD && d[0] == n as u8));
+    }
+}

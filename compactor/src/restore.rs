@@ -9,7 +9,9 @@
 //! computed from; a write that raced the restore makes the commit abort (nothing changes) and
 //! the caller plans again from the newer state.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::cell::OnceCell;
+use std::collections::BTreeMap;
+use std::iter::Peekable;
 
 use api::etcdserverpb::RangeRequest;
 use api::mvccpb::KeyValue;
@@ -25,14 +27,26 @@ use memstore::MemStore;
 pub const MAX_CHUNK_BYTES: usize = 1024 * 1024;
 /// Keys per chunk, bounding the per-key framing of a chunk of tiny keys.
 pub const MAX_CHUNK_KEYS: usize = 8192;
+/// Keys read from each store at a time while the two are compared: the plan holds a page of
+/// each and the chunk being filled, never a copy of either store (a 1M-key restore from an etcd
+/// snapshot held every key three times over: ~4.9x the snapshot).
+const PAGE_KEYS: i64 = 1024;
 
-/// The staged restore that turns one state into another.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Plan {
+/// The staged restore that turns one state into another. Made by [`plan`], which walks both
+/// stores once to count what changes; [`Plan::requests`] walks them again to make the chunks
+/// one at a time, so neither walk holds more than a page of keys and one chunk.
+pub struct Plan<'a> {
+    current: &'a MemStore,
+    target: &'a MemStore,
     pub restore_id: Vec<u8>,
     pub checkpoint_index: u64,
-    /// Never empty: a restore with no change to keys still carries its lease changes.
-    pub chunks: Vec<RestoreChunk>,
+    /// Leases of the target that `current` lacks, with their granted TTLs.
+    grant_list: Vec<RestoreLease>,
+    /// Leases of `current` that the target lacks.
+    revoke_list: Vec<i64>,
+    /// Chunks the requests carry; never zero (a restore with no change to keys still carries
+    /// its lease changes).
+    pub chunks: usize,
     pub grants: usize,
     pub puts: usize,
     pub deletes: usize,
@@ -40,17 +54,34 @@ pub struct Plan {
     /// The target's auth state (users, roles, the enabled flag), when it differs from the
     /// current one; applied at the commit.
     pub auth: Option<RestoreAuth>,
+    /// Why a walk over the stores stopped early, if one did.
+    walk_failed: OnceCell<memstore::Error>,
 }
 
-impl Plan {
+impl std::fmt::Debug for Plan<'_> {
+    /// What the plan changes, without the two stores it walks.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Plan")
+            .field("checkpoint_index", &self.checkpoint_index)
+            .field("chunks", &self.chunks)
+            .field("grants", &self.grants)
+            .field("puts", &self.puts)
+            .field("deletes", &self.deletes)
+            .field("revokes", &self.revokes)
+            .field("auth", &self.auth.is_some())
+            .finish()
+    }
+}
+
+impl Plan<'_> {
     /// Nothing to change.
     pub fn is_empty(&self) -> bool {
         self.grants + self.puts + self.deletes + self.revokes == 0 && self.auth.is_none()
     }
 
     /// The entries to append, in order: begin, every chunk, commit ([`Plan::request_count`] of
-    /// them); made one at a time, so a large restore holds its chunks once (a 1M-key plan's are
-    /// hundreds of MB), not also as a list of requests.
+    /// them), each made when it is asked for. The commit names the chunk count the plan
+    /// counted, which the stage checks: a walk that made other chunks could not commit.
     pub fn requests(&self) -> impl Iterator<Item = Request> + '_ {
         let begin = Request::RestoreBegin(RestoreBegin {
             restore_id: self.restore_id.clone(),
@@ -58,29 +89,159 @@ impl Plan {
         });
         let commit = Request::RestoreCommit(RestoreCommit {
             restore_id: self.restore_id.clone(),
-            chunks: self.chunks.len() as u32,
+            chunks: self.chunks as u32,
             auth: self.auth.clone(),
         });
         std::iter::once(begin)
-            .chain(self.chunks.iter().cloned().map(Request::RestoreChunk))
+            .chain(self.chunk_iter().map(Request::RestoreChunk))
             .chain(std::iter::once(commit))
     }
 
     /// How many entries [`Plan::requests`] makes.
     pub fn request_count(&self) -> usize {
-        self.chunks.len() + 2
+        self.chunks + 2
+    }
+
+    /// The chunks, made one at a time from a walk over both stores.
+    fn chunk_iter(&self) -> Chunks<'_, impl Iterator<Item = Item> + '_> {
+        Chunks {
+            items: self
+                .grant_list
+                .iter()
+                .cloned()
+                .map(Item::Grant)
+                .chain(Diff::new(self.current, self.target, &self.walk_failed).map(Item::Key))
+                .chain(self.revoke_list.iter().copied().map(Item::Revoke)),
+            restore_id: &self.restore_id,
+            chunk: RestoreChunk::default(),
+            bytes: 0,
+            items_in_chunk: 0,
+            seq: 0,
+            done: false,
+        }
     }
 }
 
-fn all_keys(s: &MemStore) -> BTreeMap<Vec<u8>, KeyValue> {
-    let req = RangeRequest {
-        key: vec![0],
-        range_end: vec![0],
-        ..Default::default()
-    };
-    s.range(&req)
-        .map(|r| r.kvs.into_iter().map(|kv| (kv.key.clone(), kv)).collect())
-        .unwrap_or_default()
+/// Every live key of a store in key order, read a page at a time at the store's revision.
+struct Keys<'a> {
+    store: &'a MemStore,
+    page: std::vec::IntoIter<KeyValue>,
+    /// Where the next page starts; `None` once the last page is read.
+    next: Option<Vec<u8>>,
+    /// Where a failed read is told.
+    failed: &'a OnceCell<memstore::Error>,
+}
+
+impl<'a> Keys<'a> {
+    fn new(store: &'a MemStore, failed: &'a OnceCell<memstore::Error>) -> Self {
+        Self {
+            store,
+            page: Vec::new().into_iter(),
+            next: Some(vec![0]),
+            failed,
+        }
+    }
+}
+
+impl Iterator for Keys<'_> {
+    type Item = KeyValue;
+
+    fn next(&mut self) -> Option<KeyValue> {
+        loop {
+            if let Some(kv) = self.page.next() {
+                return Some(kv);
+            }
+            let key = self.next.take()?;
+            let req = RangeRequest {
+                key,
+                range_end: vec![0],
+                limit: PAGE_KEYS,
+                ..Default::default()
+            };
+            // A range at the head of a store nobody writes to does not fail (no revision to be
+            // compacted or in the future). Were it to, the walk ends and says so: `plan` fails;
+            // in `Plan::requests` the chunks fall short of the count in the commit, and the
+            // stage refuses it.
+            let resp = match self.store.range(&req) {
+                Ok(resp) => resp,
+                Err(e) => {
+                    let _ = self.failed.set(e);
+                    return None;
+                }
+            };
+            if resp.more
+                && let Some(last) = resp.kvs.last()
+            {
+                let mut after = last.key.clone();
+                after.push(0);
+                self.next = Some(after);
+            }
+            self.page = resp.kvs.into_iter();
+        }
+    }
+}
+
+/// The keys to stage, in key order: each key whose value or lease differs in the target, or
+/// that only one side has, guarded by the mod revision (or absence) it has in `current`.
+struct Diff<'a> {
+    current: Peekable<Keys<'a>>,
+    target: Peekable<Keys<'a>>,
+}
+
+impl<'a> Diff<'a> {
+    fn new(
+        current: &'a MemStore,
+        target: &'a MemStore,
+        failed: &'a OnceCell<memstore::Error>,
+    ) -> Self {
+        Self {
+            current: Keys::new(current, failed).peekable(),
+            target: Keys::new(target, failed).peekable(),
+        }
+    }
+}
+
+impl Iterator for Diff<'_> {
+    type Item = RestoreKey;
+
+    fn next(&mut self) -> Option<RestoreKey> {
+        use std::cmp::Ordering::{Equal, Greater, Less};
+        loop {
+            let order = match (self.current.peek(), self.target.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => Less,
+                (None, Some(_)) => Greater,
+                (Some(c), Some(t)) => c.key.cmp(&t.key),
+            };
+            let (c, t) = match order {
+                Less => (self.current.next(), None),
+                Greater => (None, self.target.next()),
+                Equal => (self.current.next(), self.target.next()),
+            };
+            let expect_mod_revision = c.as_ref().map_or(0, |kv| kv.mod_revision);
+            match (c, t) {
+                (Some(c), Some(t)) if c.value == t.value && c.lease == t.lease => continue,
+                (_, Some(t)) => {
+                    return Some(RestoreKey {
+                        key: t.key,
+                        delete: false,
+                        value: t.value,
+                        lease: t.lease,
+                        expect_mod_revision,
+                    });
+                }
+                (Some(c), None) => {
+                    return Some(RestoreKey {
+                        key: c.key,
+                        delete: true,
+                        expect_mod_revision,
+                        ..Default::default()
+                    });
+                }
+                (None, None) => return None,
+            }
+        }
+    }
 }
 
 fn leases(s: &MemStore) -> BTreeMap<i64, i64> {
@@ -104,54 +265,100 @@ const GRANT_BYTES: usize = 26;
 const REVOKE_BYTES: usize = 11;
 const KEY_OVERHEAD_BYTES: usize = 32;
 
-/// Fills chunks up to `MAX_CHUNK_BYTES` (estimated) and `MAX_CHUNK_KEYS` items each.
-#[derive(Default)]
-struct Chunker {
-    done: Vec<RestoreChunk>,
-    chunk: RestoreChunk,
-    bytes: usize,
-    items: usize,
+/// One change a chunk carries.
+enum Item {
+    Grant(RestoreLease),
+    Key(RestoreKey),
+    Revoke(i64),
 }
 
-impl Chunker {
-    /// Makes room for an item of `size` bytes: starts a new chunk when this one is full.
-    fn room(&mut self, size: usize) {
-        if self.items > 0 && (self.bytes + size > MAX_CHUNK_BYTES || self.items >= MAX_CHUNK_KEYS) {
-            self.done.push(std::mem::take(&mut self.chunk));
-            self.bytes = 0;
-            self.items = 0;
+impl Item {
+    fn size(&self) -> usize {
+        match self {
+            Item::Grant(_) => GRANT_BYTES,
+            Item::Key(k) => k.key.len() + k.value.len() + KEY_OVERHEAD_BYTES,
+            Item::Revoke(_) => REVOKE_BYTES,
         }
-        self.bytes += size;
-        self.items += 1;
+    }
+}
+
+/// Fills chunks up to `MAX_CHUNK_BYTES` (estimated) and `MAX_CHUNK_KEYS` items each, in the
+/// order of the items: lease grants first (the keys may name them), then keys, then revokes
+/// (the commit gathers them from every chunk). Lease changes count toward a chunk's size as
+/// keys do: a tenant with a hundred thousand leases to grant or revoke must not make one chunk
+/// larger than a journal entry. At least one chunk, even with no items.
+struct Chunks<'a, I> {
+    items: I,
+    restore_id: &'a [u8],
+    chunk: RestoreChunk,
+    bytes: usize,
+    items_in_chunk: usize,
+    seq: u32,
+    done: bool,
+}
+
+impl<I> Chunks<'_, I> {
+    /// The chunk filled so far, numbered; a new one begins.
+    fn seal(&mut self) -> RestoreChunk {
+        let mut c = std::mem::take(&mut self.chunk);
+        c.restore_id = self.restore_id.to_vec();
+        c.seq = self.seq;
+        self.seq += 1;
+        self.bytes = 0;
+        self.items_in_chunk = 0;
+        c
     }
 
-    /// Every chunk, at least one (a restore that changes nothing still begins and commits).
-    fn finish(mut self) -> Vec<RestoreChunk> {
-        if self.items > 0 || self.done.is_empty() {
-            self.done.push(self.chunk);
+    fn add(&mut self, item: Item, size: usize) {
+        self.bytes += size;
+        self.items_in_chunk += 1;
+        match item {
+            Item::Grant(g) => self.chunk.grants.push(g),
+            Item::Key(k) => self.chunk.keys.push(k),
+            Item::Revoke(id) => self.chunk.revokes.push(id),
         }
-        self.done
+    }
+}
+
+impl<I: Iterator<Item = Item>> Iterator for Chunks<'_, I> {
+    type Item = RestoreChunk;
+
+    fn next(&mut self) -> Option<RestoreChunk> {
+        if self.done {
+            return None;
+        }
+        loop {
+            let Some(item) = self.items.next() else {
+                self.done = true;
+                return (self.items_in_chunk > 0 || self.seq == 0).then(|| self.seal());
+            };
+            let size = item.size();
+            let full = self.items_in_chunk > 0
+                && (self.bytes + size > MAX_CHUNK_BYTES || self.items_in_chunk >= MAX_CHUNK_KEYS);
+            if full {
+                let sealed = self.seal();
+                self.add(item, size);
+                return Some(sealed);
+            }
+            self.add(item, size);
+        }
     }
 }
 
 /// The staged restore (named `restore_id`) that makes `current` end with `target`'s keys,
-/// values and key-to-lease attachments, `target`'s set of leases, and `target`'s auth state. Leases missing in
-/// `current` are granted with their granted TTL (their countdown restarts); leases of both keep
-/// `current`'s deadline.
-pub fn plan(
-    current: &MemStore,
-    target: &MemStore,
+/// values and key-to-lease attachments, `target`'s set of leases, and `target`'s auth state.
+/// Leases missing in `current` are granted with their granted TTL (their countdown restarts);
+/// leases of both keep `current`'s deadline. Walks both stores once to count the changes and
+/// chunks, keeping none of them; fails only if a store cannot be read.
+pub fn plan<'a>(
+    current: &'a MemStore,
+    target: &'a MemStore,
     restore_id: Vec<u8>,
     checkpoint_index: u64,
-) -> Plan {
-    let mut p = Plan {
-        restore_id,
-        checkpoint_index,
-        ..Default::default()
-    };
+) -> Result<Plan<'a>, memstore::Error> {
     let cur_leases = leases(current);
     let tgt_leases = leases(target);
-    let grants: Vec<RestoreLease> = tgt_leases
+    let grant_list: Vec<RestoreLease> = tgt_leases
         .iter()
         .filter(|(id, _)| !cur_leases.contains_key(id))
         .map(|(&id, &ttl)| RestoreLease {
@@ -159,74 +366,51 @@ pub fn plan(
             ttl: ttl.max(1),
         })
         .collect();
-    let revokes: Vec<i64> = cur_leases
+    let revoke_list: Vec<i64> = cur_leases
         .keys()
         .copied()
         .filter(|id| !tgt_leases.contains_key(id))
         .collect();
-    p.grants = grants.len();
-    p.revokes = revokes.len();
-
-    let cur = all_keys(current);
-    let tgt = all_keys(target);
-    let keys: BTreeSet<&Vec<u8>> = cur.keys().chain(tgt.keys()).collect();
-    // Lease changes count toward a chunk's size as keys do (the commit gathers them from every
-    // chunk): a tenant with a hundred thousand leases to grant or revoke must not make one
-    // chunk larger than a journal entry.
-    let mut chunks = Chunker::default();
-    for g in grants {
-        chunks.room(GRANT_BYTES);
-        chunks.chunk.grants.push(g);
-    }
-    for key in keys {
-        let c = cur.get(key);
-        let expect_mod_revision = c.map_or(0, |kv| kv.mod_revision);
-        let k = match (c, tgt.get(key)) {
-            (Some(c), Some(t)) if c.value == t.value && c.lease == t.lease => continue,
-            (_, Some(t)) => {
-                p.puts += 1;
-                RestoreKey {
-                    key: key.clone(),
-                    delete: false,
-                    value: t.value.clone(),
-                    lease: t.lease,
-                    expect_mod_revision,
-                }
-            }
-            (Some(_), None) => {
-                p.deletes += 1;
-                RestoreKey {
-                    key: key.clone(),
-                    delete: true,
-                    expect_mod_revision,
-                    ..Default::default()
-                }
-            }
-            (None, None) => continue,
-        };
-        chunks.room(k.key.len() + k.value.len() + KEY_OVERHEAD_BYTES);
-        chunks.chunk.keys.push(k);
-    }
-    for id in revokes {
-        chunks.room(REVOKE_BYTES);
-        chunks.chunk.revokes.push(id);
-    }
-    p.chunks = chunks.finish();
     // Auth goes back with the keys, as etcd's snapshot restore brings its auth store back: the
     // users, password hashes, roles and enabled flag of the checkpoint. Guarded by the current
     // auth revision, as each key is by its mod revision.
     let (have, want) = (current.auth_export(), target.auth_export());
-    if (have.enabled, &have.users, &have.roles) != (want.enabled, &want.users, &want.roles) {
-        p.auth = Some(RestoreAuth {
-            expect_auth_revision: have.expect_auth_revision,
-            ..want
-        });
+    let auth =
+        if (have.enabled, &have.users, &have.roles) != (want.enabled, &want.users, &want.roles) {
+            Some(RestoreAuth {
+                expect_auth_revision: have.expect_auth_revision,
+                ..want
+            })
+        } else {
+            None
+        };
+    let mut p = Plan {
+        current,
+        target,
+        restore_id,
+        checkpoint_index,
+        grants: grant_list.len(),
+        revokes: revoke_list.len(),
+        grant_list,
+        revoke_list,
+        chunks: 0,
+        puts: 0,
+        deletes: 0,
+        auth,
+        walk_failed: OnceCell::new(),
+    };
+    let (mut chunks, mut puts, mut deletes) = (0, 0, 0);
+    for c in p.chunk_iter() {
+        chunks += 1;
+        let deleted = c.keys.iter().filter(|k| k.delete).count();
+        deletes += deleted;
+        puts += c.keys.len() - deleted;
     }
-    for (i, c) in p.chunks.iter_mut().enumerate() {
-        c.restore_id = p.restore_id.clone();
-        c.seq = i as u32;
+    if let Some(e) = p.walk_failed.take() {
+        return Err(e);
     }
-    p
+    (p.chunks, p.puts, p.deletes) = (chunks, puts, deletes);
+    Ok(p)
 }
 
 #[cfg(test)]
@@ -279,10 +463,11 @@ mod tests {
             self.store.apply(self.n, &entry)
         }
 
-        /// Applies the whole plan; the commit's outcome.
-        fn restore(&mut self, p: &Plan) -> memstore::Applied {
+        /// Applies a plan's requests (made before this replica changes: the plan reads the
+        /// stores it was made from); the commit's outcome.
+        fn restore(&mut self, requests: Vec<Request>) -> memstore::Applied {
             let mut last = None;
-            for req in p.requests() {
+            for req in requests {
                 last = Some(self.apply(req));
             }
             last.unwrap()
@@ -338,7 +523,7 @@ mod tests {
         r.apply(put("k", "v", 0));
         let target = r.store.clone();
         assert!(
-            plan(&r.store, &target, vec![1; 16], 1).is_empty(),
+            plan(&r.store, &target, vec![1; 16], 1).unwrap().is_empty(),
             "same auth, same keys: nothing to do"
         );
         // Diverge in auth only: alice's password changes, bob arrives, auth goes off.
@@ -351,7 +536,8 @@ mod tests {
         )));
         r.apply(user_add("bob", "aGFzaC0z"));
         r.apply(auth(Change::Disable(Default::default())));
-        let p = plan(&r.store, &target, vec![2; 16], 1);
+        let p = plan(&r.store, &target, vec![2; 16], 1).unwrap();
+        let requests: Vec<Request> = p.requests().collect();
         assert!(!p.is_empty());
         assert_eq!(p.puts + p.deletes, 0, "{p:?}");
         let staged = p.auth.as_ref().expect("auth staged");
@@ -363,7 +549,7 @@ mod tests {
             n: r.n,
         };
         raced.apply(user_add("carol", "aGFzaC00"));
-        let aborted = raced.restore(&p);
+        let aborted = raced.restore(requests.clone());
         assert!(
             matches!(&aborted.outcome, Outcome::Restore(RestoreStep::Aborted { reason }) if reason.contains("auth state changed")),
             "{:?}",
@@ -372,7 +558,7 @@ mod tests {
         assert!(raced.store.auth_user("carol").is_some());
 
         let before = r.store.auth_revision();
-        let done = r.restore(&p);
+        let done = r.restore(requests.clone());
         assert!(
             matches!(
                 done.outcome,
@@ -396,15 +582,14 @@ mod tests {
         );
         assert!(r.store.check_admin("root").is_ok());
         assert!(r.store.check_admin("alice").is_err());
-        assert!(plan(&r.store, &target, vec![3; 16], 1).is_empty());
+        assert!(plan(&r.store, &target, vec![3; 16], 1).unwrap().is_empty());
     }
 
     /// (key, value, lease) of every key, and the lease ids.
     type Visible = (Vec<(Vec<u8>, Vec<u8>, i64)>, Vec<i64>);
 
     fn keys_and_leases(s: &MemStore) -> Visible {
-        let kvs = all_keys(s)
-            .into_values()
+        let kvs = Keys::new(s, &OnceCell::new())
             .map(|kv| (kv.key, kv.value, kv.lease))
             .collect();
         (kvs, leases(s).into_keys().collect())
@@ -438,7 +623,9 @@ mod tests {
         r.apply(Request::LeaseRevoke(LeaseRevokeRequest { id: 7 }));
         let before = r.store.revision();
 
-        let p = plan(&r.store, &target, vec![1; 16], 42);
+        let p = plan(&r.store, &target, vec![1; 16], 42).unwrap();
+
+        let requests: Vec<Request> = p.requests().collect();
         assert_eq!((p.grants, p.revokes), (1, 1), "{p:?}");
         assert_eq!(p.deletes, 100);
         assert_eq!(
@@ -447,7 +634,7 @@ mod tests {
             "k001, k002 and the 20 keys revoked with lease 7"
         );
         // Every chunk fits in a journal entry.
-        for c in &p.chunks {
+        for c in p.chunk_iter() {
             assert!(c.encoded_len() < 2 * 1024 * 1024);
         }
 
@@ -458,7 +645,7 @@ mod tests {
         };
         raced.apply(put("k150", "racing", 0));
         let rev = raced.store.revision();
-        let aborted = raced.restore(&p);
+        let aborted = raced.restore(requests.clone());
         assert!(
             matches!(
                 aborted.outcome,
@@ -469,7 +656,7 @@ mod tests {
         );
         assert_eq!(raced.store.revision(), rev, "nothing changed");
 
-        let committed = r.restore(&p);
+        let committed = r.restore(requests.clone());
         assert!(
             matches!(
                 committed.outcome,
@@ -479,7 +666,7 @@ mod tests {
             committed.outcome
         );
         assert_eq!(keys_and_leases(&r.store), keys_and_leases(&target));
-        assert!(plan(&r.store, &target, vec![2; 16], 42).is_empty());
+        assert!(plan(&r.store, &target, vec![2; 16], 42).unwrap().is_empty());
     }
 
     #[test]
@@ -500,19 +687,71 @@ mod tests {
         for i in 0..(MAX_CHUNK_KEYS + 10) {
             r.apply(put(&format!("tiny{i:05}"), "v", 0));
         }
-        let p = plan(&r.store, &target, vec![3; 16], 1);
+        let p = plan(&r.store, &target, vec![3; 16], 1).unwrap();
+        let requests: Vec<Request> = p.requests().collect();
         assert_eq!((p.puts, p.deletes), (40, MAX_CHUNK_KEYS + 10));
-        assert!(p.chunks.len() >= 3, "{}", p.chunks.len());
-        for (i, c) in p.chunks.iter().enumerate() {
+        assert!(p.chunks >= 3, "{p:?}");
+        for (i, c) in p.chunk_iter().enumerate() {
             assert_eq!(c.seq as usize, i);
             assert!(c.keys.len() <= MAX_CHUNK_KEYS);
             assert!(c.encoded_len() < 2 * 1024 * 1024);
         }
         assert!(matches!(
-            r.restore(&p).outcome,
+            r.restore(requests.clone()).outcome,
             Outcome::Restore(RestoreStep::Committed { .. })
         ));
         assert_eq!(keys_and_leases(&r.store), keys_and_leases(&target));
+    }
+
+    /// The two stores are compared a page at a time; pages that break at different keys on the
+    /// two sides (keys only one side has, every third value changed) still pair every key with
+    /// its counterpart: the plan changes exactly the keys that differ.
+    #[test]
+    fn stores_compared_page_by_page_pair_every_key() {
+        let n = 3 * PAGE_KEYS as usize + 7;
+        let mut r = Replica {
+            store: MemStore::new(memstore::Config::default()),
+            n: 0,
+        };
+        for i in 0..n {
+            if i % 5 != 1 {
+                r.apply(put(&format!("k{i:05}"), "same", 0));
+            }
+        }
+        let mut t = Replica {
+            store: MemStore::new(memstore::Config::default()),
+            n: 0,
+        };
+        let (mut puts, mut deletes) = (0, 0);
+        for i in 0..n {
+            match i % 5 {
+                // Only the target has it.
+                1 => {
+                    puts += 1;
+                    t.apply(put(&format!("k{i:05}"), "new", 0));
+                }
+                // Only the current state has it.
+                2 => deletes += 1,
+                _ if i % 3 == 0 => {
+                    puts += 1;
+                    t.apply(put(&format!("k{i:05}"), "changed", 0));
+                }
+                _ => {
+                    t.apply(put(&format!("k{i:05}"), "same", 0));
+                }
+            }
+        }
+        let p = plan(&r.store, &t.store, vec![5; 16], 1).unwrap();
+        assert_eq!((p.puts, p.deletes), (puts, deletes), "{p:?}");
+        assert_eq!(p.chunk_iter().count(), p.chunks);
+        let requests: Vec<Request> = p.requests().collect();
+        assert_eq!(requests.len(), p.request_count());
+        assert!(matches!(
+            r.restore(requests).outcome,
+            Outcome::Restore(RestoreStep::Committed { .. })
+        ));
+        assert_eq!(keys_and_leases(&r.store), keys_and_leases(&t.store));
+        assert!(plan(&r.store, &t.store, vec![6; 16], 1).unwrap().is_empty());
     }
 
     /// Lease changes are spread over chunks and counted in their size: a restore that grants
@@ -538,10 +777,11 @@ mod tests {
             r.apply(Request::LeaseGrant(LeaseGrantRequest { ttl: 3_600, id }));
         }
         r.apply(put("k", "changed", 0));
-        let p = plan(&r.store, &target, vec![4; 16], 1);
+        let p = plan(&r.store, &target, vec![4; 16], 1).unwrap();
+        let requests: Vec<Request> = p.requests().collect();
         assert_eq!((p.grants, p.revokes), (LEASES as usize, LEASES as usize));
-        assert!(p.chunks.len() >= 3, "{}", p.chunks.len());
-        for c in &p.chunks {
+        assert!(p.chunks >= 3, "{p:?}");
+        for c in p.chunk_iter() {
             assert!(
                 c.encoded_len() <= MAX_CHUNK_BYTES + MAX_CHUNK_BYTES / 4,
                 "a chunk of {} bytes",
@@ -549,7 +789,7 @@ mod tests {
             );
         }
         assert!(matches!(
-            r.restore(&p).outcome,
+            r.restore(requests.clone()).outcome,
             Outcome::Restore(RestoreStep::Committed { .. })
         ));
         assert_eq!(keys_and_leases(&r.store), keys_and_leases(&target));

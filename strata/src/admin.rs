@@ -230,6 +230,84 @@ fn saved_snapshot(
         .map_err(|e| anyhow::anyhow!("{}: not a checkpoint Strata can read: {e}", path.display()))
 }
 
+/// The state a restore brings the tenant to, and how messages name it: an etcd snapshot file,
+/// a saved snapshot file or one of the tenant's checkpoints.
+async fn restore_target(
+    args: &RestoreArgs,
+    catalog: &Catalog,
+    manifest: Option<&api::manifest::Manifest>,
+    tenant: &str,
+) -> anyhow::Result<(Source, MemStore)> {
+    Ok(
+        match (&args.from_file, args.index, &args.from_etcd_snapshot) {
+            (_, _, Some(path)) => {
+                let bytes = std::fs::read(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let db = frontend::snapshot::strip_trailer(&bytes)
+                    .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+                let state = compactor::etcd_snapshot::read(db)
+                    .with_context(|| format!("{} is not an etcd snapshot", path.display()))?;
+                // The state owns what it read: the file's bytes (as large as the snapshot) go now,
+                // before the store is built from it.
+                drop(bytes);
+                let what = format!(
+                    "etcd snapshot {} ({} keys, {} leases, {} users at etcd revision {})",
+                    path.display(),
+                    state.keys.len(),
+                    state.leases.len(),
+                    state.users.len(),
+                    state.revision
+                );
+                let source = Source {
+                    index: 0,
+                    revision: state.revision,
+                    what,
+                };
+                (source, state.into_store(tenant)?)
+            }
+            (Some(path), _, None) => {
+                let (meta, target) = saved_snapshot(path)?;
+                let source = Source {
+                    index: meta.index,
+                    revision: meta.revision,
+                    what: format!(
+                        "snapshot {} (tenant {} at index {})",
+                        path.display(),
+                        meta.tenant,
+                        meta.index
+                    ),
+                };
+                (source, target)
+            }
+            (None, Some(index), None) => {
+                let Some(manifest) = manifest else {
+                    bail!("tenant {tenant} has no checkpoints");
+                };
+                let Some(r) = manifest.checkpoints.iter().find(|c| c.index == index) else {
+                    bail!(
+                        "tenant {tenant} has no checkpoint at index {index}; retained: {:?}",
+                        manifest
+                            .checkpoints
+                            .iter()
+                            .map(|c| c.index)
+                            .collect::<Vec<_>>()
+                    );
+                };
+                let (_, target) = reader::load(catalog, tenant, r).await?;
+                let source = Source {
+                    index: r.index,
+                    revision: r.revision,
+                    what: format!("checkpoint {}", r.index),
+                };
+                (source, target)
+            }
+            (None, None, None) => {
+                bail!("--index, --from-file or --from-etcd-snapshot names what to restore")
+            }
+        },
+    )
+}
+
 async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
     let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
     let client = JournalClient::connect_over(&args.journal, args.internal_tls.load()?).await?;
@@ -249,72 +327,10 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             "tenant {tenant} has no checkpoint yet: name its shard with --shard (`strata admin tenant get {tenant}` shows it)"
         ),
     };
-    let (source, target) = match (&args.from_file, args.index, &args.from_etcd_snapshot) {
-        (_, _, Some(path)) => {
-            let bytes =
-                std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-            let db = frontend::snapshot::strip_trailer(&bytes)
-                .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
-            let state = compactor::etcd_snapshot::read(db)
-                .with_context(|| format!("{} is not an etcd snapshot", path.display()))?;
-            // The state owns what it read: the file's bytes (as large as the snapshot) go now,
-            // before the store is built from it.
-            drop(bytes);
-            let what = format!(
-                "etcd snapshot {} ({} keys, {} leases, {} users at etcd revision {})",
-                path.display(),
-                state.keys.len(),
-                state.leases.len(),
-                state.users.len(),
-                state.revision
-            );
-            let source = Source {
-                index: 0,
-                revision: state.revision,
-                what,
-            };
-            (source, state.into_store(tenant)?)
-        }
-        (Some(path), _, None) => {
-            let (meta, target) = saved_snapshot(path)?;
-            let source = Source {
-                index: meta.index,
-                revision: meta.revision,
-                what: format!(
-                    "snapshot {} (tenant {} at index {})",
-                    path.display(),
-                    meta.tenant,
-                    meta.index
-                ),
-            };
-            (source, target)
-        }
-        (None, Some(index), None) => {
-            let Some(manifest) = &manifest else {
-                bail!("tenant {tenant} has no checkpoints");
-            };
-            let Some(r) = manifest.checkpoints.iter().find(|c| c.index == index) else {
-                bail!(
-                    "tenant {tenant} has no checkpoint at index {index}; retained: {:?}",
-                    manifest
-                        .checkpoints
-                        .iter()
-                        .map(|c| c.index)
-                        .collect::<Vec<_>>()
-                );
-            };
-            let (_, target) = reader::load(&catalog, tenant, r).await?;
-            let source = Source {
-                index: r.index,
-                revision: r.revision,
-                what: format!("checkpoint {}", r.index),
-            };
-            (source, target)
-        }
-        (None, None, None) => {
-            bail!("--index, --from-file or --from-etcd-snapshot names what to restore")
-        }
-    };
+    let (source, target) = restore_target(&args, &catalog, manifest.as_ref(), tenant).await?;
+    // Dropped once a plan from it is in the journal (a replica of the tenant grows to about
+    // its size as the commit applies); loaded again only if the commit is aborted.
+    let mut target = Some(target);
 
     for attempt in 1..=args.attempts {
         // The tenant's state as of now: newest checkpoint plus the journal up to a read index.
@@ -364,12 +380,22 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             }
         };
 
+        let target = match target.take() {
+            Some(t) => t,
+            None => {
+                eprintln!("loading {} again", source.what);
+                restore_target(&args, &catalog, manifest.as_ref(), tenant)
+                    .await?
+                    .1
+            }
+        };
         let plan = restore::plan(
             &current,
             &target,
             rand::random::<[u8; 16]>().to_vec(),
             source.index,
-        );
+        )
+        .context("planning the restore")?;
         if plan.is_empty() {
             println!(
                 "tenant {tenant} already matches {} (revision {})",
@@ -402,6 +428,28 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         let commit = *ours
             .last()
             .context("the journal returned no index for the restore")?;
+        // The plan reads `current`, which now moves on to the commit, and `target`, which goes
+        // (the commit grows `current` by about its size): what it changed is kept.
+        let (grants, puts, deletes, revokes, chunks) = (
+            plan.grants,
+            plan.puts,
+            plan.deletes,
+            plan.revokes,
+            plan.chunks,
+        );
+        let auth = plan.auth.as_ref().map_or_else(
+            || "auth unchanged".to_string(),
+            |a| {
+                format!(
+                    "auth restored ({} users, {} roles, {})",
+                    a.users.len(),
+                    a.roles.len(),
+                    if a.enabled { "enabled" } else { "disabled" }
+                )
+            },
+        );
+        drop(plan);
+        drop(target);
         let outcomes = replay(&mut current, &mut stream, tenant, commit).await?;
         // The commit's outcome; if the journal client had to re-append it, the index it returned
         // may hold the duplicate, and the first copy's outcome is the last commit outcome seen.
@@ -420,22 +468,7 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
             Some(Outcome::Restore(RestoreStep::Committed { revision, keys })) => {
                 println!(
                     "restored tenant {tenant} to {} (revision {} then) at revision {revision}: {} leases granted, {} keys put, {} deleted ({keys} changes), {} leases revoked, {}, staged in {} chunks",
-                    source.what,
-                    source.revision,
-                    plan.grants,
-                    plan.puts,
-                    plan.deletes,
-                    plan.revokes,
-                    plan.auth.as_ref().map_or_else(
-                        || "auth unchanged".to_string(),
-                        |a| format!(
-                            "auth restored ({} users, {} roles, {})",
-                            a.users.len(),
-                            a.roles.len(),
-                            if a.enabled { "enabled" } else { "disabled" }
-                        )
-                    ),
-                    plan.chunks.len()
+                    source.what, source.revision, grants, puts, deletes, revokes, auth, chunks
                 );
                 return Ok(());
             }

@@ -16,7 +16,9 @@
 //! A revocation list (`--internal-crl-file`, etcd's `--peer-crl-file`) is read with them: a
 //! certificate it revokes opens no new connection in either role (a frontend's certificate
 //! taken with its host is cut off without a new CA), and the connections it holds open, as a
-//! client or as a server, are closed as the list is loaded ([`revocable`]).
+//! client or as a server, are closed as the list is loaded ([`revocable`]). A list that is not
+//! the internal CA's (which would refuse every certificate of the deployment) is refused like a
+//! file that does not parse (`crl_of_the_ca`).
 //!
 //! Also owns the small DER reading (a certificate's subject and expiry) and the revocation of
 //! open connections ([`revocable`]) the frontend's client port shares.
@@ -62,6 +64,11 @@ pub enum TlsError {
     NoCertificate(PathBuf),
     #[error("{0} holds no certificate revocation list")]
     NoCrl(PathBuf),
+    /// A list that would refuse every certificate of the internal CA, this process's own
+    /// included: signed by another CA (with the same name or another), so no certificate has
+    /// a list of its own CA to be checked against.
+    #[error("{path} is not a revocation list of the internal CA ({why})")]
+    CrlNotOfCa { path: PathBuf, why: String },
     #[error("internal TLS: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("internal TLS CA or revocation list: {0}")]
@@ -532,6 +539,9 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> 
         .with_crls(crls.clone())
         .only_check_end_entity_revocation()
         .build()?;
+    if let (Some(path), false, Some(own)) = (&files.crl, crls.is_empty(), chain.first()) {
+        crl_of_the_ca(&clients, own, &chain[1..], path)?;
+    }
     // Refuses a key that is not the certificate's.
     let mut server = rustls::ServerConfig::builder()
         .with_client_cert_verifier(Arc::clone(&clients))
@@ -553,6 +563,30 @@ fn configs(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Configs, TlsError> 
         generation: 0,
         expires,
     })
+}
+
+/// Refuses revocation lists that are not the internal CA's, by checking this process's own
+/// certificate with them as a peer would: a certificate is checked against its own CA's list
+/// and refused when it has none, so a list from another CA (a staging CA's, a CA regenerated
+/// with the same name) would refuse every new connection of the deployment once loaded. Such a
+/// list is refused like a file that does not parse: at start the process says why, at a reload
+/// the last good files go on. Any other outcome (this certificate revoked or expired, or not
+/// of the CA) is not the list's to judge and is left to the peers.
+fn crl_of_the_ca(
+    clients: &Arc<dyn ClientCertVerifier>,
+    own: &CertificateDer<'static>,
+    intermediates: &[CertificateDer<'static>],
+    path: &Path,
+) -> Result<(), TlsError> {
+    use rustls::{CertificateError, Error};
+    match clients.verify_client_cert(own, intermediates, rustls::pki_types::UnixTime::now()) {
+        Err(e @ Error::InvalidCertificate(CertificateError::UnknownRevocationStatus))
+        | Err(e @ Error::InvalidCertRevocationList(_)) => Err(TlsError::CrlNotOfCa {
+            path: path.to_path_buf(),
+            why: e.to_string(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// The name the compactor's internal certificate is valid for (a DNS subject alternative
@@ -817,6 +851,54 @@ mod tests {
         let [ca, cert, key] = ca.write_with(issued, dir, name);
         let crl = crl.map(Path::to_path_buf);
         InternalTls::load(TlsFiles { ca, cert, key, crl }).unwrap()
+    }
+
+    /// A list of another CA would refuse every certificate of the deployment once loaded
+    /// (each is checked against its own CA's list, and has none): refused at start, and at a
+    /// reload the last good list goes on, whether the other CA has another name or only
+    /// another key. A list of the CA that revokes this process's own certificate is the CA's.
+    #[tokio::test]
+    async fn a_revocation_list_of_another_ca_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Ca::new();
+        let (node, frontend) = (ca.peer(&["127.0.0.1"]), ca.peer(&["127.0.0.1"]));
+        let [ca_file, cert, key] = ca.write_with(&node, dir.path(), "node");
+        let crl = dir.path().join("crl.pem");
+        let files = TlsFiles {
+            ca: ca_file,
+            cert,
+            key,
+            crl: Some(crl.clone()),
+        };
+        let same_name = Ca::new();
+        let other_name = Ca::named("another CA");
+        for other in [&same_name, &other_name] {
+            std::fs::write(&crl, other.crl(&[])).unwrap();
+            let refused = InternalTls::load(files.clone()).err();
+            assert!(
+                matches!(&refused, Some(TlsError::CrlNotOfCa { path, .. }) if *path == crl),
+                "{refused:?}"
+            );
+        }
+        std::fs::write(&crl, ca.crl(&[&node])).unwrap();
+        InternalTls::load(files.clone()).expect("the CA's list revoking this process's own");
+
+        std::fs::write(&crl, ca.crl(&[])).unwrap();
+        let server = InternalTls::load(files).unwrap();
+        let client = load_with(&ca, &frontend, dir.path(), "frontend", None);
+        assert!(handshake(&server, &client).await);
+        std::fs::write(&crl, same_name.crl(&[])).unwrap();
+        let Reload::Refused { error, new: true } = server.reload() else {
+            panic!("another CA's list is loaded");
+        };
+        assert!(
+            error.contains("not a revocation list of the internal CA"),
+            "{error}"
+        );
+        assert!(
+            handshake(&server, &client).await,
+            "the last good list goes on serving"
+        );
     }
 
     #[tokio::test]

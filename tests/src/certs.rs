@@ -42,13 +42,17 @@ impl Default for Ca {
 }
 
 impl Ca {
+    /// A CA named "strata test CA", as every test's is: two of them differ only by their keys.
     pub fn new() -> Self {
+        Self::named("strata test CA")
+    }
+
+    /// A CA with the common name `name`.
+    pub fn named(name: &str) -> Self {
         let key = KeyPair::generate().expect("a CA key");
         let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA parameters");
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(DnType::CommonName, "strata test CA");
+        params.distinguished_name.push(DnType::CommonName, name);
         let cert = params.self_signed(&key).expect("a self-signed CA");
         Self {
             issuer: Issuer::new(params, key),

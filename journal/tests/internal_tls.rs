@@ -95,7 +95,16 @@ async fn nodes_and_clients_talk_only_over_mutual_tls() {
         Some(Kind::Data(b"over tls".to_vec())),
         "{record:?}"
     );
-    let status = client.status(0).await.unwrap();
+    // Status may come from a follower, which learns the commit index with the leader's next
+    // message: a node of the shard reports a leader and the record committed within seconds.
+    let mut status = client.status(0).await.unwrap();
+    for _ in 0..100 {
+        if status.leader_id != 0 && status.committed_index >= index {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        status = client.status(0).await.unwrap();
+    }
     assert!(
         status.leader_id != 0 && status.committed_index >= index,
         "{status:?}"

@@ -100,7 +100,7 @@ impl Conn {
         };
         match tokio::time::timeout(OP_TIMEOUT, call).await {
             Err(_) => Outcome::Unknown("timed out".into()),
-            Ok(Err(refused)) => refused,
+            Ok(Err(failed)) => failed,
             Ok(Ok((revision, response))) => Outcome::Ok { revision, response },
         }
     }

@@ -43,7 +43,7 @@ use tokio_rustls::TlsAcceptor;
 use tonic::transport::server::Connected;
 
 use journal::tls::revocable::{OpenConnections, Peer, Revocable, Tracked};
-use journal::tls::{TbsField, not_after, tbs_field, tlv};
+use journal::tls::{TbsField, crl_issuer, not_after, signed_by, tbs_field, tlv};
 
 /// Metadata entry naming the tenant of the connection a request came on (set by
 /// [`ConnectionLayer`] only).
@@ -72,6 +72,13 @@ pub enum TlsError {
     NoCertificate(PathBuf),
     #[error("{0} holds no certificate revocation list")]
     NoCrl(PathBuf),
+    /// A list naming a trusted CA as its issuer that the CA did not sign: another CA of the
+    /// same name (another environment's, or one regenerated). Taken, it would refuse every
+    /// client certificate of that CA.
+    #[error(
+        "{0} names a trusted CA as its issuer but is not signed by it: not a revocation list of the --trusted-ca-file's CA"
+    )]
+    CrlNotOfCa(PathBuf),
     #[error("TLS configuration: {0}")]
     Rustls(#[from] rustls::Error),
     #[error("--trusted-ca-file: {0}")]
@@ -447,13 +454,15 @@ impl Files {
         let (builder, verifier) = match (&self.ca, contents.get(2)) {
             (Some(ca), Some(pem)) => {
                 let mut roots = rustls::RootCertStore::empty();
-                for c in certificates(ca, pem)? {
-                    roots.add(c)?;
+                let cas = certificates(ca, pem)?;
+                for c in &cas {
+                    roots.add(c.clone())?;
                 }
                 let mut verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots));
                 if let (Some(path), Some(pem)) = (&self.crl, contents.get(3)) {
                     let crls: Vec<CertificateRevocationListDer<'static>> =
                         pem_all(path, pem, TlsError::NoCrl)?;
+                    lists_of_the_cas(path, &cas, &crls)?;
                     // The client's own certificate: its CA is trusted, not revoked here.
                     verifier = verifier.with_crls(crls).only_check_end_entity_revocation();
                 }
@@ -479,6 +488,38 @@ impl Files {
             expires,
         })
     }
+}
+
+/// Refuses a revocation list that names one of the trusted CAs as its issuer without being
+/// signed by it. A client certificate is checked against its own CA's list and refused when
+/// there is none, so such a list (another CA of the same name) would refuse every client of
+/// that CA once loaded; it is refused like a file that does not parse instead. A list whose
+/// issuer is none of the trusted CAs may be an intermediate CA's, which only clients present:
+/// it is taken, with a warning, since the clients of a CA without a list are refused.
+fn lists_of_the_cas(
+    path: &Path,
+    cas: &[CertificateDer<'_>],
+    crls: &[CertificateRevocationListDer<'_>],
+) -> Result<(), TlsError> {
+    for crl in crls {
+        // One that does not parse is the verifier's to refuse.
+        let Some(issuer) = crl_issuer(crl) else {
+            continue;
+        };
+        let named: Vec<&CertificateDer<'_>> = cas
+            .iter()
+            .filter(|ca| tbs_field(ca, TbsField::Subject).map(|(_, s)| s) == Some(issuer))
+            .collect();
+        if named.is_empty() {
+            tracing::warn!(
+                path = %path.display(),
+                "a revocation list's issuer is none of the trusted CAs (an intermediate CA's?): clients of a CA without a list in the file are refused"
+            );
+        } else if !named.iter().any(|ca| signed_by(crl, ca)) {
+            return Err(TlsError::CrlNotOfCa(path.to_path_buf()));
+        }
+    }
+    Ok(())
 }
 
 fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -1175,6 +1216,23 @@ mod tests {
         assert!(
             handshake(&tls, &ca, &alice).await.is_err(),
             "the last good list"
+        );
+        // Another CA of the same name (every test CA's): its list would refuse every client.
+        std::fs::write(&crl, Ca::new().crl(&[])).unwrap();
+        let Reload::Refused { error, new: true } = tls.reload() else {
+            panic!("another CA's list of the same name is loaded");
+        };
+        assert!(error.contains("is not signed by it"), "{error}");
+        assert_eq!(
+            handshake(&tls, &ca, &bob).await,
+            Ok(()),
+            "the last good list"
+        );
+        let refused = TlsSetup::load_with_crl(&cert, &key, Some(&trusted), Some(&crl), true, None);
+        assert!(
+            matches!(&refused, Err(TlsError::CrlNotOfCa(p)) if *p == crl),
+            "{:?}",
+            refused.err()
         );
         drop(open_bob);
     }

@@ -658,6 +658,7 @@ pub fn pem_items<T: PemObject, E>(
 pub enum TbsField {
     Validity = 3,
     Subject = 4,
+    PublicKey = 5,
 }
 
 /// A field of a DER certificate's `tbsCertificate`: its tag and contents.
@@ -666,8 +667,8 @@ pub fn tbs_field(der: &[u8], field: TbsField) -> Option<(u8, &[u8])> {
     // signature, issuer, validity, subject, ... }, ... }
     let (_, cert, _) = tlv(der)?;
     let (_, mut tbs, _) = tlv(cert)?;
-    let mut fields = Vec::with_capacity(6);
-    while fields.len() < 6 && !tbs.is_empty() {
+    let mut fields = Vec::with_capacity(7);
+    while fields.len() < 7 && !tbs.is_empty() {
         let (tag, value, rest) = tlv(tbs)?;
         fields.push((tag, value));
         tbs = rest;
@@ -676,6 +677,68 @@ pub fn tbs_field(der: &[u8], field: TbsField) -> Option<(u8, &[u8])> {
     fields
         .get(field as usize + usize::from(explicit_version))
         .copied()
+}
+
+/// The issuer of a DER revocation list: the contents of its `Name`, comparable with a
+/// certificate's subject ([`TbsField::Subject`]).
+pub fn crl_issuer(der: &[u8]) -> Option<&[u8]> {
+    // CertificateList ::= SEQUENCE { tbsCertList SEQUENCE { version INTEGER OPTIONAL,
+    // signature AlgorithmIdentifier, issuer Name, ... }, ... }
+    let (_, list, _) = tlv(der)?;
+    let (_, mut tbs, _) = tlv(list)?;
+    let (tag, _, rest) = tlv(tbs)?;
+    if tag == 0x02 {
+        tbs = rest;
+    }
+    let (_, _, rest) = tlv(tbs)?;
+    let (tag, issuer, _) = tlv(rest)?;
+    (tag == 0x30).then_some(issuer)
+}
+
+/// Whether the DER certificate or revocation list `signed` carries a valid signature of the
+/// key of the DER certificate `issuer` (by an algorithm of the process's crypto provider).
+pub fn signed_by(signed: &[u8], issuer: &[u8]) -> bool {
+    let Some((message, algorithm, signature)) = signed_parts(signed) else {
+        return false;
+    };
+    let Some((key_algorithm, key)) = public_key(issuer) else {
+        return false;
+    };
+    let provider = rustls::crypto::CryptoProvider::get_default()
+        .cloned()
+        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()));
+    provider
+        .signature_verification_algorithms
+        .all
+        .iter()
+        .any(|a| {
+            a.signature_alg_id().as_ref() == algorithm
+                && a.public_key_alg_id().as_ref() == key_algorithm
+                && a.verify_signature(key, message, signature).is_ok()
+        })
+}
+
+/// A signed DER object's parts (X.509's `SEQUENCE { tbs, signatureAlgorithm, signature }`):
+/// the signed bytes (`tbs` whole), the algorithm identifier's contents and the signature.
+fn signed_parts(der: &[u8]) -> Option<(&[u8], &[u8], &[u8])> {
+    let (_, body, _) = tlv(der)?;
+    let (_, _, after_tbs) = tlv(body)?;
+    let tbs = &body[..body.len() - after_tbs.len()];
+    let (tag, algorithm, rest) = tlv(after_tbs)?;
+    let (bits, signature, _) = tlv(rest)?;
+    let (&unused, signature) = signature.split_first()?;
+    (tag == 0x30 && bits == 0x03 && unused == 0).then_some((tbs, algorithm, signature))
+}
+
+/// A DER certificate's public key: its algorithm identifier's contents and the key's bits.
+fn public_key(der: &[u8]) -> Option<(&[u8], &[u8])> {
+    // SubjectPublicKeyInfo ::= SEQUENCE { algorithm AlgorithmIdentifier, subjectPublicKey
+    // BIT STRING }
+    let (tag, spki) = tbs_field(der, TbsField::PublicKey)?;
+    let (alg_tag, algorithm, rest) = tlv(spki)?;
+    let (bits, key, _) = tlv(rest)?;
+    let (&unused, key) = key.split_first()?;
+    (tag == 0x30 && alg_tag == 0x30 && bits == 0x03 && unused == 0).then_some((algorithm, key))
 }
 
 /// When a DER certificate stops being valid (its `notAfter`), in Unix seconds.
@@ -851,6 +914,48 @@ mod tests {
         let [ca, cert, key] = ca.write_with(issued, dir, name);
         let crl = crl.map(Path::to_path_buf);
         InternalTls::load(TlsFiles { ca, cert, key, crl }).unwrap()
+    }
+
+    /// A list's issuer reads as its CA's subject, and its signature verifies with that CA's key
+    /// only: not with another CA's of the same name, nor once a byte of it changed.
+    #[test]
+    fn a_lists_issuer_and_signature_are_read() {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let der = |pem: &str| {
+            CertificateRevocationListDer::from_pem_slice(pem.as_bytes())
+                .unwrap()
+                .to_vec()
+        };
+        let cert = |pem: &str| {
+            CertificateDer::from_pem_slice(pem.as_bytes())
+                .unwrap()
+                .to_vec()
+        };
+        let (ca, same_name, other_name) = (Ca::new(), Ca::new(), Ca::named("another CA"));
+        let list = der(&ca.crl(&[&ca.peer(&["127.0.0.1"])]));
+        let ca_der = cert(&ca.cert_pem);
+        let subject = |c: &[u8]| tbs_field(c, TbsField::Subject).unwrap().1.to_vec();
+        assert_eq!(crl_issuer(&list).unwrap(), subject(&ca_der));
+        assert_eq!(
+            crl_issuer(&list).unwrap(),
+            subject(&cert(&same_name.cert_pem))
+        );
+        assert_ne!(
+            crl_issuer(&list).unwrap(),
+            subject(&cert(&other_name.cert_pem))
+        );
+        assert!(signed_by(&list, &ca_der));
+        assert!(!signed_by(&list, &cert(&same_name.cert_pem)));
+        assert!(!signed_by(&list, &cert(&other_name.cert_pem)));
+        let mut changed = list.clone();
+        let at = changed.len() / 2;
+        changed[at] ^= 1;
+        assert!(!signed_by(&changed, &ca_der));
+        // A certificate is a signed object too.
+        let peer = cert(&ca.peer(&["127.0.0.1"]).cert_pem);
+        assert!(signed_by(&peer, &ca_der) && !signed_by(&peer, &cert(&same_name.cert_pem)));
+        assert_eq!(crl_issuer(b"not DER"), None);
+        assert!(!signed_by(b"not DER", &ca_der));
     }
 
     /// A list of another CA would refuse every certificate of the deployment once loaded

@@ -41,37 +41,6 @@ pub const READ_BUFFER_RECORDS: usize = 4096;
 /// alone still passes, on its own.
 pub const READ_BUFFER_BYTES: usize = 64 * 1024 * 1024;
 
-/// A record (or the read's failure) on its way to the consumer, with the share of
-/// `READ_BUFFER_BYTES` it holds until taken.
-type Buffered = (Result<Record, ClientError>, Option<OwnedSemaphorePermit>);
-
-/// A journal shard's records from [`JournalClient::read`], read ahead of the consumer within a
-/// bound of records and bytes.
-pub struct ReadStream {
-    rx: mpsc::Receiver<Buffered>,
-    budget: Arc<Semaphore>,
-    limit: usize,
-}
-
-impl ReadStream {
-    /// Records read ahead and not yet taken, and the bytes they hold (with a record about to
-    /// join them).
-    pub fn read_ahead(&self) -> (usize, usize) {
-        (self.rx.len(), self.limit - self.budget.available_permits())
-    }
-}
-
-impl Stream for ReadStream {
-    type Item = Result<Record, ClientError>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        // A record's bytes leave the buffer as the consumer takes it.
-        self.rx.poll_recv(cx).map(|item| item.map(|(r, _bytes)| r))
-    }
-}
 /// Appends queued on one node's append stream before a caller waits to send.
 pub const APPEND_STREAM_QUEUE: usize = 1024;
 /// Largest message the client accepts or sends.
@@ -102,6 +71,38 @@ impl ClientError {
     /// True if the same call may succeed later (the journal was unavailable).
     pub fn is_retryable(&self) -> bool {
         matches!(self, ClientError::Unavailable { .. })
+    }
+}
+
+/// A record (or the read's failure) on its way to the consumer, with the share of
+/// `READ_BUFFER_BYTES` it holds until taken.
+type Buffered = (Result<Record, ClientError>, Option<OwnedSemaphorePermit>);
+
+/// A journal shard's records from [`JournalClient::read`], read ahead of the consumer within a
+/// bound of records and bytes.
+pub struct ReadStream {
+    rx: mpsc::Receiver<Buffered>,
+    budget: Arc<Semaphore>,
+    limit: usize,
+}
+
+impl ReadStream {
+    /// Records read ahead and not yet taken, and the bytes they hold (with a record about to
+    /// join them).
+    pub fn read_ahead(&self) -> (usize, usize) {
+        (self.rx.len(), self.limit - self.budget.available_permits())
+    }
+}
+
+impl Stream for ReadStream {
+    type Item = Result<Record, ClientError>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        // A record's bytes leave the buffer as the consumer takes it.
+        self.rx.poll_recv(cx).map(|item| item.map(|(r, _bytes)| r))
     }
 }
 

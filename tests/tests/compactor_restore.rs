@@ -303,6 +303,111 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
 
 /// Every key and value under `r/` as frontend `endpoint` serves it (linearizable), with the
 /// revision of the read.
+/// A write racing the restore aborts its commit; the command plans again from the newer state,
+/// loading the checkpoint again (it drops the target once a plan is in the journal, to bound
+/// its memory), and the second plan lands: the tenant holds the checkpoint's keys, the raced
+/// key's value included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_raced_by_a_write_plans_again_and_lands() {
+    let deployment = Deployment::start(1).await;
+    let journals = deployment.journal_addrs().to_vec();
+    let url = format!("file://{}", deployment.objects().display());
+    let log = deployment.dir().join("compactor.log");
+    let client = JournalClient::connect(&journals).await.unwrap();
+    let catalog = Catalog::new(compactor::store::open(&url).unwrap());
+    let _compactor = deployment.start_compactor(&["--every", "500ms", "--keep", "200"]);
+    let mut f0 = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
+        .await
+        .unwrap();
+
+    // The checkpoint: 150 keys of a value large enough for the plan to take several chunks
+    // (and small enough to be read in one answer, under the client's 4 MiB).
+    for i in 0..150 {
+        f0.put(format!("r/{i:03}"), vec![b'a'; BIG_VALUE], None)
+            .await
+            .unwrap();
+    }
+    let (want, _) = served(&mut f0).await;
+    let checkpoint = wait_checkpoint(&catalog, client.read_index(SHARD).await.unwrap(), &log).await;
+    for i in 0..150 {
+        f0.put(format!("r/{i:03}"), "b", None).await.unwrap();
+    }
+
+    // A writer of one key of the plan, until the first attempt has been aborted.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let mut w = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
+        .await
+        .unwrap();
+    let writer = tokio::spawn(async move {
+        let mut n = 0;
+        while !*stopped.borrow() {
+            w.put("r/000", format!("racer-{n}"), None).await.unwrap();
+            n += 1;
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        n
+    });
+    let args = restore_args(&url, &journals, &["--index", &checkpoint.to_string()]);
+    let mut cmd = tokio::process::Command::new(strata_bin())
+        .args(&args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stderr = tokio::io::BufReader::new(cmd.stderr.take().unwrap());
+    let mut said = String::new();
+    let aborted = tokio::time::timeout(WAIT, async {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = String::new();
+        while stderr.read_line(&mut line).await.unwrap() > 0 {
+            said.push_str(&line);
+            if line.contains("the restore was aborted") {
+                return true;
+            }
+            line.clear();
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    stop.send(true).unwrap();
+    let writes = writer.await.unwrap();
+    assert!(
+        aborted,
+        "the first attempt was not aborted ({writes} racing writes)\n--- stderr ---\n{said}"
+    );
+    let rest = tokio::spawn(async move {
+        use tokio::io::AsyncReadExt;
+        let mut rest = String::new();
+        stderr.read_to_string(&mut rest).await.unwrap();
+        rest
+    });
+    let out = cmd.wait_with_output().await.unwrap();
+    said.push_str(&rest.await.unwrap());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("restored tenant"),
+        "{stdout}\n--- stderr ---\n{said}"
+    );
+    assert!(
+        said.contains(&format!("loading checkpoint {checkpoint} again")),
+        "{said}"
+    );
+    // Every frontend has applied the commit once the command returns.
+    let (got, _) = served(&mut f0).await;
+    let differ = want
+        .iter()
+        .find(|(k, v)| got.get(*k) != Some(*v))
+        .map(|(k, _)| String::from_utf8_lossy(k).into_owned());
+    assert!(
+        got == want,
+        "{} keys served, {} in the checkpoint; first differing: {differ:?}",
+        got.len(),
+        want.len()
+    );
+}
+
 async fn served(c: &mut etcd_client::Client) -> (BTreeMap<Vec<u8>, Vec<u8>>, i64) {
     let r = c
         .get("r/", Some(etcd_client::GetOptions::new().with_prefix()))

@@ -9,9 +9,10 @@
 //! watchers opened from past revisions, an observer that records every event of the keyspace);
 //! play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT, dropped
 //! frontend-to-journal connections, full and failing journal disks, a paused S3 server; at most
-//! one journal node and one frontend at a time), then take a majority of the journal down for a
-//! while; heal everything; then check the history, the watchers, the lease, and that every
-//! frontend, and one rebuilt from the newest checkpoint, holds the same state.
+//! one journal node and one frontend at a time; in a catalogue run, a tenant created, one
+//! suspended and resumed, the created one deleted: `faults/catalogue.rs`), then take a majority of the
+//! journal down for a while; heal everything; then check the history, the watchers, the lease,
+//! and that every frontend, and one rebuilt from the newest checkpoint, holds the same state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -34,7 +35,9 @@ use crate::process::{ChildGuard, free_port};
 use crate::readiness::tail_file;
 use crate::s3::{MotoS3, moto_bin};
 
+mod catalogue;
 mod client;
+use catalogue::{Changes, Lapse};
 use client::{Conn, Stack};
 
 /// Keys the workload writes (`k/00`..), few enough that clients collide all the time.
@@ -111,6 +114,10 @@ pub enum Target {
     /// The S3 server holding the checkpoints (moto), when the run has one: only paused (its
     /// objects live in its memory).
     ObjectStore,
+    /// The run's `k`-th catalogue tenant, of a catalogue change ([`Action::Create`],
+    /// [`Action::Suspend`], [`Action::Delete`]): `shard<k>` for each shard, then the one the plan
+    /// creates (`late`).
+    Tenant(usize),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -152,6 +159,15 @@ pub enum Action {
     /// rebalancing does): a leader whose stamps start from its own clock. Nothing to heal. A
     /// hand-off still refused after 15 s is written in the schedule, not a failure.
     TakeOver,
+    /// A catalogue change (`strata admin tenant create`): the tenant is created on the fault's
+    /// shard ([`Step::shards`]) and a workload of its own starts on it. Nothing to heal.
+    Create,
+    /// `strata admin tenant suspend`: every frontend must refuse the tenant (FailedPrecondition)
+    /// until healing resumes it; its clients' refusals are definite.
+    Suspend,
+    /// `strata admin tenant delete`: every frontend must refuse the tenant (NotFound) from
+    /// then on; after the faults it is undeleted, and its history checked like the others'.
+    Delete,
 }
 
 /// How far [`Action::ClockAhead`] and [`Action::ClockBehind`] step a clock: far beyond any
@@ -161,6 +177,10 @@ pub const CLOCK_STEP: Duration = Duration::from_secs(3600);
 impl Action {
     fn steps_the_clock(self) -> bool {
         matches!(self, Action::ClockAhead | Action::ClockBehind)
+    }
+
+    fn changes_the_catalogue(self) -> bool {
+        matches!(self, Action::Create | Action::Suspend | Action::Delete)
     }
 }
 
@@ -294,6 +314,9 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
     for (step, hit) in steps.iter_mut().zip(hits) {
         step.shards = hit;
     }
+    if shards > 1 {
+        plan_catalogue(seed, shards, &mut steps);
+    }
     Plan {
         frontends,
         s3,
@@ -303,6 +326,55 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
         steps,
         spared: rng.random_range(0..journal_nodes),
     }
+}
+
+/// Adds a catalogue run's changes to its schedule, each the last fault of its step so that it
+/// runs under the step's faults: the third tenant created early (on a shard the seed picks, in
+/// a step that hits the journal if there is one: the catalogue's writes go through shard 0),
+/// one tenant suspended in the middle (in a step that kills or pauses a frontend if there is
+/// one, so that a frontend must load the tenant as suspended; resumed when the step heals), and
+/// the created tenant deleted at the last step. A stream of its own, so the faults' draws stay
+/// what they were.
+fn plan_catalogue(seed: u64, shards: usize, steps: &mut [Step]) {
+    let n = steps.len();
+    if n < 4 {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x7e4a_47c0_11f3_5a2d);
+    let pick = |rng: &mut StdRng, from: usize, to: usize, prefer: &dyn Fn(&Step) -> bool| {
+        let preferred: Vec<usize> = (from..=to).filter(|&i| prefer(&steps[i])).collect();
+        if preferred.is_empty() {
+            rng.random_range(from..=to)
+        } else {
+            preferred[rng.random_range(0..preferred.len())]
+        }
+    };
+    let hits_journal = |s: &Step| {
+        s.faults
+            .iter()
+            .any(|(_, t)| matches!(t, Target::Journal(_) | Target::JournalLeader))
+    };
+    let stops_frontend = |s: &Step| {
+        s.faults.iter().any(|(a, t)| {
+            matches!(t, Target::Frontend(_)) && matches!(a, Action::Kill | Action::Pause)
+        })
+    };
+    let create = pick(&mut rng, 0, n / 4, &hits_journal);
+    let suspend = pick(
+        &mut rng,
+        (n / 3).max(create + 1),
+        (2 * n / 3).min(n - 2),
+        &stops_frontend,
+    );
+    let shard = rng.random_range(0..shards);
+    let suspended = rng.random_range(0..=shards);
+    let mut add = |i: usize, action: Action, k: usize, shard: usize| {
+        steps[i].faults.push((action, Target::Tenant(k)));
+        steps[i].shards.push(u32::try_from(shard).unwrap_or(0));
+    };
+    add(create, Action::Create, shards, shard);
+    add(suspend, Action::Suspend, suspended, 0);
+    add(n - 1, Action::Delete, shards, 0);
 }
 
 /// The shard each fault of `steps` concerns, with `shards` shards: the faults on a shard's
@@ -497,6 +569,8 @@ async fn client_loop(shared: Arc<Shared>, id: usize, seed: u64) {
                 client = None;
                 at = (at + 1) % shared.endpoints.len();
             }
+            // Refused (a suspended or deleted tenant): back off, as a client would.
+            (_, Outcome::Failed(_)) => tokio::time::sleep(Duration::from_millis(50)).await,
             _ => {}
         }
         shared.ops.lock().unwrap().push(Op {
@@ -524,6 +598,8 @@ async fn observer_loop(shared: Arc<Shared>) {
             continue;
         };
         let Ok(mut stream) = c.watch("\0", "\0", next).await else {
+            // Refused (a suspended or deleted tenant) or cut off: not at full speed.
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         while !stopped() {
@@ -552,6 +628,10 @@ async fn observer_loop(shared: Arc<Shared>) {
 /// longest gap between acknowledged keep-alives.
 async fn keeper_loop(shared: Arc<Shared>) {
     let lease = shared.lease.load(Ordering::Relaxed);
+    if lease == 0 {
+        // A workload without a lease (the tenant created mid-run).
+        return;
+    }
     let mut at = 0usize;
     let mut last_ok = Instant::now();
     while !shared.stopped() {
@@ -560,6 +640,7 @@ async fn keeper_loop(shared: Arc<Shared>) {
             continue;
         };
         let Ok(mut keep_alive) = c.keep_alive(lease).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         while !shared.stopped() {
@@ -665,6 +746,8 @@ struct Faults {
     objects: Objects,
     /// Shards in use, one tenant on each; every frontend serves every tenant.
     shards: usize,
+    /// The catalogue changes of a catalogue run, and what they did.
+    catalogue: Option<Changes>,
     /// The internal TLS files, when the run uses them.
     _pki: Option<tempfile::TempDir>,
 }
@@ -756,7 +839,7 @@ impl Faults {
         match target {
             Target::Frontend(i) => self.deployment.frontend_pid(i),
             Target::Journal(i) => self.deployment.journal_pid(i),
-            Target::JournalLeader => None,
+            Target::JournalLeader | Target::Tenant(_) => None,
             Target::Compactor => self.compactor.id(),
             Target::ObjectStore => match &self.objects {
                 Objects::S3(moto) => moto.pid(),
@@ -791,7 +874,9 @@ impl Faults {
         match target {
             Target::Frontend(f) => self.links[f].iter().collect(),
             Target::Journal(j) => self.links.iter().map(|l| &l[j]).collect(),
-            Target::JournalLeader | Target::Compactor | Target::ObjectStore => Vec::new(),
+            Target::JournalLeader | Target::Compactor | Target::ObjectStore | Target::Tenant(_) => {
+                Vec::new()
+            }
         }
     }
 
@@ -806,6 +891,12 @@ impl Faults {
     /// Starts `action` on `target` (a fault concerning `shard`); answers what it did when there
     /// is more to say than that.
     async fn start(&mut self, action: Action, target: Target, shard: u32) -> Option<String> {
+        if action.changes_the_catalogue() {
+            let (Target::Tenant(k), Some(changes)) = (target, self.catalogue.as_mut()) else {
+                return Some("(no catalogue to change)".into());
+            };
+            return Some(changes.start(action, k, shard).await);
+        }
         match action {
             Action::DiskFull => {
                 std::fs::write(self.disk(target).1, "write").expect("arm the failpoint");
@@ -868,12 +959,17 @@ impl Faults {
                 Target::JournalLeader => unreachable!("resolved before it starts"),
                 Target::Compactor => self.compactor.kill(),
                 Target::ObjectStore => unreachable!("the object store is only paused"),
+                Target::Tenant(_) => unreachable!("a tenant is not a process"),
             },
+            Action::Create | Action::Suspend | Action::Delete => {
+                unreachable!("catalogue changes start above")
+            }
         }
         None
     }
 
-    async fn heal(&mut self, action: Action, target: Target) {
+    /// Heals `action` on `target`; answers what it did when there is more to say.
+    async fn heal(&mut self, action: Action, target: Target) -> Option<String> {
         match action {
             Action::DiskFull | Action::DiskFailure | Action::DirFailure => {
                 let (j, trigger) = self.disk(target);
@@ -884,7 +980,14 @@ impl Faults {
                 std::fs::remove_file(self.disk(target).1).expect("clear the failpoint");
             }
             Action::Disconnect => self.links_of(target).into_iter().for_each(TcpProxy::heal),
-            Action::TakeOver => {}
+            Action::TakeOver | Action::Create => {}
+            // Undeleted after the faults, once every frontend was seen refusing it.
+            Action::Delete => {}
+            Action::Suspend => {
+                if let (Target::Tenant(k), Some(changes)) = (target, self.catalogue.as_mut()) {
+                    return Some(changes.lift(k).await);
+                }
+            }
             Action::Pause => self.pid(target).into_iter().for_each(resume_process),
             Action::Kill => match target {
                 // Waits until it serves again (from the newest checkpoint and the journal).
@@ -893,8 +996,10 @@ impl Faults {
                 Target::JournalLeader => unreachable!("resolved before it starts"),
                 Target::Compactor => self.compactor = self.start_compactor(),
                 Target::ObjectStore => unreachable!("the object store is only paused"),
+                Target::Tenant(_) => unreachable!("a tenant is not a process"),
             },
         }
+        None
     }
 }
 
@@ -1085,6 +1190,7 @@ async fn deploy(
         links,
         objects,
         shards,
+        catalogue: None,
         _pki: pki.map(|p| p.dir),
     })
 }
@@ -1108,6 +1214,9 @@ impl Faults {
         let shards = self.shards;
         for step in steps {
             let mut started = Vec::new();
+            // A catalogue change's admin calls and probes count as part of the hold: the
+            // step's faults last as the plan says, however long the change took.
+            let mut changing = Duration::ZERO;
             for (&(action, target), &shard) in step.faults.iter().zip(&step.shards) {
                 let resolved = self.resolve(target, shard).await;
                 let named = match target {
@@ -1121,20 +1230,34 @@ impl Faults {
                     _ if action == Action::TakeOver && shards > 1 => {
                         format!("{resolved:?} (shard {shard})")
                     }
+                    Target::Tenant(k) if action == Action::Create => format!(
+                        "{resolved:?} ({} on shard {shard})",
+                        catalogue::tenant_name(k, shards)
+                    ),
+                    Target::Tenant(k) => {
+                        format!("{resolved:?} ({})", catalogue::tenant_name(k, shards))
+                    }
                     _ => format!("{resolved:?}"),
                 };
                 let at = clock.secs();
                 let said = self.start(action, resolved, shard).await;
+                if action.changes_the_catalogue() {
+                    changing += Duration::from_secs_f64((clock.secs() - at).max(0.0));
+                }
                 ran.push(format!(
                     "{at:7.2}s {action:?} {named}{}",
                     said.map(|s| format!(" {s}")).unwrap_or_default()
                 ));
                 started.push((action, resolved));
             }
-            tokio::time::sleep(step.hold).await;
+            tokio::time::sleep(step.hold.saturating_sub(changing)).await;
             for &(action, target) in &started {
-                self.heal(action, target).await;
-                ran.push(format!("{:7.2}s healed {target:?}", clock.secs()));
+                let at = clock.secs();
+                let said = self.heal(action, target).await;
+                ran.push(format!(
+                    "{at:7.2}s healed {target:?}{}",
+                    said.map(|s| format!(" {s}")).unwrap_or_default()
+                ));
             }
             tokio::time::sleep(step.settle).await;
         }
@@ -1200,27 +1323,14 @@ impl Tasks {
     }
 }
 
-/// Revokes the lease (recorded, so the check finds its keys deleted together), learns the last
-/// revision from every frontend and waits until the observer has it; returns that revision.
+/// Revokes the lease, if the workload has one (recorded, so the check finds its keys deleted
+/// together), learns the last revision from every frontend and waits until the observer has
+/// it; returns that revision.
 async fn finish_history(shared: &Shared, violations: &mut Vec<String>) -> i64 {
-    let revoke = Request::LeaseRevoke {
-        lease: shared.lease.load(Ordering::Relaxed),
-    };
-    let invoke = shared.clock.now();
-    let outcome = match shared.connect(0).await {
-        Some(mut c) => c.perform(&revoke).await,
-        None => Outcome::Unknown("cannot connect".into()),
-    };
-    if !matches!(outcome, Outcome::Ok { .. }) {
-        violations.push(format!("the lease revoke after healing: {outcome:?}"));
+    let lease = shared.lease.load(Ordering::Relaxed);
+    if lease != 0 {
+        revoke_lease(shared, lease, violations).await;
     }
-    shared.ops.lock().unwrap().push(Op {
-        client: usize::MAX,
-        invoke,
-        complete: shared.clock.now(),
-        request: revoke,
-        outcome,
-    });
     let mut final_revision = 0;
     let read = Request::Get { key: "k/00".into() };
     for (at, e) in shared.endpoints.iter().enumerate() {
@@ -1244,6 +1354,26 @@ async fn finish_history(shared: &Shared, violations: &mut Vec<String>) -> i64 {
         ));
     }
     final_revision
+}
+
+/// Revokes the workload's lease, recorded as a client's request.
+async fn revoke_lease(shared: &Shared, lease: i64, violations: &mut Vec<String>) {
+    let revoke = Request::LeaseRevoke { lease };
+    let invoke = shared.clock.now();
+    let outcome = match shared.connect(0).await {
+        Some(mut c) => c.perform(&revoke).await,
+        None => Outcome::Unknown("cannot connect".into()),
+    };
+    if !matches!(outcome, Outcome::Ok { .. }) {
+        violations.push(format!("the lease revoke after healing: {outcome:?}"));
+    }
+    shared.ops.lock().unwrap().push(Op {
+        client: usize::MAX,
+        invoke,
+        complete: shared.clock.now(),
+        request: revoke,
+        outcome,
+    });
 }
 
 /// The checks on what the clients saw after the faults healed: answers came again, and none
@@ -1278,13 +1408,95 @@ struct Workload {
     shard: usize,
     shared: Arc<Shared>,
     tasks: Tasks,
+    /// Revisions the run must have written for its checks not to be vacuous.
+    min_revisions: usize,
 }
 
 impl Workload {
+    /// Starts the workload of `stack`'s tenant on `shard`: `clients` clients, the watchers, the
+    /// observer and, if `leased`, a lease kept alive that some of its puts attach keys to.
+    async fn start(
+        shard: usize,
+        stack: Stack,
+        endpoints: &[String],
+        clock: &Clock,
+        seed: u64,
+        clients: usize,
+        leased: bool,
+    ) -> Result<Self, String> {
+        let lease = if leased {
+            grant_lease(&stack, endpoints).await?
+        } else {
+            0
+        };
+        let shared = Arc::new(Shared {
+            clock: clock.clone(),
+            stack,
+            endpoints: endpoints.to_vec(),
+            stop_clients: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            ops: Mutex::new(Vec::new()),
+            log: Mutex::new(Vec::new()),
+            observed: tokio::sync::watch::channel(0).0,
+            watchers: Mutex::new(Vec::new()),
+            errors: Mutex::new(Vec::new()),
+            lease: AtomicI64::new(lease),
+            keepalive_gap_ms: AtomicI64::new(0),
+        });
+        let tasks = Tasks::spawn(&shared, seed, clients);
+        Ok(Self {
+            shard,
+            shared,
+            tasks,
+            min_revisions: 200,
+        })
+    }
+
     /// The tenant's name in reports.
     fn tenant(&self) -> &str {
         self.shared.stack.tenant()
     }
+
+    /// Waits until every frontend serves the tenant again ([`Shared::serves_again`]).
+    async fn served_everywhere(&self) -> Result<(), String> {
+        for at in 0..self.shared.endpoints.len() {
+            let served = self.shared.serves_again(at).await;
+            served.map_err(|why| format!("tenant {}: {why}", self.tenant()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Clients of the tenant the plan creates mid-run: fewer than the others', for a shorter while.
+const CREATED_CLIENTS: usize = 2;
+/// Revisions the created tenant's workload must write.
+const CREATED_MIN_REVISIONS: usize = 50;
+
+/// Starts the workload of the tenant the plan creates, once the catalogue has it (none if it
+/// never does: the create was not planned, or did not take effect).
+async fn created_workload(
+    created: tokio::sync::oneshot::Receiver<(String, u32)>,
+    endpoints: Vec<String>,
+    clock: Clock,
+    seed: u64,
+) -> Option<Result<Workload, String>> {
+    let (name, shard) = created.await.ok()?;
+    let shard = usize::try_from(shard).unwrap_or(0);
+    let seed = workload_seed(seed, 0x100 + shard);
+    let started = Workload::start(
+        shard,
+        Stack::Header(name),
+        &endpoints,
+        &clock,
+        seed,
+        CREATED_CLIENTS,
+        false,
+    )
+    .await;
+    Some(started.map(|w| Workload {
+        min_revisions: CREATED_MIN_REVISIONS,
+        ..w
+    }))
 }
 
 /// Whether `log` (a frontend's) says it loaded `tenant` from a checkpoint. A catalogue
@@ -1319,7 +1531,12 @@ struct Checked {
 /// Checks what one workload's clients saw once its clients stopped: availability around the
 /// faults, the history, the watchers, and that every frontend of the tenant holds the log's
 /// replay.
-async fn check_workload(w: &mut Workload, healed: Time, no_quorum: (Time, Time)) -> Checked {
+async fn check_workload(
+    w: &mut Workload,
+    healed: Time,
+    no_quorum: (Time, Time),
+    lapses: &[Lapse],
+) -> Checked {
     let shared = &w.shared;
     let mut violations = check_availability(&shared.ops.lock().unwrap(), healed, no_quorum);
     let final_revision = finish_history(shared, &mut violations).await;
@@ -1330,14 +1547,9 @@ async fn check_workload(w: &mut Workload, healed: Time, no_quorum: (Time, Time))
     let log = std::mem::take(&mut *shared.log.lock().unwrap());
     let watched = std::mem::take(&mut *shared.watchers.lock().unwrap());
     violations.extend(shared.errors.lock().unwrap().drain(..));
-    for o in &ops {
-        if let Outcome::Failed(why) = &o.outcome {
-            violations.push(format!(
-                "a valid request was refused ({why}): {:?}",
-                o.request
-            ));
-        }
-    }
+    // Refused only while suspended or deleted, and never answered once every frontend
+    // refused the tenant.
+    violations.extend(catalogue::judge(&ops, shared.stack.tenant(), lapses));
     violations.extend(history::check(&ops, &log, FIRST_REVISION).violations);
     for w in &watched {
         violations.extend(history::check_watch(w, &log, FIRST_REVISION).violations);
@@ -1351,7 +1563,7 @@ async fn check_workload(w: &mut Workload, healed: Time, no_quorum: (Time, Time))
         .map(|e| e.revision)
         .collect::<std::collections::BTreeSet<_>>()
         .len();
-    if revisions_written < 200 {
+    if revisions_written < w.min_revisions {
         violations.push(format!(
             "only {revisions_written} writes changed the keyspace: the run checked too little"
         ));
@@ -1399,41 +1611,59 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
     let mut workloads = Vec::new();
     for shard in 0..shards {
         let stack = stack_of(shards, shard);
-        let lease = grant_lease(&stack, &endpoints).await?;
-        let shared = Arc::new(Shared {
-            clock: clock.clone(),
-            stack,
-            endpoints: endpoints.clone(),
-            stop_clients: AtomicBool::new(false),
-            stop: AtomicBool::new(false),
-            ops: Mutex::new(Vec::new()),
-            log: Mutex::new(Vec::new()),
-            observed: tokio::sync::watch::channel(0).0,
-            watchers: Mutex::new(Vec::new()),
-            errors: Mutex::new(Vec::new()),
-            lease: AtomicI64::new(lease),
-            keepalive_gap_ms: AtomicI64::new(0),
-        });
-        let tasks = Tasks::spawn(&shared, workload_seed(seed, shard), config.clients);
-        workloads.push(Workload {
-            shard,
-            shared,
-            tasks,
-        });
+        let seed = workload_seed(seed, shard);
+        let w = Workload::start(shard, stack, &endpoints, &clock, seed, config.clients, true);
+        workloads.push(w.await?);
+    }
+    // A catalogue run changes the catalogue as its plan says, and the tenant it creates runs a
+    // workload of its own from then on.
+    let (created_tx, created_rx) = tokio::sync::oneshot::channel();
+    let created = tokio::spawn(created_workload(
+        created_rx,
+        endpoints.clone(),
+        clock.clone(),
+        seed,
+    ));
+    if shards > 1 {
+        let admins = (0..frontends)
+            .filter_map(|i| faults.deployment.frontend(i).admin.clone())
+            .map(|a| format!("http://{a}"))
+            .collect();
+        let changes = Changes::new(clock.clone(), admins, endpoints.clone(), shards, created_tx);
+        faults.catalogue = Some(changes);
+    } else {
+        drop(created_tx);
     }
 
     let mut ran = Vec::new();
     faults.play(&steps, &clock, &mut ran).await;
+    if let Some(changes) = faults.catalogue.as_mut() {
+        // No create after this: the created tenant's workload is started, or never will be.
+        changes.created = None;
+    }
+    let created = created.await.ok().flatten().transpose()?;
     let no_quorum = faults.majority_down(spared, &clock, &mut ran).await;
     // Everything healed: every frontend must serve every tenant again, and clients get
-    // answers.
+    // answers; the tenants not deleted without undeleting anything.
     for w in &workloads {
-        for at in 0..endpoints.len() {
-            if let Err(why) = w.shared.serves_again(at).await {
-                let violation = format!("tenant {}: {why}", w.tenant());
-                return Err(report(seed, &ran, &[violation], &faults.deployment));
-            }
+        if let Err(violation) = w.served_everywhere().await {
+            return Err(report(seed, &ran, &[violation], &faults.deployment));
         }
+    }
+    // A deleted tenant is refused by every frontend, then undeleted: it must be served again,
+    // with everything acknowledged before.
+    let mut lapses = Vec::new();
+    let mut catalogue_violations = Vec::new();
+    if let Some(changes) = faults.catalogue.as_mut() {
+        ran.extend(changes.end_deletions().await);
+        lapses = changes.lapses.clone();
+        catalogue_violations = std::mem::take(&mut changes.violations);
+    }
+    if let Some(w) = created {
+        if let Err(violation) = w.served_everywhere().await {
+            return Err(report(seed, &ran, &[violation], &faults.deployment));
+        }
+        workloads.push(w);
     }
     let healed = clock.now();
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1442,7 +1672,7 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
     }
     let mut checked = Vec::new();
     for w in &mut workloads {
-        checked.push(check_workload(w, healed, no_quorum).await);
+        checked.push(check_workload(w, healed, no_quorum, &lapses).await);
     }
 
     // A replica rebuilt from the newest checkpoint and the journal agrees too: frontend 0,
@@ -1478,7 +1708,7 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         }
     }
 
-    let mut violations = Vec::new();
+    let mut violations = catalogue_violations;
     for (w, c) in workloads.iter().zip(&checked) {
         let tenant = w.tenant();
         let named = |v: &String| {
@@ -1491,7 +1721,10 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         violations.extend(c.violations.iter().map(named));
     }
     if !violations.is_empty() {
-        for w in &workloads {
+        let leased = workloads
+            .iter()
+            .filter(|w| w.shared.lease.load(Ordering::Relaxed) != 0);
+        for w in leased {
             violations.push(format!(
                 "longest gap between the lease's keep-alives of tenant {}: {} ms (TTL {LEASE_TTL} s)",
                 w.tenant(),
@@ -1773,6 +2006,7 @@ mod tests {
                         Target::JournalLeader => "leader",
                         Target::Compactor => "compactor",
                         Target::ObjectStore => "object store",
+                        Target::Tenant(_) => "tenant",
                     };
                     seen.insert(format!("{action:?} {kind}"));
                 }
@@ -1799,6 +2033,9 @@ mod tests {
         want.insert("Kill compactor".to_string());
         want.insert("Pause compactor".to_string());
         want.insert("Pause object store".to_string());
+        for change in ["Create", "Suspend", "Delete"] {
+            want.insert(format!("{change} tenant"));
+        }
         let missing: Vec<&String> = want.difference(&seen).collect();
         assert!(missing.is_empty(), "no fixed seed plans {missing:?}");
         let tls: Vec<bool> = FIXED_SEEDS
@@ -1864,6 +2101,48 @@ mod tests {
                 .iter()
                 .any(|&seed| plan(seed, Config::ci().faults_for).shards == 1),
             "a fixed seed runs one shard"
+        );
+        // Its catalogue changes: a create under a journal fault, a suspension while a frontend
+        // is stopped (it must come back with the tenant suspended), the created tenant deleted
+        // last.
+        let with = |action: Action, other: &dyn Fn(&(Action, Target)) -> bool| {
+            two.steps
+                .iter()
+                .any(|s| s.faults.iter().any(|f| f.0 == action) && s.faults.iter().any(other))
+        };
+        assert!(
+            with(Action::Create, &|(_, t)| matches!(
+                t,
+                Target::Journal(_) | Target::JournalLeader
+            )),
+            "the two-shard seed creates no tenant under a journal fault"
+        );
+        assert!(
+            with(Action::Suspend, &|(a, t)| matches!(t, Target::Frontend(_))
+                && *a == Action::Kill),
+            "the two-shard seed suspends no tenant while a frontend is killed"
+        );
+        let last = two
+            .steps
+            .last()
+            .map(|s| s.faults.clone())
+            .unwrap_or_default();
+        assert!(
+            last.contains(&(Action::Delete, Target::Tenant(2))),
+            "the two-shard seed does not delete the created tenant last: {last:?}"
+        );
+        // A run of one shard changes no catalogue.
+        let one = FIXED_SEEDS
+            .iter()
+            .map(|&seed| plan(seed, Config::ci().faults_for))
+            .find(|p| p.shards == 1)
+            .expect("a fixed seed runs one shard");
+        assert!(
+            !one.steps
+                .iter()
+                .flat_map(|s| &s.faults)
+                .any(|(a, _)| a.changes_the_catalogue()),
+            "a one-shard run changes the catalogue"
         );
     }
 }

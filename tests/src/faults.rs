@@ -10,9 +10,10 @@
 //! play the schedule (`kill -9` and restart, SIGSTOP and SIGCONT, dropped
 //! frontend-to-journal connections, full and failing journal disks, a paused S3 server; at most
 //! one journal node and one frontend at a time; in a catalogue run, a tenant created, one
-//! suspended and resumed, the created one deleted: `faults/catalogue.rs`), then take a majority of the
-//! journal down for a while; heal everything; then check the history, the watchers, the lease,
-//! and that every frontend, and one rebuilt from the newest checkpoint, holds the same state.
+//! suspended and resumed, the created one deleted: `faults/catalogue.rs`), then take a
+//! majority of the journal down for a while; heal everything; then check the history, the
+//! watchers, the lease, and that every frontend, and one rebuilt from the newest checkpoint,
+//! holds the same state.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;

@@ -117,16 +117,15 @@ impl Tenants {
     /// point of the catalogue (every change committed before), then the follower's reconcile
     /// of it. A request naming a tenant created a moment ago through another frontend waits
     /// for it here instead of being refused as unknown (NotFound, which clients do not retry).
-    /// Bounded: on a journal outage the request is refused as before.
-    async fn catch_up_with_catalogue(&self) {
+    /// Bounded: on a journal outage the catalogue's read point fails with its error.
+    async fn catch_up_with_catalogue(&self) -> Result<(), Error> {
         let Some(system) = &self.catalogue else {
-            return;
+            return Ok(());
         };
-        if system.barrier().await.is_err() {
-            return;
-        }
+        system.barrier().await?;
         let revision = system.replica.read().revision();
         self.until_reconciled(revision).await;
+        Ok(())
     }
 
     /// Waits (at most `CATCH_UP_WAIT`) until dormant tenant `name`, which a request woke, is
@@ -575,8 +574,14 @@ impl Tenants {
         }
         let first = match look(self, metadata) {
             Err(Error::UnknownTenant(_)) => {
-                self.catch_up_with_catalogue().await;
-                look(self, metadata)
+                let caught_up = self.catch_up_with_catalogue().await;
+                match (look(self, metadata), caught_up) {
+                    // The catalogue could not be read (the journal is out of reach): whether the
+                    // tenant exists is not known, and NotFound would not be retried; the
+                    // outage's own error (Unavailable) is.
+                    (Err(Error::UnknownTenant(_)), Err(outage)) => Err(outage),
+                    (r, _) => r,
+                }
             }
             r => r,
         };

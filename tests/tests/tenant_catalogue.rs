@@ -320,9 +320,10 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     assert!(e.contains("is not deleted"), "{e}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() {
-    let mut d = Deployment::start_with(
+/// Three journal nodes and one frontend serving the tenants of the catalogue, named by the
+/// `x-strata-tenant` header.
+async fn one_catalogue_frontend() -> Deployment {
+    Deployment::start_with(
         1,
         Setup {
             frontend_extra: Box::new(|dir| {
@@ -336,7 +337,12 @@ async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() 
             ..Setup::default()
         },
     )
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_frontend_serves_what_the_catalogue_says_across_kill_and_trim() {
+    let mut d = one_catalogue_frontend().await;
     // A second frontend, only for its admin port: mutual TLS, with an admin CA of its own.
     let certs = d.dir().join("certs");
     std::fs::create_dir_all(&certs).unwrap();
@@ -1031,4 +1037,41 @@ async fn one_frontend_serves_the_tenants_of_every_shard() {
     let mut t0 = TenantClient::connect(&endpoint, "t0").await.unwrap();
     let e = get(&mut t0, "k0").await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound, "{e:?}");
+}
+
+/// A request naming a tenant this frontend does not know, while the journal has no quorum:
+/// whether the tenant exists cannot be learned, so the answer is the outage's (Unavailable,
+/// which etcd clients retry), not NotFound (which they do not, and which a kube-apiserver
+/// would report as a missing cluster). Found by the fault suite's review.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_tenant_during_a_journal_outage_is_unavailable_not_not_found() {
+    let mut d = one_catalogue_frontend().await;
+    let mut c = TenantClient::connect(&d.frontend(0).endpoint(), "nobody")
+        .await
+        .unwrap();
+    let e = get(&mut c, "k").await.unwrap_err();
+    assert_eq!(e.code(), Code::NotFound, "the journal up: {e}");
+
+    d.kill_journal(0);
+    d.kill_journal(1);
+    let e = get(&mut c, "k").await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Code::Unavailable,
+        "the journal without quorum: {e}"
+    );
+
+    d.restart_journal(0);
+    d.restart_journal(1);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match get(&mut c, "k").await {
+            Err(e) if e.code() == Code::NotFound => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "the journal back, still not NotFound: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -22,7 +22,7 @@ use futures::StreamExt;
 use journal::client::JournalClient;
 use memstore::MemStore;
 use strata_tests::deployment::Deployment;
-use strata_tests::process::strata_bin;
+use strata_tests::process::{ChildGuard, strata_bin};
 use strata_tests::readiness::tail_file;
 
 const SHARD: u32 = 0;
@@ -303,13 +303,25 @@ async fn restore_brings_a_tenant_back_to_an_older_checkpoint_through_the_journal
 
 /// Every key and value under `r/` as frontend `endpoint` serves it (linearizable), with the
 /// revision of the read.
-/// A write racing the restore aborts its commit; the command plans again from the newer state,
-/// loading the checkpoint again (it drops the target once a plan is in the journal, to bound
-/// its memory), and the second plan lands: the tenant holds the checkpoint's keys, the raced
-/// key's value included.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restore_raced_by_a_write_plans_again_and_lands() {
-    let deployment = Deployment::start(1).await;
+/// What a restore test goes back to: a deployment with a compactor checkpointing every
+/// 500 ms (keeping enough checkpoints that the one restored to is still retained on a slow
+/// machine), keys `r/000`.. of `BIG_VALUE` bytes written through frontend 0, and the
+/// checkpoint that holds them.
+struct Checkpointed {
+    deployment: Deployment,
+    journals: Vec<String>,
+    url: String,
+    client: JournalClient,
+    catalog: Catalog,
+    _compactor: ChildGuard,
+    f0: etcd_client::Client,
+    /// `r/` as served when the checkpoint was taken.
+    want: BTreeMap<Vec<u8>, Vec<u8>>,
+    checkpoint: u64,
+}
+
+async fn checkpointed(frontends: usize, keys: usize) -> Checkpointed {
+    let deployment = Deployment::start(frontends).await;
     let journals = deployment.journal_addrs().to_vec();
     let url = format!("file://{}", deployment.objects().display());
     let log = deployment.dir().join("compactor.log");
@@ -319,16 +331,43 @@ async fn a_restore_raced_by_a_write_plans_again_and_lands() {
     let mut f0 = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
         .await
         .unwrap();
-
-    // The checkpoint: 150 keys of a value large enough for the plan to take several chunks
-    // (and small enough to be read in one answer, under the client's 4 MiB).
-    for i in 0..150 {
+    for i in 0..keys {
         f0.put(format!("r/{i:03}"), vec![b'a'; BIG_VALUE], None)
             .await
             .unwrap();
     }
     let (want, _) = served(&mut f0).await;
     let checkpoint = wait_checkpoint(&catalog, client.read_index(SHARD).await.unwrap(), &log).await;
+    Checkpointed {
+        deployment,
+        journals,
+        url,
+        client,
+        catalog,
+        _compactor,
+        f0,
+        want,
+        checkpoint,
+    }
+}
+
+/// A write racing the restore aborts its commit; the command plans again from the newer state,
+/// loading the checkpoint again (it drops the target once a plan is in the journal, to bound
+/// its memory), and the second plan lands: the tenant holds the checkpoint's keys, the raced
+/// key's value included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_raced_by_a_write_plans_again_and_lands() {
+    // 150 keys of a value large enough for the plan to take several chunks (and small enough
+    // to be read in one answer, under the client's 4 MiB).
+    let Checkpointed {
+        deployment,
+        journals,
+        url,
+        mut f0,
+        want,
+        checkpoint,
+        ..
+    } = checkpointed(1, 150).await;
     for i in 0..150 {
         f0.put(format!("r/{i:03}"), "b", None).await.unwrap();
     }
@@ -476,31 +515,21 @@ const BIG_VALUE: usize = 24 * 1024;
 /// change at that one revision (nothing is cancelled: docs/compactor.md).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restore_is_atomic_on_every_frontend_and_watchers_get_it_at_one_revision() {
-    let deployment = Deployment::start(2).await;
-    let journals = deployment.journal_addrs().to_vec();
-    let objects = deployment.objects();
-    let url = format!("file://{}", objects.display());
-    let log = deployment.dir().join("compactor.log");
-    let client = JournalClient::connect(&journals).await.unwrap();
-    let catalog = Catalog::new(compactor::store::open(&url).unwrap());
-    // Checkpoints every 500 ms while writes flow: keep enough of them that the one restored
-    // to is still retained when the restore runs on a slow machine.
-    let _compactor = deployment.start_compactor(&["--every", "500ms", "--keep", "200"]);
-    let mut f0 = etcd_client::Client::connect([deployment.frontend(0).endpoint()], None)
-        .await
-        .unwrap();
+    // Phase A through frontend 0, then a checkpoint of it.
+    let Checkpointed {
+        deployment,
+        journals,
+        url,
+        client,
+        catalog,
+        mut f0,
+        want,
+        checkpoint,
+        _compactor,
+    } = checkpointed(2, 100).await;
     let mut f1 = etcd_client::Client::connect([deployment.frontend(1).endpoint()], None)
         .await
         .unwrap();
-
-    // Phase A through frontend 0, then a checkpoint of it.
-    for i in 0..100 {
-        f0.put(format!("r/{i:03}"), vec![b'a'; BIG_VALUE], None)
-            .await
-            .unwrap();
-    }
-    let (want, _) = served(&mut f0).await;
-    let checkpoint = wait_checkpoint(&catalog, client.read_index(SHARD).await.unwrap(), &log).await;
 
     // Phase B: overwrite most keys, delete others, add new ones.
     for i in 20..120 {

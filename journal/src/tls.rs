@@ -20,8 +20,10 @@
 //! the internal CA's (which would refuse every certificate of the deployment) is refused like a
 //! file that does not parse (`crl_of_the_ca`).
 //!
-//! Also owns the small DER reading (a certificate's subject and expiry) and the revocation of
-//! open connections ([`revocable`]) the frontend's client port shares.
+//! Also owns the small DER reading (a certificate's subject, expiry and public key; a
+//! revocation list's issuer; whether a certificate or list is signed by a given certificate's
+//! key) and the revocation of open connections ([`revocable`]) the frontend's client port
+//! shares.
 
 use std::future::Future;
 use std::io;

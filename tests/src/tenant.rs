@@ -114,6 +114,21 @@ impl TenantClient {
     }
 }
 
+/// The command line `strata admin tenant <args> <tls> --endpoint <endpoint> --json`.
+pub fn admin_command<S: AsRef<std::ffi::OsStr>>(
+    endpoint: &str,
+    tls: &[String],
+    args: &[S],
+) -> std::process::Command {
+    let mut command = std::process::Command::new(crate::process::strata_bin());
+    command
+        .args(["admin", "tenant"])
+        .args(args)
+        .args(tls)
+        .args(["--endpoint", endpoint, "--json"]);
+    command
+}
+
 /// `strata admin tenant <args> --endpoint <admin> --json` with `tls` flags (`--cacert`,
 /// `--cert`, `--key`; none for a plain loopback admin port): the JSON printed, or the error
 /// text.
@@ -122,11 +137,7 @@ pub fn admin_as(
     tls: &[String],
     args: &[&str],
 ) -> Result<serde_json::Value, String> {
-    let out = std::process::Command::new(crate::process::strata_bin())
-        .args(["admin", "tenant"])
-        .args(args)
-        .args(tls)
-        .args(["--endpoint", endpoint, "--json"])
+    let out = admin_command(endpoint, tls, args)
         .output()
         .expect("run strata admin tenant");
     if out.status.success() {

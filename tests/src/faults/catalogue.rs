@@ -20,6 +20,7 @@ use serde_json::Value;
 use super::Clock;
 use super::client::Stack;
 use crate::history::{Op, Outcome, Request, Time};
+use crate::tenant::admin_command;
 
 /// The tenant the plan creates mid-run (`Target::Tenant(2)`); the others are `shard0` and
 /// `shard1`, created before the workload.
@@ -433,11 +434,8 @@ fn nanos(d: Duration) -> u64 {
 /// One `strata admin tenant <args> --endpoint <endpoint> --json`, given up after
 /// [`ATTEMPT_FOR`] (the process is killed then).
 async fn admin_once(endpoint: &str, args: &[String]) -> Result<Value, String> {
-    let mut command = tokio::process::Command::new(crate::process::strata_bin());
+    let mut command = tokio::process::Command::from(admin_command(endpoint, &[], args));
     command
-        .args(["admin", "tenant"])
-        .args(args)
-        .args(["--endpoint", endpoint, "--json"])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

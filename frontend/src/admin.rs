@@ -78,10 +78,12 @@ impl AdminService {
         .await
     }
 
-    fn named(name: String, change: Change) -> TenantChange {
+    /// `change` of the tenant `req` names, made for the record's revision it gives (if any).
+    fn named(req: TenantName, change: Change) -> TenantChange {
         TenantChange {
-            name,
+            name: req.name,
             change: Some(change),
+            if_revision: req.if_revision,
             ..Default::default()
         }
     }
@@ -101,6 +103,7 @@ impl Admin for AdminService {
             shard: r.shard,
             shards: self.shards,
             retention_ms: 0,
+            if_revision: r.if_revision,
         };
         self.change("CreateTenant", change).await
     }
@@ -145,30 +148,34 @@ impl Admin for AdminService {
         req: Request<UpdateQuotasRequest>,
     ) -> Result<Response<TenantResponse>, Status> {
         let r = req.into_inner();
-        let change = Self::named(r.name, Change::UpdateQuotas(r.quotas.unwrap_or_default()));
+        let name = TenantName {
+            name: r.name,
+            if_revision: r.if_revision,
+        };
+        let change = Self::named(name, Change::UpdateQuotas(r.quotas.unwrap_or_default()));
         self.change("UpdateQuotas", change).await
     }
 
     async fn suspend(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
-        let change = Self::named(req.into_inner().name, Change::Suspended(true));
+        let change = Self::named(req.into_inner(), Change::Suspended(true));
         self.change("Suspend", change).await
     }
 
     async fn resume(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
-        let change = Self::named(req.into_inner().name, Change::Suspended(false));
+        let change = Self::named(req.into_inner(), Change::Suspended(false));
         self.change("Resume", change).await
     }
 
     async fn delete(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
         let change = TenantChange {
             retention_ms: self.retention_ms,
-            ..Self::named(req.into_inner().name, Change::Delete(true))
+            ..Self::named(req.into_inner(), Change::Delete(true))
         };
         self.change("Delete", change).await
     }
 
     async fn undelete(&self, req: Request<TenantName>) -> Result<Response<TenantResponse>, Status> {
-        let change = Self::named(req.into_inner().name, Change::Undelete(true));
+        let change = Self::named(req.into_inner(), Change::Undelete(true));
         self.change("Undelete", change).await
     }
 }

@@ -149,6 +149,7 @@ fn store_status(e: &memstore::Error) -> (Code, String) {
         C::DataLoss => Code::DataLoss,
         C::PermissionDenied => Code::PermissionDenied,
         C::AlreadyExists => Code::AlreadyExists,
+        C::Aborted => Code::Aborted,
         C::Unknown => Code::Unknown,
     };
     (code, e.grpc_message())

@@ -88,6 +88,16 @@ impl MemStore {
         let Some(what) = change.change.as_ref() else {
             return Err(Error::Unsupported("an empty tenant change".into()));
         };
+        let now_at = current.as_ref().map_or(0, |r| r.revision);
+        if let Some(since) = change.if_revision
+            && since != now_at
+        {
+            return Err(Error::TenantChanged {
+                name: name.to_string(),
+                since,
+                now: now_at,
+            });
+        }
         let now = self.time_ms();
         let record = match (what, current) {
             (Change::Create(quotas), None) => self.new_record(index, change, quotas, now)?,

@@ -14,6 +14,8 @@ pub enum Code {
     DataLoss,
     PermissionDenied,
     AlreadyExists,
+    /// A test-and-set that failed: the client reads again and decides again.
+    Aborted,
     /// What grpc-go answers for an error etcd does not map to a code.
     Unknown,
 }
@@ -107,6 +109,10 @@ pub enum Error {
     /// that is not deleted).
     #[error("strata: tenant {name} is {state}")]
     TenantState { name: String, state: &'static str },
+    /// Catalogue: a change made for the record at revision `since` (`if_revision`), which
+    /// another change has moved to `now` (0: no record).
+    #[error("strata: tenant {name} changed since revision {since} (now at revision {now})")]
+    TenantChanged { name: String, since: i64, now: i64 },
     /// A lease grant with the tenant's lease quota (from the catalogue) reached.
     #[error("strata: lease quota of {0} reached")]
     LeaseQuota(i64),
@@ -137,6 +143,7 @@ impl Error {
             Error::TenantNotFound(_) => Code::NotFound,
             Error::TenantName(_) | Error::NoSuchShard { .. } => Code::InvalidArgument,
             Error::TenantState { .. } => Code::FailedPrecondition,
+            Error::TenantChanged { .. } => Code::Aborted,
             Error::Corrupt(_) | Error::CorruptAlarm => Code::DataLoss,
             Error::UserEmpty
             | Error::RoleEmpty

@@ -215,6 +215,67 @@ fn states_move_as_the_admin_api_says() {
     assert!(c.apply(change("a", Change::Undelete(true))).is_err());
 }
 
+/// An admin call whose client gave up can still be appended, and land after a later call:
+/// made for the record's revision it read, it is refused then and changes nothing.
+#[test]
+fn a_change_made_for_an_older_revision_of_the_record_is_refused() {
+    let mut c = Catalogue::new();
+    let guarded = |c: Change, at: i64| TenantChange {
+        if_revision: Some(at),
+        ..change("a", c)
+    };
+    let fresh = c
+        .apply(TenantChange {
+            if_revision: Some(0),
+            ..create("a", None, 1, 1)
+        })
+        .unwrap();
+    let late_suspend = guarded(Change::Suspended(true), fresh.revision);
+    let resumed = c
+        .apply(guarded(Change::Suspended(false), fresh.revision))
+        .unwrap();
+    let before = c.store.revision();
+    let e = c.apply(late_suspend).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!(
+            "strata: tenant a changed since revision {} (now at revision {})",
+            fresh.revision, resumed.revision
+        )
+    );
+    assert_eq!(e.grpc_code(), Code::Aborted);
+    assert_eq!(c.store.revision(), before, "nothing changed");
+    let r = c.store.tenant_record("a").unwrap();
+    assert_eq!(
+        (r.state, r.revision),
+        (TenantState::Active as i32, resumed.revision)
+    );
+    // A create for a name's absence (0) is refused once it exists, and a new generation must
+    // name the deleted record's revision.
+    let twice = c
+        .apply(TenantChange {
+            if_revision: Some(0),
+            ..create("a", None, 1, 2)
+        })
+        .unwrap_err();
+    assert!(matches!(twice, Error::TenantChanged { now, .. } if now == resumed.revision));
+    let deleted = c
+        .apply(guarded(Change::Delete(true), resumed.revision))
+        .unwrap();
+    let stale = TenantChange {
+        if_revision: Some(resumed.revision),
+        ..create("a", None, 1, 3)
+    };
+    assert!(matches!(c.apply(stale), Err(Error::TenantChanged { .. })));
+    let next = TenantChange {
+        if_revision: Some(deleted.revision),
+        ..create("a", None, 1, 3)
+    };
+    assert_eq!(c.apply(next).unwrap().uid, vec![3; 16]);
+    // Without one, a change applies to whatever the record is (as before).
+    assert!(c.apply(change("a", Change::Suspended(true))).is_ok());
+}
+
 #[test]
 fn only_the_catalogue_applies_tenant_changes() {
     let mut c = Catalogue::new();
@@ -248,6 +309,25 @@ struct Model {
     created_index: u64,
     /// Journal time after which a deleted tenant cannot be undeleted.
     purge_at: i64,
+    /// The catalogue revision of the record's last change.
+    revision: i64,
+}
+
+/// The `if_revision` a change carries: none, the record's revision as the model has it, or
+/// another one (a change made for a record that has moved on since).
+#[derive(Clone, Copy, Debug)]
+enum Guard {
+    None,
+    Current,
+    Stale(i64),
+}
+
+fn guard() -> impl Strategy<Value = Guard> {
+    prop_oneof![
+        2 => Just(Guard::None),
+        2 => Just(Guard::Current),
+        1 => prop_oneof![-3i64..0, 1i64..3].prop_map(Guard::Stale),
+    ]
 }
 
 #[derive(Clone, Debug)]
@@ -301,6 +381,7 @@ fn model_step(model: &BTreeMap<&str, Model>, op: &Op, index: u64, now: i64) -> O
                 uid,
                 created_index: index,
                 purge_at: 0,
+                revision: 0,
             })
         }
         Op::Quotas(i, q) => {
@@ -365,28 +446,50 @@ fn matches_model(r: &TenantRecord, m: &Model) -> bool {
         && r.uid == vec![m.uid; 16]
         && r.created_index == m.created_index
         && (m.state != TenantState::Deleted || r.deleted_ms + r.retention_ms == m.purge_at)
+        && r.revision == m.revision
 }
 
 proptest! {
     #[test]
-    fn random_changes_agree_with_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+    fn random_changes_agree_with_the_model(
+        ops in proptest::collection::vec((op(), guard()), 1..60),
+    ) {
         let mut c = Catalogue::new();
         let mut model: BTreeMap<&str, Model> = BTreeMap::new();
-        for op in &ops {
-            let expected = model_step(&model, op, c.index + 1, c.now_ms + 10);
+        for (op, guard) in &ops {
+            let name = match *op {
+                Op::Create(i, ..) | Op::Quotas(i, _) | Op::Suspend(i, _)
+                | Op::Delete(i, _) | Op::Undelete(i) => NAMES[i],
+            };
+            let at = model.get(name).map_or(0, |m| m.revision);
+            let if_revision = match *guard {
+                Guard::None => None,
+                Guard::Current => Some(at),
+                Guard::Stale(off) => Some(at + off),
+            };
+            // A change made for another revision of the record is refused whatever it asks.
+            let expected = match guard {
+                Guard::Stale(_) => None,
+                _ => model_step(&model, op, c.index + 1, c.now_ms + 10),
+            };
             let before = c.store.revision();
-            let got = c.apply(to_change(op));
+            let got = c.apply(TenantChange { if_revision, ..to_change(op) });
             match (&expected, &got) {
                 (Some(m), Ok(r)) => {
-                    prop_assert!(matches_model(r, m), "{op:?}: {r:?} vs {m:?}");
                     prop_assert_eq!(r.revision, before + 1);
-                    let name = match *op {
-                        Op::Create(i, ..) | Op::Quotas(i, _) | Op::Suspend(i, _)
-                        | Op::Delete(i, _) | Op::Undelete(i) => NAMES[i],
-                    };
-                    model.insert(name, m.clone());
+                    let m = Model { revision: r.revision, ..m.clone() };
+                    prop_assert!(matches_model(r, &m), "{op:?}: {r:?} vs {m:?}");
+                    model.insert(name, m);
                 }
-                (None, Err(_)) => prop_assert_eq!(c.store.revision(), before),
+                (None, Err(e)) => {
+                    prop_assert_eq!(c.store.revision(), before);
+                    if let Guard::Stale(_) = guard {
+                        prop_assert_eq!(
+                            e,
+                            &Error::TenantChanged { name: name.into(), since: if_revision.unwrap(), now: at }
+                        );
+                    }
+                }
                 _ => prop_assert!(false, "{op:?}: expected {expected:?}, got {got:?}"),
             }
         }

@@ -1,14 +1,17 @@
-//! `strata admin tenant`: the admin API's client (docs/design/tenants.md, T6). Every command is
-//! one RPC to a frontend's admin port (`strata frontend --admin-listen`, `strata dev` serves
-//! one on 127.0.0.1:2382); `--json` prints what automation reads.
+//! `strata admin tenant`: the admin API's client (docs/design/tenants.md, T6), speaking to a
+//! frontend's admin port (`strata frontend --admin-listen`, `strata dev` serves one on
+//! 127.0.0.1:2382); `--json` prints what automation reads. A change is made for the record as
+//! the command read it (`if_revision`), so that a change this command gave up on (its append
+//! committed late) can never land after a later command's.
 
 use anyhow::Context;
 use api::strata::admin::admin_client::AdminClient;
 use api::strata::admin::{
-    CreateTenantRequest, ListTenantsRequest, TenantName, TenantRecord, TenantState,
+    CreateTenantRequest, ListTenantsRequest, TenantName, TenantRecord, TenantResponse, TenantState,
     UpdateQuotasRequest,
 };
 use api::strata::entry::TenantQuotas;
+use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 /// The admin port `strata dev` serves.
@@ -30,6 +33,12 @@ pub struct Args {
     /// Print JSON instead of a table.
     #[arg(long, global = true)]
     json: bool,
+    /// Make the change only if the tenant's record is still at this revision (the REVISION
+    /// column; 0: the name has no record), else fail. Without it, the command reads the record
+    /// first and makes the change for that revision, reading again if another change landed
+    /// in between.
+    #[arg(long, global = true)]
+    if_revision: Option<i64>,
     #[command(subcommand)]
     command: Command,
 }
@@ -119,24 +128,85 @@ async fn connect(args: &Args) -> anyhow::Result<AdminClient<Channel>> {
     Ok(AdminClient::new(channel))
 }
 
+/// How often a change is read and made again when another change moved the record on in
+/// between (each time it is made for the revision just read).
+const CHANGE_ATTEMPTS: usize = 5;
+
+type Answer = Result<tonic::Response<TenantResponse>, tonic::Status>;
+
+/// The revision of `name`'s record (0: none), as a change made for it names it.
+async fn revision_of(mut client: AdminClient<Channel>, name: &str) -> Result<i64, tonic::Status> {
+    let get = TenantName {
+        name: name.to_string(),
+        if_revision: None,
+    };
+    match client.get_tenant(get).await {
+        Ok(r) => Ok(r.into_inner().tenant.map_or(0, |t| t.revision)),
+        Err(s) if s.code() == Code::NotFound => Ok(0),
+        Err(s) => Err(s),
+    }
+}
+
+/// `call` (a change of `name`) made for the revision `given`, or else for the revision just
+/// read, read again while another change lands in between (Aborted).
+async fn change<Fut: Future<Output = Answer>>(
+    client: &AdminClient<Channel>,
+    name: &str,
+    given: Option<i64>,
+    call: impl Fn(AdminClient<Channel>, i64) -> Fut,
+) -> Result<Option<TenantRecord>, tonic::Status> {
+    if let Some(at) = given {
+        return call(client.clone(), at)
+            .await
+            .map(|r| r.into_inner().tenant);
+    }
+    let mut attempt = 1;
+    loop {
+        let at = revision_of(client.clone(), name).await?;
+        match call(client.clone(), at).await {
+            Err(s) if s.code() == Code::Aborted && attempt < CHANGE_ATTEMPTS => attempt += 1,
+            r => return r.map(|r| r.into_inner().tenant),
+        }
+    }
+}
+
+/// A change's `TenantName`.
+fn at(name: &str, revision: i64) -> TenantName {
+    TenantName {
+        name: name.to_string(),
+        if_revision: Some(revision),
+    }
+}
+
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let mut client = connect(&args).await?;
-    let name = |n: &String| TenantName { name: n.clone() };
+    let given = args.if_revision;
+    if given.is_some() && matches!(args.command, Command::Get { .. } | Command::List { .. }) {
+        anyhow::bail!("--if-revision is for a change, not a read");
+    }
     let one = match args.command {
         Command::Create {
             ref name,
             shard,
             quotas,
-        } => client
-            .create_tenant(CreateTenantRequest {
-                name: name.clone(),
-                shard,
-                quotas: Some(quotas.into()),
+        } => {
+            let quotas = TenantQuotas::from(quotas);
+            change(&client, name, given, |mut c, at| async move {
+                let create = CreateTenantRequest {
+                    name: name.clone(),
+                    shard,
+                    quotas: Some(quotas),
+                    if_revision: Some(at),
+                };
+                c.create_tenant(create).await
             })
             .await
-            .map(|r| r.into_inner().tenant),
-        Command::Get { name: ref n } => client
-            .get_tenant(name(n))
+        }
+        Command::Get { ref name } => client
+            .get_tenant(TenantName {
+                name: name.clone(),
+                if_revision: None,
+            })
             .await
             .map(|r| r.into_inner().tenant),
         Command::List { deleted } => {
@@ -154,29 +224,42 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             }
             return Ok(());
         }
-        Command::Update {
-            name: ref n,
-            quotas,
-        } => client
-            .update_quotas(UpdateQuotasRequest {
-                name: n.clone(),
-                quotas: Some(quotas.into()),
+        Command::Update { ref name, quotas } => {
+            let quotas = TenantQuotas::from(quotas);
+            change(&client, name, given, |mut c, at| async move {
+                let update = UpdateQuotasRequest {
+                    name: name.clone(),
+                    quotas: Some(quotas),
+                    if_revision: Some(at),
+                };
+                c.update_quotas(update).await
             })
             .await
-            .map(|r| r.into_inner().tenant),
-        Command::Suspend { name: ref n } => {
-            client.suspend(name(n)).await.map(|r| r.into_inner().tenant)
         }
-        Command::Resume { name: ref n } => {
-            client.resume(name(n)).await.map(|r| r.into_inner().tenant)
-        }
-        Command::Delete { name: ref n } => {
-            client.delete(name(n)).await.map(|r| r.into_inner().tenant)
-        }
-        Command::Undelete { name: ref n } => client
-            .undelete(name(n))
+        Command::Suspend { ref name } => {
+            change(&client, name, given, |mut c, r| async move {
+                c.suspend(at(name, r)).await
+            })
             .await
-            .map(|r| r.into_inner().tenant),
+        }
+        Command::Resume { ref name } => {
+            change(&client, name, given, |mut c, r| async move {
+                c.resume(at(name, r)).await
+            })
+            .await
+        }
+        Command::Delete { ref name } => {
+            change(&client, name, given, |mut c, r| async move {
+                c.delete(at(name, r)).await
+            })
+            .await
+        }
+        Command::Undelete { ref name } => {
+            change(&client, name, given, |mut c, r| async move {
+                c.undelete(at(name, r)).await
+            })
+            .await
+        }
     };
     let record = one
         .map_err(status)?

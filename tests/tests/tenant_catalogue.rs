@@ -168,10 +168,8 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
         .unwrap()
         .into_inner();
     assert_eq!(keeping.message().await.unwrap().unwrap().ttl, 60);
-    assert_eq!(
-        admin(&admin_at, &["suspend", "team-a"]).unwrap()["state"],
-        "suspended"
-    );
+    let suspended = admin(&admin_at, &["suspend", "team-a"]).unwrap();
+    assert_eq!(suspended["state"], "suspended");
     for (what, ended) in [
         (
             "watch",
@@ -205,8 +203,44 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
         .await
         .expect("Status of a suspended tenant");
     put(&mut default, "other", "served").await.unwrap();
-    admin(&admin_at, &["resume", "team-a"]).unwrap();
+    let resumed = admin(&admin_at, &["resume", "team-a"]).unwrap();
     assert_eq!(put(&mut a, "k2", "back").await.unwrap(), 3);
+
+    // A change made for the record as it was before the resume (a suspend whose command gave
+    // up, its append landing late) is refused and changes nothing; one for the record's
+    // revision goes through.
+    let (was, now) = (
+        suspended["revision"].as_i64().unwrap(),
+        resumed["revision"].as_i64().unwrap(),
+    );
+    let late = admin(
+        &admin_at,
+        &["suspend", "team-a", "--if-revision", &was.to_string()],
+    )
+    .unwrap_err();
+    assert!(
+        late.contains(&format!(
+            "strata: tenant team-a changed since revision {was} (now at revision {now})"
+        )) && late.contains("Aborted"),
+        "{late}"
+    );
+    assert_eq!(
+        admin(&admin_at, &["get", "team-a"]).unwrap()["state"],
+        "active"
+    );
+    get(&mut a, "k2").await.expect("still served");
+    let fresh = ["create", "team-c", "--if-revision", "0"];
+    assert_eq!(admin(&admin_at, &fresh).unwrap()["state"], "active");
+    let e = admin(&admin_at, &fresh).unwrap_err();
+    assert!(e.contains("changed since revision 0"), "{e}");
+    let delete_c = ["delete", "team-c", "--if-revision"];
+    let c_at = admin(&admin_at, &["get", "team-c"]).unwrap()["revision"].to_string();
+    assert_eq!(
+        admin(&admin_at, &[&delete_c[..], &[c_at.as_str()]].concat()).unwrap()["state"],
+        "deleted"
+    );
+    let e = admin(&admin_at, &["get", "team-a", "--if-revision", "1"]).unwrap_err();
+    assert!(e.contains("--if-revision is for a change"), "{e}");
 
     // The catalogue's request rate is enforced at once, for that tenant only, with etcd's
     // code and message; set back to 0, the frontend's default (none here) applies again.
@@ -281,7 +315,7 @@ async fn the_admin_command_drives_the_catalogue_of_strata_dev() {
     let list = admin(&admin_at, &["list"]).unwrap();
     assert_eq!(list.as_array().unwrap().len(), 1);
     let all = admin(&admin_at, &["list", "--deleted"]).unwrap();
-    assert_eq!(all.as_array().unwrap().len(), 2);
+    assert_eq!(all.as_array().unwrap().len(), 3, "team-c deleted above");
     let e = admin(&admin_at, &["suspend", "team-a"]).unwrap_err();
     assert!(e.contains("strata: tenant team-a is deleted"), "{e}");
     assert_eq!(

@@ -112,7 +112,11 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
         if revision != done || (caught_up && !loaded) {
             let Some(t) = tenants.upgrade() else { return };
             records = system.replica.read().tenant_records();
-            if reconcile(&t, &records, &loader).await {
+            // The loaded tenants' states first, so that requests stop waiting for them
+            // (`Tenants::set_followed`) however long the loads take.
+            let to_load = follow_states(&t, &records, &loader);
+            t.set_followed(revision, caught_up);
+            if load_all(&t, to_load, &loader).await {
                 done = revision;
                 reconciled.send_replace(revision);
                 // Every tenant the catalogue had when its replica caught up is served now:
@@ -258,8 +262,19 @@ async fn wake(tenants: &Tenants, record: Option<&TenantRecord>, loader: &Loader,
 
 /// Serves what `records` say of this frontend's shards; false if a tenant could not be loaded
 /// (tried again later).
+#[cfg(test)]
 async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader) -> bool {
-    use futures::StreamExt;
+    let to_load = follow_states(tenants, records, loader);
+    load_all(tenants, to_load, loader).await
+}
+
+/// What `records` say of the tenants loaded or dormant here (their state, quotas, deletion or
+/// a new generation), done at once; returns the records of the tenants still to load.
+fn follow_states<'r>(
+    tenants: &Tenants,
+    records: &'r [TenantRecord],
+    loader: &Loader,
+) -> Vec<&'r TenantRecord> {
     let mut to_load = Vec::new();
     for r in records.iter().filter(|r| loader.shards.contains(r.shard)) {
         let served = served_of(r);
@@ -311,6 +326,12 @@ async fn reconcile(tenants: &Tenants, records: &[TenantRecord], loader: &Loader)
             to_load.push(r);
         }
     }
+    to_load
+}
+
+/// Loads the tenants of `to_load`; false if one could not be loaded (tried again later).
+async fn load_all(tenants: &Tenants, to_load: Vec<&TenantRecord>, loader: &Loader) -> bool {
+    use futures::StreamExt;
     // Several at a time: a frontend starting with many tenants fetches their checkpoints in
     // parallel, each served as soon as it is loaded, and the next load starts as soon as any
     // ends (a large tenant holds up no small ones). Once the loaded tenants fill the memory
@@ -868,6 +889,8 @@ mod tests {
         for r in &records {
             tenants.add_dormant(&r.name, &api::tenant::journal_key(&r.name, &r.uid), None);
         }
+        // Served as the caught-up catalogue says (else a request waits for that first).
+        tenants.set_followed(i64::MAX, true);
         let mut wakes = tenants.take_wakes().expect("the follower's");
         assert!(matches!(
             tenants.resolve(&naming("b")),

@@ -47,6 +47,11 @@ pub enum Error {
     /// than a request waits.
     #[error("tenant {0} is being loaded")]
     Loading(String),
+    /// This frontend's catalogue follower has not reconciled the catalogue's latest revision
+    /// within a request's wait (`Tenants::catch_up_with_catalogue`): which tenants exist and
+    /// in what state is not known here yet (Unavailable, as etcd's timeout).
+    #[error("the tenant catalogue is catching up")]
+    CatalogueBehind,
     /// The catalogue has the tenant suspended: every RPC but Status and Snapshot is refused
     /// (FailedPrecondition, not Unavailable, which clients retry for ever).
     #[error("tenant {0} is suspended")]
@@ -173,9 +178,10 @@ impl From<Error> for Status {
                 Status::unavailable(msg::UNHEALTHY)
             }
             Error::RequestTooLarge { .. } => Status::invalid_argument(msg::REQUEST_TOO_LARGE),
-            Error::Timeout { .. } | Error::OutcomeUnknown { .. } | Error::Loading(_) => {
-                Status::unavailable(msg::TIMEOUT)
-            }
+            Error::Timeout { .. }
+            | Error::OutcomeUnknown { .. }
+            | Error::Loading(_)
+            | Error::CatalogueBehind => Status::unavailable(msg::TIMEOUT),
             Error::Stopped => Status::unavailable(msg::STOPPED),
             Error::UnknownTenant(t) => own(
                 Code::NotFound,

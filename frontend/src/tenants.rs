@@ -59,6 +59,10 @@ pub struct Tenants {
     /// then a request for one would be refused as unknown (NotFound, which clients do not
     /// retry), so the frontend is not ready.
     catalogue_loaded: std::sync::atomic::AtomicBool,
+    /// The catalogue revision as of which every loaded tenant's state is set
+    /// (`set_followed`); whether that was after the catalogue's replica caught up.
+    followed: watch::Sender<i64>,
+    catalogue_current: std::sync::atomic::AtomicBool,
     /// Tenants of the catalogue not loaded although served here: unloaded while idle
     /// (`--tenant-idle-unload`), unloaded or left unloaded under `--memory-budget`; by name.
     /// The first request naming one loads it.
@@ -105,6 +109,8 @@ impl Tenants {
             reconciled: None,
             loaded: std::sync::RwLock::default(),
             catalogue_loaded: std::sync::atomic::AtomicBool::new(false),
+            followed: watch::Sender::new(-1),
+            catalogue_current: std::sync::atomic::AtomicBool::new(false),
             dormant: std::sync::RwLock::default(),
             waking: std::sync::Mutex::default(),
             wakes,
@@ -126,6 +132,68 @@ impl Tenants {
         let revision = system.replica.read().revision();
         self.until_reconciled(revision).await;
         Ok(())
+    }
+
+    /// Until a restarted frontend has followed its caught-up catalogue, the tenants it loaded
+    /// are in the state of what its catalogue replica held first: a checkpoint's catalogue,
+    /// older than the journal, in which a tenant may be active that was suspended or deleted
+    /// since (or the reverse). A request naming one waits here for a read point of the
+    /// catalogue and the follower setting every loaded tenant's state as of it (not for
+    /// every load: `set_followed`), so it is never served from the older catalogue; it is
+    /// answered Unavailable, which clients retry, if that does not come in `CATCH_UP_WAIT`.
+    async fn catalogue_as_now(&self) -> Result<(), Error> {
+        let Some(system) = &self.catalogue else {
+            return Ok(());
+        };
+        system.barrier().await?;
+        let revision = system.replica.read().revision();
+        let mut followed = self.followed.subscribe();
+        let waited = tokio::time::timeout(CATCH_UP_WAIT, followed.wait_for(|r| *r >= revision));
+        match waited.await {
+            Ok(Ok(_)) => Ok(()),
+            _ => Err(Error::CatalogueBehind),
+        }
+    }
+
+    /// Called by the catalogue follower once every loaded tenant's state is the catalogue's
+    /// at `revision` (before it loads the tenants still to load); `caught_up`: the catalogue's
+    /// replica had caught up with the journal before `revision` was read, so from now on the
+    /// states are as current as the follower (no request waits for it any more).
+    pub fn set_followed(&self, revision: i64, caught_up: bool) {
+        self.followed.send_if_modified(|r| {
+            let newer = revision > *r;
+            if newer {
+                *r = revision;
+            }
+            newer
+        });
+        if caught_up {
+            self.catalogue_current
+                .store(true, std::sync::atomic::Ordering::Release);
+        }
+    }
+
+    fn catalogue_is_loaded(&self) -> bool {
+        self.catalogue_loaded
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn catalogue_is_current(&self) -> bool {
+        self.catalogue_current
+            .load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Whether a request's tenant is one this frontend was given (or it names none, and the
+    /// default one is served): those do not depend on the catalogue.
+    fn names_fixed(&self, metadata: &MetadataMap) -> bool {
+        let name = metadata
+            .get(CONNECTION_TENANT)
+            .or_else(|| metadata.get(TENANT_HEADER))
+            .and_then(|v| v.to_str().ok());
+        match name {
+            Some(n) => self.fixed(n).is_some(),
+            None => self.default.is_some(),
+        }
     }
 
     /// Waits (at most `CATCH_UP_WAIT`) until dormant tenant `name`, which a request woke, is
@@ -467,11 +535,7 @@ impl Tenants {
         if let Some(why) = self.failed() {
             return Err(why);
         }
-        if self.catalogue.is_some()
-            && !self
-                .catalogue_loaded
-                .load(std::sync::atomic::Ordering::Acquire)
-        {
+        if self.catalogue.is_some() && !self.catalogue_is_loaded() {
             return Err("loading the tenants of the catalogue".to_string());
         }
         self.misconfigured().map_or(Ok(()), Err)
@@ -582,6 +646,11 @@ impl Tenants {
                     (Err(Error::UnknownTenant(_)), Err(outage)) => Err(outage),
                     (r, _) => r,
                 }
+            }
+            // Found, refused or loading as an older catalogue says (a restart's first moments).
+            _ if !self.catalogue_is_current() && !self.names_fixed(metadata) => {
+                self.catalogue_as_now().await?;
+                look(self, metadata)
             }
             r => r,
         };
@@ -856,6 +925,7 @@ mod tests {
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 tenants.insert_loaded(tenant("late", &log));
+                tenants.set_followed(i64::MAX, true);
                 reconciled_tx.send_replace(i64::MAX);
             })
         };
@@ -883,6 +953,65 @@ mod tests {
         assert_eq!(e.code(), tonic::Code::NotFound);
     }
 
+    /// A restarted frontend loads its tenants from what its catalogue replica holds first (a
+    /// checkpoint's catalogue, older than the journal): until it serves the caught-up
+    /// catalogue, a request naming one of them waits for that, and is never served from the
+    /// older state (here: a tenant suspended since). The default tenant does not wait; a
+    /// follower that does not catch up in time is answered Unavailable.
+    #[tokio::test]
+    async fn a_restarted_frontend_serves_no_tenant_from_its_older_catalogue() {
+        let log = MemLog::new();
+        let (_reconciled_tx, reconciled) = watch::channel(-1i64);
+        let tenants = Arc::new(
+            Tenants::serving(Some(tenant("d", &log)), Vec::new(), true)
+                .with_catalogue(tenant(api::tenant::SYSTEM_TENANT, &log), reconciled),
+        );
+        let a = tenant("a", &log);
+        tenants.insert_loaded(a.clone());
+        let request = |name: Option<&'static str>| {
+            let tenants = tenants.clone();
+            async move {
+                tenants
+                    .serve("Range", &naming(name), (), |t, _, _, ()| async move {
+                        Ok(t.name.clone())
+                    })
+                    .await
+            }
+        };
+        let default = request(None).await.expect("the default tenant is served");
+        assert_eq!(default.into_inner(), "d");
+        let waiting = tokio::spawn(request(Some("a")));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        assert!(
+            !waiting.is_finished(),
+            "served before the catalogue caught up"
+        );
+        // The follower reaches the catalogue's revision: `a` was suspended after the checkpoint.
+        a.set_served(crate::tenant::Served::Suspended);
+        tenants.set_followed(i64::MAX, true);
+        let e = waiting.await.unwrap().unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("a is suspended"), "{e:?}");
+
+        // A follower that does not follow in time: Unavailable, which clients retry, and
+        // never the older state.
+        let (_stuck_tx, stuck) = watch::channel(-1i64);
+        let stuck = Arc::new(
+            Tenants::serving(None, Vec::new(), true)
+                .with_catalogue(tenant(api::tenant::SYSTEM_TENANT, &log), stuck),
+        );
+        stuck.insert_loaded(tenant("b", &log));
+        tokio::time::pause();
+        let e = stuck
+            .serve("Range", &naming(Some("b")), (), |t, _, _, ()| async move {
+                Ok(t.name.clone())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        assert_eq!(e.message(), "etcdserver: request timed out");
+    }
+
     /// A watch stream (gRPC's or the JSON gateway's, both through `WatchService::open`)
     /// naming a tenant created a moment ago waits for the follower; one open when the tenant
     /// is suspended ends with the suspension's error, one open when it is unloaded with
@@ -905,6 +1034,7 @@ mod tests {
             tokio::spawn(async move {
                 tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                 tenants.insert_loaded(late);
+                tenants.set_followed(i64::MAX, true);
                 reconciled_tx.send_replace(i64::MAX);
             })
         };

@@ -70,6 +70,27 @@ fn chunk_bytes(c: &RestoreChunk) -> u64 {
         .sum()
 }
 
+/// `c` with every value left out (`MemStore::stage_restore_without_values`).
+fn without_values(c: &RestoreChunk) -> RestoreChunk {
+    RestoreChunk {
+        restore_id: c.restore_id.clone(),
+        seq: c.seq,
+        keys: c
+            .keys
+            .iter()
+            .map(|k| RestoreKey {
+                key: k.key.clone(),
+                delete: k.delete,
+                value: Vec::new(),
+                lease: k.lease,
+                expect_mod_revision: k.expect_mod_revision,
+            })
+            .collect(),
+        grants: c.grants.clone(),
+        revokes: c.revokes.clone(),
+    }
+}
+
 fn aborted(reason: impl Into<String>) -> Outcome {
     Outcome::Restore(RestoreStep::Aborted {
         reason: reason.into(),
@@ -115,7 +136,12 @@ impl MemStore {
             return aborted(format!("the stage would exceed {MAX_STAGE_BYTES} bytes"));
         }
         stage.bytes += bytes;
-        stage.chunks.push(c.clone());
+        let staged = if self.valueless_restore.as_ref() == Some(&c.restore_id) {
+            without_values(c)
+        } else {
+            c.clone()
+        };
+        stage.chunks.push(staged);
         Outcome::Restore(RestoreStep::Staged {
             chunks: stage.chunks.len() as u32,
         })

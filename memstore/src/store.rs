@@ -79,6 +79,9 @@ pub struct MemStore {
     /// Whether applies build their watch events (`set_emit_events`). Not state: two stores
     /// that differ only here are equal.
     pub(crate) emit_events: bool,
+    /// The restore whose chunks are staged without their values
+    /// (`stage_restore_without_values`). Not state.
+    pub(crate) valueless_restore: Option<Vec<u8>>,
     /// Every user's merged permissions, derived from `state.auth` (rebuilt after each auth
     /// change and on load; not state).
     auth_perms: Perms,
@@ -376,6 +379,16 @@ impl MemStore {
         self.emit_events = on;
     }
 
+    /// For a process that applies a restore only to learn its outcome (`strata admin backup
+    /// restore`, which appended it): the chunks of restore `restore_id` are staged without
+    /// their values, so the stage holds the keys and guards alone instead of a second copy of
+    /// the restored state. Every outcome is the same (no check reads a value, and the stage's
+    /// byte bound counts the values as sent), but once that restore commits, the keys it put
+    /// hold empty values: such a store must then serve nothing and be checkpointed nowhere.
+    pub fn stage_restore_without_values(&mut self, restore_id: Vec<u8>) {
+        self.valueless_restore = Some(restore_id);
+    }
+
     /// The store of a tenant that has no entry at or below journal index `applied_index`:
     /// what applying that many other tenants' entries (ticks) to a new store leaves, but for
     /// the journal time, which the next entry sets. A replica starts here when the journal was
@@ -406,6 +419,7 @@ impl MemStore {
             auth_perms: Perms::build(&state.auth),
             state,
             emit_events: true,
+            valueless_restore: None,
         }
     }
 

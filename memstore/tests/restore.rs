@@ -233,6 +233,76 @@ fn a_commit_reaches_the_target_at_one_revision() {
     }
 }
 
+/// A store that applies a restore only to learn its outcome (the admin command's) stages that
+/// restore without its values: the same outcomes as a replica's (committed at the same revision
+/// with the same count, aborted for the same reason), its keys then without their values;
+/// another restore's chunks keep theirs.
+#[test]
+fn a_restore_staged_without_values_has_a_replica_s_outcomes() {
+    let id = vec![4u8; 16];
+    let pair = |seed| {
+        let (full, target) = diverged(seed);
+        let (mut light, _) = diverged(seed);
+        light.store.stage_restore_without_values(id.clone());
+        (full, light, target)
+    };
+    for seed in [1u64, 0x5eed] {
+        let (mut full, mut light, target) = pair(seed);
+        let chunks = diff(&full.store, &target, &id, 37);
+        for h in [&mut full, &mut light] {
+            begin(h, &id);
+            stage(h, &chunks);
+        }
+        let (a, b) = (
+            commit(&mut full, &id, chunks.len()),
+            commit(&mut light, &id, chunks.len()),
+        );
+        assert!(
+            matches!(a.outcome, Outcome::Restore(RestoreStep::Committed { .. })),
+            "{:?}",
+            a.outcome
+        );
+        assert_eq!(a.outcome, b.outcome);
+        assert_eq!(visible(&full.store), visible(&target));
+        let (want, got) = (visible(&target), visible(&light.store));
+        assert!(want.keys().eq(got.keys()), "the same keys");
+        let put: Vec<&RestoreKey> = chunks.iter().flat_map(|c| &c.keys).collect();
+        assert!(put.iter().any(|k| !k.delete && !k.value.is_empty()));
+        for k in put.iter().filter(|k| !k.delete) {
+            assert_eq!(
+                got[&k.key],
+                (Vec::new(), k.lease),
+                "staged without its value"
+            );
+        }
+    }
+    // Aborted by a racing write: the same reason.
+    let (mut full, mut light, target) = pair(11);
+    let chunks = diff(&full.store, &target, &id, 50);
+    let touched = String::from_utf8(chunks[1].keys[3].key.clone()).unwrap();
+    let mut outcomes = Vec::new();
+    for h in [&mut full, &mut light] {
+        begin(h, &id);
+        stage(h, &chunks);
+        h.put(&touched, "racing");
+        outcomes.push(commit(h, &id, chunks.len()).outcome);
+    }
+    assert!(
+        matches!(outcomes[0], Outcome::Restore(RestoreStep::Aborted { .. })),
+        "{outcomes:?}"
+    );
+    assert_eq!(outcomes[0], outcomes[1]);
+    assert_eq!(visible(&light.store), visible(&full.store));
+    // Another restore (someone else's, appended meanwhile) is staged whole.
+    let (_, mut light, target) = pair(3);
+    let other = vec![5u8; 16];
+    let chunks = diff(&light.store, &target, &other, 37);
+    begin(&mut light, &other);
+    stage(&mut light, &chunks);
+    commit(&mut light, &other, chunks.len());
+    assert_eq!(visible(&light.store), visible(&target));
+}
+
 #[test]
 fn a_moved_guard_aborts_and_changes_nothing() {
     let (mut h, target) = diverged(11);

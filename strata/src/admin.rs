@@ -328,8 +328,8 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         ),
     };
     let (source, target) = restore_target(&args, &catalog, manifest.as_ref(), tenant).await?;
-    // Dropped once a plan from it is in the journal (a replica of the tenant grows to about
-    // its size as the commit applies); loaded again only if the commit is aborted.
+    // Dropped once a plan from it is in the journal; loaded again only if the commit is
+    // aborted.
     let mut target = Some(target);
 
     for attempt in 1..=args.attempts {
@@ -347,6 +347,8 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
                 None if manifest.is_some() => bail!("the tenant's newest checkpoint vanished"),
                 None => MemStore::new_at(memstore::Config::default(), empty_at),
             };
+            // Nobody watches this replica: no copies of every change as events.
+            current.set_emit_events(false);
             let from = current.applied_index() + 1;
             let read = async {
                 let mut stream = Box::pin(client.read(shard, from).await?);
@@ -389,13 +391,12 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
                     .1
             }
         };
-        let plan = restore::plan(
-            &current,
-            &target,
-            rand::random::<[u8; 16]>().to_vec(),
-            source.index,
-        )
-        .context("planning the restore")?;
+        // From here `current` applies the journal only to learn the commit's outcome: this
+        // restore is staged without its values (else a second copy of the restored state).
+        let restore_id = rand::random::<[u8; 16]>().to_vec();
+        current.stage_restore_without_values(restore_id.clone());
+        let plan = restore::plan(&current, &target, restore_id, source.index)
+            .context("planning the restore")?;
         if plan.is_empty() {
             println!(
                 "tenant {tenant} already matches {} (revision {})",
@@ -428,8 +429,8 @@ async fn restore(args: RestoreArgs) -> anyhow::Result<()> {
         let commit = *ours
             .last()
             .context("the journal returned no index for the restore")?;
-        // The plan reads `current`, which now moves on to the commit, and `target`, which goes
-        // (the commit grows `current` by about its size): what it changed is kept.
+        // The plan reads `current`, which now moves on to the commit, and `target`, which goes:
+        // what it changed is kept.
         let (grants, puts, deletes, revokes, chunks) = (
             plan.grants,
             plan.puts,

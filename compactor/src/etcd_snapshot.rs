@@ -12,8 +12,9 @@
 //! revisions, such as a kube-apiserver's watch cache, start over either way).
 //!
 //! The bbolt reader is read-only and checks what it walks (page bounds, page kinds, depth), so
-//! a damaged file is an error, never a panic. Owns the file format only; the restore itself is
-//! [`crate::restore`]'s.
+//! a damaged file is an error, never a panic. It reads a page at a time ([`Source`]): the file,
+//! as large as the etcd it was saved from, is never in memory beside the keys read from it.
+//! Owns the file format only; the restore itself is [`crate::restore`]'s.
 
 use std::collections::BTreeMap;
 
@@ -42,6 +43,8 @@ pub enum EtcdSnapshotError {
         what: &'static str,
         source: prost::DecodeError,
     },
+    #[error("cannot read the snapshot: {0}")]
+    Io(#[from] std::io::Error),
     #[error("the snapshot's {what} cannot be loaded: {error}")]
     Refused {
         what: String,
@@ -74,15 +77,16 @@ struct EtcdLease {
     ttl: i64,
 }
 
+pub use bbolt::{FileSource, Source};
+
 /// Reads the state of an etcd snapshot (`bytes`: the database, a SHA-256 trailer after it or
-/// not; bbolt never reads past its pages).
-pub fn read(bytes: &[u8]) -> Result<EtcdState> {
+/// not; bbolt never reads past its pages), a page at a time.
+pub fn read(bytes: impl Source) -> Result<EtcdState> {
     let db = bbolt::Db::open(bytes)?;
-    let root = db.root();
-    let mut buckets = BTreeMap::new();
-    db.walk(root, 0, &mut |name, value, is_bucket| {
+    let mut buckets: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+    db.walk(&db.root(), 0, &mut |name, value, is_bucket| {
         if is_bucket {
-            buckets.insert(name, value);
+            buckets.insert(name.to_vec(), value.to_vec());
         }
         Ok(())
     })?;
@@ -96,7 +100,7 @@ pub fn read(bytes: &[u8]) -> Result<EtcdState> {
 
     let keys = bucket("key")?.ok_or(EtcdSnapshotError::NoBucket("key"))?;
     let mut latest: BTreeMap<Vec<u8>, Option<(Vec<u8>, i64)>> = BTreeMap::new();
-    db.walk(keys, 0, &mut |rev, value, _| {
+    db.walk(&keys, 0, &mut |rev, value, _| {
         // `main` (8 bytes, big-endian) `_` `sub` (8 bytes), then `t` for a tombstone.
         if rev.len() < 17 || rev[8] != b'_' {
             return Err(EtcdSnapshotError::Damaged(format!(
@@ -119,13 +123,13 @@ pub fn read(bytes: &[u8]) -> Result<EtcdState> {
         .filter_map(|(k, v)| Some((k, v?)))
         .collect();
 
-    for l in decoded::<EtcdLease>(&db, bucket("lease")?, "a lease")? {
+    for l in decoded::<EtcdLease, _>(&db, bucket("lease")?, "a lease")? {
         state.leases.insert(l.id, l.ttl);
     }
     state.users = decoded(&db, bucket("authUsers")?, "a user")?;
     state.roles = decoded(&db, bucket("authRoles")?, "a role")?;
     if let Some(auth) = bucket("auth")? {
-        db.walk(auth, 0, &mut |key, value, _| {
+        db.walk(&auth, 0, &mut |key, value, _| {
             if key == b"authEnabled" {
                 state.auth_enabled = value == [1];
             }
@@ -136,14 +140,14 @@ pub fn read(bytes: &[u8]) -> Result<EtcdState> {
 }
 
 /// Every value of `bucket` (none if the file has no such bucket), decoded as `M`.
-fn decoded<M: Message + Default>(
-    db: &bbolt::Db<'_>,
+fn decoded<M: Message + Default, S: Source>(
+    db: &bbolt::Db<S>,
     bucket: Option<bbolt::PageRef>,
     what: &'static str,
 ) -> Result<Vec<M>> {
     let mut out = Vec::new();
     if let Some(bucket) = bucket {
-        db.walk(bucket, 0, &mut |_, value, _| {
+        db.walk(&bucket, 0, &mut |_, value, _| {
             out.push(
                 M::decode(value).map_err(|source| EtcdSnapshotError::Decode { what, source })?,
             );
@@ -285,15 +289,60 @@ mod bbolt {
     /// Deeper than any B+tree of a real file: a loop in a damaged one ends here.
     const MAX_DEPTH: usize = 64;
 
-    /// A page to walk: one of the file's, or a bucket's inline page (inside its value).
-    #[derive(Clone, Copy)]
+    /// A page to walk: one of the file's, or a bucket's inline page (copied from its value).
+    #[derive(Clone)]
     pub enum PageRef {
         File(u64),
-        Inline(usize, usize),
+        Inline(Vec<u8>),
     }
 
-    pub struct Db<'a> {
-        bytes: &'a [u8],
+    /// Where a database's bytes are read from: a file a page at a time (a large etcd's
+    /// snapshot is never held in memory whole), or bytes in memory.
+    pub trait Source {
+        /// How many bytes the database has.
+        fn size(&self) -> u64;
+        fn read_at(&self, at: u64, buf: &mut [u8]) -> std::io::Result<()>;
+    }
+
+    impl Source for &[u8] {
+        fn size(&self) -> u64 {
+            self.len() as u64
+        }
+        fn read_at(&self, at: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            let from = usize::try_from(at).unwrap_or(usize::MAX);
+            let bytes = from
+                .checked_add(buf.len())
+                .and_then(|to| self.get(from..to))
+                .ok_or(std::io::ErrorKind::UnexpectedEof)?;
+            buf.copy_from_slice(bytes);
+            Ok(())
+        }
+    }
+
+    /// The first `len` bytes of a file (a snapshot's database, before its trailer).
+    pub struct FileSource {
+        pub file: std::fs::File,
+        pub len: u64,
+    }
+
+    impl Source for FileSource {
+        fn size(&self) -> u64 {
+            self.len
+        }
+        fn read_at(&self, at: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            use std::os::unix::fs::FileExt;
+            if at.saturating_add(buf.len() as u64) > self.len {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            self.file.read_exact_at(buf, at)
+        }
+    }
+
+    /// What `Db::walk` calls for each element: key, value, whether it is a bucket.
+    pub type Visit<'f> = dyn FnMut(&[u8], &[u8], bool) -> Result<()> + 'f;
+
+    pub struct Db<S> {
+        bytes: S,
         page_size: usize,
         root: u64,
     }
@@ -317,36 +366,46 @@ mod bbolt {
         })
     }
 
+    /// `len` bytes at `at`, or None past the end.
+    fn bytes_at(source: &impl Source, at: u64, len: usize) -> Result<Option<Vec<u8>>> {
+        if at.saturating_add(len as u64) > source.size() {
+            return Ok(None);
+        }
+        let mut buf = vec![0u8; len];
+        source.read_at(at, &mut buf)?;
+        Ok(Some(buf))
+    }
+
     /// The meta page at `at`: (txid, page size, root bucket page) if it is whole and valid.
-    fn meta(bytes: &[u8], at: usize) -> Option<(u64, usize, u64)> {
-        let m = bytes.get(at..at + PAGE_HEADER + META_SUMMED + 8)?;
+    fn meta(source: &impl Source, at: u64) -> Result<Option<(u64, usize, u64)>> {
+        let Some(m) = bytes_at(source, at, PAGE_HEADER + META_SUMMED + 8)? else {
+            return Ok(None);
+        };
         let body = &m[PAGE_HEADER..];
-        if u16_at(m, 8) & META == 0
+        if u16_at(&m, 8) & META == 0
             || u32_at(body, 0) != MAGIC
             || u32_at(body, 4) != VERSION
             || fnv1a(&body[..META_SUMMED]) != u64_at(body, META_SUMMED)
         {
-            return None;
+            return Ok(None);
         }
         let page_size = u32_at(body, 8) as usize;
-        Some((u64_at(body, 48), page_size, u64_at(body, 16)))
+        Ok(Some((u64_at(body, 48), page_size, u64_at(body, 16))))
     }
 
-    impl<'a> Db<'a> {
+    impl<S: Source> Db<S> {
         /// The database in `bytes`, as of its newest valid meta page (bbolt writes the two
         /// alternately, so a torn write leaves the other).
-        pub fn open(bytes: &'a [u8]) -> Result<Self> {
-            let first = meta(bytes, 0);
+        pub fn open(bytes: S) -> Result<Self> {
+            let first = meta(&bytes, 0)?;
+            let stated = bytes_at(&bytes, (PAGE_HEADER + 8) as u64, 4)?
+                .map(|b| u32::from_le_bytes(b.try_into().unwrap_or_default()) as usize);
             let page_size = first
                 .map(|m| m.1)
-                .or_else(|| {
-                    bytes
-                        .get(PAGE_HEADER + 8..PAGE_HEADER + 12)
-                        .map(|b| u32::from_le_bytes(b.try_into().unwrap_or_default()) as usize)
-                })
+                .or(stated)
                 .filter(|p| (512..=1 << 20).contains(p) && p.is_power_of_two())
                 .ok_or(EtcdSnapshotError::NotBbolt("no meta page"))?;
-            let second = meta(bytes, page_size).filter(|m| m.1 == page_size);
+            let second = meta(&bytes, page_size as u64)?.filter(|m| m.1 == page_size);
             let (_, _, root) = [first, second]
                 .into_iter()
                 .flatten()
@@ -365,7 +424,7 @@ mod bbolt {
 
         /// The root page of a bucket, from its value in the parent (its header: root page id
         /// and sequence; root 0: the page follows inline).
-        pub fn bucket(&self, value: &'a [u8]) -> Result<PageRef> {
+        pub fn bucket(&self, value: &[u8]) -> Result<PageRef> {
             if value.len() < 16 {
                 return Err(EtcdSnapshotError::Damaged("a bucket header".into()));
             }
@@ -373,51 +432,43 @@ mod bbolt {
             if root != 0 {
                 return Ok(PageRef::File(root));
             }
-            // An inline page: where `value` (a slice of the file) lies in it addresses it.
-            let start = (value.as_ptr() as usize)
-                .checked_sub(self.bytes.as_ptr() as usize)
-                .filter(|at| at + value.len() <= self.bytes.len())
-                .ok_or_else(|| EtcdSnapshotError::Damaged("a bucket outside the file".into()))?;
-            Ok(PageRef::Inline(start + 16, value.len() - 16))
+            Ok(PageRef::Inline(value[16..].to_vec()))
         }
 
-        fn page(&self, page: PageRef) -> Result<&'a [u8]> {
+        /// The bytes of `page` (with its overflow pages), read from the file.
+        fn page(&self, id: u64) -> Result<Vec<u8>> {
             let damaged = |what: String| EtcdSnapshotError::Damaged(what);
-            match page {
-                PageRef::File(id) => {
-                    let at = usize::try_from(id)
-                        .ok()
-                        .and_then(|id| id.checked_mul(self.page_size))
-                        .filter(|&at| at + PAGE_HEADER <= self.bytes.len())
-                        .ok_or_else(|| damaged(format!("page {id} lies past the end")))?;
-                    let overflow = u32_at(self.bytes, at + 12) as usize;
-                    let len = (overflow + 1) * self.page_size;
-                    self.bytes
-                        .get(at..at + len)
-                        .ok_or_else(|| damaged(format!("page {id} is cut short")))
-                }
-                PageRef::Inline(at, len) => self
-                    .bytes
-                    .get(at..at + len)
-                    .filter(|p| p.len() >= PAGE_HEADER)
-                    .ok_or_else(|| damaged("an inline bucket page".into())),
-            }
+            let at = id
+                .checked_mul(self.page_size as u64)
+                .ok_or_else(|| damaged(format!("page {id} lies past the end")))?;
+            let header = bytes_at(&self.bytes, at, PAGE_HEADER)?
+                .ok_or_else(|| damaged(format!("page {id} lies past the end")))?;
+            let overflow = u64::from(u32_at(&header, 12));
+            let len = usize::try_from((overflow + 1) * self.page_size as u64)
+                .map_err(|_| damaged(format!("page {id} is cut short")))?;
+            bytes_at(&self.bytes, at, len)?
+                .ok_or_else(|| damaged(format!("page {id} is cut short")))
         }
 
         /// Calls `f(key, value, is_bucket)` for every element of the B+tree at `page`, in key
         /// order (a nested bucket's value is its header).
-        pub fn walk(
-            &self,
-            page: PageRef,
-            depth: usize,
-            f: &mut dyn FnMut(&'a [u8], &'a [u8], bool) -> Result<()>,
-        ) -> Result<()> {
+        pub fn walk(&self, page: &PageRef, depth: usize, f: &mut Visit<'_>) -> Result<()> {
             if depth > MAX_DEPTH {
                 return Err(EtcdSnapshotError::Damaged(
                     "a B+tree deeper than any".into(),
                 ));
             }
-            let p = self.page(page)?;
+            let read;
+            let p: &[u8] = match page {
+                PageRef::File(id) => {
+                    read = self.page(*id)?;
+                    &read
+                }
+                PageRef::Inline(p) if p.len() >= PAGE_HEADER => p,
+                PageRef::Inline(_) => {
+                    return Err(EtcdSnapshotError::Damaged("an inline bucket page".into()));
+                }
+            };
             let (flags, count) = (u16_at(p, 8), usize::from(u16_at(p, 10)));
             let out_of_page = || EtcdSnapshotError::Damaged("an element outside its page".into());
             for i in 0..count {
@@ -427,7 +478,7 @@ mod bbolt {
                 }
                 if flags & BRANCH != 0 {
                     let child = u64_at(p, e + 8);
-                    self.walk(PageRef::File(child), depth + 1, f)?;
+                    self.walk(&PageRef::File(child), depth + 1, f)?;
                 } else if flags & LEAF != 0 {
                     let (eflags, pos) = (u32_at(p, e), u32_at(p, e + 4) as usize);
                     let (ksize, vsize) = (u32_at(p, e + 8) as usize, u32_at(p, e + 12) as usize);
@@ -461,11 +512,11 @@ mod bbolt {
         #[test]
         fn what_is_not_bbolt_is_refused() {
             assert!(matches!(
-                Db::open(b"not a database at all"),
+                Db::open(&b"not a database at all"[..]),
                 Err(EtcdSnapshotError::NotBbolt(_))
             ));
             assert!(matches!(
-                Db::open(&[0u8; 8192]),
+                Db::open(&[0u8; 8192][..]),
                 Err(EtcdSnapshotError::NotBbolt(_))
             ));
         }

@@ -103,14 +103,33 @@ pub fn messages(
         })
 }
 
-/// A saved snapshot without its SHA-256 trailer, checked: what `etcdctl snapshot restore` does
-/// with etcd's files (which have the trailer when their size is `512 * n + 32`; a database
-/// copied from a member's data directory has none and is returned whole).
-pub fn strip_trailer(file: &[u8]) -> Result<&[u8], &'static str> {
-    if file.len() % SNAPSHOT_PAD_TO != SHA256_BYTES {
-        return Ok(file);
+/// The length of the database in a snapshot file, its SHA-256 trailer checked as `etcdctl
+/// snapshot restore` does with etcd's files (which have the trailer when their size is
+/// `512 * n + 32`; a database copied from a member's data directory has none and is whole).
+/// Read in pieces: a large etcd snapshot is never held in memory whole.
+pub fn database_len(file: &std::fs::File) -> Result<u64, String> {
+    use std::os::unix::fs::FileExt;
+    let io = |e: std::io::Error| format!("cannot read it: {e}");
+    let len = file.metadata().map_err(io)?.len();
+    if len % SNAPSHOT_PAD_TO as u64 != SHA256_BYTES as u64 {
+        return Ok(len);
     }
-    without_trailer(file)
+    let content = len - SHA256_BYTES as u64;
+    let mut sha = digest::Context::new(&digest::SHA256);
+    let mut buf = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < content {
+        let n = (content - at).min(buf.len() as u64) as usize;
+        file.read_exact_at(&mut buf[..n], at).map_err(io)?;
+        sha.update(&buf[..n]);
+        at += n as u64;
+    }
+    let mut trailer = [0u8; SHA256_BYTES];
+    file.read_exact_at(&mut trailer, content).map_err(io)?;
+    if sha.finish().as_ref() != trailer {
+        return Err("SHA-256 trailer does not match the content".into());
+    }
+    Ok(content)
 }
 
 /// `file` without its last 32 bytes, which must be the SHA-256 of the rest.
@@ -175,6 +194,31 @@ mod tests {
                 .0,
             meta
         );
+    }
+
+    /// A file with a trailer gives the length before it, once the trailer is checked (over
+    /// more than one read); one of another size is a database whole.
+    #[test]
+    fn a_file_s_database_length_checks_its_trailer() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("etcd.db");
+        let content: Vec<u8> = (0..(3 << 20) - SHA256_BYTES + 512 * 3)
+            .map(|i| (i * 7) as u8)
+            .collect();
+        let content = &content[..content.len() - content.len() % SNAPSHOT_PAD_TO];
+        let mut file = content.to_vec();
+        file.extend_from_slice(digest::digest(&digest::SHA256, content).as_ref());
+        std::fs::write(&path, &file).unwrap();
+        let len = |p: &std::path::Path| database_len(&std::fs::File::open(p).unwrap());
+        assert_eq!(len(&path), Ok(content.len() as u64));
+        file[1 << 20] ^= 1;
+        std::fs::write(&path, &file).unwrap();
+        assert_eq!(
+            len(&path),
+            Err("SHA-256 trailer does not match the content".to_string())
+        );
+        std::fs::write(&path, &file[..1000]).unwrap();
+        assert_eq!(len(&path), Ok(1000), "no trailer: the database whole");
     }
 
     #[test]

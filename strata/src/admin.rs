@@ -241,15 +241,15 @@ async fn restore_target(
     Ok(
         match (&args.from_file, args.index, &args.from_etcd_snapshot) {
             (_, _, Some(path)) => {
-                let bytes = std::fs::read(path)
+                // Read a page at a time: the file (as large as the snapshot) is never in memory
+                // with the keys read from it.
+                let file = std::fs::File::open(path)
                     .with_context(|| format!("cannot read {}", path.display()))?;
-                let db = frontend::snapshot::strip_trailer(&bytes)
+                let len = frontend::snapshot::database_len(&file)
                     .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+                let db = compactor::etcd_snapshot::FileSource { file, len };
                 let state = compactor::etcd_snapshot::read(db)
                     .with_context(|| format!("{} is not an etcd snapshot", path.display()))?;
-                // The state owns what it read: the file's bytes (as large as the snapshot) go now,
-                // before the store is built from it.
-                drop(bytes);
                 let what = format!(
                     "etcd snapshot {} ({} keys, {} leases, {} users at etcd revision {})",
                     path.display(),

@@ -59,9 +59,10 @@ pub struct Tenants {
     /// then a request for one would be refused as unknown (NotFound, which clients do not
     /// retry), so the frontend is not ready.
     catalogue_loaded: std::sync::atomic::AtomicBool,
-    /// The catalogue revision as of which every loaded tenant's state is set
-    /// (`set_followed`); whether that was after the catalogue's replica caught up.
+    /// The catalogue revision as of which every loaded tenant's state is set (`set_followed`).
     followed: watch::Sender<i64>,
+    /// Whether the follower has set them as of a revision read after the catalogue's replica
+    /// caught up: until then a request naming a catalogue tenant waits (`catalogue_as_now`).
     catalogue_current: std::sync::atomic::AtomicBool,
     /// Tenants of the catalogue not loaded although served here: unloaded while idle
     /// (`--tenant-idle-unload`), unloaded or left unloaded under `--memory-budget`; by name.

@@ -23,7 +23,7 @@ pub use hub::{
 };
 pub use service::{ResponseStream, WatchService};
 pub use spec::{WatchSpec, event_revision};
-pub use stream::run_stream;
+pub use stream::{Output, run_stream};
 
 /// etcd's default `--watch-progress-notify-interval`.
 pub const DEFAULT_PROGRESS_NOTIFY_INTERVAL: Duration = Duration::from_secs(10 * 60);
@@ -41,6 +41,76 @@ pub const DEFAULT_CATCH_UP_BATCH: usize = 1000;
 
 /// Responses queued towards gRPC per stream before the stream task waits for the client.
 pub const OUTPUT_BUFFER: usize = 16;
+
+/// Bytes of responses (encoded) queued towards gRPC per stream before the stream task waits
+/// for the client, whatever their count: 16 responses of a key rewritten with 1.5 MiB values
+/// and `prev_kv` held 48 MiB per stream that did not read. A response larger than this waits
+/// until the queue is empty, then goes alone.
+pub const OUTPUT_BYTES: usize = 4 << 20;
+
+/// The byte budget of one stream's queued responses ([`OUTPUT_BYTES`]): the stream task takes
+/// a response's encoded size before it queues the response, and the response stream
+/// ([`OutputBytes::stream`]) gives it back as it hands the response to gRPC. Only the stream
+/// task queues responses; the errors that end a stream take nothing.
+#[derive(Clone)]
+pub struct OutputBytes {
+    budget: Arc<tokio::sync::Semaphore>,
+    most: usize,
+    /// What each queued response took, oldest first.
+    queued: Arc<std::sync::Mutex<std::collections::VecDeque<tokio::sync::OwnedSemaphorePermit>>>,
+}
+
+impl OutputBytes {
+    pub fn new(most: usize) -> Self {
+        let most = most.clamp(
+            1,
+            tokio::sync::Semaphore::MAX_PERMITS.min(u32::MAX as usize),
+        );
+        Self {
+            budget: Arc::new(tokio::sync::Semaphore::new(most)),
+            most,
+            queued: Arc::default(),
+        }
+    }
+
+    /// Waits until `bytes` (at most the whole budget) fit beside the responses queued, and
+    /// holds them for the response about to be queued.
+    pub async fn take(&self, bytes: usize) {
+        let n = u32::try_from(bytes.clamp(1, self.most)).unwrap_or(u32::MAX);
+        // The semaphore is never closed.
+        if let Ok(permit) = self.budget.clone().acquire_many_owned(n).await {
+            self.lock().push_back(permit);
+        }
+    }
+
+    /// Bytes the queued responses hold.
+    pub fn held(&self) -> usize {
+        self.most - self.budget.available_permits()
+    }
+
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<tokio::sync::OwnedSemaphorePermit>>
+    {
+        self.queued
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// `rx` as the stream gRPC reads: each response handed on gives back what it took.
+    pub fn stream<T: Send + 'static>(
+        self,
+        rx: tokio::sync::mpsc::Receiver<Result<T, tonic::Status>>,
+    ) -> impl futures::Stream<Item = Result<T, tonic::Status>> + Send + 'static {
+        use futures::StreamExt;
+        tokio_stream::wrappers::ReceiverStream::new(rx).map(move |item| {
+            if item.is_ok() {
+                self.lock().pop_front();
+            }
+            item
+        })
+    }
+}
 
 /// How watch streams behave; `Default` is etcd's defaults.
 #[derive(Debug, Clone)]

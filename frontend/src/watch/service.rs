@@ -7,11 +7,13 @@ use std::sync::Arc;
 use api::etcdserverpb::watch_server::Watch;
 use api::etcdserverpb::{WatchRequest, WatchResponse};
 use futures::Stream;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::{OUTPUT_BUFFER, WatchConfig, WatchSource, WatchTarget, output_channel, run_stream};
+use super::{
+    OUTPUT_BUFFER, OUTPUT_BYTES, Output, OutputBytes, WatchConfig, WatchSource, WatchTarget,
+    output_channel, run_stream,
+};
 
 /// etcd's `Watch` service over the frontend's tenants.
 pub struct WatchService<S: WatchSource> {
@@ -57,8 +59,13 @@ impl<S: WatchSource> WatchService<S> {
     {
         let (source, md) = (self.source.clone(), metadata.clone());
         let (tx, rx) = output_channel(&metadata, OUTPUT_BUFFER, move || source.has_leader(&md))?;
-        tokio::spawn(run_stream(target, self.config.clone(), input, tx));
-        Ok(Box::pin(ReceiverStream::new(rx)))
+        let bytes = OutputBytes::new(OUTPUT_BYTES);
+        let output = Output {
+            tx,
+            bytes: bytes.clone(),
+        };
+        tokio::spawn(run_stream(target, self.config.clone(), input, output));
+        Ok(Box::pin(bytes.stream(rx)))
     }
 }
 

@@ -19,7 +19,9 @@ use tracing::Instrument;
 
 use super::hub::{Delivery, INVALID_WATCH_ID, StreamHandle, SyncOutcome, Unsynced, WatchHub};
 use super::spec::{WatchSpec, event_revision};
-use super::{MIN_PROGRESS_NOTIFY_INTERVAL, WatchConfig, WatchError, WatchTarget, fragments};
+use super::{
+    MIN_PROGRESS_NOTIFY_INTERVAL, OutputBytes, WatchConfig, WatchError, WatchTarget, fragments,
+};
 
 /// etcd's `rpctypes.ErrCompacted` text, the cancel reason for a negative start revision.
 const ERR_COMPACTED_REASON: &str = "etcdserver: mvcc: required revision has been compacted";
@@ -61,6 +63,8 @@ struct StreamTask {
     config: WatchConfig,
     stream: u64,
     out: mpsc::Sender<Result<WatchResponse, Status>>,
+    /// The bytes `out` may hold (`OutputBytes`).
+    out_bytes: OutputBytes,
     active: HashMap<i64, WatcherOpts>,
     /// Event bytes the hub queued for this stream (`StreamHandle::queued_bytes`).
     queued_bytes: Arc<std::sync::atomic::AtomicUsize>,
@@ -68,15 +72,18 @@ struct StreamTask {
     max_watchers: Option<usize>,
 }
 
+/// Where a stream's responses go: the channel gRPC reads (through [`OutputBytes::stream`]) and
+/// the byte budget of what it holds.
+pub struct Output {
+    pub tx: mpsc::Sender<Result<WatchResponse, Status>>,
+    pub bytes: OutputBytes,
+}
+
 /// Serves one watch stream until the client goes away: reads requests from `input`, writes
 /// responses to `out`. The frontend's `WatchService` spawns it per gRPC call; tests drive it
 /// directly with channels.
-pub async fn run_stream<S>(
-    target: WatchTarget,
-    config: WatchConfig,
-    input: S,
-    out: mpsc::Sender<Result<WatchResponse, Status>>,
-) where
+pub async fn run_stream<S>(target: WatchTarget, config: WatchConfig, input: S, out: Output)
+where
     S: Stream<Item = Result<WatchRequest, Status>> + Unpin + Send,
 {
     let StreamHandle {
@@ -96,7 +103,8 @@ pub async fn run_stream<S>(
         header: target.header,
         config,
         stream: id,
-        out,
+        out: out.tx,
+        out_bytes: out.bytes,
         active: HashMap::new(),
         queued_bytes,
         caller: target.caller,
@@ -193,7 +201,12 @@ impl StreamTask {
         read_store(&self.store).revision()
     }
 
+    /// Queues `resp` once its bytes fit the stream's budget (or the client went away).
     async fn send(&self, resp: WatchResponse) -> Result<(), Closed> {
+        tokio::select! {
+            () = self.out_bytes.take(prost::Message::encoded_len(&resp)) => {}
+            _ = self.out.closed() => return Err(Closed),
+        }
         self.out.send(Ok(resp)).await.map_err(|_| Closed)
     }
 

@@ -136,14 +136,30 @@ impl Harness {
     }
 
     fn open(&self, config: WatchConfig, out_buffer: usize) -> Client {
+        self.open_bounded(config, out_buffer, OUTPUT_BYTES).0
+    }
+
+    /// `open` with `out_bytes` for the stream's output budget, which it answers too.
+    fn open_bounded(
+        &self,
+        config: WatchConfig,
+        out_buffer: usize,
+        out_bytes: usize,
+    ) -> (Client, OutputBytes) {
         let (req_tx, req_rx) = mpsc::channel(64);
         let (out_tx, out_rx) = mpsc::channel(out_buffer);
         let input = tokio_stream::wrappers::ReceiverStream::new(req_rx);
-        tokio::spawn(run_stream(self.target(), config, input, out_tx));
-        Client {
+        let bytes = OutputBytes::new(out_bytes);
+        let output = Output {
+            tx: out_tx,
+            bytes: bytes.clone(),
+        };
+        tokio::spawn(run_stream(self.target(), config, input, output));
+        let client = Client {
             req: req_tx,
-            out: out_rx,
-        }
+            out: Box::pin(bytes.clone().stream(out_rx)),
+        };
+        (client, bytes)
     }
 
     /// What a watcher of `spec` from `start` must receive, from the history: written from
@@ -181,7 +197,7 @@ impl Harness {
 
 struct Client {
     req: mpsc::Sender<Result<WatchRequest, Status>>,
-    out: mpsc::Receiver<Result<WatchResponse, Status>>,
+    out: ResponseStream,
 }
 
 fn create_req(key: &str, range_end: &str, start: i64) -> WatchCreateRequest {
@@ -208,7 +224,7 @@ impl Client {
     }
 
     async fn next(&mut self) -> WatchResponse {
-        tokio::time::timeout(WAIT, self.out.recv())
+        tokio::time::timeout(WAIT, futures::StreamExt::next(&mut self.out))
             .await
             .expect("a response within the wait")
             .expect("stream open")
@@ -217,7 +233,11 @@ impl Client {
 
     /// Asserts nothing arrives for a short while (used only where the absence is the point).
     async fn quiet(&mut self) {
-        let r = tokio::time::timeout(Duration::from_millis(200), self.out.recv()).await;
+        let r = tokio::time::timeout(
+            Duration::from_millis(200),
+            futures::StreamExt::next(&mut self.out),
+        )
+        .await;
         assert!(r.is_err(), "unexpected response {r:?}");
     }
 
@@ -707,6 +727,46 @@ async fn a_stream_that_does_not_read_holds_its_byte_bound_then_catches_up() {
     let rev = h.put("k0", "live");
     assert_eq!(event_revision(&slow.next().await.events[0]), rev);
     assert_eq!(h.hub.unsynced_count(), 0);
+}
+
+/// A stream whose client does not read queues responses towards gRPC up to its byte budget,
+/// not its response count: the task then waits, the hub holds the rest (here: past its own
+/// bound, so the watcher goes unsynced), and reading gets every event in order.
+#[tokio::test]
+async fn a_stream_that_does_not_read_queues_at_most_its_output_bytes() {
+    const PUTS: usize = 20;
+    const BUDGET: usize = 250 * 1024;
+    let mut h = Harness::with_limits(DEFAULT_STREAM_BUFFER, 1024 * 1024);
+    let (mut slow, bytes) = h.open_bounded(WatchConfig::default(), 64, BUDGET);
+    slow.create(create_req("k", "l", 0)).await;
+    slow.next().await;
+    let first = h.store.read().unwrap().revision() + 1;
+    let value = "v".repeat(100 * 1024);
+    for i in 0..PUTS {
+        h.put(&format!("k{}", i % 5), &value);
+        // The stream task runs between puts: it moves each response to its output while it may.
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert!(bytes.held() <= BUDGET, "{} bytes queued", bytes.held());
+    }
+    assert!(
+        bytes.held() > BUDGET / 2,
+        "the output filled: {}",
+        bytes.held()
+    );
+    assert!(
+        h.hub.unsynced_count() > 0,
+        "{PUTS} responses of 100 KiB: a 64-response output would have taken them all"
+    );
+    let want = h.expected(&WatchSpec::range(b"k", b"l"), first);
+    let mut got = Vec::new();
+    while flatten(&got).len() < PUTS {
+        got.push(slow.next().await);
+    }
+    assert_eq!(flatten(&got), want);
+    assert_atomic(&got);
+    assert_eq!(bytes.held(), 0, "every response read gave its bytes back");
 }
 
 #[tokio::test]

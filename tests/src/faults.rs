@@ -270,9 +270,13 @@ pub fn schedule(
 /// Seeds run on every CI run (`tests/tests/faults.rs`); a seed that once failed is added here
 /// with its fix. The first puts the checkpoints in S3 (moto) with three frontends, internal TLS
 /// and three journal nodes; the second in a directory, with five journal nodes and two
-/// catalogue tenants on two shards served by both of its two frontends; together they hit
-/// every kind of fault (a unit test checks).
-pub const FIXED_SEEDS: &[u64] = &[0x5eed_8adb, 0x5eed_3c45];
+/// catalogue tenants on two shards served by both of its two frontends; the third (session 30)
+/// two catalogue tenants again, served by three frontends with S3 and three journal nodes,
+/// each frontend paused in turn (one while the created tenant is created, so that it comes
+/// back to a catalogue that moved on) and frontend 2 killed while the tenant is suspended and
+/// again while it is deleted (a restart that must not serve it from its older catalogue);
+/// together they hit every kind of fault (a unit test checks).
+pub const FIXED_SEEDS: &[u64] = &[0x5eed_8adb, 0x5eed_3c45, 0x5eed_0441];
 
 /// Everything a seed decides before a run starts.
 #[derive(Debug)]

@@ -458,28 +458,39 @@ mod bbolt {
                     "a B+tree deeper than any".into(),
                 ));
             }
-            let read;
-            let p: &[u8] = match page {
-                PageRef::File(id) => {
-                    read = self.page(*id)?;
-                    &read
-                }
-                PageRef::Inline(p) if p.len() >= PAGE_HEADER => p,
-                PageRef::Inline(_) => {
-                    return Err(EtcdSnapshotError::Damaged("an inline bucket page".into()));
-                }
+            let read = match page {
+                PageRef::File(id) => Some(self.page(*id)?),
+                PageRef::Inline(_) => None,
+            };
+            let p: &[u8] = match (page, &read) {
+                (_, Some(read)) => read,
+                (PageRef::Inline(p), None) if p.len() >= PAGE_HEADER => p,
+                _ => return Err(EtcdSnapshotError::Damaged("an inline bucket page".into())),
             };
             let (flags, count) = (u16_at(p, 8), usize::from(u16_at(p, 10)));
             let out_of_page = || EtcdSnapshotError::Damaged("an element outside its page".into());
-            for i in 0..count {
+            let element = |i: usize| {
                 let e = PAGE_HEADER + i * ELEMENT;
-                if e + ELEMENT > p.len() {
-                    return Err(out_of_page());
-                }
-                if flags & BRANCH != 0 {
-                    let child = u64_at(p, e + 8);
+                (e + ELEMENT <= p.len())
+                    .then_some(e)
+                    .ok_or_else(out_of_page)
+            };
+            if flags & BRANCH != 0 {
+                // The children's ids, then the page goes before they are read: one page of a
+                // branch held at a time, however deep (a damaged file's pages may claim to be
+                // as large as the file).
+                let children = (0..count)
+                    .map(|i| element(i).map(|e| u64_at(p, e + 8)))
+                    .collect::<Result<Vec<u64>>>()?;
+                drop(read);
+                for child in children {
                     self.walk(&PageRef::File(child), depth + 1, f)?;
-                } else if flags & LEAF != 0 {
+                }
+                return Ok(());
+            }
+            for i in 0..count {
+                let e = element(i)?;
+                if flags & LEAF != 0 {
                     let (eflags, pos) = (u32_at(p, e), u32_at(p, e + 4) as usize);
                     let (ksize, vsize) = (u32_at(p, e + 8) as usize, u32_at(p, e + 12) as usize);
                     let k = e + pos;

@@ -27,6 +27,8 @@ pub const SNAPSHOT_CHUNK_BYTES: usize = 32 * 1024;
 pub const SHA256_BYTES: usize = 32;
 /// etcdctl checks `size % SNAPSHOT_PAD_TO == SHA256_BYTES` (its `hasChecksum`).
 pub const SNAPSHOT_PAD_TO: usize = 512;
+/// Why a snapshot file whose SHA-256 trailer does not match its content is refused.
+const TRAILER_MISMATCH: &str = "SHA-256 trailer does not match the content";
 /// The checkpoint header fields that give its length (`memstore::checkpoint`'s layout:
 /// `magic[8] | version u32 | crc u32 | meta_len u32 | body_len u64 | meta | pad to 16 | body`).
 const CKPT_HEADER_LEN: usize = 28;
@@ -127,7 +129,7 @@ pub fn database_len(file: &std::fs::File) -> Result<u64, String> {
     let mut trailer = [0u8; SHA256_BYTES];
     file.read_exact_at(&mut trailer, content).map_err(io)?;
     if sha.finish().as_ref() != trailer {
-        return Err("SHA-256 trailer does not match the content".into());
+        return Err(TRAILER_MISMATCH.into());
     }
     Ok(content)
 }
@@ -139,7 +141,7 @@ fn without_trailer(file: &[u8]) -> Result<&[u8], &'static str> {
     }
     let (content, sha) = file.split_at(file.len() - SHA256_BYTES);
     if digest::digest(&digest::SHA256, content).as_ref() != sha {
-        return Err("SHA-256 trailer does not match the content");
+        return Err(TRAILER_MISMATCH);
     }
     Ok(content)
 }

@@ -126,13 +126,20 @@ impl Tenants {
     /// for it here instead of being refused as unknown (NotFound, which clients do not retry).
     /// Bounded: on a journal outage the catalogue's read point fails with its error.
     async fn catch_up_with_catalogue(&self) -> Result<(), Error> {
+        if let Some(revision) = self.catalogue_read_point().await? {
+            self.until_reconciled(revision).await;
+        }
+        Ok(())
+    }
+
+    /// The catalogue's revision once its replica applied every change committed before this
+    /// call (None without a catalogue).
+    async fn catalogue_read_point(&self) -> Result<Option<i64>, Error> {
         let Some(system) = &self.catalogue else {
-            return Ok(());
+            return Ok(None);
         };
         system.barrier().await?;
-        let revision = system.replica.read().revision();
-        self.until_reconciled(revision).await;
-        Ok(())
+        Ok(Some(system.replica.read().revision()))
     }
 
     /// Until a restarted frontend has followed its caught-up catalogue, the tenants it loaded
@@ -143,11 +150,9 @@ impl Tenants {
     /// every load: `set_followed`), so it is never served from the older catalogue; it is
     /// answered Unavailable, which clients retry, if that does not come in `CATCH_UP_WAIT`.
     async fn catalogue_as_now(&self) -> Result<(), Error> {
-        let Some(system) = &self.catalogue else {
+        let Some(revision) = self.catalogue_read_point().await? else {
             return Ok(());
         };
-        system.barrier().await?;
-        let revision = system.replica.read().revision();
         let mut followed = self.followed.subscribe();
         let waited = tokio::time::timeout(CATCH_UP_WAIT, followed.wait_for(|r| *r >= revision));
         match waited.await {

@@ -236,27 +236,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             })
             .await
         }
-        Command::Suspend { ref name } => {
+        Command::Suspend { ref name }
+        | Command::Resume { ref name }
+        | Command::Delete { ref name }
+        | Command::Undelete { ref name } => {
+            let command = &args.command;
             change(&client, name, given, |mut c, r| async move {
-                c.suspend(at(name, r)).await
-            })
-            .await
-        }
-        Command::Resume { ref name } => {
-            change(&client, name, given, |mut c, r| async move {
-                c.resume(at(name, r)).await
-            })
-            .await
-        }
-        Command::Delete { ref name } => {
-            change(&client, name, given, |mut c, r| async move {
-                c.delete(at(name, r)).await
-            })
-            .await
-        }
-        Command::Undelete { ref name } => {
-            change(&client, name, given, |mut c, r| async move {
-                c.undelete(at(name, r)).await
+                match command {
+                    Command::Suspend { .. } => c.suspend(at(name, r)).await,
+                    Command::Resume { .. } => c.resume(at(name, r)).await,
+                    Command::Delete { .. } => c.delete(at(name, r)).await,
+                    _ => c.undelete(at(name, r)).await,
+                }
             })
             .await
         }

@@ -484,7 +484,7 @@ fn seal(out: &mut [u8], offset: usize) {
 /// `CRC_FROM` on. From format 5 it covers the version too (a flipped bit there could read a
 /// format 5 object as format 4, which means another thing by compact revision 0).
 fn header_crc(version: u32, rest_crc: u32, len: usize) -> u32 {
-    if version >= FORMAT_VERSION {
+    if version >= FORMAT_VERSION_V5 {
         let head = crc32c::crc32c(&version.to_le_bytes());
         crc32c::crc32c_combine(head, rest_crc, len)
     } else {
@@ -1078,6 +1078,29 @@ mod tests {
         let (_, old) = decode(&v5).unwrap();
         assert_eq!(old.tenant_quotas(), Default::default());
         assert_eq!(old.revision(), store.revision());
+    }
+
+    /// The header's crc as each format's writer computed it, from the layout alone: from
+    /// format 5 on the CRC32C of the version's four bytes followed by everything after the crc
+    /// field, before it of everything after the crc field. (Format 6's build checked format 5
+    /// objects without the version, so it refused every one a format 5 build wrote.)
+    #[test]
+    fn each_format_s_crc_is_the_one_its_writers_computed() {
+        let store = store_of_rounds(1, 3, |_, k| (vec![b'k', k as u8], vec![1; 4]));
+        let meta = meta_now(&store, "t", 0, 0);
+        let body = rkyv::to_bytes::<rancor::Error>(&body_v4(&store.state)).unwrap();
+        for version in FORMAT_VERSION_V1..=FORMAT_VERSION {
+            let object = frame(&meta, version, &body);
+            let stored = u32::from_le_bytes(object[12..16].try_into().unwrap());
+            let covered = if version >= 5 {
+                [&version.to_le_bytes()[..], &object[CRC_FROM..]].concat()
+            } else {
+                object[CRC_FROM..].to_vec()
+            };
+            assert_eq!(stored, crc32c::crc32c(&covered), "format {version}");
+        }
+        let (_, five) = decode(&frame(&meta, FORMAT_VERSION_V5, &body)).unwrap();
+        assert!(five == store);
     }
 
     /// `encode` archives the body in place after the header; the object is byte for byte the

@@ -416,6 +416,12 @@ impl Replica {
     /// and comes back here).
     async fn reload_or_fail(&self, first_index: u64) -> bool {
         let applied = self.applied_index();
+        if applied + 1 >= first_index {
+            // The journal still holds the next record (a read told of a trim below it): no
+            // checkpoint is needed, and none is ahead of the replica. Read again.
+            tracing::debug!(tenant = %self.tenant, shard = self.shard, first_index, applied, "told of a trim the replica is past; reading on");
+            return true;
+        }
         match self.reload(first_index).await {
             Ok(index) => {
                 tracing::warn!(
@@ -1079,6 +1085,25 @@ mod tests {
         let covering = publish(&objects, 49, false).await;
         manifest(&objects, 2, vec![covering]).await;
         assert!(matches!(r.reload(50).await, Ok(49)));
+        assert_eq!(r.applied_index(), 49);
+    }
+
+    /// Told of a trim it is already past (its next record is the journal's first), a replica
+    /// reads on: it neither needs a checkpoint nor stops because none is ahead of it.
+    #[tokio::test]
+    async fn a_trim_the_replica_is_past_is_no_reason_to_reload() {
+        use crate::checkpoint::fixtures::{manifest, publish};
+        let objects =
+            crate::checkpoint::Store::from(Arc::new(object_store::memory::InMemory::new()));
+        let at = publish(&objects, 49, false).await;
+        manifest(&objects, 1, vec![at]).await;
+        let r = Replica::with_checkpoints("default", 0, store_after(49), Some(objects));
+        assert!(r.reload_or_fail(50).await);
+        assert_eq!(r.state(), ReplicaState::CatchingUp, "not failed");
+        assert_eq!(r.applied_index(), 49);
+        // Behind the trim it still reloads.
+        let r = Replica::with_checkpoints("default", 0, store_after(3), r.checkpoints.clone());
+        assert!(r.reload_or_fail(50).await);
         assert_eq!(r.applied_index(), 49);
     }
 

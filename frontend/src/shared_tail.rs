@@ -247,7 +247,7 @@ struct Reader {
 impl Reader {
     fn next_from_feed(&mut self) -> Next {
         self.changes.borrow_and_update();
-        let s = self.feed.lock();
+        let mut s = self.feed.lock();
         if self.cursor < s.first {
             return Next::Left;
         }
@@ -255,6 +255,17 @@ impl Reader {
             return Next::Record(r.clone());
         }
         match s.trimmed {
+            // The journal still holds this reader's next record (it waited ahead of the feed,
+            // which met a trim it had not reached): the feed starts again there, and the
+            // readers before it meet the trim on their own reads, if it concerns them.
+            Some(first_index)
+                if self.cursor >= s.next && s.restart.is_none() && self.cursor >= first_index =>
+            {
+                s.restart = Some(self.cursor);
+                drop(s);
+                self.feed.changed();
+                Next::Wait
+            }
             // (A restart asked for is the feed's next state: wait for it.)
             Some(first_index) if self.cursor >= s.next && s.restart.is_none() => {
                 Next::Trimmed(first_index)
@@ -515,6 +526,38 @@ mod tests {
         append(&inner, 1).await;
         assert_eq!(indexes(&mut joined, 2).await, [10, 11]);
         assert_eq!(indexes(&mut reloaded, 1).await, [11]);
+    }
+
+    /// A reader waiting ahead of the feed (a replica loaded from a newer checkpoint than the
+    /// one the feed started for) is not told of a trim below its own next record: the feed
+    /// starts again there. (It was told, and its replica, unable to load a checkpoint newer
+    /// than itself, stopped: found by fault seed 0x5eed3c45.)
+    #[tokio::test]
+    async fn a_reader_ahead_of_a_trimmed_feed_reads_on() {
+        let inner = Counted::new();
+        append(&inner, 5).await;
+        let tail = SharedTail::with_window(Arc::new(inner.clone()), 2, usize::MAX);
+        let mut a = tail.read(0, 1).await.unwrap();
+        assert_eq!(indexes(&mut a, 5).await, [1, 2, 3, 4, 5]);
+        let mut ahead = tail.read(0, 9).await.unwrap();
+        // The shared read breaks and the journal is trimmed below 9 meanwhile.
+        inner.floor.store(9, Ordering::Relaxed);
+        inner.cut.store(true, Ordering::Relaxed);
+        append(&inner, 5).await;
+        let feed = tail.feed(0, 1);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while feed.lock().trimmed.is_none() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the feed never met the trim"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        inner.cut.store(false, Ordering::Relaxed);
+        assert_eq!(indexes(&mut ahead, 2).await, [9, 10]);
+        // The reader whose next record is gone is told, on its own read.
+        let e = next_error(&mut a).await;
+        assert!(matches!(e, LogError::Trimmed { first_index: 9 }), "{e:?}");
     }
 
     #[tokio::test]

@@ -53,6 +53,41 @@ pub fn journal_key(name: &str, uid: &[u8]) -> String {
     key
 }
 
+/// What record `r` says of its tenant that the tenant's own replicas enforce.
+pub fn own_of(r: &TenantRecord) -> crate::strata::entry::TenantOwn {
+    use crate::strata::admin::TenantState;
+    crate::strata::entry::TenantOwn {
+        quotas: Some(r.quotas.unwrap_or_default()),
+        suspended: r.state == TenantState::Suspended as i32,
+        deleted: r.state == TenantState::Deleted as i32,
+        revision: r.revision,
+        name: r.name.clone(),
+    }
+}
+
+/// The entry request that brings `r`'s own part to the replicas of its tenant journalled under
+/// `key` (the record's generation, `journal_key`, or a name a frontend serves by flag): a
+/// `TenantChange` of that key, appended to the tenant's shard (`r.shard`).
+pub fn own_change(key: &str, r: &TenantRecord) -> crate::strata::entry::entry::Request {
+    use crate::strata::entry::{TenantChange, entry::Request, tenant_change::Change};
+    Request::TenantChange(TenantChange {
+        name: key.to_string(),
+        change: Some(Change::Own(own_of(r))),
+        ..Default::default()
+    })
+}
+
+/// Whether a tenant's replica whose own part is `have` already enforces everything `want`
+/// says (the record revision aside).
+pub fn own_agrees(
+    have: &crate::strata::entry::TenantOwn,
+    want: &crate::strata::entry::TenantOwn,
+) -> bool {
+    have.quotas.unwrap_or_default() == want.quotas.unwrap_or_default()
+        && have.suspended == want.suspended
+        && have.deleted == want.deleted
+}
+
 /// A record decoded from a catalogue value, its `revision` set to the key's mod revision.
 pub fn decode_record(value: &[u8], mod_revision: i64) -> Result<TenantRecord, prost::DecodeError> {
     let mut r: TenantRecord = prost::Message::decode(value)?;

@@ -24,7 +24,7 @@ const LOADS_AT_ONCE: usize = 4;
 /// How often a start loading many tenants sums what the loaded ones hold (`reconcile`).
 const RESUM_EVERY: Duration = Duration::from_millis(100);
 /// How often the follower looks again without a catalogue change: to see that the catalogue's
-/// replica caught up, to retry a quota append that did not land, and to unload idle tenants.
+/// replica caught up, to retry an own-part append that did not land, and to unload idle tenants.
 const LOOK_AGAIN: Duration = Duration::from_secs(1);
 /// Under `--memory-budget`, a tenant a request named within this long is not unloaded, however
 /// full the budget: the tenants in use are not made to load again and again.
@@ -131,7 +131,7 @@ pub async fn follow(tenants: Weak<Tenants>, loader: Loader, reconciled: watch::S
             }
         }
         if let Some(t) = tenants.upgrade() {
-            sync_quotas(&t, &records, &loader.shards, &syncing);
+            sync_own(&t, &records, &loader.shards, &syncing);
             if let Some(idle) = loader.idle_unload {
                 unload_idle(&t, idle);
             }
@@ -387,33 +387,42 @@ fn own_connections(r: &TenantRecord) -> Option<usize> {
     crate::tenant::connection_quota(&r.quotas.unwrap_or_default())
 }
 
-/// The tenants whose quotas this frontend is appending to their shard.
+/// The tenants whose own part this frontend is appending to their shard.
 type Syncing = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
 
-/// The quotas that change state (stored bytes, leases) are enforced by each tenant's own
-/// replicas, from a `TenantChange` of the tenant's own name on its shard
-/// (`MemStore::tenant_quotas`). Wherever a caught-up replica's quotas differ from its record's,
-/// this appends that change, once at a time per tenant, and again at the next look if it did
-/// not land; so a change the admin API made reaches the tenant's shard even if the frontend
-/// that took it died between the two appends. Several frontends may append the same quotas
-/// once each: applying them twice changes nothing.
-fn sync_quotas(
+/// What a catalogue record says that the tenant's own replicas enforce (quotas that change
+/// state: stored bytes, leases; suspended or deleted: its writes refused) reaches them as a
+/// `TenantChange` of the tenant's own key on its shard (`MemStore::tenant_own`). The admin
+/// call that changed the record appends it before answering; wherever a caught-up replica
+/// here still differs from its record, this appends it again, once at a time per tenant and
+/// again at the next look if it did not land: so a change whose admin frontend died between
+/// the two appends, or a record from before tenants had an own part, still reaches the
+/// tenant. A replica whose own part comes from a newer record revision than this frontend's
+/// catalogue has read is left alone (this frontend lags; the apply would refuse an older
+/// record's change anyway). Several frontends may append the same record's part once each:
+/// applying it twice changes nothing.
+fn sync_own(
     tenants: &Tenants,
     records: &[TenantRecord],
     shards: &crate::config::ShardSet,
     syncing: &Syncing,
 ) {
-    use api::strata::entry::{TenantChange, entry::Request as Intent, tenant_change::Change};
     for r in records.iter().filter(|r| shards.contains(r.shard)) {
-        let want = r.quotas.unwrap_or_default();
         let Some(t) = tenants.named(&r.name) else {
             continue;
         };
         if served_of(r) == Served::Deleted
             || t.replica.state() != crate::replica::ReplicaState::Ready
-            || t.replica.read().tenant_quotas() == want
         {
             continue;
+        }
+        let want = api::tenant::own_of(r);
+        {
+            let store = t.replica.read();
+            let have = store.tenant_own();
+            if have.revision > r.revision || api::tenant::own_agrees(have, &want) {
+                continue;
+            }
         }
         let lock = |s: &Syncing| {
             s.lock()
@@ -424,23 +433,19 @@ fn sync_quotas(
             continue;
         }
         let syncing = syncing.clone();
+        let change = api::tenant::own_change(&t.key, r);
         tokio::spawn(async move {
-            let change = TenantChange {
-                name: t.key.clone(),
-                change: Some(Change::UpdateQuotas(want)),
-                ..Default::default()
-            };
             let id = crate::rpc::RequestId::random();
             let caller = crate::auth::Caller::default();
-            match t.propose(&id, &caller, Intent::TenantChange(change)).await {
-                Ok(a) if a.outcome == memstore::Outcome::Quotas => {
-                    tracing::info!(tenant = %t.name, quotas = ?want, "tenant's quotas set on its shard");
+            match t.propose(&id, &caller, change).await {
+                Ok(a) if a.outcome == memstore::Outcome::Own => {
+                    tracing::info!(tenant = %t.name, own = ?want, "tenant's own part set on its shard");
                 }
                 Ok(a) => {
-                    tracing::warn!(tenant = %t.name, outcome = ?a.outcome, "tenant's quotas refused on its shard")
+                    tracing::warn!(tenant = %t.name, outcome = ?a.outcome, "tenant's own part refused on its shard")
                 }
                 Err(e) => {
-                    tracing::warn!(tenant = %t.name, error = %e, "cannot set the tenant's quotas on its shard; trying again")
+                    tracing::warn!(tenant = %t.name, error = %e, "cannot set the tenant's own part on its shard; trying again")
                 }
             }
             syncing
@@ -727,6 +732,85 @@ mod tests {
         t.propose(&id, &crate::auth::Caller::default(), Intent::Put(put))
             .await
             .unwrap();
+    }
+
+    /// Where a replica's own part differs from its record (a resume whose admin frontend died
+    /// before appending it, a record from before own parts), the follower appends the record's;
+    /// where the replica's comes from a newer record than this frontend has read, it leaves it.
+    #[tokio::test]
+    async fn the_follower_brings_a_replica_s_own_part_to_its_record_but_never_back() {
+        let log = Arc::new(MemLog::new());
+        let (tenants, loader) = following(log.clone(), None);
+        let at = |revision, state| TenantRecord {
+            revision,
+            ..record("p", 1, state)
+        };
+        assert!(reconcile(&tenants, &[at(5, TenantState::Active)], &loader).await);
+        let t = tenants.named("p").unwrap();
+        crate::tenant::until_ready(std::slice::from_ref(&t)).await;
+        let syncing = Syncing::default();
+        let own = |t: &Tenant| t.replica.read().tenant_own().clone();
+        // Suspended by the admin call of revision 7 on another frontend.
+        let id = crate::rpc::RequestId::random();
+        let caller = crate::auth::Caller::default();
+        let suspended = api::tenant::own_change(&t.key, &at(7, TenantState::Suspended));
+        let a = t.propose(&id, &caller, suspended).await.unwrap();
+        assert_eq!(a.outcome, memstore::Outcome::Own);
+        // This frontend's catalogue is still at revision 5: nothing is appended.
+        let before = log.last_index();
+        sync_own(
+            &tenants,
+            &[at(5, TenantState::Active)],
+            &loader.shards,
+            &syncing,
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(log.last_index(), before, "a lagging frontend appended");
+        assert!(own(&t).suspended);
+        // Resumed at revision 9, but the admin frontend died before appending that: healed.
+        sync_own(
+            &tenants,
+            &[at(9, TenantState::Active)],
+            &loader.shards,
+            &syncing,
+        );
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while own(&t).revision != 9 {
+            assert!(tokio::time::Instant::now() < deadline, "never healed");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert!(!own(&t).suspended);
+        put(&t, "k", b"v").await;
+        let got = t.replica.read().range(&RangeRequest {
+            key: b"k".to_vec(),
+            ..Default::default()
+        });
+        assert_eq!(got.unwrap().kvs.len(), 1, "written again");
+        // In step: nothing more is appended.
+        let before = log.last_index();
+        sync_own(
+            &tenants,
+            &[at(9, TenantState::Active)],
+            &loader.shards,
+            &syncing,
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(log.last_index(), before);
+
+        // A tenant served by flag is journalled under its name, whatever the record's uid.
+        let (tenants, loader) = following(log.clone(), Some("fixed"));
+        let fixed = tenants.fixed("fixed").unwrap();
+        crate::tenant::until_ready(std::slice::from_ref(&fixed)).await;
+        let record = TenantRecord {
+            uid: vec![3; 16],
+            revision: 4,
+            ..record("fixed", 1, TenantState::Suspended)
+        };
+        sync_own(&tenants, &[record], &loader.shards, &syncing);
+        while !own(&fixed).suspended {
+            assert!(tokio::time::Instant::now() < deadline, "never synced");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     fn records_of(names: &[&str]) -> Vec<TenantRecord> {

@@ -4,7 +4,7 @@
 //! past the replica's position.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -13,6 +13,7 @@ use memstore::{Applied, MemStore, Outcome};
 use tokio::sync::{oneshot, watch};
 
 use crate::log::{Log, LogError};
+use crate::tenant::Served;
 use crate::watch::WatchHub;
 
 /// Records applied under one write lock (the stream's ready records, up to this many).
@@ -52,6 +53,10 @@ pub struct Replica {
     /// verification without the store's lock when it is not (the checks themselves run
     /// against the store).
     auth_enabled: AtomicBool,
+    /// What the store's own change says of the tenant (`MemStore::tenant_own`: a
+    /// `crate::tenant::Served` as u8), as of the last apply: a frontend whose catalogue lags
+    /// refuses the tenant's requests once its replica has applied the suspension.
+    own_served: AtomicU8,
     /// When the replica last received journal records (ms since `started`): the journal stamps
     /// an idle shard every 500 ms, so silence means it has no leader or cannot be reached.
     heard_at_ms: AtomicU64,
@@ -97,6 +102,18 @@ impl Drop for WriteTurn<'_> {
     }
 }
 
+/// What `store`'s own change says of its tenant (`MemStore::tenant_own`).
+fn own_served(store: &MemStore) -> Served {
+    let own = store.tenant_own();
+    if own.deleted {
+        Served::Deleted
+    } else if own.suspended {
+        Served::Suspended
+    } else {
+        Served::Active
+    }
+}
+
 impl Replica {
     pub fn new(tenant: &str, shard: u32, store: MemStore) -> Arc<Self> {
         Self::with_checkpoints(tenant, shard, store, None)
@@ -112,6 +129,7 @@ impl Replica {
     ) -> Arc<Self> {
         let applied_index = store.applied_index();
         let auth_enabled = AtomicBool::new(store.auth_enabled());
+        let own_served = AtomicU8::new(own_served(&store) as u8);
         let hub = WatchHub::for_store_at(tenant, store.revision());
         Arc::new(Self {
             tenant: tenant.to_string(),
@@ -123,6 +141,7 @@ impl Replica {
             stopped: watch::channel(false).0,
             term: AtomicU64::new(0),
             auth_enabled,
+            own_served,
             heard_at_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
             waiters: Mutex::new(HashMap::new()),
@@ -158,6 +177,19 @@ impl Replica {
     /// Whether the tenant's auth was enabled at the last apply (see the field).
     pub fn auth_enabled(&self) -> bool {
         self.auth_enabled.load(Ordering::Relaxed)
+    }
+
+    /// What the tenant's own change applied here says of it (Active when none did).
+    pub fn own_served(&self) -> Served {
+        Served::from_u8(self.own_served.load(Ordering::Relaxed))
+    }
+
+    /// Mirrors what requests read without the store's lock, after `store` changed.
+    fn note(&self, store: &MemStore) {
+        self.auth_enabled
+            .store(store.auth_enabled(), Ordering::Relaxed);
+        self.own_served
+            .store(own_served(store) as u8, Ordering::Relaxed);
     }
 
     pub fn state(&self) -> ReplicaState {
@@ -546,8 +578,7 @@ impl Replica {
         let index = new.applied_index();
         let compact = new.compact_revision();
         *store = new;
-        self.auth_enabled
-            .store(store.auth_enabled(), Ordering::Relaxed);
+        self.note(&store);
         if !replayable {
             // The revisions from `from` on are compacted in the checkpoint: watchers that still
             // need them are canceled with compact_revision set, as etcd does after a compaction.
@@ -654,8 +685,7 @@ impl Replica {
                 };
                 self.term.fetch_max(term, Ordering::Relaxed);
                 expected = index + 1;
-                self.auth_enabled
-                    .store(store.auth_enabled(), Ordering::Relaxed);
+                self.note(&store);
                 applied.push((out.request_id, out.applied));
             }
         }

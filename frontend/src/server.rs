@@ -346,7 +346,7 @@ impl Frontend {
                 stop.clone(),
             ),
         );
-        let service = crate::admin::AdminService::new(tenants.clone(), config.shards);
+        let service = crate::admin::AdminService::new(tenants.clone(), config.shards, log.clone());
         let (admin_addr, admin) = match (config.admin_listen, service) {
             (Some(addr), Some(service)) => {
                 let (addr, task) = serve_admin(

@@ -59,8 +59,10 @@ impl Identity {
     }
 }
 
-/// What the catalogue says of a tenant this frontend serves (`Tenant::state`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What the catalogue says of a tenant this frontend serves (`Tenant::served`), or the
+/// tenant's own change its replica applied (`Replica::own_served`); ordered from the least
+/// refused to the most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 #[repr(u8)]
 pub enum Served {
     Active = 0,
@@ -72,6 +74,14 @@ pub enum Served {
 }
 
 impl Served {
+    pub fn from_u8(v: u8) -> Self {
+        match v {
+            1 => Served::Suspended,
+            2 => Served::Deleted,
+            _ => Served::Active,
+        }
+    }
+
     /// What a request of tenant `name` gets in this state (`even_suspended`: Status and
     /// Snapshot, which the owner of a suspended tenant may still use).
     fn check(self, name: &str, even_suspended: bool) -> Result<(), Error> {
@@ -267,11 +277,7 @@ impl Tenant {
 
     /// What the catalogue says of this tenant (Active when no catalogue is followed).
     pub fn served(&self) -> Served {
-        match self.served.load(std::sync::atomic::Ordering::Acquire) {
-            1 => Served::Suspended,
-            2 => Served::Deleted,
-            _ => Served::Active,
-        }
+        Served::from_u8(self.served.load(std::sync::atomic::Ordering::Acquire))
     }
 
     pub fn set_served(&self, s: Served) {
@@ -285,9 +291,13 @@ impl Tenant {
     }
 
     /// Refuses a suspended or deleted tenant's request (`even_suspended`: Status and Snapshot,
-    /// which the owner of a suspended tenant may still use).
+    /// which the owner of a suspended tenant may still use): suspended or deleted by the
+    /// catalogue as this frontend follows it, or by the tenant's own change its replica
+    /// applied (which a frontend whose catalogue lags may have first).
     pub fn check_served(&self, even_suspended: bool) -> Result<(), Error> {
-        self.served().check(&self.name, even_suspended)
+        self.served()
+            .max(self.replica.own_served())
+            .check(&self.name, even_suspended)
     }
 
     /// What a stream of this tenant waits on to end when the tenant stops being served

@@ -6,7 +6,7 @@
 //! the same.
 
 use api::strata::admin::{TenantRecord, TenantState};
-use api::strata::entry::{TenantChange, TenantQuotas, tenant_change::Change};
+use api::strata::entry::{TenantChange, TenantOwn, TenantQuotas, tenant_change::Change};
 use api::tenant::{RECORD_PREFIX, SYSTEM_TENANT, decode_record, record_key, valid_name};
 
 use crate::RangeRequest;
@@ -46,33 +46,83 @@ impl MemStore {
         decode_record(&kv.value, kv.mod_revision).ok()
     }
 
-    /// The quotas the catalogue gave this tenant (`apply_own_quotas`), each 0 when none.
+    /// The quotas the catalogue gave this tenant (`apply_own_change`), each 0 when none.
     pub fn tenant_quotas(&self) -> TenantQuotas {
-        self.state.quotas
+        self.state.own.quotas.unwrap_or_default()
     }
 
-    /// Applies a tenant's own `TenantChange` (any tenant but `_system`): only its quotas, set
-    /// by the catalogue's followers so that the limits that change state (stored bytes, leases)
-    /// are enforced here, by every replica alike. No revision: no key changes.
-    pub(crate) fn apply_own_quotas(
+    /// What the catalogue said of this tenant in the last own change applied (`TenantOwn`):
+    /// quotas, suspended or deleted, and the record revision it came from (0: none yet, or
+    /// quotas alone from an older build).
+    pub fn tenant_own(&self) -> &TenantOwn {
+        &self.state.own
+    }
+
+    /// Refuses a write of a tenant its own change says is suspended or deleted
+    /// (FailedPrecondition, the message the frontends give for it).
+    pub(crate) fn check_not_fenced(&self) -> Result<(), Error> {
+        let own = &self.state.own;
+        let state = match (own.deleted, own.suspended) {
+            (false, false) => return Ok(()),
+            (true, _) => "deleted",
+            (false, true) => "suspended",
+        };
+        Err(Error::TenantState {
+            name: own.name.clone(),
+            state,
+        })
+    }
+
+    /// Applies a tenant's own `TenantChange` (any tenant but `_system`): what its catalogue
+    /// record says that every replica of the tenant enforces alike (the limits that change
+    /// state: stored bytes, leases; and whether its writes are refused). Appended to the
+    /// tenant's shard by the admin call that changed the record and by the frontends that
+    /// find a replica behind its record (`frontend::catalogue`). A change from an older record
+    /// revision than the one applied is refused (a frontend whose catalogue lags must not undo
+    /// a newer one); the same revision again is applied (its quotas may be the newer word, see
+    /// the sync). No key changes, so no revision.
+    pub(crate) fn apply_own_change(
         &mut self,
         tenant: &str,
         change: &TenantChange,
     ) -> Result<(), Error> {
+        let refused = || {
+            Error::Unsupported(format!(
+                "a tenant may only change its own part of its record; other tenant changes are the catalogue's ({SYSTEM_TENANT})"
+            ))
+        };
+        if change.name != tenant {
+            return Err(refused());
+        }
         match &change.change {
-            Some(Change::UpdateQuotas(q)) if change.name == tenant => {
-                check_quotas(q)?;
-                self.state.quotas = *q;
+            Some(Change::Own(own)) => {
+                let quotas = own.quotas.unwrap_or_default();
+                check_quotas(&quotas)?;
+                if own.revision < self.state.own.revision {
+                    return Err(Error::TenantChanged {
+                        name: own.name.clone(),
+                        since: own.revision,
+                        now: self.state.own.revision,
+                    });
+                }
+                self.state.own = TenantOwn {
+                    quotas: Some(quotas),
+                    ..own.clone()
+                };
                 Ok(())
             }
-            _ => Err(Error::Unsupported(format!(
-                "a tenant may only set its own quotas; other tenant changes are the catalogue's ({SYSTEM_TENANT})"
-            ))),
+            // Older builds journalled the quotas alone: they leave the rest as it is.
+            Some(Change::UpdateQuotas(q)) => {
+                check_quotas(q)?;
+                self.state.own.quotas = Some(*q);
+                Ok(())
+            }
+            _ => Err(refused()),
         }
     }
 
     /// Applies a catalogue change (an entry of `_system`: `apply_request` sends every other
-    /// tenant's to `apply_own_quotas`) at journal `index`: the record as it is after the change
+    /// tenant's to `apply_own_change`) at journal `index`: the record as it is after the change
     /// (its `revision` is the put's), or why it was refused.
     pub(crate) fn apply_tenant_change(
         &mut self,
@@ -112,6 +162,11 @@ impl MemStore {
                 self.new_record(index, change, quotas, now)?
             }
             (Change::Create(_), Some(_)) => return Err(Error::TenantExists(name.to_string())),
+            (Change::Own(_), _) => {
+                return Err(Error::Unsupported(
+                    "a tenant's own change belongs on its own shard, not in the catalogue".into(),
+                ));
+            }
             (_, None) => return Err(Error::TenantNotFound(name.to_string())),
             (Change::Undelete(true), Some(mut r)) if r.state == TenantState::Deleted as i32 => {
                 if purgeable(&r, now) {

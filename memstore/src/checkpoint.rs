@@ -2,9 +2,11 @@
 //! header and the rkyv archive of the whole store state, loaded back through checked access.
 //! Format 4 archives the keys as two flat arrays (key records, then every version), the
 //! request-id window as its table's size and live slots with their places (loaded straight into
-//! place) and a staged restore, if any, as one protobuf `RestoreStage`; format 6 adds the
-//! tenant's quotas (a protobuf `TenantQuotas`) after it, and formats 5 and 4 (without them) are
-//! read as a store without quotas. Formats 3 (the same, the
+//! place) and a staged restore, if any, as one protobuf `RestoreStage`; format 7 adds what the
+//! catalogue says of the tenant that its replicas enforce (a protobuf `TenantOwn`: quotas,
+//! suspended or deleted, the record revision) after it. Format 6 held the quotas alone there
+//! (a protobuf `TenantQuotas`), formats 5 and 4 nothing: they are read as a store with those
+//! quotas, or none, and no suspension. Formats 3 (the same, the
 //! window as a flat array of records oldest first, re-hashed on load), 2 (the window as two
 //! archived ordered maps of boxed ids, no restore stage) and 1 (the keys as an archived
 //! `BTreeMap` too) are still read.
@@ -34,7 +36,10 @@ use crate::{Config, Error, MemStore};
 pub const MAGIC: [u8; 8] = *b"STRATACP";
 /// The format this build writes; `decode` reads it and every older one down to
 /// `FORMAT_VERSION_V1`.
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
+/// The sixth format: format 7 with the tenant's quotas alone (a protobuf `TenantQuotas`) where
+/// format 7 has its `TenantOwn`; still read.
+pub const FORMAT_VERSION_V6: u32 = 6;
 /// The fifth format: format 6 without the tenant's quotas; still read.
 pub const FORMAT_VERSION_V5: u32 = 5;
 /// The fourth format: the same layout, but a store never compacted said compact revision 0
@@ -175,12 +180,13 @@ struct BodyV4<'a> {
     restore_stage: Vec<u8>,
 }
 
-/// Format 6's body: format 4's (and 5's), then the tenant's quotas as a protobuf
-/// `TenantQuotas` (empty when none was set).
+/// Format 7's body (and 6's): format 4's (and 5's), then the tenant's own part of its record as
+/// a protobuf `TenantOwn` (format 6: its quotas alone, a protobuf `TenantQuotas`), empty when
+/// none was set.
 #[derive(rkyv::Archive, rkyv::Serialize)]
 struct BodyV6<'a> {
     base: BodyV4<'a>,
-    quotas: Vec<u8>,
+    own: Vec<u8>,
 }
 
 /// A live slot of the request-id table and its place in it.
@@ -327,10 +333,10 @@ struct StateV1 {
 fn body_v6(state: &State) -> BodyV6<'_> {
     BodyV6 {
         base: body_v4(state),
-        quotas: if state.quotas == Default::default() {
+        own: if state.own == Default::default() {
             Vec::new()
         } else {
-            prost::Message::encode_to_vec(&state.quotas)
+            prost::Message::encode_to_vec(&state.own)
         },
     }
 }
@@ -516,7 +522,7 @@ pub struct DecodeOptions {
 /// Offset of the first byte the header's crc covers.
 pub const CRC_FROM: usize = 16;
 
-/// Reads a checkpoint object back (format 5, 4, 3, 2 or 1). Every defect (magic, version, checksum,
+/// Reads a checkpoint object back (format 7, 6, 5, 4, 3, 2 or 1). Every defect (magic, version, checksum,
 /// lengths, archive validation, meta disagreeing with the state) is `Error::Corrupt`, never a
 /// panic. The store gets `Config::default()`; use `MemStore::set_config` to change it.
 pub fn decode(bytes: &[u8]) -> Result<(CheckpointMeta, MemStore), Error> {
@@ -576,13 +582,19 @@ pub fn decode_with(
         copy = aligned;
         &copy
     };
-    let mut state = if version == FORMAT_VERSION {
+    let mut state = if version == FORMAT_VERSION || version == FORMAT_VERSION_V6 {
         let archived = rkyv::access::<ArchivedBodyV6<'_>, rancor::Error>(body)
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
         let mut state = state_from_v4(&archived.base)?;
-        if !archived.quotas.is_empty() {
-            state.quotas = prost::Message::decode(archived.quotas.as_slice())
+        let own = archived.own.as_slice();
+        if own.is_empty() {
+        } else if version == FORMAT_VERSION {
+            state.own = prost::Message::decode(own)
+                .map_err(|e| Error::Corrupt(format!("tenant's own state: {e}")))?;
+        } else {
+            let quotas = prost::Message::decode(own)
                 .map_err(|e| Error::Corrupt(format!("tenant quotas: {e}")))?;
+            state.own.quotas = Some(quotas);
         }
         state
     } else if version == FORMAT_VERSION_V5 || version == FORMAT_VERSION_V4 {
@@ -704,7 +716,7 @@ fn state_from_v4(a: &ArchivedBodyV4<'_>) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore: restore_stage(&a.restore_stage)?,
-        quotas: Default::default(),
+        own: Default::default(),
     })
 }
 
@@ -738,7 +750,7 @@ fn state_from_v3(a: &ArchivedBodyV3<'_>) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore,
-        quotas: Default::default(),
+        own: Default::default(),
     })
 }
 
@@ -757,7 +769,7 @@ fn state_from_v2(a: &ArchivedBodyV2<'_>) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore: None,
-        quotas: Default::default(),
+        own: Default::default(),
     })
 }
 
@@ -800,7 +812,7 @@ fn state_from_v1(a: &ArchivedStateV1) -> Result<State, Error> {
         alarms: rkyv::deserialize::<_, rancor::Error>(&a.alarms).map_err(corrupt)?,
         auth: rkyv::deserialize::<_, rancor::Error>(&a.auth).map_err(corrupt)?,
         restore: None,
-        quotas: Default::default(),
+        own: Default::default(),
     })
 }
 
@@ -1056,10 +1068,11 @@ mod tests {
         assert_eq!(reloaded.compact_revision(), 0);
     }
 
-    /// Format 6 keeps the tenant's quotas; a format 5 object (the same body without them) loads
-    /// as a store without quotas.
+    /// Format 7 keeps the tenant's own state (quotas, suspension, record revision); a format
+    /// 6 object keeps its quotas alone, a format 5 one (the same body without them) loads as a
+    /// store without quotas; neither is suspended.
     #[test]
-    fn quotas_are_kept_and_older_formats_have_none() {
+    fn the_tenant_s_own_state_is_kept_and_older_formats_have_less() {
         let mut store = store_of_rounds(2, 20, |round, k| (vec![b'k', k as u8], vec![round; 4]));
         let meta = meta_now(&store, "t", 0, 0);
         let v5 = frame(
@@ -1067,14 +1080,36 @@ mod tests {
             FORMAT_VERSION_V5,
             &rkyv::to_bytes::<rancor::Error>(&body_v4(&store.state)).unwrap(),
         );
-        store.state.quotas = api::strata::entry::TenantQuotas {
+        let quotas = api::strata::entry::TenantQuotas {
             stored_bytes: 1 << 20,
             leases: 3,
             ..Default::default()
         };
+        let v6 = frame(
+            &meta,
+            FORMAT_VERSION_V6,
+            &rkyv::to_bytes::<rancor::Error>(&BodyV6 {
+                base: body_v4(&store.state),
+                own: prost::Message::encode_to_vec(&quotas),
+            })
+            .unwrap(),
+        );
+        store.state.own = api::strata::entry::TenantOwn {
+            quotas: Some(quotas),
+            suspended: true,
+            deleted: false,
+            revision: 12,
+            name: "t".into(),
+        };
         let (_, loaded) = decode(&encode(&meta, &store)).unwrap();
         assert!(loaded == store);
         assert_eq!(loaded.tenant_quotas().leases, 3);
+        assert_eq!(loaded.tenant_own().revision, 12);
+        assert!(loaded.tenant_own().suspended);
+        let (_, six) = decode(&v6).unwrap();
+        assert_eq!(six.tenant_quotas(), quotas);
+        assert!(!six.tenant_own().suspended);
+        assert_eq!(six.tenant_own().revision, 0);
         let (_, old) = decode(&v5).unwrap();
         assert_eq!(old.tenant_quotas(), Default::default());
         assert_eq!(old.revision(), store.revision());

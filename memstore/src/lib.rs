@@ -144,8 +144,9 @@ pub enum Outcome {
     Alarm(AlarmResponse),
     /// An auth change was applied (the frontend answers it with the response its RPC names).
     Auth,
-    /// The tenant's own quotas were set (a `TenantChange` of its own name, no revision).
-    Quotas,
+    /// The tenant's own part of its catalogue record was set (a `TenantChange` of its own
+    /// name: `TenantOwn`, or quotas alone as older builds journalled them).
+    Own,
     /// A catalogue change was applied (`_system` only): the tenant's record after it.
     Tenant(Box<api::strata::admin::TenantRecord>),
     /// A step of a staged restore (`RestoreBegin`, `RestoreChunk`, `RestoreCommit`).

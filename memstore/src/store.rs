@@ -47,9 +47,10 @@ pub(crate) struct State {
     pub auth: AuthState,
     /// The restore being staged, if any (see `restore`).
     pub restore: Option<Stage>,
-    /// The quotas the tenant catalogue gave this tenant (`TenantChange` of its own name: see
-    /// `catalogue`); each 0 is "the configuration's".
-    pub quotas: api::strata::entry::TenantQuotas,
+    /// What the tenant catalogue says of this tenant that its replicas enforce (`TenantChange`
+    /// of its own name: see `catalogue`): its quotas (each 0 is "the configuration's"), and
+    /// whether it is suspended or deleted (writes refused).
+    pub own: api::strata::entry::TenantOwn,
 }
 
 impl State {
@@ -65,7 +66,7 @@ impl State {
             alarms: BTreeSet::new(),
             auth: AuthState::default(),
             restore: None,
-            quotas: api::strata::entry::TenantQuotas::default(),
+            own: api::strata::entry::TenantOwn::default(),
         }
     }
 }
@@ -823,7 +824,7 @@ impl MemStore {
         if self.nospace() {
             return Err(Error::NoSpace);
         }
-        let quota = match self.state.quotas.stored_bytes {
+        let quota = match self.tenant_quotas().stored_bytes {
             0 => self.config.quota_bytes,
             own => own,
         };
@@ -1021,6 +1022,21 @@ impl MemStore {
         {
             return Outcome::Failed(Error::CorruptAlarm);
         }
+        // A suspended or deleted tenant's writes are refused here, whichever frontend
+        // journalled them (one whose catalogue lags included); what the service itself does to
+        // the tenant (compaction, alarms, a staged restore, its own changes) goes on.
+        if matches!(
+            req,
+            Request::DeleteRange(_)
+                | Request::Txn(_)
+                | Request::LeaseGrant(_)
+                | Request::LeaseRevoke(_)
+                | Request::LeaseKeepAlive(_)
+                | Request::Auth(_)
+        ) && let Err(e) = self.check_not_fenced()
+        {
+            return Outcome::Failed(e);
+        }
         let result = match req {
             Request::Put(p) => self.apply_put(p, events).map(Outcome::Put),
             Request::DeleteRange(d) => self.apply_delete_range(d, events).map(Outcome::DeleteRange),
@@ -1037,7 +1053,7 @@ impl MemStore {
             Request::TenantChange(c) if tenant == api::tenant::SYSTEM_TENANT => self
                 .apply_tenant_change(index, c, events)
                 .map(|r| Outcome::Tenant(Box::new(r))),
-            Request::TenantChange(c) => self.apply_own_quotas(tenant, c).map(|()| Outcome::Quotas),
+            Request::TenantChange(c) => self.apply_own_change(tenant, c).map(|()| Outcome::Own),
             Request::RestoreBegin(b) => Ok(self.apply_restore_begin(b)),
             Request::RestoreChunk(c) => Ok(self.apply_restore_chunk(c)),
             Request::RestoreCommit(c) => Ok(self.apply_restore_commit(c, events)),
@@ -1110,6 +1126,7 @@ impl MemStore {
         if self.corrupt() {
             return Err(Error::CorruptAlarm); // every put path comes here
         }
+        self.check_not_fenced()?; // and so does this
         validate::put_parts(k, v, flags.lease, flags.ignore_value, flags.ignore_lease)?;
         self.check_space((k.len() + v.len()) as u64 + self.version_charge())?;
         self.check_put_lease(flags)?;
@@ -1156,7 +1173,7 @@ impl MemStore {
         if self.state.leases.contains(id) {
             return Err(Error::LeaseExists);
         }
-        let quota = self.state.quotas.leases;
+        let quota = self.tenant_quotas().leases;
         if quota > 0 && self.state.leases.len() >= quota.unsigned_abs() as usize {
             return Err(Error::LeaseQuota(quota));
         }

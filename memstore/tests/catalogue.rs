@@ -539,7 +539,7 @@ fn a_tenant_s_own_quotas_are_enforced_where_it_applies() {
         stored_bytes: 4096,
         ..Default::default()
     };
-    assert_eq!(apply(&mut c, quotas(q)), Outcome::Quotas);
+    assert_eq!(apply(&mut c, quotas(q)), Outcome::Own);
     assert_eq!(c.store.revision(), 1, "quotas change no key");
     assert_eq!(c.store.tenant_quotas(), q);
     assert!(matches!(apply(&mut c, grant(1)), Outcome::LeaseGrant(_)));
@@ -562,10 +562,7 @@ fn a_tenant_s_own_quotas_are_enforced_where_it_applies() {
     assert_eq!(loaded.tenant_quotas(), q);
     // Lifted (0: the configuration's), the NOSPACE alarm the quota raised stays until it is
     // disarmed, as etcd's does; then a second lease and the large put go through.
-    assert_eq!(
-        apply(&mut c, quotas(TenantQuotas::default())),
-        Outcome::Quotas
-    );
+    assert_eq!(apply(&mut c, quotas(TenantQuotas::default())), Outcome::Own);
     assert_eq!(apply(&mut c, grant(2)), Outcome::Failed(Error::NoSpace));
     let disarm = Request::Alarm(api::etcdserverpb::AlarmRequest {
         action: api::etcdserverpb::alarm_request::AlarmAction::Deactivate as i32,

@@ -36,7 +36,9 @@ impl Interceptor for Named {
 
 type Svc = InterceptedService<Channel, Named>;
 
-/// One tenant's KV, Watch, Lease, Maintenance and Auth clients over one connection.
+/// One tenant's KV, Watch, Lease, Maintenance and Auth clients over one connection (a clone
+/// shares it).
+#[derive(Clone)]
 pub struct TenantClient {
     pub tenant: String,
     pub kv: KvClient<Svc>,

@@ -66,7 +66,12 @@ impl Lapsed {
             Lapsed::Suspended => {
                 why.starts_with("FailedPrecondition") && why.contains("is suspended")
             }
-            Lapsed::Deleted => why.starts_with("NotFound") && why.contains("is not served"),
+            // A frontend that has not followed the delete yet: its write is refused where
+            // it is applied.
+            Lapsed::Deleted => {
+                (why.starts_with("NotFound") && why.contains("is not served"))
+                    || (why.starts_with("FailedPrecondition") && why.contains("is deleted"))
+            }
         }
     }
 }
@@ -80,6 +85,9 @@ pub struct Lapse {
     pub from: Time,
     /// The catalogue, read back, said so.
     pub said: Time,
+    /// The admin call answered (before `said`): it had appended the change to the tenant's
+    /// own shard, so no write asked for from `said` on may succeed until `lifted`.
+    pub answered: bool,
     /// Every frontend had refused a probe (from then on, none may serve the tenant).
     pub confirmed: Option<Time>,
     /// The change was undone (resume, undelete asked for).
@@ -170,7 +178,7 @@ impl Changes {
         name: &str,
         extra: &[String],
         settled: &[&str],
-    ) -> (Result<Option<Value>, String>, String) {
+    ) -> (Result<Option<Value>, String>, String, bool) {
         let mut args = vec![verb.to_string(), name.to_string()];
         args.extend(extra.iter().cloned());
         let settled: Vec<&str> = settled.iter().copied().chain(["not found"]).collect();
@@ -195,7 +203,12 @@ impl Changes {
             Ok(None) => "no such tenant".into(),
             Err(e) => format!("unreadable: {e}"),
         };
-        (record, format!("({said}; the catalogue says {now})"))
+        let answered = answer.is_some();
+        (
+            record,
+            format!("({said}; the catalogue says {now})"),
+            answered,
+        )
     }
 
     /// Starts a catalogue change of the plan on the run's `k`-th tenant (`shard`: where a
@@ -205,7 +218,7 @@ impl Changes {
         match action {
             super::Action::Create => {
                 let extra = ["--shard".to_string(), shard.to_string()];
-                let (record, said) = self
+                let (record, said, _) = self
                     .change("create", &name, &extra, &["already exists"])
                     .await;
                 // Not created (or not readable): its workload does not start; the schedule
@@ -240,7 +253,7 @@ impl Changes {
             Lapsed::Deleted => ("delete", "deleted", &["is deleted"]),
         };
         let from = self.clock.now();
-        let (record, said) = self.change(verb, name, &[], settled).await;
+        let (record, said, answered) = self.change(verb, name, &[], settled).await;
         if !matches!(&record, Ok(Some(r)) if r["state"] == state) {
             // Not in effect: the tenant's clients must not be refused for it.
             return said;
@@ -250,6 +263,7 @@ impl Changes {
             kind,
             from,
             said: self.clock.now(),
+            answered,
             confirmed: None,
             lifted: None,
             until: None,
@@ -366,7 +380,7 @@ impl Changes {
         };
         let state = "active";
         self.lapses[i].lifted = Some(self.clock.now());
-        let (record, said) = self.change(verb, &name, &[], &["is not deleted"]).await;
+        let (record, said, _) = self.change(verb, &name, &[], &["is not deleted"]).await;
         if !matches!(&record, Ok(Some(r)) if r["state"] == state) {
             self.violations.push(format!(
                 "tenant {name} could not be made {state} again: {said}"
@@ -494,6 +508,20 @@ pub fn judge(ops: &[Op], tenant: &str, lapses: &[Lapse]) -> Vec<String> {
             }
             Outcome::Ok { .. } => {
                 for l in &lapses {
+                    // Strict for writes: the answered change was in the tenant's own journal
+                    // before this write was asked for, and its apply refuses the write,
+                    // whichever frontend took it.
+                    if l.answered
+                        && !matches!(o.request, Request::Get { .. })
+                        && o.invoke >= l.said
+                        && o.complete <= l.lifted.unwrap_or(Time::MAX)
+                    {
+                        violations.push(format!(
+                            "a write succeeded although the {:?} change was answered at {} ns, before it was asked for: {o:?}",
+                            l.kind, l.said
+                        ));
+                        continue;
+                    }
                     if let Some(confirmed) = l.confirmed
                         && o.invoke >= confirmed
                         && o.complete <= l.lifted.unwrap_or(Time::MAX)
@@ -535,6 +563,7 @@ mod tests {
             kind: Lapsed::Suspended,
             from: 100,
             said: 150,
+            answered: true,
             confirmed: Some(200),
             lifted: Some(300),
             until: Some(400),
@@ -570,5 +599,40 @@ mod tests {
         assert!(v[2].starts_with("answered while Suspended"), "{}", v[2]);
         // Another tenant's lapse allows nothing.
         assert_eq!(judge(&ops[..1], "u", std::slice::from_ref(&lapse)).len(), 1);
+
+        // Writes are held to the answer of the admin call, not to the frontends' probes.
+        let write = |invoke, complete| Op {
+            request: Request::Put {
+                key: "k".into(),
+                value: format!("v{invoke}"),
+                lease: 0,
+            },
+            ..op(invoke, complete, ok())
+        };
+        let ops = [
+            write(140, 180), // asked before the answer: fine
+            write(160, 190), // asked after it, before every frontend refused reads
+            write(250, 320), // answered after the resume was asked for: fine
+        ];
+        let v = judge(&ops, "t", std::slice::from_ref(&lapse));
+        assert_eq!(v.len(), 1, "{v:#?}");
+        assert!(v[0].starts_with("a write succeeded although"), "{}", v[0]);
+        // A change whose call never answered holds writes to the probes only.
+        let unanswered = Lapse {
+            answered: false,
+            ..lapse.clone()
+        };
+        assert!(judge(&ops, "t", std::slice::from_ref(&unanswered)).is_empty());
+        // A write a lagging frontend took for a deleted tenant is refused where it is applied.
+        let deleted = Lapse {
+            kind: Lapsed::Deleted,
+            ..lapse
+        };
+        let refused = op(
+            160,
+            170,
+            Outcome::Failed("FailedPrecondition: strata: tenant t is deleted".into()),
+        );
+        assert!(judge(&[refused], "t", std::slice::from_ref(&deleted)).is_empty());
     }
 }

@@ -229,9 +229,9 @@ mod tests {
 
     /// A frontend whose catalogue lags (here: one following none, serving the tenant as the
     /// catalogue said before) still takes the tenant's writes. Once the admin call suspending
-    /// the tenant is answered, none it journals is applied, and it refuses the tenant's
-    /// requests as soon as its replica has applied the suspension; once resumed, it writes
-    /// again.
+    /// the tenant is answered, no linearizable read it serves and no write it journals goes
+    /// through, and it refuses the tenant's requests as soon as its replica has applied the
+    /// suspension; once resumed, it reads and writes again.
     #[tokio::test]
     async fn a_suspension_holds_on_a_frontend_whose_catalogue_lags() {
         let log: Arc<dyn Log> = Arc::new(MemLog::new());
@@ -282,19 +282,23 @@ mod tests {
             })
         };
         admin.suspend(name()).await.unwrap();
+        assert_eq!(lagging.served(), crate::tenant::Served::Active, "it lags");
+        // A linearizable read begun after the answer is refused at its read point...
+        let refused = lagging.read_point().await.unwrap_err();
+        assert_eq!(refused.to_string(), "tenant p is suspended");
+        // ...a write where it is applied...
         let Outcome::Failed(e) = write("2").await else {
             panic!("a write journalled after the suspension was applied");
         };
         assert_eq!(e.to_string(), "strata: tenant p is suspended");
-        assert_eq!(lagging.served(), crate::tenant::Served::Active, "it lags");
-        lagging.barrier().await.unwrap();
+        // ...and from then on every request at the edge.
         let refused = lagging.check_served(false).unwrap_err();
         assert_eq!(refused.to_string(), "tenant p is suspended");
         assert!(lagging.check_served(true).is_ok(), "Status and Snapshot");
 
         admin.resume(name()).await.unwrap();
         assert!(matches!(write("3").await, Outcome::Put(_)));
-        lagging.barrier().await.unwrap();
+        lagging.read_point().await.unwrap();
         assert!(lagging.check_served(false).is_ok());
 
         admin.delete(name()).await.unwrap();

@@ -117,7 +117,7 @@ impl AuthService {
     {
         self.tenants
             .serve_request(rpc, req, |t, _, caller, r| async move {
-                t.barrier().await?;
+                t.read_point().await?;
                 let store = t.replica.read();
                 answer(&store, &caller, r, t.header(store.revision()))
             })

@@ -125,7 +125,7 @@ async fn range_ready(t: &Tenant, caller: &Caller, req: &RangeRequest) -> Result<
     // from a read index (gRPC's own limit, `--max-request-bytes` + 512 KiB, still holds).
     memstore::validate::range(req)?;
     if !req.serializable {
-        t.barrier().await?;
+        t.read_point().await?;
     }
     if t.replica.auth_enabled() {
         t.replica
@@ -206,7 +206,7 @@ async fn read_only_txn(
     req: &TxnRequest,
 ) -> Result<TxnResponse, Error> {
     if !crate::read_txn::is_serializable(req) {
-        t.barrier().await?;
+        t.read_point().await?;
     }
     if t.replica.auth_enabled() {
         t.replica.read().check_txn(caller.as_store(), req)?;

@@ -169,7 +169,7 @@ async fn time_to_live(
     t: &Tenant,
     req: LeaseTimeToLiveRequest,
 ) -> Result<LeaseTimeToLiveResponse, Error> {
-    t.barrier().await?;
+    t.read_point().await?;
     let (result, revision) = {
         let store = t.replica.read();
         (store.lease_time_to_live(req.id, req.keys), store.revision())
@@ -191,7 +191,7 @@ async fn time_to_live(
 }
 
 async fn leases(t: &Tenant) -> Result<LeaseLeasesResponse, Error> {
-    t.barrier().await?;
+    t.read_point().await?;
     let (mut r, revision) = {
         let store = t.replica.read();
         (store.lease_leases(), store.revision())

@@ -103,7 +103,7 @@ async fn alarm(
     req: AlarmRequest,
 ) -> Result<AlarmResponse, Error> {
     if req.action == AlarmAction::Get as i32 {
-        t.barrier().await?;
+        t.read_point().await?;
         let (alarms, revision) = {
             let s = t.replica.read();
             (s.alarms(), s.revision())

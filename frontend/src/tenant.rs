@@ -400,6 +400,15 @@ impl Tenant {
         self.barrier_after(None).await
     }
 
+    /// `barrier` for a linearizable read of the tenant's own clients: refused after it if the
+    /// replica has by then applied the tenant's suspension or deletion. An admin call that
+    /// answered before the read began appended that below the read point, so such a read is
+    /// as strict as a write, on every frontend, one whose catalogue lags included.
+    pub async fn read_point(&self) -> Result<(), Error> {
+        self.barrier().await?;
+        self.replica.own_served().check(&self.name, false)
+    }
+
     /// `barrier` with the read index of the tenant's shard already known (`/health` takes one
     /// per shard, not one per tenant).
     pub async fn barrier_at(&self, index: u64) -> Result<(), Error> {

@@ -374,6 +374,30 @@ async fn one_catalogue_frontend() -> Deployment {
     .await
 }
 
+/// Another frontend of `d`'s journal, named `name`, with `extra` flags, logging to `log`;
+/// ready when this returns, with its client endpoint.
+async fn another_frontend(
+    d: &Deployment,
+    name: &str,
+    extra: &[String],
+    log: &std::path::Path,
+) -> (ChildGuard, String) {
+    let (listen, metrics) = (free_port(), free_port());
+    let mut args = frontend_args(
+        d.journal_addrs(),
+        &format!("127.0.0.1:{listen}"),
+        &format!("127.0.0.1:{metrics}"),
+        &[],
+    );
+    args.extend(extra.iter().cloned());
+    let child = ChildGuard::strata(name, &args, Some(log));
+    let endpoint = format!("http://127.0.0.1:{listen}");
+    wait_ready(&endpoint, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", tail_file(log)));
+    (child, endpoint)
+}
+
 /// A second frontend of `d`'s journal following the catalogue, for its admin port
 /// (`admin_port`, with `extra` flags), logging to `log`; ready when this returns.
 async fn admin_frontend(
@@ -382,25 +406,14 @@ async fn admin_frontend(
     extra: &[String],
     log: &std::path::Path,
 ) -> ChildGuard {
-    let (listen, metrics) = (free_port(), free_port());
-    let mut args = frontend_args(
-        d.journal_addrs(),
-        &format!("127.0.0.1:{listen}"),
-        &format!("127.0.0.1:{metrics}"),
-        &[],
-    );
-    args.extend([
+    let mut args = vec![
         "--catalogue".into(),
         "--trust-tenant-header".into(),
         "--admin-listen".into(),
         format!("127.0.0.1:{admin_port}"),
-    ]);
+    ];
     args.extend(extra.iter().cloned());
-    let child = ChildGuard::strata("admin-frontend", &args, Some(log));
-    wait_ready(&format!("http://127.0.0.1:{listen}"), WAIT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", tail_file(log)));
-    child
+    another_frontend(d, "admin-frontend", &args, log).await.0
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1062,20 +1075,9 @@ async fn one_frontend_serves_the_tenants_of_every_shard() {
     }
 
     // A frontend of shard 1's tenants alone.
-    let (listen, metrics) = (free_port(), free_port());
-    let mut args = frontend_args(
-        d.journal_addrs(),
-        &format!("127.0.0.1:{listen}"),
-        &format!("127.0.0.1:{metrics}"),
-        &[],
-    );
-    args.extend(catalogue("1"));
     let log = d.dir().join("shard-1-frontend.log");
-    let _shard_1 = ChildGuard::strata("shard-1-frontend", &args, Some(&log));
-    let endpoint = format!("http://127.0.0.1:{listen}");
-    wait_ready(&endpoint, WAIT)
-        .await
-        .unwrap_or_else(|e| panic!("{e}\n{}", tail_file(&log)));
+    let (_shard_1, endpoint) =
+        another_frontend(&d, "shard-1-frontend", &catalogue("1"), &log).await;
     let mut t1 = TenantClient::connect(&endpoint, "t1").await.unwrap();
     assert_eq!(
         get_eventually(&mut t1, "k0", || tail_file(&log))

@@ -55,11 +55,11 @@ pub fn journal_key(name: &str, uid: &[u8]) -> String {
 
 /// What record `r` says of its tenant that the tenant's own replicas enforce.
 pub fn own_of(r: &TenantRecord) -> crate::strata::entry::TenantOwn {
-    use crate::strata::admin::TenantState;
+    let (suspended, deleted) = refused_as(r);
     crate::strata::entry::TenantOwn {
         quotas: Some(r.quotas.unwrap_or_default()),
-        suspended: r.state == TenantState::Suspended as i32,
-        deleted: r.state == TenantState::Deleted as i32,
+        suspended,
+        deleted,
         revision: r.revision,
         name: r.name.clone(),
     }
@@ -77,15 +77,20 @@ pub fn own_change(key: &str, r: &TenantRecord) -> crate::strata::entry::entry::R
     })
 }
 
-/// Whether a tenant's replica whose own part is `have` already enforces everything `want`
-/// says (the record revision aside).
-pub fn own_agrees(
-    have: &crate::strata::entry::TenantOwn,
-    want: &crate::strata::entry::TenantOwn,
-) -> bool {
-    have.quotas.unwrap_or_default() == want.quotas.unwrap_or_default()
-        && have.suspended == want.suspended
-        && have.deleted == want.deleted
+/// Whether a tenant's replica whose own part is `have` already enforces everything record `r`
+/// says (`own_of(r)`, the record revision aside).
+pub fn own_agrees(have: &crate::strata::entry::TenantOwn, r: &TenantRecord) -> bool {
+    have.quotas.unwrap_or_default() == r.quotas.unwrap_or_default()
+        && (have.suspended, have.deleted) == refused_as(r)
+}
+
+/// Whether record `r` has its tenant suspended, and whether deleted.
+fn refused_as(r: &TenantRecord) -> (bool, bool) {
+    use crate::strata::admin::TenantState;
+    (
+        r.state == TenantState::Suspended as i32,
+        r.state == TenantState::Deleted as i32,
+    )
 }
 
 /// A record decoded from a catalogue value, its `revision` set to the key's mod revision.

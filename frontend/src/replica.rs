@@ -685,9 +685,12 @@ impl Replica {
                 };
                 self.term.fetch_max(term, Ordering::Relaxed);
                 expected = index + 1;
-                self.note(&store);
                 applied.push((out.request_id, out.applied));
             }
+            // Once per chunk, still under the lock: the chunk's outcomes are published after
+            // it, so no client has learnt of a change (auth enabled, a suspension) before its
+            // mirror shows it.
+            self.note(&store);
         }
         self.publish(applied);
         stop.map_or(Ok(()), Err)

@@ -74,6 +74,7 @@ pub enum Served {
 }
 
 impl Served {
+    /// The state an atomic holds as `s as u8`.
     pub fn from_u8(v: u8) -> Self {
         match v {
             1 => Served::Suspended,

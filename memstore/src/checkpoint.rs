@@ -587,11 +587,11 @@ pub fn decode_with(
             .map_err(|e| Error::Corrupt(format!("archive validation failed: {e}")))?;
         let mut state = state_from_v4(&archived.base)?;
         let own = archived.own.as_slice();
-        if own.is_empty() {
-        } else if version == FORMAT_VERSION {
+        // Empty: none was set (an empty message decodes to the default either way).
+        if version == FORMAT_VERSION {
             state.own = prost::Message::decode(own)
                 .map_err(|e| Error::Corrupt(format!("tenant's own state: {e}")))?;
-        } else {
+        } else if !own.is_empty() {
             let quotas = prost::Message::decode(own)
                 .map_err(|e| Error::Corrupt(format!("tenant quotas: {e}")))?;
             state.own.quotas = Some(quotas);

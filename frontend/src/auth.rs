@@ -100,8 +100,9 @@ impl AuthService {
             .map_err(|e| Error::Task(format!("{what}: {e}")))
     }
 
-    fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants.admit(req.metadata()).map_err(handled)
+    async fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
+        let admitted = self.tenants.waiting_for(req.metadata(), Tenants::admit);
+        admitted.await.map_err(handled)
     }
 
     /// Answers a read of the auth state with `answer(replica, caller, request, header)` after
@@ -305,7 +306,7 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.tenant(&req).await?;
         let r = req.into_inner();
         unary(
             "Authenticate",

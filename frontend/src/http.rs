@@ -56,7 +56,7 @@ async fn health(State(s): State<HttpState>, headers: HeaderMap) -> impl IntoResp
     let json = [(header::CONTENT_TYPE, "application/json")];
     let tenants: Vec<Arc<Tenant>> = if headers.contains_key(TENANT_HEADER) {
         let metadata = tonic::metadata::MetadataMap::from_headers(headers);
-        match s.tenants.resolve(&metadata) {
+        match s.tenants.waiting_for(&metadata, Tenants::resolve).await {
             Ok(t) => vec![t],
             Err(e) => {
                 return (

@@ -38,8 +38,9 @@ impl LeaseService {
         Self { tenants }
     }
 
-    fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants.admit(req.metadata()).map_err(handled)
+    async fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
+        let admitted = self.tenants.waiting_for(req.metadata(), Tenants::admit);
+        admitted.await.map_err(handled)
     }
 
     /// A keep-alive stream over any source of requests: the gRPC call's, or the JSON
@@ -309,7 +310,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.tenant(&req).await?;
         let id = RequestId::random();
         unary(
             "LeaseTimeToLive",
@@ -324,7 +325,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        let t = self.tenant(&req)?;
+        let t = self.tenant(&req).await?;
         let id = RequestId::random();
         unary("LeaseLeases", &t.name, id, leases(&t)).await
     }

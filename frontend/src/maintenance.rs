@@ -55,23 +55,25 @@ impl MaintenanceService {
         self
     }
 
-    fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants.admit(req.metadata()).map_err(handled)
+    async fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
+        let admitted = self.tenants.waiting_for(req.metadata(), Tenants::admit);
+        admitted.await.map_err(handled)
     }
 
     /// `tenant` of Status and Snapshot: a suspended tenant's owner may still look at it and
     /// take its data (docs/design/tenants.md, T3).
-    fn tenant_even_suspended<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        self.tenants
-            .admit_even_suspended(req.metadata())
-            .map_err(handled)
+    async fn tenant_even_suspended<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
+        let admitted = self
+            .tenants
+            .waiting_for(req.metadata(), Tenants::admit_even_suspended);
+        admitted.await.map_err(handled)
     }
 
     /// The tenant, if the request's caller may use the RPCs etcd keeps for the root role
     /// (Snapshot, Defragment, Hash, HashKV, MoveLeader, Downgrade: 3.5's
     /// `authMaintenanceServer`, which answers PermissionDenied otherwise).
     async fn admin<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        let t = self.tenant(req)?;
+        let t = self.tenant(req).await?;
         self.check_admin(t, req).await
     }
 
@@ -251,7 +253,7 @@ impl Maintenance for MaintenanceService {
         &self,
         req: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        let t = self.tenant_even_suspended(&req)?;
+        let t = self.tenant_even_suspended(&req).await?;
         unary(
             "Status",
             &t.name,
@@ -300,7 +302,7 @@ impl Maintenance for MaintenanceService {
         req: Request<SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
         let t = self
-            .check_admin(self.tenant_even_suspended(&req)?, &req)
+            .check_admin(self.tenant_even_suspended(&req).await?, &req)
             .await?;
         crate::snapshot::snapshot(t).await.map(Response::new)
     }

@@ -4,6 +4,7 @@
 //! clients generated from etcd's own `.proto` files (`api`), which speak the same wire format.
 
 use api::etcdserverpb::auth_client::AuthClient;
+use api::etcdserverpb::cluster_client::ClusterClient;
 use api::etcdserverpb::kv_client::KvClient;
 use api::etcdserverpb::lease_client::LeaseClient;
 use api::etcdserverpb::maintenance_client::MaintenanceClient;
@@ -46,6 +47,7 @@ pub struct TenantClient {
     pub lease: LeaseClient<Svc>,
     pub maintenance: MaintenanceClient<Svc>,
     pub auth: AuthClient<Svc>,
+    pub cluster: ClusterClient<Svc>,
     channel: Channel,
 }
 
@@ -110,7 +112,8 @@ impl TenantClient {
             watch: WatchClient::with_interceptor(channel.clone(), named.clone()),
             lease: LeaseClient::with_interceptor(channel.clone(), named.clone()),
             maintenance: MaintenanceClient::with_interceptor(channel.clone(), named.clone()),
-            auth: AuthClient::with_interceptor(channel.clone(), named),
+            auth: AuthClient::with_interceptor(channel.clone(), named.clone()),
+            cluster: ClusterClient::with_interceptor(channel.clone(), named),
             channel,
         }
     }

@@ -900,6 +900,133 @@ async fn an_idle_tenant_is_unloaded_and_the_next_request_loads_it_again() {
     assert_eq!(event.events[0].kv.as_ref().unwrap().value, b"seen");
 }
 
+/// Every RPC that names an unloaded tenant wakes it and waits for the load, as KV and Watch
+/// do: Maintenance (Status, HashKV, Alarm), Cluster (MemberList), Lease (Leases, TimeToLive),
+/// Auth (Authenticate) and the `/health` of one tenant. Each tenant here is first named, after
+/// its unload, by one of them: each must be answered, not refused as loading (Unavailable,
+/// which etcd's clients do not retry for every RPC).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_rpc_naming_an_idle_tenant_waits_for_its_load() {
+    use api::etcdserverpb::{
+        AlarmRequest, AuthEnableRequest, AuthUserAddRequest, AuthUserGrantRoleRequest,
+        AuthenticateRequest, HashKvRequest, LeaseLeasesRequest, LeaseTimeToLiveRequest,
+        MemberListRequest, StatusRequest,
+    };
+    let dev =
+        DevDeployment::start_with(&["--frontend-arg=--tenant-idle-unload=1s".to_string()]).await;
+    let (admin_at, endpoint) = (dev.admin_endpoint().to_string(), dev.endpoint().to_string());
+    let frontend_log = dev.dir().join("data/logs/frontend.log");
+    let names = [
+        "status", "hashkv", "alarm", "members", "leases", "ttl", "auth", "health",
+    ];
+    let mut clients = std::collections::BTreeMap::new();
+    for name in names {
+        admin(&admin_at, &["create", name]).unwrap();
+        let mut c = TenantClient::connect(&endpoint, name).await.unwrap();
+        put(&mut c, "k", name).await.unwrap();
+        clients.insert(name, c);
+    }
+    let lease = clients.get_mut("ttl").unwrap().grant(3600).await.unwrap();
+    let leased = clients
+        .get_mut("leases")
+        .unwrap()
+        .grant(3600)
+        .await
+        .unwrap();
+    let auth = &mut clients.get_mut("auth").unwrap().auth;
+    let user = AuthUserAddRequest {
+        name: "root".into(),
+        password: "secret".into(),
+        ..Default::default()
+    };
+    auth.user_add(user).await.unwrap();
+    let grant = AuthUserGrantRoleRequest {
+        user: "root".into(),
+        role: "root".into(),
+    };
+    auth.user_grant_role(grant).await.unwrap();
+    auth.auth_enable(AuthEnableRequest {}).await.unwrap();
+
+    let unloaded = |name: &str| {
+        std::fs::read_to_string(&frontend_log)
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("tenant idle: unloaded") && l.contains(&format!("tenant={name} ")))
+    };
+    let deadline = Instant::now() + WAIT;
+    while !names.iter().all(|n| unloaded(n)) {
+        assert!(
+            Instant::now() < deadline,
+            "not every tenant was unloaded\n{}",
+            tail_file(&frontend_log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let c = |name: &str| clients[name].clone();
+    let status = c("status").maintenance.status(StatusRequest {}).await;
+    assert!(status.unwrap().into_inner().header.unwrap().revision >= 2);
+    let hash = c("hashkv")
+        .maintenance
+        .hash_kv(HashKvRequest { revision: 0 })
+        .await;
+    assert_ne!(hash.unwrap().into_inner().hash, 0);
+    let alarms = c("alarm").maintenance.alarm(AlarmRequest::default()).await;
+    assert!(alarms.unwrap().into_inner().alarms.is_empty());
+    let members = c("members")
+        .cluster
+        .member_list(MemberListRequest::default())
+        .await;
+    assert_eq!(members.unwrap().into_inner().members.len(), 1);
+    let leases = c("leases").lease.lease_leases(LeaseLeasesRequest {}).await;
+    let ids: Vec<i64> = leases
+        .unwrap()
+        .into_inner()
+        .leases
+        .iter()
+        .map(|l| l.id)
+        .collect();
+    assert_eq!(ids, vec![leased]);
+    let ttl = LeaseTimeToLiveRequest {
+        id: lease,
+        keys: false,
+    };
+    let ttl = c("ttl").lease.lease_time_to_live(ttl).await.unwrap();
+    assert!(ttl.into_inner().ttl > 3000);
+    let login = AuthenticateRequest {
+        name: "root".into(),
+        password: "secret".into(),
+    };
+    let token = c("auth").auth.authenticate(login).await.unwrap();
+    assert!(!token.into_inner().token.is_empty());
+    let health = std::process::Command::new("curl")
+        .args([
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            "x-strata-tenant: health",
+        ])
+        .arg(format!("http://{}/health", dev.metrics_addr()))
+        .output()
+        .expect("curl");
+    let health = String::from_utf8_lossy(&health.stdout).into_owned();
+    assert!(health.ends_with("\n200"), "{health}");
+    assert!(health.contains(r#""health":"true""#), "{health}");
+
+    // Each was loaded again for the request that named it.
+    let log = std::fs::read_to_string(&frontend_log).unwrap();
+    for name in names {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("idle tenant loaded again for a request")
+                    && l.contains(&format!("tenant={name}"))),
+            "{name} was not loaded again\n{}",
+            tail_file(&frontend_log)
+        );
+    }
+}
+
 /// `--memory-budget`: over it, the least recently used idle tenant is unloaded (and only as
 /// many as bring the loaded bytes under it); the next request naming it finds its keys. After
 /// a restart, the tenants beyond the budget are served unloaded until a request names one.

@@ -231,7 +231,8 @@ mod tests {
     /// catalogue said before) still takes the tenant's writes. Once the admin call suspending
     /// the tenant is answered, no linearizable read it serves and no write it journals goes
     /// through, and it refuses the tenant's requests as soon as its replica has applied the
-    /// suspension; once resumed, it reads and writes again.
+    /// suspension, and its open streams (watches, keep-alives) end then; once resumed, it reads
+    /// and writes again.
     #[tokio::test]
     async fn a_suspension_holds_on_a_frontend_whose_catalogue_lags() {
         let log: Arc<dyn Log> = Arc::new(MemLog::new());
@@ -274,6 +275,13 @@ mod tests {
             }
         };
         assert!(matches!(write("1").await, Outcome::Put(_)));
+        // A watch or keep-alive stream open here, and a Snapshot's (which a suspension spares).
+        let mut stream = lagging.refusal(false);
+        let mut snapshot = lagging.refusal(true);
+        async fn ends(r: &mut crate::tenant::Refusal, within_ms: u64) -> Option<Error> {
+            let wait = tokio::time::timeout(Duration::from_millis(within_ms), r.wait());
+            wait.await.ok()
+        }
 
         let name = || {
             Request::new(TenantName {
@@ -295,6 +303,12 @@ mod tests {
         let refused = lagging.check_served(false).unwrap_err();
         assert_eq!(refused.to_string(), "tenant p is suspended");
         assert!(lagging.check_served(true).is_ok(), "Status and Snapshot");
+        let ended = ends(&mut stream, 5_000).await.expect("the stream ended");
+        assert_eq!(ended.to_string(), "tenant p is suspended");
+        assert!(
+            ends(&mut snapshot, 200).await.is_none(),
+            "a snapshot goes on"
+        );
 
         admin.resume(name()).await.unwrap();
         assert!(matches!(write("3").await, Outcome::Put(_)));
@@ -306,6 +320,10 @@ mod tests {
             panic!("a write journalled after the delete was applied");
         };
         assert_eq!(e.to_string(), "strata: tenant p is deleted");
+        let ended = ends(&mut snapshot, 5_000)
+            .await
+            .expect("the snapshot ended");
+        assert!(matches!(ended, Error::UnknownTenant(_)), "{ended}");
         let value = lagging
             .replica
             .read()

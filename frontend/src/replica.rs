@@ -57,6 +57,8 @@ pub struct Replica {
     /// `crate::tenant::Served` as u8), as of the last apply: a frontend whose catalogue lags
     /// refuses the tenant's requests once its replica has applied the suspension.
     own_served: AtomicU8,
+    /// The same, for the streams that end when it changes (`Tenant::refusal`).
+    own_changes: watch::Sender<Served>,
     /// When the replica last received journal records (ms since `started`): the journal stamps
     /// an idle shard every 500 ms, so silence means it has no leader or cannot be reached.
     heard_at_ms: AtomicU64,
@@ -129,7 +131,8 @@ impl Replica {
     ) -> Arc<Self> {
         let applied_index = store.applied_index();
         let auth_enabled = AtomicBool::new(store.auth_enabled());
-        let own_served = AtomicU8::new(own_served(&store) as u8);
+        let own = own_served(&store);
+        let (own_served, own_changes) = (AtomicU8::new(own as u8), watch::channel(own).0);
         let hub = WatchHub::for_store_at(tenant, store.revision());
         Arc::new(Self {
             tenant: tenant.to_string(),
@@ -142,6 +145,7 @@ impl Replica {
             term: AtomicU64::new(0),
             auth_enabled,
             own_served,
+            own_changes,
             heard_at_ms: AtomicU64::new(0),
             started: std::time::Instant::now(),
             waiters: Mutex::new(HashMap::new()),
@@ -188,8 +192,15 @@ impl Replica {
     fn note(&self, store: &MemStore) {
         self.auth_enabled
             .store(store.auth_enabled(), Ordering::Relaxed);
-        self.own_served
-            .store(own_served(store) as u8, Ordering::Relaxed);
+        let own = own_served(store);
+        if self.own_served.swap(own as u8, Ordering::Relaxed) != own as u8 {
+            self.own_changes.send_replace(own);
+        }
+    }
+
+    /// What the store's own change says of the tenant, as it changes (`own_served`).
+    pub fn subscribe_own(&self) -> watch::Receiver<Served> {
+        self.own_changes.subscribe()
     }
 
     pub fn state(&self) -> ReplicaState {

@@ -104,6 +104,8 @@ pub struct Refusal {
     name: String,
     even_suspended: bool,
     states: tokio::sync::watch::Receiver<Served>,
+    /// The tenant's own state as its replica applied it (`Replica::subscribe_own`).
+    own: tokio::sync::watch::Receiver<Served>,
     _open: OpenStream,
 }
 
@@ -132,14 +134,20 @@ fn now_ms() -> u64 {
 }
 
 impl Refusal {
-    /// Resolves with the refusal once the tenant's state refuses what the stream does.
+    /// Resolves with the refusal once the tenant's state refuses what the stream does: as the
+    /// catalogue says it, or as the tenant's replica applied it (whichever says so first, as
+    /// for `Tenant::check_served`).
     pub async fn wait(&mut self) -> Error {
         loop {
-            let state = *self.states.borrow_and_update();
+            let state = (*self.states.borrow_and_update()).max(*self.own.borrow_and_update());
             if let Err(e) = state.check(&self.name, self.even_suspended) {
                 return e;
             }
-            if self.states.changed().await.is_err() {
+            let changed = tokio::select! {
+                c = self.states.changed() => c,
+                c = self.own.changed() => c,
+            };
+            if changed.is_err() {
                 // The tenant itself is gone.
                 return Error::UnknownTenant(self.name.clone());
             }
@@ -308,6 +316,7 @@ impl Tenant {
             name: self.name.clone(),
             even_suspended,
             states: self.served_changes.subscribe(),
+            own: self.replica.subscribe_own(),
             _open: OpenStream::new(&self.open_streams),
         }
     }

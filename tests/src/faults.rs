@@ -91,6 +91,8 @@ pub struct Summary {
     pub journal_nodes: usize,
     /// Shards in use, one tenant on each ([`Plan::shards`]).
     pub shards: usize,
+    /// The frontends ran under a memory budget ([`Plan::memory_budget`]).
+    pub memory_budget: bool,
     pub schedule: Vec<String>,
     pub acknowledged: usize,
     pub unknown: usize,
@@ -101,6 +103,10 @@ pub struct Summary {
     pub watched_events: usize,
     /// Each tenant's last revision.
     pub final_revisions: Vec<i64>,
+    /// Tenants the frontends unloaded while idle, and loaded again for a request, by their logs
+    /// (catalogue runs: [`IDLE_UNLOAD`]).
+    pub idle_unloads: usize,
+    pub idle_reloads: usize,
 }
 
 /// One process a fault hits.
@@ -300,6 +306,11 @@ pub struct Plan {
     /// its own, and the compactor checkpointing both shards ([`stack_of`]). The faults on a
     /// shard's leader then take turns ([`Step::shards`]).
     pub shards: usize,
+    /// A catalogue run's frontends keep the tenants they load under a memory budget of one
+    /// byte (`--memory-budget=1`, the seed's twelfth bit, for the same reason): a frontend
+    /// starts with every tenant unloaded, and each is loaded when a request first names it,
+    /// after every restart. Every catalogue run unloads idle tenants ([`IDLE_UNLOAD`]).
+    pub memory_budget: bool,
     pub steps: Vec<Step>,
     /// The first of the journal nodes left running when the majority goes down at the end
     /// (with five, it and the one before it, cyclically).
@@ -328,6 +339,7 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
         internal_tls: (seed >> 1) & 1 == 1,
         journal_nodes,
         shards,
+        memory_budget: shards > 1 && (seed >> 11) & 1 == 1,
         steps,
         spared: rng.random_range(0..journal_nodes),
     }
@@ -1067,13 +1079,27 @@ fn stack_of(shards: usize, shard: usize) -> Stack {
     }
 }
 
+/// How long a catalogue run's frontends keep a tenant no request named, with no stream open
+/// (`--tenant-idle-unload`; production's default is ten minutes). Short, so that a tenant whose
+/// clients moved to other frontends is unloaded and loaded again while faults run: the
+/// unload, the dormant tenant following the catalogue, and the reload from a checkpoint and the
+/// journal are checked by the same history as everything else.
+const IDLE_UNLOAD: &str = "--tenant-idle-unload=1s";
+
 /// The frontends' flags for a run with `shards` shards: none of their own with one; with
 /// more, production's: the catalogue's tenants of every shard, no default tenant, each
-/// request's tenant named by the header (the suite's clients speak plaintext, so not by TLS).
-fn catalogue_flags(shards: usize) -> Vec<String> {
+/// request's tenant named by the header (the suite's clients speak plaintext, so not by TLS),
+/// tenants unloaded while idle ([`IDLE_UNLOAD`]) and, if `memory_budget`, none loaded before a
+/// request names it ([`Plan::memory_budget`]).
+fn catalogue_flags(shards: usize, memory_budget: bool) -> Vec<String> {
     if shards == 1 {
         return Vec::new();
     }
+    let budget = if memory_budget {
+        "--memory-budget=1"
+    } else {
+        ""
+    };
     let shards = shards.to_string();
     let flags = [
         "--catalogue",
@@ -1083,8 +1109,11 @@ fn catalogue_flags(shards: usize) -> Vec<String> {
         "--catalogue-shards",
         "all",
         "--tenant=",
+        IDLE_UNLOAD,
+        budget,
     ];
-    flags.iter().map(|f| f.to_string()).collect()
+    let flags = flags.iter().filter(|f| !f.is_empty());
+    flags.map(|f| f.to_string()).collect()
 }
 
 /// Creates each shard's tenant of a catalogue run ([`stack_of`]) on its shard, through the
@@ -1116,11 +1145,12 @@ async fn create_tenants(d: &Deployment, shards: usize) -> Result<(), String> {
 
 /// Starts the deployment of a run: `journal_nodes` journal nodes, `frontends` frontends
 /// dialling them through proxies and serving the tenant of each of `shards` shards
-/// ([`stack_of`]), the compactor of every shard; over internal TLS if `internal_tls`.
+/// ([`stack_of`]), the compactor of every shard; over internal TLS if `internal_tls`; under
+/// the memory budget if `memory_budget` ([`Plan::memory_budget`]).
 async fn deploy(
     frontends: usize,
     journal_nodes: usize,
-    shards: usize,
+    (shards, memory_budget): (usize, bool),
     objects: Objects,
     internal_tls: bool,
 ) -> Result<Faults, String> {
@@ -1158,7 +1188,7 @@ async fn deploy(
                     "500ms".into(),
                 ];
                 extra.extend(frontend_client_flags.iter().cloned());
-                extra.extend(catalogue_flags(shards));
+                extra.extend(catalogue_flags(shards, memory_budget));
                 extra
             }),
             journal_addrs: Some(journal_addrs),
@@ -1602,6 +1632,7 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         internal_tls,
         journal_nodes,
         shards,
+        memory_budget,
         steps,
         spared,
     } = plan;
@@ -1610,7 +1641,8 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
     } else {
         Objects::Dir
     };
-    let mut faults = deploy(frontends, journal_nodes, shards, objects, internal_tls).await?;
+    let sharding = (shards, memory_budget);
+    let mut faults = deploy(frontends, journal_nodes, sharding, objects, internal_tls).await?;
     let endpoints = faults.deployment.endpoints();
     let clock = Clock(Instant::now());
     let mut workloads = Vec::new();
@@ -1686,16 +1718,18 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
     let before = std::fs::metadata(&log).map_or(0, |m| m.len());
     faults.deployment.kill_frontend(0);
     faults.deployment.restart_frontend(0).await;
-    let rebuilt = std::fs::read(&log).unwrap_or_default();
     let since = usize::try_from(before).unwrap_or(0);
-    let rebuilt = String::from_utf8_lossy(rebuilt.get(since..).unwrap_or_default());
     for (w, c) in workloads.iter().zip(&mut checked) {
+        c.violations
+            .extend(check_replicas(&w.shared, c.final_revision, &c.expected).await);
+        // Read after the check: under the memory budget the rebuilt frontend loads a tenant
+        // when a request (the check's) first names it.
+        let rebuilt = std::fs::read(&log).unwrap_or_default();
+        let rebuilt = String::from_utf8_lossy(rebuilt.get(since..).unwrap_or_default());
         if !started_from_checkpoint(&rebuilt, w.shared.stack.tenant()) {
             c.violations
                 .push("the rebuilt frontend did not start from a checkpoint".into());
         }
-        c.violations
-            .extend(check_replicas(&w.shared, c.final_revision, &c.expected).await);
 
         // The compactor trimmed the tenant's shard behind its checkpoints: its trims were
         // answered (over internal TLS, only a certificate valid for strata-compactor is).
@@ -1739,6 +1773,14 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         return Err(report(seed, &ran, &violations, &faults.deployment));
     }
     let sum = |f: fn(&Checked) -> usize| checked.iter().map(f).sum();
+    let logged = |what: &str| {
+        (0..frontends)
+            .map(|i| {
+                let log = std::fs::read(faults.deployment.frontend_log(i)).unwrap_or_default();
+                String::from_utf8_lossy(&log).matches(what).count()
+            })
+            .sum()
+    };
     Ok(Summary {
         seed,
         frontends,
@@ -1746,6 +1788,7 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         internal_tls,
         journal_nodes,
         shards,
+        memory_budget,
         schedule: ran,
         acknowledged: sum(|c| c.acknowledged),
         unknown: sum(|c| c.unknown),
@@ -1754,6 +1797,8 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
         watchers: sum(|c| c.watchers),
         watched_events: sum(|c| c.watched_events),
         final_revisions: checked.iter().map(|c| c.final_revision).collect(),
+        idle_unloads: logged("tenant idle: unloaded"),
+        idle_reloads: logged("idle tenant loaded again for a request"),
     })
 }
 
@@ -2106,6 +2151,17 @@ mod tests {
                 .iter()
                 .any(|&seed| plan(seed, Config::ci().faults_for).shards == 1),
             "a fixed seed runs one shard"
+        );
+        // The catalogue runs: one under the memory budget, one loading every tenant at start.
+        let budgets: Vec<bool> = FIXED_SEEDS
+            .iter()
+            .map(|&seed| plan(seed, Config::ci().faults_for))
+            .filter(|p| p.shards > 1)
+            .map(|p| p.memory_budget)
+            .collect();
+        assert!(
+            budgets.contains(&true) && budgets.contains(&false),
+            "the fixed catalogue seeds run with a memory budget and without: {budgets:?}"
         );
         // Its catalogue changes: a create under a journal fault, a suspension while a frontend
         // is stopped (it must come back with the tenant suspended), the created tenant deleted

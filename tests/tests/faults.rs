@@ -89,7 +89,8 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
             Ok(s) => {
                 println!(
                     "seed {:#x}: {} tenant(s) on as many shards ({}), {} frontends serving every tenant, {} journal nodes, checkpoints in {}, journal {}; {} faults; \
-                     {} answered, {} unknown; {} revisions written, {} events to revisions {:?}; {} watchers saw {} events",
+                     {} answered, {} unknown; {} revisions written, {} events to revisions {:?}; {} watchers saw {} events; \
+                     tenants unloaded while idle {} times, loaded again for a request {} times{}",
                     s.seed,
                     s.shards,
                     if s.shards > 1 {
@@ -112,7 +113,14 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
                     s.events,
                     s.final_revisions,
                     s.watchers,
-                    s.watched_events
+                    s.watched_events,
+                    s.idle_unloads,
+                    s.idle_reloads,
+                    if s.memory_budget {
+                        " (under a memory budget of one byte: none loaded before a request names it)"
+                    } else {
+                        ""
+                    }
                 );
                 for line in &s.schedule {
                     println!("  {line}");

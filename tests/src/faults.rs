@@ -304,7 +304,8 @@ pub struct Plan {
     /// served by every frontend (`--catalogue --catalogue-shards all`, as production runs
     /// them) and named in the `x-strata-tenant` header, each with a workload and checks of
     /// its own, and the compactor checkpointing both shards ([`stack_of`]). The faults on a
-    /// shard's leader then take turns ([`Step::shards`]).
+    /// shard's leader then take turns ([`Step::shards`]). Three shards with the fifteenth bit
+    /// too (no fixed seed: the soak's), so that nothing assumes two.
     pub shards: usize,
     /// A catalogue run's frontends keep the tenants they load under a memory budget of one
     /// byte (`--memory-budget=1`, the seed's twelfth bit, for the same reason): a frontend
@@ -325,7 +326,11 @@ pub fn plan(seed: u64, length: Duration) -> Plan {
     let s3 = rng.random_bool(0.5) && moto_bin().is_some();
     let journal_nodes = if (seed >> 2) & 1 == 1 { 5 } else { 3 };
     let mut steps = schedule(&mut rng, frontends, journal_nodes, s3, length);
-    let shards = if (seed >> 10) & 1 == 1 { 2 } else { 1 };
+    let shards = match ((seed >> 10) & 1, (seed >> 14) & 1) {
+        (0, _) => 1,
+        (_, 0) => 2,
+        _ => 3,
+    };
     let hits = shards_hit(&steps, shards);
     for (step, hit) in steps.iter_mut().zip(hits) {
         step.shards = hit;
@@ -2204,6 +2209,34 @@ mod tests {
                 .flat_map(|s| &s.faults)
                 .any(|(a, _)| a.changes_the_catalogue()),
             "a one-shard run changes the catalogue"
+        );
+    }
+
+    /// The fifteenth bit of a catalogue seed plans three shards: a tenant on each, the leader
+    /// faults taking all three in turn, the created one being the fourth tenant.
+    #[test]
+    fn a_seed_s_fifteenth_bit_plans_three_shards() {
+        let seed = 0x5eed_4441;
+        let p = plan(seed, Config::ci().faults_for);
+        assert_eq!(p.shards, 3);
+        assert_eq!(plan(seed & !0x4000, Config::ci().faults_for).shards, 2);
+        assert_eq!(plan(seed & !0x400, Config::ci().faults_for).shards, 1);
+        let leaders: std::collections::BTreeSet<u32> = p
+            .steps
+            .iter()
+            .flat_map(|s| s.faults.iter().zip(&s.shards))
+            .filter(|((a, t), _)| *t == Target::JournalLeader && *a != Action::SlowDisk)
+            .map(|(_, shard)| *shard)
+            .collect();
+        assert!(
+            leaders.len() > 1,
+            "leader faults on shards {leaders:?} only"
+        );
+        assert!(leaders.iter().all(|s| *s < 3), "{leaders:?}");
+        let mut faults = p.steps.iter().flat_map(|s| &s.faults);
+        assert!(
+            faults.any(|f| *f == (Action::Create, Target::Tenant(3))),
+            "the created tenant is not the fourth"
         );
     }
 }

@@ -57,7 +57,15 @@ async fn health(State(s): State<HttpState>, headers: HeaderMap) -> impl IntoResp
     let tenants: Vec<Arc<Tenant>> = if headers.contains_key(TENANT_HEADER) {
         let metadata = tonic::metadata::MetadataMap::from_headers(headers);
         match s.tenants.waiting_for(&metadata, Tenants::resolve).await {
-            Ok(t) => vec![t],
+            Ok(t) => {
+                // Loaded a moment ago for this request (it was unloaded while idle): its replica
+                // replays the journal after its checkpoint, and is given as long as a read of
+                // the tenant would wait for it.
+                let mut states = t.replica.subscribe_state();
+                let caught_up = states.wait_for(|s| *s != ReplicaState::CatchingUp);
+                let _ = tokio::time::timeout(HEALTH_TIMEOUT, caught_up).await;
+                vec![t]
+            }
             Err(e) => {
                 return (
                     StatusCode::NOT_FOUND,
@@ -230,5 +238,34 @@ mod tests {
         let answer = health(State(state), HeaderMap::new()).await.into_response();
         assert_eq!(answer.status(), StatusCode::OK);
         assert_eq!(log.read_index_calls(), before + 1);
+    }
+
+    /// `/health` naming a tenant whose replica is still catching up (loaded a moment ago for
+    /// this very request, after it was unloaded while idle) waits for it as a read would, and
+    /// answers for the tenant caught up rather than "catching up".
+    #[tokio::test]
+    async fn health_of_a_named_tenant_waits_for_its_replica_to_catch_up() {
+        let log = MemLog::new();
+        // The replica's catch-up asks the journal where to catch up to: held off for a while.
+        log.set_unavailable(true);
+        let store = memstore::MemStore::new(memstore::Config::default());
+        let a = crate::tenant::test_tenant_named("a", store, Arc::new(log.clone()), 1, 1);
+        assert_eq!(a.replica.state(), ReplicaState::CatchingUp);
+        let state = HttpState {
+            tenants: Arc::new(Tenants::serving(None, vec![a.clone()], true)),
+            log: Arc::new(log.clone()),
+            etcd_version: "3.5.17".into(),
+            draining: Arc::default(),
+        };
+        let journal = log.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            journal.set_unavailable(false);
+        });
+        let mut headers = HeaderMap::new();
+        headers.insert(TENANT_HEADER, "a".parse().unwrap());
+        let answer = health(State(state), headers).await.into_response();
+        assert_eq!(answer.status(), StatusCode::OK);
+        assert_eq!(a.replica.state(), ReplicaState::Ready);
     }
 }

@@ -833,6 +833,27 @@ async fn etcdctl_reaches_a_catalogue_tenant_of_strata_dev_tls_by_certificate() {
     );
 }
 
+/// Whether the frontend's log says it unloaded tenant `name` while idle.
+fn unloaded(frontend_log: &std::path::Path, name: &str) -> bool {
+    std::fs::read_to_string(frontend_log)
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.contains("tenant idle: unloaded") && l.contains(&format!("tenant={name} ")))
+}
+
+/// Waits until the frontend's log says each of `names` was unloaded while idle.
+async fn until_unloaded(frontend_log: &std::path::Path, names: &[&str]) {
+    let deadline = Instant::now() + WAIT;
+    while !names.iter().all(|n| unloaded(frontend_log, n)) {
+        assert!(
+            Instant::now() < deadline,
+            "not every one of {names:?} was unloaded\n{}",
+            tail_file(frontend_log)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// `--tenant-idle-unload`: a tenant no request named for that long, with no stream open, is
 /// unloaded; the next request naming it waits for it to be loaded again and finds its keys. A
 /// tenant with a watch open is never idle, and its watch goes on.
@@ -849,21 +870,7 @@ async fn an_idle_tenant_is_unloaded_and_the_next_request_loads_it_again() {
     let mut watched = TenantClient::connect(&endpoint, "watched").await.unwrap();
     let mut events = watched.watch_key("w", 0).await.unwrap();
 
-    let unloaded = |name: &str| {
-        std::fs::read_to_string(&frontend_log)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.contains("tenant idle: unloaded") && l.contains(&format!("tenant={name}")))
-    };
-    let deadline = Instant::now() + WAIT;
-    while !unloaded("sleepy") {
-        assert!(
-            Instant::now() < deadline,
-            "sleepy never unloaded\n{}",
-            tail_file(&frontend_log)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_unloaded(&frontend_log, &["sleepy"]).await;
     assert!(
         curl::has_metric(
             dev.metrics_addr(),
@@ -888,7 +895,7 @@ async fn an_idle_tenant_is_unloaded_and_the_next_request_loads_it_again() {
 
     // `watched` had its watch open all along: never unloaded, and the watch still delivers.
     assert!(
-        !unloaded("watched"),
+        !unloaded(&frontend_log, "watched"),
         "a tenant with an open watch was unloaded"
     );
     put(&mut watched, "w", "seen").await.unwrap();
@@ -947,21 +954,7 @@ async fn every_rpc_naming_an_idle_tenant_waits_for_its_load() {
     auth.user_grant_role(grant).await.unwrap();
     auth.auth_enable(AuthEnableRequest {}).await.unwrap();
 
-    let unloaded = |name: &str| {
-        std::fs::read_to_string(&frontend_log)
-            .unwrap_or_default()
-            .lines()
-            .any(|l| l.contains("tenant idle: unloaded") && l.contains(&format!("tenant={name} ")))
-    };
-    let deadline = Instant::now() + WAIT;
-    while !names.iter().all(|n| unloaded(n)) {
-        assert!(
-            Instant::now() < deadline,
-            "not every tenant was unloaded\n{}",
-            tail_file(&frontend_log)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    until_unloaded(&frontend_log, &names).await;
 
     let c = |name: &str| clients[name].clone();
     let status = c("status").maintenance.status(StatusRequest {}).await;

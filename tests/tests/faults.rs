@@ -117,9 +117,12 @@ async fn seeded_faults_lose_no_write_and_stay_linearizable() {
                     s.idle_unloads,
                     s.idle_reloads,
                     if s.memory_budget {
-                        " (under a memory budget of one byte: none loaded before a request names it)"
+                        format!(
+                            "; under a memory budget of one byte: {} tenants served dormant, {} unloaded over it",
+                            s.budget_dormant, s.budget_unloads
+                        )
                     } else {
-                        ""
+                        String::new()
                     }
                 );
                 for line in &s.schedule {

@@ -29,7 +29,7 @@ use memstore::{MemStore, Outcome};
 use tonic::{Request, Response, Status};
 
 use crate::errors::Error;
-use crate::rpc::{RequestId, handled, unary};
+use crate::rpc::{RequestId, unary};
 use crate::tenant::Tenant;
 use crate::tenants::Tenants;
 
@@ -98,11 +98,6 @@ impl AuthService {
         tokio::task::spawn_blocking(run)
             .await
             .map_err(|e| Error::Task(format!("{what}: {e}")))
-    }
-
-    async fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        let admitted = self.tenants.waiting_for(req.metadata(), Tenants::admit);
-        admitted.await.map_err(handled)
     }
 
     /// Answers a read of the auth state with `answer(replica, caller, request, header)` after
@@ -306,7 +301,7 @@ impl Auth for AuthService {
         &self,
         req: Request<AuthenticateRequest>,
     ) -> Result<Response<AuthenticateResponse>, Status> {
-        let t = self.tenant(&req).await?;
+        let t = self.tenants.admitted(req.metadata()).await?;
         let r = req.into_inner();
         unary(
             "Authenticate",

@@ -117,8 +117,7 @@ impl Cluster for ClusterService {
         &self,
         req: Request<MemberListRequest>,
     ) -> Result<Response<MemberListResponse>, Status> {
-        let admitted = self.tenants.waiting_for(req.metadata(), Tenants::admit);
-        let t = admitted.await.map_err(handled)?;
+        let t = self.tenants.admitted(req.metadata()).await?;
         let members = self.members.for_tenant(&t.name);
         unary("MemberList", &t.name, RequestId::random(), async {
             // etcd's cluster service answers a header without a revision.

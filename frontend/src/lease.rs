@@ -38,11 +38,6 @@ impl LeaseService {
         Self { tenants }
     }
 
-    async fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        let admitted = self.tenants.waiting_for(req.metadata(), Tenants::admit);
-        admitted.await.map_err(handled)
-    }
-
     /// A keep-alive stream over any source of requests: the gRPC call's, or the JSON
     /// gateway's (`crate::gateway`). A tenant not known here may have been created a moment
     /// ago through another frontend: the catalogue is caught up with before refusing.
@@ -310,7 +305,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseTimeToLiveRequest>,
     ) -> Result<Response<LeaseTimeToLiveResponse>, Status> {
-        let t = self.tenant(&req).await?;
+        let t = self.tenants.admitted(req.metadata()).await?;
         let id = RequestId::random();
         unary(
             "LeaseTimeToLive",
@@ -325,7 +320,7 @@ impl Lease for LeaseService {
         &self,
         req: Request<LeaseLeasesRequest>,
     ) -> Result<Response<LeaseLeasesResponse>, Status> {
-        let t = self.tenant(&req).await?;
+        let t = self.tenants.admitted(req.metadata()).await?;
         let id = RequestId::random();
         unary("LeaseLeases", &t.name, id, leases(&t)).await
     }

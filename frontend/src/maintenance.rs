@@ -55,11 +55,6 @@ impl MaintenanceService {
         self
     }
 
-    async fn tenant<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        let admitted = self.tenants.waiting_for(req.metadata(), Tenants::admit);
-        admitted.await.map_err(handled)
-    }
-
     /// `tenant` of Status and Snapshot: a suspended tenant's owner may still look at it and
     /// take its data (docs/design/tenants.md, T3).
     async fn tenant_even_suspended<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
@@ -73,7 +68,7 @@ impl MaintenanceService {
     /// (Snapshot, Defragment, Hash, HashKV, MoveLeader, Downgrade: 3.5's
     /// `authMaintenanceServer`, which answers PermissionDenied otherwise).
     async fn admin<T>(&self, req: &Request<T>) -> Result<Arc<Tenant>, Status> {
-        let t = self.tenant(req).await?;
+        let t = self.tenants.admitted(req.metadata()).await?;
         self.check_admin(t, req).await
     }
 

@@ -57,7 +57,8 @@ pub struct Replica {
     /// `crate::tenant::Served` as u8), as of the last apply: a frontend whose catalogue lags
     /// refuses the tenant's requests once its replica has applied the suspension.
     own_served: AtomicU8,
-    /// The same, for the streams that end when it changes (`Tenant::refusal`).
+    /// The same, for the streams that end when it changes (`Tenant::refusal`); requests read
+    /// the atomic, which takes no lock.
     own_changes: watch::Sender<Served>,
     /// When the replica last received journal records (ms since `started`): the journal stamps
     /// an idle shard every 500 ms, so silence means it has no leader or cannot be reached.

@@ -709,6 +709,13 @@ impl Tenants {
         self.serve(rpc, &metadata, message, body).await
     }
 
+    /// `admit` of a unary RPC answered outside `serve`, waiting as `waiting_for` does for a
+    /// tenant being loaded or created a moment ago elsewhere.
+    pub async fn admitted(&self, metadata: &MetadataMap) -> Result<Arc<Tenant>, Status> {
+        let admitted = self.waiting_for(metadata, Tenants::admit);
+        admitted.await.map_err(handled)
+    }
+
     /// The tenant of a request, admitted under its request rate (`Tenant::admit`): every unary
     /// RPC and watch stream opening comes in here; lease keep-alives and the messages of an open
     /// stream do not.

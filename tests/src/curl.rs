@@ -19,6 +19,11 @@ pub fn request(endpoint: &str, method: &str, path: &str, body: &str) -> (u16, St
     request_with(endpoint, method, path, body, &[])
 }
 
+/// A GET with HTTP headers (`("x-strata-tenant", name)`: a probe of one tenant).
+pub fn get_with(endpoint: &str, path: &str, headers: &[(&str, &str)]) -> (u16, String) {
+    request_with(endpoint, "GET", path, "", headers)
+}
+
 /// Whether the Prometheus text a component serves at `http://<addr>/metrics` has a line
 /// starting with `prefix` (a metric's name, with its labels if they matter).
 pub fn has_metric(addr: &str, prefix: &str) -> bool {

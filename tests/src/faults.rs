@@ -1107,11 +1107,6 @@ fn catalogue_flags(shards: usize, memory_budget: bool) -> Vec<String> {
     if shards == 1 {
         return Vec::new();
     }
-    let budget = if memory_budget {
-        "--memory-budget=1"
-    } else {
-        ""
-    };
     let shards = shards.to_string();
     let flags = [
         "--catalogue",
@@ -1122,10 +1117,12 @@ fn catalogue_flags(shards: usize, memory_budget: bool) -> Vec<String> {
         "all",
         "--tenant=",
         IDLE_UNLOAD,
-        budget,
     ];
-    let flags = flags.iter().filter(|f| !f.is_empty());
-    flags.map(|f| f.to_string()).collect()
+    let mut flags: Vec<String> = flags.iter().map(|f| f.to_string()).collect();
+    if memory_budget {
+        flags.push("--memory-budget=1".into());
+    }
+    flags
 }
 
 /// Creates each shard's tenant of a catalogue run ([`stack_of`]) on its shard, through the
@@ -1162,7 +1159,8 @@ async fn create_tenants(d: &Deployment, shards: usize) -> Result<(), String> {
 async fn deploy(
     frontends: usize,
     journal_nodes: usize,
-    (shards, memory_budget): (usize, bool),
+    shards: usize,
+    memory_budget: bool,
     objects: Objects,
     internal_tls: bool,
 ) -> Result<Faults, String> {
@@ -1653,8 +1651,15 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
     } else {
         Objects::Dir
     };
-    let sharding = (shards, memory_budget);
-    let mut faults = deploy(frontends, journal_nodes, sharding, objects, internal_tls).await?;
+    let mut faults = deploy(
+        frontends,
+        journal_nodes,
+        shards,
+        memory_budget,
+        objects,
+        internal_tls,
+    )
+    .await?;
     let endpoints = faults.deployment.endpoints();
     let clock = Clock(Instant::now());
     let mut workloads = Vec::new();
@@ -1761,14 +1766,11 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
     }
 
     let mut violations = catalogue_violations;
-    let logged = |what: &str| {
-        (0..frontends)
-            .map(|i| {
-                let log = std::fs::read(faults.deployment.frontend_log(i)).unwrap_or_default();
-                String::from_utf8_lossy(&log).matches(what).count()
-            })
-            .sum::<usize>()
-    };
+    let logs: Vec<String> = (0..frontends)
+        .map(|i| std::fs::read(faults.deployment.frontend_log(i)).unwrap_or_default())
+        .map(|log| String::from_utf8_lossy(&log).into_owned())
+        .collect();
+    let logged = |what: &str| logs.iter().map(|l| l.matches(what).count()).sum::<usize>();
     let (idle_unloads, idle_reloads) = (
         logged("tenant idle: unloaded"),
         logged("idle tenant loaded again for a request"),

@@ -992,19 +992,9 @@ async fn every_rpc_naming_an_idle_tenant_waits_for_its_load() {
     };
     let token = c("auth").auth.authenticate(login).await.unwrap();
     assert!(!token.into_inner().token.is_empty());
-    let health = std::process::Command::new("curl")
-        .args([
-            "-s",
-            "-w",
-            "\n%{http_code}",
-            "-H",
-            "x-strata-tenant: health",
-        ])
-        .arg(format!("http://{}/health", dev.metrics_addr()))
-        .output()
-        .expect("curl");
-    let health = String::from_utf8_lossy(&health.stdout).into_owned();
-    assert!(health.ends_with("\n200"), "{health}");
+    let metrics = format!("http://{}", dev.metrics_addr());
+    let (code, health) = curl::get_with(&metrics, "/health", &[("x-strata-tenant", "health")]);
+    assert_eq!(code, 200, "{health}");
     assert!(health.contains(r#""health":"true""#), "{health}");
 
     // Each was loaded again for the request that named it.

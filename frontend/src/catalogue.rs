@@ -69,15 +69,35 @@ impl Loader {
         Ok(t)
     }
 
-    /// `load`, answered with the record it loads (several run at once in `reconcile`).
+    /// `load`, answered with the record it loads and `estimate` (several run at once in
+    /// `load_all`).
     async fn load_of<'a>(
         &self,
         r: &'a TenantRecord,
+        estimate: u64,
     ) -> (
         &'a TenantRecord,
+        u64,
         Result<Arc<Tenant>, crate::server::ServeError>,
     ) {
-        (r, self.load(r).await)
+        (r, estimate, self.load(r).await)
+    }
+
+    /// What loading `r` is expected to add to the loaded tenants' bytes before it is loaded:
+    /// the size of its newest checkpoint (0 without one, or if the store cannot say: the
+    /// sum taken once it is loaded counts it then).
+    async fn estimate(&self, r: &TenantRecord) -> u64 {
+        let Some(store) = &self.checkpoints else {
+            return 0;
+        };
+        let key = api::tenant::journal_key(&r.name, &r.uid);
+        match crate::checkpoint::newest_size(store, &key).await {
+            Ok(size) => size.unwrap_or(0),
+            Err(e) => {
+                tracing::warn!(tenant = %r.name, error = %e, "cannot read the size of a tenant's checkpoint; loading it unestimated");
+                0
+            }
+        }
     }
 
     /// Whether tenants holding `held` bytes fill the memory budget: further tenants are left
@@ -342,6 +362,10 @@ async fn load_all(tenants: &Tenants, to_load: Vec<&TenantRecord>, loader: &Loade
     // load ends in between. A replica still replaying the journal grows after its load ends;
     // the next sum sees it.
     let mut held = 0;
+    // What the loads in flight are expected to hold (`Loader::estimate`): counted against the
+    // budget from their start, so that the loads begun at once go over it by one tenant at
+    // most, as loads one after the other would.
+    let mut reserved = 0;
     let mut summed_at: Option<std::time::Instant> = None;
     let mut waiting = to_load.into_iter();
     let mut loads = futures::stream::FuturesUnordered::new();
@@ -354,17 +378,23 @@ async fn load_all(tenants: &Tenants, to_load: Vec<&TenantRecord>, loader: &Loade
                 held = tenants.loaded_bytes();
                 summed_at = Some(std::time::Instant::now());
             }
-            if loader.budget_full(held) {
+            if loader.budget_full(held + reserved) {
                 let key = api::tenant::journal_key(&r.name, &r.uid);
                 tracing::info!(tenant = %r.name, "memory budget full: tenant served unloaded until a request names it");
                 tenants.add_dormant(&r.name, &key, own_connections(r));
                 continue;
             }
-            loads.push(loader.load_of(r));
+            let estimate = match loader.memory_budget {
+                Some(_) => loader.estimate(r).await,
+                None => 0,
+            };
+            reserved += estimate;
+            loads.push(loader.load_of(r, estimate));
         }
-        let Some((r, loaded)) = loads.next().await else {
+        let Some((r, estimate, loaded)) = loads.next().await else {
             break;
         };
+        reserved -= estimate;
         match loaded {
             Ok(t) => {
                 tracing::info!(tenant = %r.name, state = ?t.served(), "tenant loaded from the catalogue");
@@ -875,6 +905,66 @@ mod tests {
         let mut names = tenants.names();
         names.sort();
         assert_eq!(names, ["a", "b", "c"], "all still served");
+    }
+
+    /// A start under the memory budget counts each load against it from the load's start, by
+    /// its newest checkpoint's size: the loads begun at once (`LOADS_AT_ONCE`) take it over by
+    /// one tenant at most, as loads one after the other would.
+    #[tokio::test]
+    async fn loads_begun_at_once_count_against_the_budget_from_their_start() {
+        use crate::checkpoint::fixtures::{manifest_of, publish_of};
+        use api::strata::entry::entry::Request;
+        let (tenants, mut loader) = following(Arc::new(MemLog::new()), None);
+        let objects =
+            crate::checkpoint::Store::from(Arc::new(object_store::memory::InMemory::new()));
+        let names = ["a", "b", "c", "d", "e", "f"];
+        let mut size = 0;
+        for name in names {
+            let key = api::tenant::journal_key(name, &[]);
+            let mut mem = memstore::MemStore::new(memstore::Config::default());
+            for i in 1..=20u64 {
+                let put = api::strata::entry::Entry {
+                    format_version: api::ENTRY_FORMAT_VERSION,
+                    tenant: key.clone(),
+                    time_ms: i as i64,
+                    request: Some(Request::Put(api::etcdserverpb::PutRequest {
+                        key: format!("k{i}").into_bytes(),
+                        value: vec![b'v'; 1000],
+                        ..Default::default()
+                    })),
+                    ..Default::default()
+                };
+                mem.apply(i, &put);
+            }
+            let r = publish_of(&objects, &key, 1, &mem, false).await;
+            size = r.size;
+            manifest_of(&objects, &key, 1, 1, vec![r]).await;
+        }
+        assert!(size > 20_000, "{size}");
+        let budget = size * 5 / 2;
+        loader.checkpoints = Some(objects);
+        loader.memory_budget = Some(budget);
+        assert!(reconcile(&tenants, &records_of(&names), &loader).await);
+        let loaded: Vec<&str> = names
+            .into_iter()
+            .filter(|n| tenants.loaded(n).is_some())
+            .collect();
+        assert_eq!(
+            loaded,
+            ["a", "b", "c"],
+            "two leave room under the budget, the third takes it over"
+        );
+        for name in ["d", "e", "f"] {
+            assert_eq!(
+                tenants.dormant(name),
+                Some(api::tenant::journal_key(name, &[]))
+            );
+        }
+        let held = tenants.loaded_bytes();
+        assert!(
+            held > size * 2 && held < budget + size,
+            "{held} of {budget}"
+        );
     }
 
     /// With the budget full, tenants the catalogue names are served without being loaded (their

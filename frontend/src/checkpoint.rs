@@ -499,6 +499,14 @@ async fn load_one(
     Ok((mem, timings))
 }
 
+/// The size in bytes of `tenant`'s newest checkpoint, or `None` if it has none yet: what
+/// loading it is expected to hold, known before it is fetched.
+pub async fn newest_size(store: &Store, tenant: &str) -> Result<Option<u64>, CheckpointError> {
+    Ok(latest_manifest(store, tenant)
+        .await?
+        .and_then(|m| m.newest().map(|r| r.size)))
+}
+
 /// The newest usable checkpoint of `tenant` on journal shard `shard`, or `None` if the tenant
 /// has no manifest yet. A manifest of another shard is an error.
 pub async fn latest(
@@ -602,17 +610,28 @@ pub(crate) mod fixtures {
     }
 
     pub(crate) async fn publish(store: &Store, index: u64, corrupt: bool) -> CheckpointRef {
-        let mem = &store_at(index);
+        publish_of(store, "default", 0, &store_at(index), corrupt).await
+    }
+
+    /// Writes `mem` as a checkpoint of `tenant` on `shard`, at its applied index.
+    pub(crate) async fn publish_of(
+        store: &Store,
+        tenant: &str,
+        shard: u32,
+        mem: &MemStore,
+        corrupt: bool,
+    ) -> CheckpointRef {
+        let index = mem.applied_index();
         let meta = memstore::checkpoint::CheckpointMeta {
-            tenant: "default".into(),
-            shard: 0,
+            tenant: tenant.into(),
+            shard,
             index,
             revision: mem.revision(),
             created_ms: 0,
         };
         let mut bytes = memstore::checkpoint::encode(&meta, mem);
         let r = CheckpointRef {
-            path: api::manifest::checkpoint_path("default", index, 0).unwrap(),
+            path: api::manifest::checkpoint_path(tenant, index, 0).unwrap(),
             index,
             revision: mem.revision(),
             size: bytes.len() as u64,
@@ -632,17 +651,28 @@ pub(crate) mod fixtures {
     }
 
     pub(crate) async fn manifest(store: &Store, seq: u64, checkpoints: Vec<CheckpointRef>) {
+        manifest_of(store, "default", 0, seq, checkpoints).await
+    }
+
+    /// Publishes manifest `seq` of `tenant` on `shard`, naming `checkpoints`.
+    pub(crate) async fn manifest_of(
+        store: &Store,
+        tenant: &str,
+        shard: u32,
+        seq: u64,
+        checkpoints: Vec<CheckpointRef>,
+    ) {
         let m = Manifest {
             format_version: MANIFEST_FORMAT_VERSION,
-            tenant: "default".into(),
-            shard: 0,
+            tenant: tenant.into(),
+            shard,
             seq,
             published_ms: 0,
             checkpoints,
         };
         store
             .put(
-                &Path::from(api::manifest::manifest_path("default", seq).unwrap()),
+                &Path::from(api::manifest::manifest_path(tenant, seq).unwrap()),
                 PutPayload::from(m.to_json()),
             )
             .await

@@ -61,9 +61,7 @@ async fn health(State(s): State<HttpState>, headers: HeaderMap) -> impl IntoResp
                 // Loaded a moment ago for this request (it was unloaded while idle): its replica
                 // replays the journal after its checkpoint, and is given as long as a read of
                 // the tenant would wait for it.
-                let mut states = t.replica.subscribe_state();
-                let caught_up = states.wait_for(|s| *s != ReplicaState::CatchingUp);
-                let _ = tokio::time::timeout(HEALTH_TIMEOUT, caught_up).await;
+                t.replica.settle(HEALTH_TIMEOUT).await;
                 vec![t]
             }
             Err(e) => {

@@ -30,6 +30,9 @@ use crate::tenants::Tenants;
 
 /// How long Status waits for the journal's own status before reporting without it.
 pub const JOURNAL_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long Status waits for a replica catching up before reporting it as such (with the
+/// journal's timeout, within `etcdctl`'s 5 s command timeout).
+const STATUS_CATCH_UP_WAIT: Duration = Duration::from_secs(2);
 
 pub struct MaintenanceService {
     tenants: Arc<Tenants>,
@@ -124,7 +127,9 @@ async fn alarm(
 async fn status(t: &Tenant, log: &dyn Log, version: &str) -> Result<StatusResponse, Error> {
     // etcd's order: "no leader" first, then every raised alarm in protobuf's compact text form
     // (`memberID:<id> alarm:<NAME> `, trailing space included, as etcd 3.4 sends it; `etcdctl
-    // endpoint status` shows it under ERRORS).
+    // endpoint status` shows it under ERRORS). A tenant loaded a moment ago for this request
+    // is reported once its replica caught up, if that is soon.
+    t.replica.settle(STATUS_CATCH_UP_WAIT).await;
     let mut errors = Vec::new();
     let has_leader = t.has_leader();
     if !has_leader {
@@ -337,6 +342,45 @@ impl Maintenance for MaintenanceService {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::log::MemLog;
+    use crate::replica::ReplicaState;
+
+    /// Status of a tenant whose replica is catching up (loaded a moment ago for this request,
+    /// after it was unloaded while idle) reports it caught up, not "catching up", when that
+    /// comes soon; one that stays behind longer is reported as it is.
+    #[tokio::test]
+    async fn status_of_a_tenant_catching_up_reports_it_caught_up() {
+        let log = MemLog::new();
+        // The replica's catch-up asks the journal where to catch up to: held off for a while.
+        log.set_unavailable(true);
+        let new = || memstore::MemStore::new(memstore::Config::default());
+        let a = crate::tenant::test_tenant_named("a", new(), Arc::new(log.clone()), 1, 1);
+        assert_eq!(a.replica.state(), ReplicaState::CatchingUp);
+        let journal = log.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            journal.set_unavailable(false);
+        });
+        let status = super::status(&a, &log, "3.5.17").await.unwrap();
+        assert_eq!(a.replica.state(), ReplicaState::Ready);
+        assert!(status.errors.is_empty(), "{:?}", status.errors);
+
+        let stuck = MemLog::new();
+        stuck.set_unavailable(true);
+        let behind = crate::tenant::test_tenant_named("b", new(), Arc::new(stuck), 1, 1);
+        let status = super::status(&behind, &log, "3.5.17").await.unwrap();
+        assert!(
+            status
+                .errors
+                .contains(&"replica catching up with the journal".to_string()),
+            "{:?}",
+            status.errors
+        );
+    }
+
     /// HashKV of a large store hashes in steps: a put made after it began is answered before
     /// it, and the hash is the one of the revision it began at.
     #[tokio::test]

@@ -212,6 +212,15 @@ impl Replica {
         self.state.subscribe()
     }
 
+    /// Waits at most `timeout` while the replica catches up with the journal: a tenant loaded
+    /// a moment ago for a request replays the journal after its checkpoint, and what the
+    /// request reports (`/health`, Status) is said of it caught up.
+    pub async fn settle(&self, timeout: Duration) {
+        let mut states = self.subscribe_state();
+        let caught_up = states.wait_for(|s| *s != ReplicaState::CatchingUp);
+        let _ = tokio::time::timeout(timeout, caught_up).await;
+    }
+
     /// Reads the store; a poisoned lock means an apply panicked, which is an invariant breach.
     pub fn read(&self) -> std::sync::RwLockReadGuard<'_, MemStore> {
         self.store

@@ -13,7 +13,8 @@
 //! suspended and resumed, the created one deleted: `faults/catalogue.rs`), then take a
 //! majority of the journal down for a while; heal everything; then check the history, the
 //! watchers, the lease, and that every frontend, and one rebuilt from the newest checkpoint,
-//! holds the same state.
+//! holds the same state; in a catalogue run, last, delete the created tenant and create it
+//! again: every frontend must serve the new generation, empty.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
@@ -1763,6 +1764,14 @@ pub async fn run_plan(seed: u64, plan: Plan, config: &Config) -> Result<Summary,
                 "the journal's shard {shard} was never trimmed behind the compactor's checkpoints"
             ));
         }
+    }
+
+    // The created tenant deleted and created again under its name: every frontend, each
+    // having been killed, paused or cut off in the run, serves the new generation empty and
+    // nothing of the old one.
+    if created_ran && let Some(changes) = faults.catalogue.as_mut() {
+        ran.extend(changes.recreate(shards).await);
+        catalogue_violations.extend(std::mem::take(&mut changes.violations));
     }
 
     let mut violations = catalogue_violations;

@@ -2,7 +2,8 @@
 //! resumed and deleted under faults"): in a catalogue run the plan creates a third tenant
 //! early, suspends one tenant for a step and resumes it when the step heals, and deletes the
 //! created tenant at the last step; after the faults, every frontend must refuse it, and it is
-//! undeleted so that its history is checked like the others'.
+//! undeleted so that its history is checked like the others'. Once checked, it is deleted and
+//! created again ([`Changes::recreate`]): every frontend must serve the new generation empty.
 //!
 //! Each change goes through `strata admin tenant` on a frontend's admin port. An attempt that
 //! fails (its frontend killed, paused or cut off from the journal, shard 0 without a leader) is
@@ -19,7 +20,7 @@ use serde_json::Value;
 
 use super::Clock;
 use super::client::Stack;
-use crate::history::{Op, Outcome, Request, Time};
+use crate::history::{Kv, Op, Outcome, Request, Response, Time};
 use crate::tenant::admin_command;
 
 /// The tenant the plan creates mid-run (`Target::Tenant(2)`); the others are `shard0` and
@@ -439,6 +440,150 @@ impl Changes {
         }
         said
     }
+
+    /// Deletes the run's `k`-th tenant and creates it again under its name (after the faults,
+    /// once its history was checked): another generation, with another uid and an empty
+    /// keyspace. Every frontend must refuse the old generation first; then each must serve the
+    /// new one, empty at revision 1, within [`BACK_FOR`] (one still holding the old one, loaded
+    /// or dormant, would answer its keys or revisions), and after one put through any frontend
+    /// that key alone, at revision 2, through every frontend. Answers what it did, for the
+    /// schedule; what it found wrong goes to the violations.
+    pub async fn recreate(&mut self, k: usize) -> Vec<String> {
+        let name = tenant_name(k, self.shards);
+        let mut said = Vec::new();
+        let (old, _) = self
+            .admin(&["get".to_string(), name.clone()], &["not found"])
+            .await;
+        let Some(old) = old else {
+            self.violations.push(format!(
+                "tenant {name} could not be read to create it again"
+            ));
+            return said;
+        };
+        let at = self.clock.secs();
+        let deleted = self.lapse(&name, Lapsed::Deleted).await;
+        said.push(format!("{at:7.2}s Delete {name} {deleted}"));
+        let Some(i) = self.open_lapse(&name) else {
+            self.violations
+                .push(format!("tenant {name} could not be deleted: {deleted}"));
+            return said;
+        };
+        if !self.probe_refusals(i, GRACE, true).await {
+            return said;
+        }
+        self.lapses[i].lifted = Some(self.clock.now());
+        let at = self.clock.secs();
+        let extra = ["--shard".to_string(), old["shard"].to_string()];
+        let (record, created, _) = self
+            .change("create", &name, &extra, &["already exists"])
+            .await;
+        said.push(format!("{at:7.2}s Create {name} again {created}"));
+        match &record {
+            Ok(Some(r)) if r["state"] == "active" && r["uid"] != old["uid"] => {}
+            _ => {
+                self.violations.push(format!(
+                    "tenant {name} was not created again as a new generation: {created}"
+                ));
+                return said;
+            }
+        }
+        let stack = Stack::Header(name.clone());
+        let fresh = Response::Get(None);
+        if !self
+            .on_every_frontend(&name, &stack, |o| match o {
+                Outcome::Ok { revision, response } => Some(*revision == 1 && *response == fresh),
+                _ => None,
+            })
+            .await
+        {
+            return said;
+        }
+        // One put through whichever frontend answers first; then every frontend reads it alone.
+        let put = Request::Put {
+            key: "k/00".into(),
+            value: "new generation".into(),
+            lease: 0,
+        };
+        let mut written = false;
+        for endpoint in &self.endpoints {
+            if let Some(mut c) = stack.connect(endpoint).await
+                && matches!(c.perform(&put).await, Outcome::Ok { revision: 2, .. })
+            {
+                written = true;
+                break;
+            }
+        }
+        if !written {
+            self.violations.push(format!(
+                "no frontend wrote the first put of tenant {name}'s new generation at revision 2"
+            ));
+            return said;
+        }
+        let want = Response::Get(Some(Kv {
+            value: "new generation".into(),
+            create_revision: 2,
+            mod_revision: 2,
+            version: 1,
+            lease: 0,
+        }));
+        self.on_every_frontend(&name, &stack, |o| match o {
+            Outcome::Ok { revision, response } => Some(*revision == 2 && *response == want),
+            _ => None,
+        })
+        .await;
+        said
+    }
+
+    /// Probes every frontend with [`probe_get`] until `judge` says yes or no of its answer
+    /// (`None`: a refusal or no answer, asked again), for at most [`BACK_FOR`]: whether every
+    /// one said yes. A no, or a frontend that never answers, is a violation.
+    async fn on_every_frontend(
+        &mut self,
+        name: &str,
+        stack: &Stack,
+        judge: impl Fn(&Outcome) -> Option<bool>,
+    ) -> bool {
+        let deadline = Instant::now() + BACK_FOR;
+        let mut pending: Vec<usize> = (0..self.endpoints.len()).collect();
+        let mut last = vec![String::new(); self.endpoints.len()];
+        while !pending.is_empty() {
+            let mut still = Vec::new();
+            for at in pending {
+                let outcome = probe_get(stack, &self.endpoints[at]).await;
+                match judge(&outcome) {
+                    Some(true) => {}
+                    Some(false) => {
+                        self.violations.push(format!(
+                            "{} answered {outcome:?} for tenant {name}'s new generation",
+                            self.endpoints[at]
+                        ));
+                        return false;
+                    }
+                    None => {
+                        last[at] = format!("{outcome:?}");
+                        still.push(at);
+                    }
+                }
+            }
+            pending = still;
+            if pending.is_empty() {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let never: Vec<String> = pending
+                    .iter()
+                    .map(|&at| format!("{} ({})", self.endpoints[at], last[at]))
+                    .collect();
+                self.violations.push(format!(
+                    "tenant {name}'s new generation was not served by {never:?} in {} s",
+                    BACK_FOR.as_secs()
+                ));
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        true
+    }
 }
 
 fn nanos(d: Duration) -> u64 {
@@ -469,19 +614,24 @@ async fn admin_once(endpoint: &str, args: &[String]) -> Result<Value, String> {
 
 /// A linearizable Get as `stack`'s tenant on `endpoint`, within [`PROBE_FOR`].
 async fn probe(stack: &Stack, endpoint: &str) -> Answer {
+    match probe_get(stack, endpoint).await {
+        Outcome::Ok { .. } => Answer::Served,
+        refused @ Outcome::Failed(_) => Answer::Refused(refused),
+        Outcome::Unknown(_) => Answer::Unknown,
+    }
+}
+
+/// A linearizable Get of `k/00` as `stack`'s tenant on `endpoint`, within [`PROBE_FOR`].
+async fn probe_get(stack: &Stack, endpoint: &str) -> Outcome {
     let ask = async {
         let Some(mut c) = stack.connect(endpoint).await else {
-            return Answer::Unknown;
+            return Outcome::Unknown("cannot connect".into());
         };
-        match c.perform(&Request::Get { key: "k/00".into() }).await {
-            Outcome::Ok { .. } => Answer::Served,
-            refused @ Outcome::Failed(_) => Answer::Refused(refused),
-            Outcome::Unknown(_) => Answer::Unknown,
-        }
+        c.perform(&Request::Get { key: "k/00".into() }).await
     };
     tokio::time::timeout(PROBE_FOR, ask)
         .await
-        .unwrap_or(Answer::Unknown)
+        .unwrap_or_else(|_| Outcome::Unknown("no answer in time".into()))
 }
 
 /// Judges `ops` of `tenant` against its lapses: a refusal is allowed only as the refusal of a

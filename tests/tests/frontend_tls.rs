@@ -516,6 +516,132 @@ async fn the_catalogue_s_connection_quota_is_enforced_and_changed_live() {
     );
 }
 
+/// A catalogue tenant a TLS connection names by its server name through its whole life: served
+/// dormant under a full memory budget and loaded by the first connection naming it, unloaded
+/// while idle and loaded again by the next request of a connection still open, refused once
+/// deleted, and empty once created again under its name (another generation).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_named_by_its_server_name_sleeps_wakes_and_is_created_again() {
+    let (d, pki) = deployment_with_pki().await;
+    let admin_listen = format!("127.0.0.1:{}", free_port());
+    let fe = start_tls(
+        &d,
+        &pki,
+        &[
+            TENANT_DOMAIN,
+            "--catalogue",
+            &format!("--admin-listen={admin_listen}"),
+            "--tenant-idle-unload=1s",
+            "--memory-budget=1",
+        ],
+    )
+    .await;
+    let log = &fe.log;
+    let admin = |args: &[&str]| {
+        strata_tests::tenant::admin_as(&format!("http://{admin_listen}"), &[], args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}\n{}", tail_file(log)))
+    };
+    let logged = |what: &str| std::fs::read_to_string(log).unwrap().matches(what).count();
+    let endpoint = format!("https://{}", fe.listen);
+    admin(&["create", "a"]);
+    let a = pki
+        .served_within(&endpoint, ("a", "in-a"), "a never served", log)
+        .await;
+
+    // a holds a byte: the budget is full, so b is served without being loaded.
+    admin(&["create", "b"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while logged("memory budget full: tenant served unloaded") == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "b was loaded over the budget\n{}",
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let woken = logged("idle tenant loaded again for a request");
+    let b = pki.channel(&endpoint, "b", "b.tenants.test").await;
+    assert_eq!(put(&b, None, "in-b").await.unwrap(), 2, "b's first write");
+    assert_eq!(
+        logged("idle tenant loaded again for a request"),
+        woken + 1,
+        "the connection's request loaded b"
+    );
+
+    // Idle for a second, both are unloaded; the open connections' next requests load them
+    // again, each with its own keys.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while logged("tenant idle: unloaded") < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "a and b were never unloaded while idle\n{}",
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(count(&b).await, 1);
+    assert_eq!(count(&a).await, 1);
+    // A connection naming b by its certificate alone (no server name of the domain), while
+    // b sleeps: b's certificate names it among the tenants served, dormant ones included.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while logged("tenant idle: unloaded") < 4 {
+        assert!(
+            Instant::now() < deadline,
+            "a and b were never unloaded again\n{}",
+            tail_file(log)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let by_certificate = pki.channel(&endpoint, "b", "localhost").await;
+    assert_eq!(
+        count(&by_certificate).await,
+        1,
+        "b's key, by b's certificate"
+    );
+    let b2 = pki.channel(&endpoint, "b", "b.tenants.test").await;
+    assert_eq!(count(&b2).await, 1, "a new connection naming b");
+
+    // Deleted: refused on the connections open and to new ones.
+    admin(&["delete", "b"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let refused = loop {
+        match put(&b, None, "after-delete").await {
+            Err(e) => break e,
+            Ok(_) => {
+                assert!(Instant::now() < deadline, "b served after its deletion");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert_eq!(refused.code(), Code::NotFound, "{refused:?}");
+    assert!(
+        pki.served(&endpoint, "b", "after-delete").await.is_none(),
+        "a new connection naming deleted b was served"
+    );
+
+    // Created again: the name serves another, empty keyspace.
+    admin(&["create", "b"]);
+    let b3 = pki
+        .served_within(
+            &endpoint,
+            ("b", "new"),
+            "b's new generation never served",
+            log,
+        )
+        .await;
+    assert_eq!(count(&b3).await, 1, "only the new generation's key");
+    let r = KvClient::new(b3.clone())
+        .range(RangeRequest {
+            key: b"new".to_vec(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.kvs[0].mod_revision, 2, "the new generation's first write");
+    assert_eq!(count(&a).await, 1, "a untouched");
+}
+
 /// Certificates rotated on disk are served to new connections without a restart
 /// (`--tls-reload-interval`; etcd reads its files at each handshake). A connection made before
 /// keeps going. Files that do not load (half a rotation: a certificate without its key) are

@@ -71,10 +71,10 @@ trap 'exit 130' INT TERM
 
 # ---------------------------------------------------------------- sizes
 if [ "$QUICK" = 1 ]; then
-  PUT_TOTAL=2000; RANGE_TOTAL=2000; CAS_TOTAL=1000
+  PUT_TOTAL=2000; RANGE_TOTAL=2000; CAS_TOTAL=1000; CYCLE_TOTAL=200
   WATCHERS=100; WATCH_STREAMS=10; WATCH_PUTS=20; WATCH_RATE=20; WL_TOTAL=20
 else
-  PUT_TOTAL=30000; RANGE_TOTAL=60000; CAS_TOTAL=10000
+  PUT_TOTAL=30000; RANGE_TOTAL=60000; CAS_TOTAL=10000; CYCLE_TOTAL=3000
   WATCHERS=1000; WATCH_STREAMS=100; WATCH_PUTS=200; WATCH_RATE=100; WL_TOTAL=200
 fi
 READY_TIMEOUT=120
@@ -188,6 +188,11 @@ RANGE_KEY="bench-range/00000000"
 suite_writes() { # endpoints
   run put-256 "$1" --conns 32 --clients 256 put --total "$PUT_TOTAL" --key-size 8 --val-size 256 --key-space-size 100000
   run txn-cas-64 "$1" --conns 16 --clients 64 txn-cas --total "$CAS_TOTAL" --key-size 8 --val-size 256 --key-space-size 1000 --key-prefix cas/
+  # etcd's lock and election services (etcdctl lock / elect): 64 clients each on a name of its
+  # own, then 16 clients queued on one name (each hand-off a delete its successor must watch).
+  run lock-64 "$1" --conns 16 --clients 64 lock --total "$CYCLE_TOTAL" --names 64
+  run lock-1name-16 "$1" --conns 4 --clients 16 lock --total "$((CYCLE_TOTAL / 3))" --names 1
+  run election-1name-16 "$1" --conns 4 --clients 16 election --total "$((CYCLE_TOTAL / 3))" --names 1
 }
 suite_reads() { # label-suffix endpoints
   bench --endpoints="$2" put --total 1 --key-prefix bench-range/ --key-size 20 --val-size 256 >/dev/null 2>&1
@@ -349,6 +354,10 @@ row("put, 256 clients: p99 ms", "put-256", "latency_ms", "p99")
 row("put, 256 clients: errors", "put-256", "errors")
 row("txn-cas, 64 clients: requests/s", "txn-cas-64", "rps")
 row("txn-cas, 64 clients: conflicts", "txn-cas-64", "conflicts")
+row("lock/unlock, 64 clients, own names: cycles/s", "lock-64", "rps")
+row("lock/unlock, 64 clients, own names: p99 ms", "lock-64", "latency_ms", "p99")
+row("lock/unlock, 16 clients, one name: cycles/s", "lock-1name-16", "rps")
+row("campaign/resign, 16 clients, one name: cycles/s", "election-1name-16", "rps")
 row("range linearizable, 64 clients: requests/s", "range-l-64", "rps")
 row("range linearizable, 64 clients: p99 ms", "range-l-64", "latency_ms", "p99")
 row("range serializable, 64 clients: requests/s", "range-s-64", "rps")
@@ -362,6 +371,7 @@ row("watch-latency, 10 watchers: p99 ms (from put ack)", "watch-latency-10", "de
 def cpu_row(label, name, *count_path, what="server_cpu_s"):
     rows.append([label] + [fmt(per_op_ms(s, name, count_path, what)) for s, _ in systems])
 cpu_row("server CPU ms per put (256 clients)", "put-256", "ok")
+cpu_row("server CPU ms per lock/unlock cycle (own names)", "lock-64", "ok")
 cpu_row("server CPU ms per linearizable range", "range-l-64", "ok")
 cpu_row("server CPU ms per serializable range", "range-s-64", "ok")
 cpu_row(f"server CPU ms per watch event delivered", W, "verify", "delivered")

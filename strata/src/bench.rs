@@ -2,6 +2,7 @@
 //! on etcd's `benchmark` tool: put, range, txn-put, txn-cas, watch and watch-latency, each
 //! printing total time, requests/s, a latency histogram and percentiles, and errors.
 
+mod concurrency;
 mod conn;
 mod driver;
 mod grpc;
@@ -127,6 +128,12 @@ pub enum Workload {
     Watch(WatchArgs),
     /// Watch latency as etcd measures it: each put waits until every watcher has its event.
     WatchLatency(WatchLatencyArgs),
+    /// Lock then Unlock (etcd's server-side lock service, as `etcdctl lock`), each client
+    /// under a lease of its own; one operation is the whole cycle.
+    Lock(CycleArgs),
+    /// Campaign then Resign (etcd's election service, as `etcdctl elect`), each client under a
+    /// lease of its own; one operation is the whole cycle.
+    Election(CycleArgs),
 }
 
 /// Key and value shape of the write workloads.
@@ -246,6 +253,17 @@ pub struct WatchArgs {
 }
 
 #[derive(clap::Args, Debug)]
+pub struct CycleArgs {
+    /// Total number of cycles (Lock and Unlock, or Campaign and Resign).
+    #[arg(long, default_value_t = 1_000)]
+    pub total: u64,
+    /// Number of lock (or election) names the clients share: client c takes name c % names.
+    /// As many as --clients: no contention; 1: every client queues for one.
+    #[arg(long, default_value_t = 1)]
+    pub names: usize,
+}
+
+#[derive(clap::Args, Debug)]
 pub struct WatchLatencyArgs {
     /// Number of puts.
     #[arg(long, default_value_t = 1_000)]
@@ -333,6 +351,8 @@ impl Workload {
             Workload::TxnCas(_) => "txn-cas",
             Workload::Watch(_) => "watch",
             Workload::WatchLatency(_) => "watch-latency",
+            Workload::Lock(_) => "lock",
+            Workload::Election(_) => "election",
         }
     }
 
@@ -371,6 +391,13 @@ impl Workload {
             }
             Workload::Watch(a) => watch_plan(a, common.seed).validate(),
             Workload::WatchLatency(a) => watch_latency_plan(a, common.seed).validate(),
+            Workload::Lock(a) | Workload::Election(a) => {
+                check_total(a.total)?;
+                if a.names == 0 {
+                    return Err(BenchError::InvalidArgs("--names must be at least 1".into()));
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -608,6 +635,33 @@ async fn run_closed_loop(
                 });
             }
             driver::run(clients, a.total).await
+        }
+        Workload::Lock(a) | Workload::Election(a) => {
+            let kind = match workload {
+                Workload::Lock(_) => concurrency::Kind::Lock,
+                _ => concurrency::Kind::Election,
+            };
+            let prefix = format!("bench-{}/{:016x}/", kind.name(), rand::random::<u64>());
+            let mut clients = Vec::with_capacity(n);
+            let mut leases = Vec::with_capacity(n);
+            for c in 0..n {
+                let mut rpc = pool.client(c);
+                let lease = concurrency::grant(&mut rpc)
+                    .await
+                    .map_err(|e| anyhow::anyhow!("lease for client {c}: {}", e.message()))?;
+                leases.push(lease);
+                clients.push(concurrency::CycleClient {
+                    rpc,
+                    kind,
+                    name: concurrency::name_of(&prefix, c, a.names),
+                    lease,
+                });
+            }
+            let run = driver::run(clients, a.total).await;
+            if let Err(e) = concurrency::revoke(&mut pool.client(0), &leases).await {
+                tracing::warn!(error = %e.message(), "cannot revoke the run's leases; they expire in {} s", concurrency::LEASE_TTL);
+            }
+            run
         }
         Workload::Watch(_) | Workload::WatchLatency(_) => {
             unreachable!("watch workloads run in run_watch")

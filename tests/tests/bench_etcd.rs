@@ -316,6 +316,33 @@ fn every_workload_runs_against_etcd() {
 
     watch_latency_delivers(&etcd, 5, 20);
 
+    // Lock and election cycles, each client its own name and all on one name: every cycle is
+    // done, and the clients' leases are revoked at the end.
+    for (workload, names) in [("lock", "8"), ("lock", "1"), ("election", "1")] {
+        let cycles = bench_json(
+            &etcd,
+            &[
+                "--clients",
+                "8",
+                "--conns",
+                "2",
+                workload,
+                "--total",
+                "200",
+                "--names",
+                names,
+            ],
+        );
+        assert_eq!(cycles["workload"], workload);
+        assert_eq!(
+            (cycles["ok"].clone(), cycles["errors"].clone()),
+            (200.into(), 0.into()),
+            "{workload} over {names} name(s): {cycles}"
+        );
+        let leases = strata_tests::etcdctl::Etcdctl::new(&etcd.endpoint).ok(&["lease", "list"]);
+        assert!(leases.contains("found 0 leases"), "{workload}: {leases}");
+    }
+
     // Server-side errors are counted with etcd's message, and a run where nothing succeeds fails.
     let out = bench(
         &etcd,

@@ -30,9 +30,11 @@ use crate::tenants::Tenants;
 
 /// How long Status waits for the journal's own status before reporting without it.
 pub const JOURNAL_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
-/// How long Status waits for a replica catching up before reporting it as such (with the
-/// journal's timeout, within `etcdctl`'s 5 s command timeout).
-const STATUS_CATCH_UP_WAIT: Duration = Duration::from_secs(2);
+/// How long Status waits for a replica catching up before reporting it as such: a tenant
+/// loaded for the request replays the journal after its newest checkpoint, which the compactor
+/// keeps a short tail behind. With the journal's timeout after it, 4 s at most, inside
+/// `etcdctl`'s 5 s command timeout.
+const STATUS_CATCH_UP_WAIT: Duration = Duration::from_secs(1);
 
 pub struct MaintenanceService {
     tenants: Arc<Tenants>,

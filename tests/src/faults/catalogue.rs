@@ -445,7 +445,7 @@ impl Changes {
     /// once its history was checked): another generation, with another uid and an empty
     /// keyspace. Every frontend must refuse the old generation first; then each must serve the
     /// new one, empty at revision 1, within [`BACK_FOR`] (one still holding the old one, loaded
-    /// or dormant, would answer its keys or revisions), and after one put through any frontend
+    /// or dormant, would answer its keys or revisions), and after one write through any frontend
     /// that key alone, at revision 2, through every frontend. Answers what it did, for the
     /// schedule; what it found wrong goes to the violations.
     pub async fn recreate(&mut self, k: usize) -> Vec<String> {
@@ -498,26 +498,35 @@ impl Changes {
         {
             return said;
         }
-        // One put through whichever frontend answers first; then every frontend reads it alone.
-        let put = Request::Put {
+        // One write through whichever frontend answers first (a create-if-absent, so that a
+        // retry after an answer lost in transit writes nothing more); then every frontend
+        // reads it alone.
+        let put = Request::Cas {
             key: "k/00".into(),
+            expect: 0,
             value: "new generation".into(),
-            lease: 0,
         };
-        let mut written = false;
-        for endpoint in &self.endpoints {
-            if let Some(mut c) = stack.connect(endpoint).await
-                && matches!(c.perform(&put).await, Outcome::Ok { revision: 2, .. })
-            {
-                written = true;
-                break;
+        let deadline = Instant::now() + BACK_FOR;
+        let mut written = None;
+        'put: while Instant::now() < deadline {
+            for endpoint in &self.endpoints {
+                if let Some(mut c) = stack.connect(endpoint).await
+                    && let Outcome::Ok { revision, response } = c.perform(&put).await
+                {
+                    written = Some((revision, response));
+                    break 'put;
+                }
             }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        if !written {
-            self.violations.push(format!(
-                "no frontend wrote the first put of tenant {name}'s new generation at revision 2"
-            ));
-            return said;
+        match written {
+            Some((2, _)) => {}
+            other => {
+                self.violations.push(format!(
+                    "the first write of tenant {name}'s new generation was answered {other:?}, not at revision 2"
+                ));
+                return said;
+            }
         }
         let want = Response::Get(Some(Kv {
             value: "new generation".into(),

@@ -166,6 +166,8 @@ struct TlsFrontend {
     listen: String,
     metrics: String,
     log: PathBuf,
+    /// `http://` address of its admin API, if it follows the catalogue.
+    admin: Option<String>,
 }
 
 /// A TLS frontend over `d`'s journal, with `extra` flags (`{port}` in them: its client port),
@@ -193,10 +195,49 @@ async fn start_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> TlsFrontend {
         listen,
         metrics,
         log,
+        admin: None,
     }
 }
 
+/// `start_tls` following the catalogue (`--catalogue`, its admin API on a port of its own),
+/// tenants named under the test's domain.
+async fn start_catalogue_tls(d: &Deployment, pki: &Pki, extra: &[&str]) -> TlsFrontend {
+    let admin_listen = format!("127.0.0.1:{}", free_port());
+    let admin_flag = format!("--admin-listen={admin_listen}");
+    let mut flags = vec![TENANT_DOMAIN, "--catalogue", &admin_flag];
+    flags.extend_from_slice(extra);
+    let mut fe = start_tls(d, pki, &flags).await;
+    fe.admin = Some(format!("http://{admin_listen}"));
+    fe
+}
+
 impl TlsFrontend {
+    /// `strata admin tenant ARGS` on the frontend's admin API; panics (with its log's tail)
+    /// if refused.
+    fn admin(&self, args: &[&str]) -> serde_json::Value {
+        let admin = self.admin.as_deref().expect("a frontend of the catalogue");
+        strata_tests::tenant::admin_as(admin, &[], args)
+            .unwrap_or_else(|e| panic!("{args:?}: {e}\n{}", tail_file(&self.log)))
+    }
+
+    /// How many lines of the frontend's log say `what`.
+    fn logged(&self, what: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .matches(what)
+            .count()
+    }
+
+    /// Waits until the log says `what` at least `times` times (30 s at most; then panics
+    /// saying `why`).
+    async fn until_logged(&self, what: &str, times: usize, why: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.logged(what) < times {
+            assert!(Instant::now() < deadline, "{why}\n{}", tail_file(&self.log));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// The value of the sample `name` (with its labels) on the frontend's `/metrics`.
     fn metric(&self, name: &str) -> Option<f64> {
         let page =
@@ -468,22 +509,9 @@ async fn a_tenants_connections_beyond_its_quota_are_closed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_catalogue_s_connection_quota_is_enforced_and_changed_live() {
     let (d, pki) = deployment_with_pki().await;
-    let admin_listen = format!("127.0.0.1:{}", free_port());
-    let fe = start_tls(
-        &d,
-        &pki,
-        &[
-            TENANT_DOMAIN,
-            "--catalogue",
-            &format!("--admin-listen={admin_listen}"),
-        ],
-    )
-    .await;
+    let fe = start_catalogue_tls(&d, &pki, &[]).await;
     let log = &fe.log;
-    let admin = |args: &[&str]| {
-        strata_tests::tenant::admin_as(&format!("http://{admin_listen}"), &[], args)
-            .unwrap_or_else(|e| panic!("{args:?}: {e}\n{}", tail_file(log)))
-    };
+    let admin = |args: &[&str]| fe.admin(args);
     admin(&["create", "a", "--connections", "1"]);
     admin(&["create", "b"]);
     let endpoint = format!("https://{}", fe.listen);
@@ -523,25 +551,10 @@ async fn the_catalogue_s_connection_quota_is_enforced_and_changed_live() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_named_by_its_server_name_sleeps_wakes_and_is_created_again() {
     let (d, pki) = deployment_with_pki().await;
-    let admin_listen = format!("127.0.0.1:{}", free_port());
-    let fe = start_tls(
-        &d,
-        &pki,
-        &[
-            TENANT_DOMAIN,
-            "--catalogue",
-            &format!("--admin-listen={admin_listen}"),
-            "--tenant-idle-unload=1s",
-            "--memory-budget=1",
-        ],
-    )
-    .await;
+    let fe = start_catalogue_tls(&d, &pki, &["--tenant-idle-unload=1s", "--memory-budget=1"]).await;
     let log = &fe.log;
-    let admin = |args: &[&str]| {
-        strata_tests::tenant::admin_as(&format!("http://{admin_listen}"), &[], args)
-            .unwrap_or_else(|e| panic!("{args:?}: {e}\n{}", tail_file(log)))
-    };
-    let logged = |what: &str| std::fs::read_to_string(log).unwrap().matches(what).count();
+    let admin = |args: &[&str]| fe.admin(args);
+    let logged = |what: &str| fe.logged(what);
     let endpoint = format!("https://{}", fe.listen);
     admin(&["create", "a"]);
     let a = pki
@@ -550,15 +563,9 @@ async fn a_tenant_named_by_its_server_name_sleeps_wakes_and_is_created_again() {
 
     // a holds a byte: the budget is full, so b is served without being loaded.
     admin(&["create", "b"]);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while logged("memory budget full: tenant served unloaded") == 0 {
-        assert!(
-            Instant::now() < deadline,
-            "b was loaded over the budget\n{}",
-            tail_file(log)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = "b was loaded over the budget";
+    fe.until_logged("memory budget full: tenant served unloaded", 1, why)
+        .await;
     let woken = logged("idle tenant loaded again for a request");
     let b = pki.channel(&endpoint, "b", "b.tenants.test").await;
     assert_eq!(put(&b, None, "in-b").await.unwrap(), 2, "b's first write");
@@ -570,28 +577,14 @@ async fn a_tenant_named_by_its_server_name_sleeps_wakes_and_is_created_again() {
 
     // Idle for a second, both are unloaded; the open connections' next requests load them
     // again, each with its own keys.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while logged("tenant idle: unloaded") < 2 {
-        assert!(
-            Instant::now() < deadline,
-            "a and b were never unloaded while idle\n{}",
-            tail_file(log)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = "a and b were never unloaded while idle";
+    fe.until_logged("tenant idle: unloaded", 2, why).await;
     assert_eq!(count(&b).await, 1);
     assert_eq!(count(&a).await, 1);
     // A connection naming b by its certificate alone (no server name of the domain), while
     // b sleeps: b's certificate names it among the tenants served, dormant ones included.
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while logged("tenant idle: unloaded") < 4 {
-        assert!(
-            Instant::now() < deadline,
-            "a and b were never unloaded again\n{}",
-            tail_file(log)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let why = "a and b were never unloaded again";
+    fe.until_logged("tenant idle: unloaded", 4, why).await;
     let by_certificate = pki.channel(&endpoint, "b", "localhost").await;
     assert_eq!(
         count(&by_certificate).await,

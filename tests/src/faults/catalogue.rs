@@ -389,29 +389,10 @@ impl Changes {
             return said;
         }
         let stack = Stack::Header(name.clone());
-        let deadline = Instant::now() + BACK_FOR;
-        let mut back = vec![false; self.endpoints.len()];
-        while !back.iter().all(|b| *b) {
-            for (at, done) in back.iter_mut().enumerate() {
-                if !*done && matches!(probe(&stack, &self.endpoints[at]).await, Answer::Served) {
-                    *done = true;
-                }
-            }
-            if Instant::now() >= deadline {
-                let never: Vec<&String> = self
-                    .endpoints
-                    .iter()
-                    .zip(&back)
-                    .filter(|(_, b)| !**b)
-                    .map(|(e, _)| e)
-                    .collect();
-                self.violations.push(format!(
-                    "tenant {name} was not served again by {never:?} {} s after it was made {state}",
-                    BACK_FOR.as_secs()
-                ));
-                return said;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        let what = format!("tenant {name}, made {state} again");
+        let served = |o: &Outcome| matches!(o, Outcome::Ok { .. }).then_some(true);
+        if !self.on_every_frontend(&what, &stack, served).await {
+            return said;
         }
         self.lapses[i].until = Some(self.clock.now());
         format!(
@@ -488,9 +469,10 @@ impl Changes {
             }
         }
         let stack = Stack::Header(name.clone());
+        let what = format!("tenant {name}'s new generation");
         let fresh = Response::Get(None);
         if !self
-            .on_every_frontend(&name, &stack, |o| match o {
+            .on_every_frontend(&what, &stack, |o| match o {
                 Outcome::Ok { revision, response } => Some(*revision == 1 && *response == fresh),
                 _ => None,
             })
@@ -535,7 +517,7 @@ impl Changes {
             version: 1,
             lease: 0,
         }));
-        self.on_every_frontend(&name, &stack, |o| match o {
+        self.on_every_frontend(&what, &stack, |o| match o {
             Outcome::Ok { revision, response } => Some(*revision == 2 && *response == want),
             _ => None,
         })
@@ -545,10 +527,10 @@ impl Changes {
 
     /// Probes every frontend with [`probe_get`] until `judge` says yes or no of its answer
     /// (`None`: a refusal or no answer, asked again), for at most [`BACK_FOR`]: whether every
-    /// one said yes. A no, or a frontend that never answers, is a violation.
+    /// one said yes. A no, or a frontend that never answers, is a violation about `what`.
     async fn on_every_frontend(
         &mut self,
-        name: &str,
+        what: &str,
         stack: &Stack,
         judge: impl Fn(&Outcome) -> Option<bool>,
     ) -> bool {
@@ -563,7 +545,7 @@ impl Changes {
                     Some(true) => {}
                     Some(false) => {
                         self.violations.push(format!(
-                            "{} answered {outcome:?} for tenant {name}'s new generation",
+                            "{what}: {} answered {outcome:?}",
                             self.endpoints[at]
                         ));
                         return false;
@@ -584,7 +566,7 @@ impl Changes {
                     .map(|&at| format!("{} ({})", self.endpoints[at], last[at]))
                     .collect();
                 self.violations.push(format!(
-                    "tenant {name}'s new generation was not served by {never:?} in {} s",
+                    "{what}: not served by {never:?} within {} s",
                     BACK_FOR.as_secs()
                 ));
                 return false;

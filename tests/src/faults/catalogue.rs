@@ -450,6 +450,9 @@ impl Changes {
             return said;
         };
         if !self.probe_refusals(i, GRACE, true).await {
+            // A frontend that answered nothing all that time (a violation if it served the
+            // tenant): what it holds cannot be told apart from a new generation's.
+            said.push("          not every frontend refused it: not created again".into());
             return said;
         }
         self.lapses[i].lifted = Some(self.clock.now());

@@ -1,6 +1,7 @@
 //! `strata bench`: a load generator for any etcd v3 endpoint (Strata or etcd itself), modelled
-//! on etcd's `benchmark` tool: put, range, txn-put, txn-cas, watch and watch-latency, each
-//! printing total time, requests/s, a latency histogram and percentiles, and errors.
+//! on etcd's `benchmark` tool: put, range, txn-put, txn-cas, watch, watch-latency, and lock and
+//! election cycles, each printing total time, requests/s, a latency histogram and
+//! percentiles, and errors.
 
 mod concurrency;
 mod conn;
@@ -646,9 +647,14 @@ async fn run_closed_loop(
             let mut leases = Vec::with_capacity(n);
             for c in 0..n {
                 let mut rpc = pool.client(c);
-                let lease = concurrency::grant(&mut rpc)
-                    .await
-                    .map_err(|e| anyhow::anyhow!("lease for client {c}: {}", e.message()))?;
+                let lease = match concurrency::grant(&mut rpc).await {
+                    Ok(lease) => lease,
+                    Err(e) => {
+                        // The leases granted so far go with the run.
+                        let _ = concurrency::revoke(&mut rpc, &leases).await;
+                        anyhow::bail!("lease for client {c}: {}", e.message());
+                    }
+                };
                 leases.push(lease);
                 clients.push(concurrency::CycleClient {
                     rpc,

@@ -35,6 +35,8 @@ pub const JOURNAL_STATUS_TIMEOUT: Duration = Duration::from_secs(3);
 /// keeps a short tail behind. With the journal's timeout after it, 4 s at most, inside
 /// `etcdctl`'s 5 s command timeout.
 const STATUS_CATCH_UP_WAIT: Duration = Duration::from_secs(1);
+/// How long Hash and HashKV wait for a replica catching up before hashing what it applied.
+const HASH_CATCH_UP_WAIT: Duration = Duration::from_secs(3);
 
 pub struct MaintenanceService {
     tenants: Arc<Tenants>,
@@ -209,6 +211,10 @@ async fn hash_kv(t: &Tenant, req: HashKvRequest) -> Result<HashKvResponse, Error
 /// (a compaction in between drops versions the hash counts, so it begins again); after
 /// `SCAN_ATTEMPTS` such beginnings, off the async workers as one long read.
 async fn hash_of(t: &Tenant, revision: i64) -> Result<(memstore::HashKv, i64), Error> {
+    // A tenant loaded a moment ago for this request is hashed once its replica caught up
+    // with the journal (if soon), as etcd hashes a member's applied state, not a replay's
+    // first steps.
+    t.replica.settle(HASH_CATCH_UP_WAIT).await;
     let attempts = crate::kv::SCAN_ATTEMPTS;
     let step =
         |scan: &mut memstore::HashScan, s: &memstore::MemStore| scan.step(s, crate::kv::SCAN_STEP);
@@ -381,6 +387,43 @@ mod tests {
             "{:?}",
             status.errors
         );
+    }
+
+    /// HashKV of a tenant whose replica is catching up (loaded a moment ago for this request)
+    /// hashes what the journal holds once the replica caught up, not the replay's first steps.
+    #[tokio::test]
+    async fn a_hash_of_a_tenant_catching_up_is_of_its_caught_up_state() {
+        use api::strata::entry::entry::Request as Intent;
+        let log = MemLog::new();
+        let new = || memstore::MemStore::new(memstore::Config::default());
+        let writer = crate::tenant::test_tenant_named("a", new(), Arc::new(log.clone()), 1, 1);
+        crate::tenant::until_ready(std::slice::from_ref(&writer)).await;
+        let put = api::etcdserverpb::PutRequest {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+            ..Default::default()
+        };
+        let id = crate::rpc::RequestId::random();
+        let caller = crate::auth::Caller::default();
+        writer
+            .propose(&id, &caller, Intent::Put(put))
+            .await
+            .unwrap();
+        let want = super::hash_of(&writer, 0).await.unwrap();
+        assert_eq!(want.1, 2, "the put's revision");
+
+        // Another replica of the same tenant, held off the journal for a while.
+        log.set_unavailable(true);
+        let woken = crate::tenant::test_tenant_named("a", new(), Arc::new(log.clone()), 1, 1);
+        assert_eq!(woken.replica.state(), ReplicaState::CatchingUp);
+        let journal = log.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            journal.set_unavailable(false);
+        });
+        let got = super::hash_of(&woken, 0).await.unwrap();
+        assert_eq!(got.1, 2);
+        assert_eq!(got.0.hash, want.0.hash);
     }
 
     /// HashKV of a large store hashes in steps: a put made after it began is answered before

@@ -244,22 +244,13 @@ mod tests {
     #[tokio::test]
     async fn health_of_a_named_tenant_waits_for_its_replica_to_catch_up() {
         let log = MemLog::new();
-        // The replica's catch-up asks the journal where to catch up to: held off for a while.
-        log.set_unavailable(true);
-        let store = memstore::MemStore::new(memstore::Config::default());
-        let a = crate::tenant::test_tenant_named("a", store, Arc::new(log.clone()), 1, 1);
-        assert_eq!(a.replica.state(), ReplicaState::CatchingUp);
+        let a = crate::tenant::catching_up_tenant("a", &log, Duration::from_millis(300));
         let state = HttpState {
             tenants: Arc::new(Tenants::serving(None, vec![a.clone()], true)),
             log: Arc::new(log.clone()),
             etcd_version: "3.5.17".into(),
             draining: Arc::default(),
         };
-        let journal = log.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            journal.set_unavailable(false);
-        });
         let mut headers = HeaderMap::new();
         headers.insert(TENANT_HEADER, "a".parse().unwrap());
         let answer = health(State(state), headers).await.into_response();

@@ -362,23 +362,13 @@ mod tests {
     #[tokio::test]
     async fn status_of_a_tenant_catching_up_reports_it_caught_up() {
         let log = MemLog::new();
-        // The replica's catch-up asks the journal where to catch up to: held off for a while.
-        log.set_unavailable(true);
-        let new = || memstore::MemStore::new(memstore::Config::default());
-        let a = crate::tenant::test_tenant_named("a", new(), Arc::new(log.clone()), 1, 1);
-        assert_eq!(a.replica.state(), ReplicaState::CatchingUp);
-        let journal = log.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            journal.set_unavailable(false);
-        });
+        let a = crate::tenant::catching_up_tenant("a", &log, Duration::from_millis(300));
         let status = super::status(&a, &log, "3.5.17").await.unwrap();
         assert_eq!(a.replica.state(), ReplicaState::Ready);
         assert!(status.errors.is_empty(), "{:?}", status.errors);
 
         let stuck = MemLog::new();
-        stuck.set_unavailable(true);
-        let behind = crate::tenant::test_tenant_named("b", new(), Arc::new(stuck), 1, 1);
+        let behind = crate::tenant::catching_up_tenant("b", &stuck, Duration::from_secs(3600));
         let status = super::status(&behind, &log, "3.5.17").await.unwrap();
         assert!(
             status
@@ -395,8 +385,8 @@ mod tests {
     async fn a_hash_of_a_tenant_catching_up_is_of_its_caught_up_state() {
         use api::strata::entry::entry::Request as Intent;
         let log = MemLog::new();
-        let new = || memstore::MemStore::new(memstore::Config::default());
-        let writer = crate::tenant::test_tenant_named("a", new(), Arc::new(log.clone()), 1, 1);
+        let store = memstore::MemStore::new(memstore::Config::default());
+        let writer = crate::tenant::test_tenant_named("a", store, Arc::new(log.clone()), 1, 1);
         crate::tenant::until_ready(std::slice::from_ref(&writer)).await;
         let put = api::etcdserverpb::PutRequest {
             key: b"k".to_vec(),
@@ -413,14 +403,7 @@ mod tests {
         assert_eq!(want.1, 2, "the put's revision");
 
         // Another replica of the same tenant, held off the journal for a while.
-        log.set_unavailable(true);
-        let woken = crate::tenant::test_tenant_named("a", new(), Arc::new(log.clone()), 1, 1);
-        assert_eq!(woken.replica.state(), ReplicaState::CatchingUp);
-        let journal = log.clone();
-        tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            journal.set_unavailable(false);
-        });
+        let woken = crate::tenant::catching_up_tenant("a", &log, Duration::from_millis(300));
         let got = super::hash_of(&woken, 0).await.unwrap();
         assert_eq!(got.1, 2);
         assert_eq!(got.0.hash, want.0.hash);

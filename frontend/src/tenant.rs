@@ -563,6 +563,23 @@ pub fn test_tenant_named(
     )
 }
 
+/// [`test_tenant_named`] `name` over `log`, from an empty store, whose replica is held catching
+/// up for `held`: its catch-up asks the journal where to catch up to, and `log` refuses until
+/// then (as a tenant loaded a moment ago for a request replays the journal).
+#[cfg(test)]
+pub fn catching_up_tenant(name: &str, log: &crate::log::MemLog, held: Duration) -> Arc<Tenant> {
+    log.set_unavailable(true);
+    let store = MemStore::new(memstore::Config::default());
+    let t = test_tenant_named(name, store, Arc::new(log.clone()), 1, 1);
+    assert_eq!(t.replica.state(), ReplicaState::CatchingUp);
+    let journal = log.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(held).await;
+        journal.set_unavailable(false);
+    });
+    t
+}
+
 /// Unit tests' limits: requests up to 1 MiB, etcd's 128 ops per txn, no quotas.
 #[cfg(test)]
 pub fn test_limits() -> Limits {

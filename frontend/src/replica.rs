@@ -214,7 +214,7 @@ impl Replica {
 
     /// Waits at most `timeout` while the replica catches up with the journal: a tenant loaded
     /// a moment ago for a request replays the journal after its checkpoint, and what the
-    /// request reports (`/health`, Status) is said of it caught up.
+    /// request reports (`/health`, Status, Hash, HashKV) is said of it caught up.
     pub async fn settle(&self, timeout: Duration) {
         let mut states = self.subscribe_state();
         let caught_up = states.wait_for(|s| *s != ReplicaState::CatchingUp);

@@ -55,7 +55,7 @@ pub enum EtcdSnapshotError {
 type Result<T> = std::result::Result<T, EtcdSnapshotError>;
 
 /// What an etcd snapshot holds at its newest revision.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct EtcdState {
     /// Live keys: value and lease (0: none).
     pub keys: BTreeMap<Vec<u8>, (Vec<u8>, i64)>,
@@ -68,14 +68,7 @@ pub struct EtcdState {
     pub auth_enabled: bool,
 }
 
-/// etcd's `leasepb.Lease` (server/lease/leasepb/lease.proto), the value of the `lease` bucket.
-#[derive(Clone, PartialEq, prost::Message)]
-struct EtcdLease {
-    #[prost(int64, tag = "1")]
-    id: i64,
-    #[prost(int64, tag = "2")]
-    ttl: i64,
-}
+use memstore::etcd_db::EtcdLease;
 
 pub use bbolt::{FileSource, Source};
 
@@ -100,23 +93,9 @@ pub fn read(bytes: impl Source) -> Result<EtcdState> {
 
     let keys = bucket("key")?.ok_or(EtcdSnapshotError::NoBucket("key"))?;
     let mut latest: BTreeMap<Vec<u8>, Option<(Vec<u8>, i64)>> = BTreeMap::new();
-    db.walk(&keys, 0, &mut |rev, value, _| {
-        // `main` (8 bytes, big-endian) `_` `sub` (8 bytes), then `t` for a tombstone.
-        if rev.len() < 17 || rev[8] != b'_' {
-            return Err(EtcdSnapshotError::Damaged(format!(
-                "a revision key of {} bytes",
-                rev.len()
-            )));
-        }
-        let main = i64::from_be_bytes(rev[..8].try_into().unwrap_or_default());
-        state.revision = state.revision.max(main);
-        let kv = KeyValue::decode(value).map_err(|source| EtcdSnapshotError::Decode {
-            what: "a key-value",
-            source,
-        })?;
-        let tombstone = rev.get(17) == Some(&b't');
-        latest.insert(kv.key, (!tombstone).then_some((kv.value, kv.lease)));
-        Ok(())
+    each_version(&db, &keys, &mut |v| {
+        state.revision = state.revision.max(v.main);
+        latest.insert(v.kv.key, (!v.tombstone).then_some((v.kv.value, v.kv.lease)));
     })?;
     state.keys = latest
         .into_iter()
@@ -137,6 +116,62 @@ pub fn read(bytes: impl Source) -> Result<EtcdState> {
         })?;
     }
     Ok(state)
+}
+
+/// One entry of the `key` bucket: a version of a key at revision (`main`, `sub`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredVersion {
+    pub main: i64,
+    pub sub: i64,
+    pub tombstone: bool,
+    /// The version as etcd stores it (a tombstone's holds the key alone).
+    pub kv: KeyValue,
+}
+
+/// Every version in the `key` bucket of an etcd database, in revision order: its whole history
+/// since its compaction.
+pub fn versions(bytes: impl Source) -> Result<Vec<StoredVersion>> {
+    let db = bbolt::Db::open(bytes)?;
+    let mut key_bucket = None;
+    db.walk(&db.root(), 0, &mut |name, value, is_bucket| {
+        if is_bucket && name == b"key" {
+            key_bucket = Some(value.to_vec());
+        }
+        Ok(())
+    })?;
+    let keys = db.bucket(&key_bucket.ok_or(EtcdSnapshotError::NoBucket("key"))?)?;
+    let mut out = Vec::new();
+    each_version(&db, &keys, &mut |v| out.push(v))?;
+    Ok(out)
+}
+
+/// Calls `f` with each version of the `key` bucket `keys`, in revision order.
+fn each_version<S: Source>(
+    db: &bbolt::Db<S>,
+    keys: &bbolt::PageRef,
+    f: &mut dyn FnMut(StoredVersion),
+) -> Result<()> {
+    db.walk(keys, 0, &mut |rev, value, _| {
+        // `main` (8 bytes, big-endian) `_` `sub` (8 bytes), then `t` for a tombstone.
+        if rev.len() < 17 || rev[8] != b'_' {
+            return Err(EtcdSnapshotError::Damaged(format!(
+                "a revision key of {} bytes",
+                rev.len()
+            )));
+        }
+        let number = |at: usize| i64::from_be_bytes(rev[at..at + 8].try_into().unwrap_or_default());
+        let kv = KeyValue::decode(value).map_err(|source| EtcdSnapshotError::Decode {
+            what: "a key-value",
+            source,
+        })?;
+        f(StoredVersion {
+            main: number(0),
+            sub: number(9),
+            tombstone: rev.get(17) == Some(&b't'),
+            kv,
+        });
+        Ok(())
+    })
 }
 
 /// Every value of `bucket` (none if the file has no such bucket), decoded as `M`.
@@ -281,8 +316,7 @@ mod bbolt {
     const LEAF: u16 = 0x02;
     const META: u16 = 0x04;
     const BUCKET_LEAF: u32 = 0x01;
-    const MAGIC: u32 = 0xED0C_DAED;
-    const VERSION: u32 = 2;
+    use memstore::etcd_db::{BOLT_MAGIC as MAGIC, BOLT_VERSION as VERSION, fnv1a};
     /// The meta fields before the checksum (magic, version, page size, flags, root bucket,
     /// freelist, high-water page, txid): what the checksum covers.
     const META_SUMMED: usize = 56;
@@ -357,13 +391,6 @@ mod bbolt {
 
     fn u64_at(b: &[u8], at: usize) -> u64 {
         u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
-    }
-
-    /// FNV-1a, 64 bits: bbolt's meta checksum.
-    fn fnv1a(bytes: &[u8]) -> u64 {
-        bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-        })
     }
 
     /// `len` bytes at `at`, or None past the end.
@@ -514,13 +541,6 @@ mod bbolt {
         use super::*;
 
         #[test]
-        fn fnv1a_is_the_64_bit_variant() {
-            // Test vectors of FNV-1a 64.
-            assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
-            assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
-        }
-
-        #[test]
         fn what_is_not_bbolt_is_refused() {
             assert!(matches!(
                 Db::open(&b"not a database at all"[..]),
@@ -564,5 +584,127 @@ mod tests {
             said.contains("key ") && said.contains("key is not provided"),
             "{said}"
         );
+    }
+
+    /// A store written as etcd's database (`memstore::etcd_db`, what a frontend's Snapshot
+    /// streams) reads back as the store's state at its head: live keys with values and leases,
+    /// leases with their TTLs, users with their password hashes, roles, auth on, the revision;
+    /// a key's older versions, its tombstones and a compaction leave no trace in that state,
+    /// and enough keys for several levels of branch pages are all found.
+    #[test]
+    fn a_store_written_as_etcd_s_database_reads_back_as_its_state() {
+        let mut want = EtcdState::default();
+        want.leases.insert(7, 60);
+        want.leases.insert(9, 3600);
+        for i in 0..20_000u32 {
+            let lease = [0, 7, 9][i as usize % 3];
+            want.keys.insert(
+                format!("/registry/k{i:06}").into_bytes(),
+                (vec![b'v'; 40 + i as usize % 200], lease),
+            );
+        }
+        // A value spilling over several pages.
+        want.keys
+            .insert(b"/big".to_vec(), (vec![b'b'; 3 * 4096 + 100], 0));
+        want.roles.push(api::authpb::Role {
+            name: b"reader".to_vec(),
+            key_permission: vec![api::authpb::Permission {
+                perm_type: 0,
+                key: b"/registry/".to_vec(),
+                range_end: b"/registry0".to_vec(),
+            }],
+        });
+        // A bcrypt hash of "secret" (cost 4), as etcd stores it.
+        let hash = b"$2a$04$W4XYw6WTSrYBwPu7EuNbKeMSCNQRQjqbcXhVPa43n1a4c2e0kBRNm".to_vec();
+        for (name, roles) in [
+            ("alice", vec!["reader".to_string()]),
+            ("root", vec!["root".into()]),
+        ] {
+            want.users.push(api::authpb::User {
+                name: name.as_bytes().to_vec(),
+                password: hash.clone(),
+                roles,
+                options: Some(api::authpb::UserAddOptions { no_password: false }),
+            });
+        }
+        want.auth_enabled = true;
+        let mut store = want.clone().into_store("t").expect("the state loads");
+        // Granting root stored etcd's built-in root role (as `etcdctl role add root` does).
+        want.roles.push(api::authpb::Role {
+            name: b"root".to_vec(),
+            key_permission: Vec::new(),
+        });
+
+        // History the state at the head does not show.
+        let mut entry = Entry {
+            format_version: api::ENTRY_FORMAT_VERSION,
+            tenant: "t".into(),
+            // Auth is on: writes are checked against their user's roles.
+            user: "root".into(),
+            auth_revision: store.auth_revision(),
+            ..Default::default()
+        };
+        let mut index = store.applied_index();
+        let mut apply = |store: &mut MemStore, request: Request| {
+            index += 1;
+            entry.request = Some(request);
+            let applied = store.apply(index, &entry);
+            assert!(
+                !matches!(applied.outcome, Outcome::Failed(_)),
+                "{applied:?}"
+            );
+        };
+        let put = |key: &str, value: &str| {
+            Request::Put(PutRequest {
+                key: key.into(),
+                value: value.into(),
+                ..Default::default()
+            })
+        };
+        apply(&mut store, put("/gone", "1"));
+        apply(&mut store, put("/registry/k000001", "older"));
+        apply(
+            &mut store,
+            Request::DeleteRange(api::etcdserverpb::DeleteRangeRequest {
+                key: b"/gone".to_vec(),
+                ..Default::default()
+            }),
+        );
+        let compact_at = store.revision();
+        apply(
+            &mut store,
+            Request::Compact(api::etcdserverpb::CompactionRequest {
+                revision: compact_at,
+                physical: true,
+            }),
+        );
+        apply(&mut store, put("/registry/k000001", "newest"));
+        apply(&mut store, put("/registry/k000002", "between"));
+        apply(&mut store, put("/registry/k000002", "last"));
+        // A put without a lease takes the key off its lease.
+        want.keys
+            .insert(b"/registry/k000001".to_vec(), (b"newest".to_vec(), 0));
+        want.keys
+            .insert(b"/registry/k000002".to_vec(), (b"last".to_vec(), 0));
+        want.revision = store.revision();
+
+        let db = memstore::etcd_db::etcd_database(&store);
+        assert_eq!(db.len() % memstore::etcd_db::PAGE_SIZE, 0);
+        let got = read(&db[..]).expect("the database reads");
+        let differ: Vec<String> = want
+            .keys
+            .iter()
+            .filter(|(k, v)| got.keys.get(*k) != Some(*v))
+            .map(|(k, _)| String::from_utf8_lossy(k).into_owned())
+            .take(5)
+            .collect();
+        assert!(differ.is_empty(), "keys read back otherwise: {differ:?}");
+        assert_eq!(got.keys.len(), want.keys.len());
+        assert_eq!(got.leases, want.leases);
+        assert_eq!(got.revision, want.revision);
+        assert_eq!(got.users, want.users);
+        assert_eq!(got.roles, want.roles);
+        assert_eq!(got.auth_enabled, want.auth_enabled);
+        assert_eq!(got, want);
     }
 }

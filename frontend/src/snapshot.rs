@@ -1,11 +1,16 @@
-//! `Maintenance.Snapshot`: the tenant's current state as a checkpoint object
-//! (`memstore::checkpoint`, the compactor's format), encoded from this frontend's own replica
+//! `Maintenance.Snapshot`: the tenant's current state as etcd's own backend database (a bbolt
+//! file with etcd v3's buckets, `memstore::etcd_db`), encoded from this frontend's own replica
 //! after a read barrier, streamed as etcd streams its database: 32 KiB chunks with
-//! `remaining_bytes`, then one last message holding the SHA-256 of everything before it. The
-//! checkpoint is zero-padded to a multiple of 512 bytes first: etcdctl 3.4's `snapshot save`
-//! refuses a file whose size is not `512 * n + 32` ("sha256 checksum not found"), which etcd's
-//! page-sized bbolt files always satisfy. So the saved file is
-//! `checkpoint ++ zeros ++ sha256(checkpoint ++ zeros)`; [`split_saved`] undoes it.
+//! `remaining_bytes`, then one last message holding the SHA-256 of everything before it. So the
+//! saved file is what `etcdctl snapshot save` writes from etcd: `etcdctl snapshot status` reads
+//! it, `etcdctl snapshot restore` makes an etcd data directory of it, and `strata admin backup
+//! restore --from-file` brings it into a tenant.
+//!
+//! Releases before session 34 streamed a checkpoint (`memstore::checkpoint`) instead,
+//! zero-padded to a multiple of 512 bytes (etcdctl 3.4's `snapshot save` refuses a file whose
+//! size is not `512 * n + 32`, "sha256 checksum not found", which page-sized bbolt files always
+//! satisfy): `checkpoint ++ zeros ++ sha256(checkpoint ++ zeros)`. [`split_saved`] still reads
+//! such files.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,7 +19,6 @@ use api::etcdserverpb::SnapshotResponse;
 use aws_lc_rs::digest;
 use bytes::Bytes;
 use futures::Stream;
-use memstore::checkpoint::CheckpointMeta;
 use tonic::Status;
 use tracing::info;
 
@@ -37,43 +41,31 @@ const CKPT_BODY_ALIGN: usize = 16;
 pub type SnapshotStream =
     Pin<Box<dyn Stream<Item = Result<SnapshotResponse, Status>> + Send + 'static>>;
 
-/// The checkpoint of `t` at the revision its replica reached after a read barrier (so it holds
+/// The database of `t` at the revision its replica reached after a read barrier (so it holds
 /// every write committed before the request), plus the messages that carry it.
 pub async fn snapshot(t: Arc<Tenant>) -> Result<SnapshotStream, Status> {
     t.barrier().await.map_err(handled)?;
     let replica = t.replica.clone();
-    let (name, shard) = (t.name.clone(), t.shard);
     // Encoding is CPU work proportional to the tenant: off the async workers. It holds the
     // replica's read lock as a long read (reads go on; apply waits) so the object is one
     // consistent revision. The buffer is allocated and written to before that: faulting in
     // hundreds of megabytes of fresh memory took most of the encode's time, and the apply
     // loop waited for it.
     let (bytes, revision, index) = tokio::task::spawn_blocking(move || {
-        let meta_of = |s: &memstore::MemStore| CheckpointMeta {
-            tenant: name.clone(),
-            shard,
-            index: s.applied_index(),
-            revision: s.revision(),
-            created_ms: s.time_ms(),
-        };
-        let estimate = {
-            let s = replica.read();
-            memstore::checkpoint::encoded_len_estimate(&meta_of(&s), &s)
-        };
-        let buf = memstore::checkpoint::touched_buffer(estimate);
+        let buf =
+            memstore::checkpoint::touched_buffer(memstore::etcd_db::estimated_len(&replica.read()));
         replica.read_long(|s| {
-            let meta = meta_of(s);
             (
-                memstore::checkpoint::encode_into(&meta, s, buf),
-                meta.revision,
-                meta.index,
+                memstore::etcd_db::etcd_database_into(s, buf),
+                s.revision(),
+                s.applied_index(),
             )
         })
     })
     .await
     .map_err(|e| Status::internal(format!("encoding the snapshot failed: {e}")))?;
-    let mut bytes = bytes;
-    bytes.resize(bytes.len().next_multiple_of(SNAPSHOT_PAD_TO), 0);
+    // Whole pages: the `512 * n + 32` bytes etcdctl 3.4 wants of a saved file.
+    debug_assert_eq!(bytes.len() % SNAPSHOT_PAD_TO, 0);
     info!(tenant = %t.name, revision, index, bytes = bytes.len(), "snapshot streamed");
     Ok(Box::pin(futures::stream::iter(
         messages(Bytes::from(bytes), Some(t.header(revision))).map(Ok),
@@ -171,7 +163,7 @@ mod tests {
     #[test]
     fn a_saved_file_gives_back_the_checkpoint() {
         let store = memstore::MemStore::new(memstore::Config::default());
-        let meta = CheckpointMeta {
+        let meta = memstore::checkpoint::CheckpointMeta {
             tenant: "t".into(),
             shard: 0,
             index: 0,

@@ -15,6 +15,7 @@ mod store;
 mod zeroed;
 
 pub mod checkpoint;
+pub mod etcd_db;
 pub mod validate;
 
 use api::etcdserverpb::{

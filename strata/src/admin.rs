@@ -79,7 +79,7 @@ struct RestoreArgs {
     )]
     index: Option<u64>,
     /// A snapshot file `etcdctl snapshot save` wrote from a Strata frontend (its SHA-256
-    /// trailer is checked).
+    /// trailer is checked): etcd's database format since session 34, a checkpoint before.
     #[arg(long = "from-file", conflicts_with = "from_etcd_snapshot")]
     from_file: Option<std::path::PathBuf>,
     /// A snapshot file `etcdctl snapshot save` wrote from etcd itself (its bbolt database; a
@@ -230,6 +230,48 @@ fn saved_snapshot(
         .map_err(|e| anyhow::anyhow!("{}: not a checkpoint Strata can read: {e}", path.display()))
 }
 
+/// Whether the file at `path` holds a bbolt database (etcd's snapshot format, which Strata
+/// frontends stream since session 34), not a checkpoint (what they streamed before).
+fn is_bbolt(path: &std::path::Path) -> anyhow::Result<bool> {
+    use std::io::Read;
+    let mut head = [0u8; 20];
+    let mut file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let whole = file.read_exact(&mut head).is_ok();
+    Ok(whole && head[16..20] == memstore::etcd_db::BOLT_MAGIC.to_le_bytes())
+}
+
+/// The state of the bbolt database in a snapshot file (`etcdctl snapshot save` of etcd, or of a
+/// Strata frontend), read a page at a time: the file, as large as the snapshot, is never in
+/// memory with the keys read from it.
+fn bbolt_file(
+    path: &std::path::Path,
+    tenant: &str,
+    kind: &str,
+) -> anyhow::Result<(Source, MemStore)> {
+    let file =
+        std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let len = frontend::snapshot::database_len(&file)
+        .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
+    let db = compactor::etcd_snapshot::FileSource { file, len };
+    let state = compactor::etcd_snapshot::read(db)
+        .with_context(|| format!("{} is not an etcd snapshot", path.display()))?;
+    let what = format!(
+        "{kind} {} ({} keys, {} leases, {} users at revision {})",
+        path.display(),
+        state.keys.len(),
+        state.leases.len(),
+        state.users.len(),
+        state.revision
+    );
+    let source = Source {
+        index: 0,
+        revision: state.revision,
+        what,
+    };
+    Ok((source, state.into_store(tenant)?))
+}
+
 /// The state a restore brings the tenant to, and how messages name it: an etcd snapshot file,
 /// a saved snapshot file or one of the tenant's checkpoints.
 async fn restore_target(
@@ -240,31 +282,8 @@ async fn restore_target(
 ) -> anyhow::Result<(Source, MemStore)> {
     Ok(
         match (&args.from_file, args.index, &args.from_etcd_snapshot) {
-            (_, _, Some(path)) => {
-                // Read a page at a time: the file (as large as the snapshot) is never in memory
-                // with the keys read from it.
-                let file = std::fs::File::open(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                let len = frontend::snapshot::database_len(&file)
-                    .map_err(|why| anyhow::anyhow!("{}: {why}", path.display()))?;
-                let db = compactor::etcd_snapshot::FileSource { file, len };
-                let state = compactor::etcd_snapshot::read(db)
-                    .with_context(|| format!("{} is not an etcd snapshot", path.display()))?;
-                let what = format!(
-                    "etcd snapshot {} ({} keys, {} leases, {} users at etcd revision {})",
-                    path.display(),
-                    state.keys.len(),
-                    state.leases.len(),
-                    state.users.len(),
-                    state.revision
-                );
-                let source = Source {
-                    index: 0,
-                    revision: state.revision,
-                    what,
-                };
-                (source, state.into_store(tenant)?)
-            }
+            (_, _, Some(path)) => bbolt_file(path, tenant, "etcd snapshot")?,
+            (Some(path), _, None) if is_bbolt(path)? => bbolt_file(path, tenant, "snapshot")?,
             (Some(path), _, None) => {
                 let (meta, target) = saved_snapshot(path)?;
                 let source = Source {

@@ -37,6 +37,16 @@ impl EtcdServer {
 
     /// Like [`EtcdServer::start`], with extra flags (e.g. `--experimental-watch-progress-notify-interval=1s`).
     pub async fn start_with(extra: &[&str]) -> Self {
+        Self::start_in(extra, None).await
+    }
+
+    /// A one-member etcd whose data directory `etcdctl snapshot restore` made from the snapshot
+    /// file `snapshot` (etcd's own, or one saved from a Strata frontend).
+    pub async fn start_restored(snapshot: &Path) -> Self {
+        Self::start_in(&[], Some(snapshot)).await
+    }
+
+    async fn start_in(extra: &[&str], snapshot: Option<&Path>) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("strata-etcd-")
             .tempdir()
@@ -45,9 +55,30 @@ impl EtcdServer {
         let peer_port = free_port();
         let client_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
+        let data = dir.path().join("data");
+        if let Some(snapshot) = snapshot {
+            let out = std::process::Command::new(crate::etcdctl::etcdctl_bin())
+                .env("ETCDCTL_API", "3")
+                .arg("snapshot")
+                .arg("restore")
+                .arg(snapshot)
+                .arg("--name=test")
+                .arg(format!("--data-dir={}", data.display()))
+                .arg(format!("--initial-cluster=test={peer_url}"))
+                .arg(format!("--initial-advertise-peer-urls={peer_url}"))
+                .output()
+                .expect("run etcdctl snapshot restore");
+            assert!(
+                out.status.success(),
+                "etcdctl snapshot restore {}: {}{}",
+                snapshot.display(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
         let mut args: Vec<String> = vec![
             "--name=test".into(),
-            format!("--data-dir={}", dir.path().join("data").display()),
+            format!("--data-dir={}", data.display()),
             format!("--listen-client-urls={client_url}"),
             format!("--advertise-client-urls={client_url}"),
             format!("--listen-peer-urls={peer_url}"),

@@ -789,7 +789,7 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
         .revision();
     let out = admin(&restore(&file)).await;
     assert!(
-        out.contains("restored tenant default to snapshot") && out.contains("tenant default at"),
+        out.contains("restored tenant default to snapshot") && out.contains("(50 keys, 1 leases"),
         "{out}"
     );
     assert_eq!(
@@ -809,6 +809,45 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
     assert!(ttl.ttl() > 0, "the revoked lease is granted again");
     let again = admin(&restore(&file)).await;
     assert!(again.contains("already matches snapshot"), "{again}");
+
+    // A file saved by a release before session 34 (a checkpoint, zero-padded to 512 * n bytes,
+    // then its SHA-256) is still read: here one holding the saved keys and one more.
+    let bytes = std::fs::read(&file).unwrap();
+    let mut store = compactor::etcd_snapshot::read(&bytes[..])
+        .unwrap()
+        .into_store("default")
+        .unwrap();
+    let entry = api::strata::entry::Entry {
+        format_version: api::ENTRY_FORMAT_VERSION,
+        tenant: "default".into(),
+        request: Some(api::strata::entry::entry::Request::Put(
+            api::etcdserverpb::PutRequest {
+                key: b"f/old-format".to_vec(),
+                value: b"c".to_vec(),
+                ..Default::default()
+            },
+        )),
+        ..Default::default()
+    };
+    store.apply(store.applied_index() + 1, &entry);
+    let meta = memstore::checkpoint::CheckpointMeta {
+        tenant: "default".into(),
+        shard: SHARD,
+        index: store.applied_index(),
+        revision: store.revision(),
+        created_ms: 0,
+    };
+    let mut old = memstore::checkpoint::encode(&meta, &store);
+    old.resize(old.len().next_multiple_of(512), 0);
+    let sha = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, &old);
+    old.extend_from_slice(sha.as_ref());
+    let old_file = served.deployment.dir().join("old-format.db");
+    std::fs::write(&old_file, &old).unwrap();
+    let out = admin(&restore(&old_file)).await;
+    assert!(out.contains("tenant default at index"), "{out}");
+    let mut with_one_more = want.clone();
+    with_one_more.push((b"f/old-format".to_vec(), b"c".to_vec(), 0));
+    assert_eq!(keys_under(&mut c, "f/").await, with_one_more);
 }
 
 /// `backup restore --from-etcd-snapshot`: a snapshot `etcdctl snapshot save` took of a real

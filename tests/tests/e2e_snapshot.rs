@@ -1,13 +1,14 @@
 //! `etcdctl snapshot save` against a Strata deployment (three journal processes, one frontend):
-//! it succeeds, and the saved file is a checkpoint (`memstore::checkpoint`) zero-padded to a
-//! multiple of 512 bytes and followed by the SHA-256 of what precedes it, as etcd's own
-//! snapshots end; decoded, it holds the tenant's keys and leases and the same HashKV as the
-//! frontend at the snapshot's revision.
+//! it succeeds, and the saved file is etcd's own format, a bbolt database followed by the
+//! SHA-256 of what precedes it: `etcdctl snapshot status` reads it, Strata's reader of etcd
+//! snapshots finds the tenant's keys and leases in it, and an etcd restored from it with
+//! `etcdctl snapshot restore` serves the same keys, history and lease as the frontend.
 
 use std::process::Command;
 
 use etcd_client::{Client, GetOptions, PutOptions};
 use strata_tests::deployment::Deployment;
+use strata_tests::etcd::EtcdServer;
 use strata_tests::etcdctl::Etcdctl;
 
 /// Keys written; with values of a few hundred bytes the file spans several 32 KiB chunks.
@@ -27,7 +28,7 @@ fn sha256sum(bytes: &[u8], scratch: &std::path::Path) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcdctl_snapshot_save_writes_a_verified_checkpoint_of_the_tenant() {
+async fn etcdctl_snapshot_save_writes_an_etcd_database_that_etcd_restores() {
     let d = Deployment::start(1).await;
     let mut c = Client::connect([d.frontend(0).endpoint()], None)
         .await
@@ -39,7 +40,13 @@ async fn etcdctl_snapshot_save_writes_a_verified_checkpoint_of_the_tenant() {
             .await
             .unwrap();
     }
-    c.delete("snap/0001", None).await.unwrap();
+    let delete_rev = c
+        .delete("snap/0001", None)
+        .await
+        .unwrap()
+        .header()
+        .unwrap()
+        .revision();
     let head = c
         .put("snap/last", "x", None)
         .await
@@ -51,6 +58,7 @@ async fn etcdctl_snapshot_save_writes_a_verified_checkpoint_of_the_tenant() {
     let file = d.dir().join("snapshot.db");
     let ctl = Etcdctl::new(&d.frontend(0).listen);
     let path = file.to_str().unwrap().to_string();
+    let file_arg = path.clone();
     let out = tokio::task::spawn_blocking(move || ctl.ok(&["snapshot", "save", &path]))
         .await
         .unwrap();
@@ -65,67 +73,91 @@ async fn etcdctl_snapshot_save_writes_a_verified_checkpoint_of_the_tenant() {
         "the last 32 bytes are the SHA-256 of the rest"
     );
     assert!(content.len() > 2 * CHUNK);
-    assert_eq!(
-        content.len() % 512,
-        0,
-        "etcdctl 3.4 wants 512 * n + 32 bytes"
-    );
-    // The checkpoint's own length, from its header (memstore::checkpoint's layout).
-    let meta_len = u32::from_le_bytes(content[16..20].try_into().unwrap()) as usize;
-    let body_len = u64::from_le_bytes(content[20..28].try_into().unwrap()) as usize;
-    let len = (28 + meta_len).next_multiple_of(16) + body_len;
-    assert!(content[len..].iter().all(|&b| b == 0), "zero padding");
-    let (meta, store) = memstore::checkpoint::decode(&content[..len]).unwrap();
-    assert_eq!(meta.tenant, "default");
+    assert_eq!(content.len() % 4096, 0, "whole bbolt pages");
+
+    // etcd's own tool reads it: bbolt's consistency check passes, and the revision is the
+    // snapshot's (at or after the last write: it follows a read barrier).
+    let status = etcdctl_offline(&["snapshot", "status", "-w", "json", &file_arg]);
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let revision = status["revision"].as_i64().unwrap();
+    assert!(revision >= head, "{status}");
+    assert_eq!(status["totalSize"].as_u64(), Some(content.len() as u64));
+    // Every stored version (600 puts, the delete's tombstone, the last put) and the few keys of
+    // the other buckets (auth's two).
     assert!(
-        meta.revision >= head,
-        "the snapshot follows a read barrier: revision {} before the last write {head}",
-        meta.revision
+        status["totalKey"].as_u64().unwrap() >= KEYS as u64 + 2,
+        "{status}"
     );
 
-    // Same keys and values as the frontend serves at that revision.
-    let all = api::etcdserverpb::RangeRequest {
-        key: b"snap/".to_vec(),
-        range_end: b"snap0".to_vec(),
-        ..Default::default()
-    };
-    let mine: Vec<(Vec<u8>, Vec<u8>, i64)> = store
-        .range(&all)
-        .unwrap()
-        .kvs
-        .into_iter()
-        .map(|kv| (kv.key, kv.value, kv.lease))
-        .collect();
+    // Strata's reader of etcd snapshots reads back what the frontend serves at that revision.
+    let state = compactor::etcd_snapshot::read(content).unwrap();
+    assert_eq!(state.revision, revision);
+    let prefix = |rev: i64| GetOptions::new().with_prefix().with_revision(rev);
     let served: Vec<(Vec<u8>, Vec<u8>, i64)> = c
-        .get(
-            "snap/",
-            Some(GetOptions::new().with_prefix().with_revision(meta.revision)),
-        )
+        .get("snap/", Some(prefix(revision)))
         .await
         .unwrap()
         .kvs()
         .iter()
         .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.lease()))
         .collect();
-    assert_eq!(mine.len(), KEYS, "600 written, one deleted, one added");
-    assert_eq!(mine, served);
+    assert_eq!(served.len(), KEYS, "600 written, one deleted, one added");
+    let read: Vec<(Vec<u8>, Vec<u8>, i64)> = state
+        .keys
+        .iter()
+        .filter(|(k, _)| k.starts_with(b"snap/"))
+        .map(|(k, (v, l))| (k.clone(), v.clone(), *l))
+        .collect();
+    assert_eq!(read, served);
     assert_eq!(
-        store
-            .lease_leases()
-            .leases
-            .iter()
-            .map(|l| l.id)
-            .collect::<Vec<_>>(),
+        state.leases.keys().copied().collect::<Vec<_>>(),
         vec![lease]
     );
 
-    // HashKV of the decoded checkpoint equals the frontend's at the same revision.
-    let want = c.hash_kv(meta.revision).await.unwrap();
-    let got = store.hash_kv(meta.revision).unwrap();
+    // And etcd itself serves it: `etcdctl snapshot restore`, then etcd started on that data
+    // directory holds the keys, their history (revisions are kept) and the lease.
+    let etcd = EtcdServer::start_restored(&file).await;
+    let mut e = Client::connect([etcd.endpoint()], None).await.unwrap();
+    for rev in [delete_rev - 1, delete_rev, revision] {
+        let from_strata = c.get("snap/", Some(prefix(rev))).await.unwrap();
+        let from_etcd = e.get("snap/", Some(prefix(rev))).await.unwrap();
+        let kvs = |r: &etcd_client::GetResponse| -> Vec<_> {
+            r.kvs()
+                .iter()
+                .map(|kv| {
+                    (
+                        kv.key().to_vec(),
+                        kv.value().to_vec(),
+                        kv.create_revision(),
+                        kv.mod_revision(),
+                        kv.version(),
+                        kv.lease(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(kvs(&from_etcd), kvs(&from_strata), "at revision {rev}");
+    }
+    let leases = e.leases().await.unwrap();
     assert_eq!(
-        got.hash,
-        want.hash(),
-        "HashKV at revision {}",
-        meta.revision
+        leases.leases().iter().map(|l| l.id()).collect::<Vec<_>>(),
+        vec![lease]
     );
+    let ttl = e.lease_time_to_live(lease, None).await.unwrap();
+    assert_eq!(ttl.granted_ttl(), 3600);
+}
+
+/// `etcdctl args..` that reads a file and reaches no server.
+fn etcdctl_offline(args: &[&str]) -> String {
+    let out = Command::new(strata_tests::etcdctl::etcdctl_bin())
+        .env("ETCDCTL_API", "3")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }

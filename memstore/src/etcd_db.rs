@@ -1,0 +1,396 @@
+//! The store as etcd's own backend database: a bbolt file with etcd v3's buckets, which is what
+//! etcd's `Maintenance.Snapshot` streams. A snapshot saved from a Strata frontend is therefore a
+//! file every etcd tool reads: `etcdctl snapshot status` reports its revision and keys, and
+//! `etcdctl snapshot restore` turns it into the data directory of a new etcd cluster holding
+//! the tenant (the way out of Strata, as `--from-etcd-snapshot` is the way in).
+//!
+//! What is written, as etcd 3.4 lays it out (`mvcc/kvstore.go`, `lease/lessor.go`,
+//! `auth/store.go`, `etcdserver/api/v3alarm`):
+//!
+//! - `key`: every version the store holds (history since the compact revision, tombstones
+//!   included), keyed by revision (8 bytes big-endian main, `_`, 8 bytes sub; a tombstone has a
+//!   `t` after), the value an encoded `mvccpb.KeyValue` (a tombstone's holds the key alone).
+//! - `meta`: `finishedCompactRev` and `scheduledCompactRev` (the compact revision as a revision
+//!   key) once the store was compacted. No `consistent_index`: it counts the entries of an etcd
+//!   member's Raft log, which a snapshot restore sets anew.
+//! - `lease`: each lease (8 bytes big-endian id) as `leasepb.Lease` with its granted TTL (etcd's
+//!   restore renews every lease to it, as etcd does after a restart).
+//! - `auth`, `authUsers`, `authRoles`: whether auth is on, the auth revision, users (bcrypt
+//!   password hashes, so passwords keep working) and roles with their permissions.
+//! - `alarm`: the raised alarms; `members`, `members_removed`, `cluster`: empty (a restore writes
+//!   the new cluster's membership).
+//!
+//! The bbolt layout (`go.etcd.io/bbolt`, format version 2): 4096-byte pages; pages 0 and 1 are
+//! the meta pages (magic, version, page size, the root bucket, the freelist page, the page count,
+//! the transaction id, an FNV-1a checksum), page 2 an empty freelist, then every bucket's B+tree
+//! written leaves first, packed full, each branch level after the level it indexes. Every page
+//! below the page count is reachable, so bbolt's consistency check (`tx.Check`, which
+//! `etcdctl snapshot status` runs) passes. Nothing is inlined: an empty bucket is an empty leaf.
+//!
+//! Owns the layout only; the frontend streams it with etcd's SHA-256 trailer, and
+//! `compactor::etcd_snapshot` reads such files back.
+
+use api::etcdserverpb::AlarmMember;
+use prost::Message;
+use prost::encoding::{WireType, encode_key, encode_varint};
+
+use crate::MemStore;
+use crate::keyspace::Version;
+
+/// bbolt's page size here (the common OS page size; the meta page names it, so any reader
+/// takes it from there).
+pub const PAGE_SIZE: usize = 4096;
+/// bbolt's magic and data format version.
+pub const BOLT_MAGIC: u32 = 0xED0C_DAED;
+pub const BOLT_VERSION: u32 = 2;
+const BRANCH_PAGE: u16 = 0x01;
+const LEAF_PAGE: u16 = 0x02;
+const META_PAGE: u16 = 0x04;
+const FREELIST_PAGE: u16 = 0x10;
+/// A leaf element that is a bucket (its value is the bucket's header).
+const BUCKET_LEAF: u32 = 0x01;
+const PAGE_HEADER: usize = 16;
+const ELEMENT: usize = 16;
+/// Bytes of the meta fields the checksum covers (magic through txid).
+const META_CHECKED: usize = 56;
+const FREELIST_ID: u64 = 2;
+/// Pages before the first bucket page: two metas and the freelist.
+const FIRST_DATA_PAGE: usize = 3;
+/// Length of etcd's revision key (`mvcc/revision.go`), and the tombstone's mark after it.
+const REVISION_KEY_LEN: usize = 17;
+const TOMBSTONE_MARK: u8 = b't';
+
+/// etcd's `leasepb.Lease` (`lease/leasepb/lease.proto`): the value of the `lease` bucket.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct EtcdLease {
+    #[prost(int64, tag = "1")]
+    pub id: i64,
+    #[prost(int64, tag = "2")]
+    pub ttl: i64,
+}
+
+/// 64-bit FNV-1a, bbolt's meta checksum.
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// etcd's key of a version in the `key` bucket.
+pub fn revision_key(main: i64, sub: u32, tombstone: bool) -> Vec<u8> {
+    let mut k = Vec::with_capacity(REVISION_KEY_LEN + 1);
+    k.extend_from_slice(&(main as u64).to_be_bytes());
+    k.push(b'_');
+    k.extend_from_slice(&u64::from(sub).to_be_bytes());
+    if tombstone {
+        k.push(TOMBSTONE_MARK);
+    }
+    k
+}
+
+/// The whole store as etcd's bbolt database (see the module docs): a multiple of
+/// [`PAGE_SIZE`] bytes.
+pub fn etcd_database(store: &MemStore) -> Vec<u8> {
+    etcd_database_into(store, Vec::with_capacity(estimated_len(store)))
+}
+
+/// [`etcd_database`] written into `buf` (its content dropped, its capacity used: a caller
+/// that must not fault pages in while it holds the store allocates it first, sized by
+/// [`estimated_len`]).
+pub fn etcd_database_into(store: &MemStore, buf: Vec<u8>) -> Vec<u8> {
+    let state = &store.state;
+    let mut db = Db::new(buf);
+    let mut buckets: Vec<(&[u8], u64)> = Vec::new();
+
+    // `key`: every version in revision order.
+    let mut versions: Vec<(&[u8], &Version)> = state
+        .keys
+        .iter_all()
+        .flat_map(|(k, vs)| vs.iter().map(move |v| (k, v)))
+        .collect();
+    versions.sort_unstable_by_key(|(_, v)| (v.main, v.sub));
+    let mut value = Vec::new();
+    let mut tree = Tree::new(LEAF_PAGE);
+    for (key, v) in versions {
+        value.clear();
+        encode_kv(key, v, &mut value);
+        tree.push(
+            &mut db,
+            0,
+            &revision_key(v.main, v.sub, v.is_tombstone()),
+            &value,
+        );
+    }
+    buckets.push((b"key", tree.finish(&mut db)));
+
+    let mut tree = Tree::new(LEAF_PAGE);
+    if state.compact_revision > 0 {
+        let rev = revision_key(state.compact_revision, 0, false);
+        tree.push(&mut db, 0, b"finishedCompactRev", &rev);
+        tree.push(&mut db, 0, b"scheduledCompactRev", &rev);
+    }
+    buckets.push((b"meta", tree.finish(&mut db)));
+
+    let mut tree = Tree::new(LEAF_PAGE);
+    for (id, lease) in &state.leases.leases {
+        let l = EtcdLease {
+            id: *id,
+            ttl: lease.ttl,
+        };
+        tree.push(&mut db, 0, &(*id as u64).to_be_bytes(), &l.encode_to_vec());
+    }
+    buckets.push((b"lease", tree.finish(&mut db)));
+
+    let auth = store.auth_export();
+    let mut tree = Tree::new(LEAF_PAGE);
+    tree.push(&mut db, 0, b"authEnabled", &[u8::from(auth.enabled)]);
+    tree.push(
+        &mut db,
+        0,
+        b"authRevision",
+        &store.auth_revision().to_be_bytes(),
+    );
+    buckets.push((b"auth", tree.finish(&mut db)));
+    let mut users = auth.users;
+    users.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut tree = Tree::new(LEAF_PAGE);
+    for u in &users {
+        tree.push(&mut db, 0, &u.name, &u.encode_to_vec());
+    }
+    buckets.push((b"authUsers", tree.finish(&mut db)));
+    let mut roles = auth.roles;
+    roles.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut tree = Tree::new(LEAF_PAGE);
+    for r in &roles {
+        tree.push(&mut db, 0, &r.name, &r.encode_to_vec());
+    }
+    buckets.push((b"authRoles", tree.finish(&mut db)));
+
+    let mut alarms: Vec<Vec<u8>> = state
+        .alarms
+        .iter()
+        .map(|&(member_id, alarm)| AlarmMember { member_id, alarm }.encode_to_vec())
+        .collect();
+    alarms.sort();
+    let mut tree = Tree::new(LEAF_PAGE);
+    for a in &alarms {
+        tree.push(&mut db, 0, a, &[]);
+    }
+    buckets.push((b"alarm", tree.finish(&mut db)));
+
+    for empty in [&b"members"[..], b"members_removed", b"cluster"] {
+        buckets.push((empty, Tree::new(LEAF_PAGE).finish(&mut db)));
+    }
+
+    buckets.sort();
+    let mut root = Tree::new(LEAF_PAGE);
+    for (name, page) in buckets {
+        let mut header = [0u8; 16];
+        header[..8].copy_from_slice(&page.to_le_bytes());
+        root.push(&mut db, u64::from(BUCKET_LEAF), name, &header);
+    }
+    let root = root.finish(&mut db);
+    db.finish(root)
+}
+
+/// About how long the database of `store` is, so its buffer is allocated once: each version's
+/// element, revision key and encoded KeyValue, a page's worth of slack per 64 versions (leaves
+/// are packed, but a page's tail is left when the next version does not fit), and the rest.
+pub fn estimated_len(store: &MemStore) -> usize {
+    let state = &store.state;
+    let versions: usize = state
+        .keys
+        .iter_all()
+        .map(|(k, vs)| {
+            vs.iter()
+                .map(|v| ELEMENT + REVISION_KEY_LEN + 32 + 2 * k.len() + v.value.len())
+                .sum::<usize>()
+        })
+        .sum();
+    let pages = versions / PAGE_SIZE * 65 / 64 + 32;
+    (pages + state.leases.len() / 100) * PAGE_SIZE
+}
+
+/// `v` of `key` as etcd's `mvccpb.KeyValue` wire bytes (fields left out at their defaults, as
+/// etcd's marshalling does; a tombstone is the key alone).
+fn encode_kv(key: &[u8], v: &Version, out: &mut Vec<u8>) {
+    let bytes = |field: u32, b: &[u8], out: &mut Vec<u8>| {
+        if !b.is_empty() {
+            encode_key(field, WireType::LengthDelimited, out);
+            encode_varint(b.len() as u64, out);
+            out.extend_from_slice(b);
+        }
+    };
+    let int = |field: u32, n: i64, out: &mut Vec<u8>| {
+        if n != 0 {
+            encode_key(field, WireType::Varint, out);
+            encode_varint(n as u64, out);
+        }
+    };
+    bytes(1, key, out);
+    if v.is_tombstone() {
+        return;
+    }
+    int(2, v.create, out);
+    int(3, v.main, out);
+    int(4, v.version, out);
+    bytes(5, &v.value, out);
+    int(6, v.lease, out);
+}
+
+/// The file being written: whole pages, the first three reserved for the metas and freelist.
+struct Db {
+    out: Vec<u8>,
+}
+
+impl Db {
+    fn new(mut out: Vec<u8>) -> Db {
+        out.clear();
+        out.resize(FIRST_DATA_PAGE * PAGE_SIZE, 0);
+        Db { out }
+    }
+
+    /// Writes one page of `kind` holding `elements` (leaf: flags, key and value lengths;
+    /// branch: child page, key length, 0) whose keys and values lie one after the other in
+    /// `data`, spilling into overflow pages when it is longer than a page. Its id.
+    fn page(&mut self, kind: u16, elements: &[(u64, usize, usize)], data: &[u8]) -> u64 {
+        let id = self.out.len() / PAGE_SIZE;
+        let len = PAGE_HEADER + elements.len() * ELEMENT + data.len();
+        let pages = len.div_ceil(PAGE_SIZE).max(1);
+        let start = self.out.len();
+        self.out.resize(start + pages * PAGE_SIZE, 0);
+        let p = &mut self.out[start..];
+        header(p, id as u64, kind, elements.len(), pages - 1);
+        let data_at = PAGE_HEADER + elements.len() * ELEMENT;
+        let mut offset = 0;
+        for (i, &(x, klen, vlen)) in elements.iter().enumerate() {
+            let e = PAGE_HEADER + i * ELEMENT;
+            let pos = (data_at + offset - e) as u32;
+            if kind == LEAF_PAGE {
+                p[e..e + 4].copy_from_slice(&(x as u32).to_le_bytes());
+                p[e + 4..e + 8].copy_from_slice(&pos.to_le_bytes());
+                p[e + 8..e + 12].copy_from_slice(&(klen as u32).to_le_bytes());
+                p[e + 12..e + 16].copy_from_slice(&(vlen as u32).to_le_bytes());
+            } else {
+                p[e..e + 4].copy_from_slice(&pos.to_le_bytes());
+                p[e + 4..e + 8].copy_from_slice(&(klen as u32).to_le_bytes());
+                p[e + 8..e + 16].copy_from_slice(&x.to_le_bytes());
+            }
+            offset += klen + vlen;
+        }
+        p[data_at..data_at + data.len()].copy_from_slice(data);
+        id as u64
+    }
+
+    /// The metas and the freelist, around the root bucket's page `root`: the file.
+    fn finish(mut self, root: u64) -> Vec<u8> {
+        let pages = (self.out.len() / PAGE_SIZE) as u64;
+        for txid in 0..2u64 {
+            let p = &mut self.out[txid as usize * PAGE_SIZE..];
+            header(p, txid, META_PAGE, 0, 0);
+            let m = &mut p[PAGE_HEADER..PAGE_HEADER + META_CHECKED + 8];
+            m[0..4].copy_from_slice(&BOLT_MAGIC.to_le_bytes());
+            m[4..8].copy_from_slice(&BOLT_VERSION.to_le_bytes());
+            m[8..12].copy_from_slice(&(PAGE_SIZE as u32).to_le_bytes());
+            // flags (12..16) 0; the root bucket: its page, sequence 0 (24..32).
+            m[16..24].copy_from_slice(&root.to_le_bytes());
+            m[32..40].copy_from_slice(&FREELIST_ID.to_le_bytes());
+            m[40..48].copy_from_slice(&pages.to_le_bytes());
+            m[48..56].copy_from_slice(&txid.to_le_bytes());
+            let sum = fnv1a(&m[..META_CHECKED]);
+            m[56..64].copy_from_slice(&sum.to_le_bytes());
+        }
+        let free = &mut self.out[FREELIST_ID as usize * PAGE_SIZE..];
+        header(free, FREELIST_ID, FREELIST_PAGE, 0, 0);
+        self.out
+    }
+}
+
+/// A page header: id, kind, element count, overflow pages.
+fn header(p: &mut [u8], id: u64, kind: u16, count: usize, overflow: usize) {
+    p[0..8].copy_from_slice(&id.to_le_bytes());
+    p[8..10].copy_from_slice(&kind.to_le_bytes());
+    p[10..12].copy_from_slice(&(count as u16).to_le_bytes());
+    p[12..16].copy_from_slice(&(overflow as u32).to_le_bytes());
+}
+
+/// One level of a B+tree being written: the page being filled, and the first key and id of each
+/// page written so far (the next level's elements).
+struct Tree {
+    kind: u16,
+    elements: Vec<(u64, usize, usize)>,
+    data: Vec<u8>,
+    written: Vec<(Vec<u8>, u64)>,
+}
+
+impl Tree {
+    fn new(kind: u16) -> Tree {
+        Tree {
+            kind,
+            elements: Vec::new(),
+            data: Vec::new(),
+            written: Vec::new(),
+        }
+    }
+
+    /// Adds an element (keys in strictly increasing order); a full page is written first.
+    fn push(&mut self, db: &mut Db, x: u64, key: &[u8], value: &[u8]) {
+        let used = PAGE_HEADER + self.elements.len() * ELEMENT + self.data.len();
+        if !self.elements.is_empty() && used + ELEMENT + key.len() + value.len() > PAGE_SIZE {
+            self.flush(db);
+        }
+        self.elements.push((x, key.len(), value.len()));
+        self.data.extend_from_slice(key);
+        self.data.extend_from_slice(value);
+    }
+
+    fn flush(&mut self, db: &mut Db) {
+        let Some(&(_, first, _)) = self.elements.first() else {
+            return;
+        };
+        let id = db.page(self.kind, &self.elements, &self.data);
+        self.written.push((self.data[..first].to_vec(), id));
+        self.elements.clear();
+        self.data.clear();
+    }
+
+    /// Writes what is left and the branch levels above: the root page's id (an empty leaf for
+    /// a tree of nothing).
+    fn finish(mut self, db: &mut Db) -> u64 {
+        if self.elements.is_empty() && self.written.is_empty() {
+            return db.page(LEAF_PAGE, &[], &[]);
+        }
+        self.flush(db);
+        let mut level = self.written;
+        while level.len() > 1 {
+            let mut up = Tree::new(BRANCH_PAGE);
+            for (key, id) in &level {
+                up.push(db, *id, key, &[]);
+            }
+            up.flush(db);
+            level = up.written;
+        }
+        level[0].1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn revision_keys_are_etcd_s() {
+        let k = revision_key(0x0102, 3, false);
+        assert_eq!(k.len(), REVISION_KEY_LEN);
+        assert_eq!(&k[..8], &[0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(k[8], b'_');
+        assert_eq!(&k[9..], &[0, 0, 0, 0, 0, 0, 0, 3]);
+        assert_eq!(revision_key(5, 0, true).last(), Some(&b't'));
+    }
+
+    #[test]
+    fn fnv1a_is_the_64_bit_variant() {
+        assert_eq!(fnv1a(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a(b"a"), 0xaf63_dc4c_8601_ec8c);
+    }
+}

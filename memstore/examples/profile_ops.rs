@@ -1,6 +1,6 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|overwrite|reads|hot|load|load-file|decoded|decoded-owned|record|chase|floor` (`decoded`:
+//! --example profile_ops -- puts|random|overwrite|reads|hot|load|load-file|snapshot|decoded|decoded-owned|record|chase|floor` (`decoded`:
 //! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
 //! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
 //! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
@@ -202,6 +202,31 @@ fn main() {
         std::fs::write(file, checkpoint_of(&store)).expect("write the checkpoint");
         return;
     }
+    if mode == "snapshot" {
+        // What a frontend's Snapshot holds the store for: the database written into a buffer
+        // touched beforehand (as `frontend::snapshot` does), against a checkpoint likewise.
+        for _ in 0..env_num("PROFILE_ROUNDS").unwrap_or(LOAD_ROUNDS) {
+            let meta = meta_of(&store);
+            let buf = memstore::checkpoint::touched_buffer(
+                memstore::checkpoint::encoded_len_estimate(&meta, &store),
+            );
+            let cpu = cpu_ns();
+            let len = memstore::checkpoint::encode_into(&meta, &store, buf).len();
+            let checkpoint_s = (cpu_ns() - cpu) as f64 / 1e9;
+            let buf =
+                memstore::checkpoint::touched_buffer(memstore::etcd_db::estimated_len(&store));
+            let cpu = cpu_ns();
+            let db = memstore::etcd_db::etcd_database_into(&store, buf);
+            let db_s = (cpu_ns() - cpu) as f64 / 1e9;
+            println!(
+                "snapshot: etcd database {:.3} s CPU ({} MB), checkpoint {checkpoint_s:.3} s CPU ({} MB)",
+                db_s,
+                db.len() >> 20,
+                len >> 20
+            );
+        }
+        return;
+    }
     if mode == "load" {
         let bytes = checkpoint_of(&store);
         let kept = env_num("PROFILE_KEEP").is_some().then_some(store);
@@ -318,15 +343,44 @@ fn random_cycle() -> (Vec<[u64; 8]>, Vec<u64>) {
 
 /// Work rounds `floor` tries after each read's two misses.
 const FLOOR_WORK: [usize; 7] = [4, 8, 16, 24, 32, 48, 64];
+/// (rounds on the second miss's line, rounds on nothing loaded) `floor` also tries.
+const FLOOR_MIXED: [(usize, usize); 10] = [
+    (0, 4),
+    (0, 8),
+    (0, 16),
+    (2, 4),
+    (2, 8),
+    (2, 16),
+    (4, 4),
+    (4, 8),
+    (8, 0),
+    (8, 4),
+];
+
+/// Four xorshift chains from `x`, `w` rounds (~24 instructions a round), folded to one word.
+fn xorshift_work(x: u64, w: usize) -> u64 {
+    let mut chains = [x, x ^ 2, x ^ 4, x ^ 8];
+    for _ in 0..w {
+        for c in chains.iter_mut() {
+            *c ^= *c << 13;
+            *c ^= *c >> 7;
+            *c ^= *c << 17;
+        }
+    }
+    chains.iter().fold(0, |a, c| a ^ c)
+}
 
 /// `floor`: the rate of reads that are nothing but two dependent misses (a random line, then
 /// the line it names: an index entry, then the key and value it leads to) followed by `w`
-/// rounds of work on what the second miss loaded (four independent xorshift chains, ~24
-/// instructions a round), against the same reads from one cached line (the work alone). The
-/// reads are independent of each other, as one-at-a-time point reads are: the gap shows how
-/// much of a read's work the core hides under the next read's misses, and so the best any
-/// lookup that needs two misses can do one request at a time on this machine. Compare a point
-/// read in wire format: ~70–90 ns cached (`hot-view`), ~380 ns over 1M keys (`reads-view`).
+/// rounds of work on what the second miss loaded (`xorshift_work`), against the same reads
+/// from one cached line (the work alone). The reads are independent of each other, as
+/// one-at-a-time point reads are: the gap shows how much of a read's work the core hides under
+/// the next read's misses, and so the best any lookup that needs two misses can do one request
+/// at a time on this machine. Then the same with work of two kinds (`FLOOR_MIXED`): rounds on
+/// the second miss's line, and rounds on the read's position alone (as a read's hashing and
+/// header encoding depend on no miss), which need no scheduler place while the miss is out but
+/// still hold the reorder buffer. Compare a point read in wire format: ~70–90 ns cached
+/// (`hot-view`), ~380–440 ns over 1M keys (`reads-view`).
 fn floor() {
     let (next, order) = random_cycle();
     let reads: Vec<usize> = order
@@ -336,31 +390,32 @@ fn floor() {
         .collect();
     let cached = vec![order[0] as usize; reads.len()];
     drop(order);
-    let run = |reads: &[usize], w: usize| {
+    let run = |reads: &[usize], dependent: usize, independent: usize| {
         let cpu = cpu_ns();
         let mut sum = 0u64;
-        for &r in reads {
+        for (i, &r) in reads.iter().enumerate() {
             let entry = next[r][0] as usize;
             let x = next[entry][0] | 1;
-            let mut chains = [x, x ^ 2, x ^ 4, x ^ 8];
-            for _ in 0..w {
-                for c in chains.iter_mut() {
-                    *c ^= *c << 13;
-                    *c ^= *c >> 7;
-                    *c ^= *c << 17;
-                }
-            }
-            sum = sum.wrapping_add(chains.iter().fold(0, |a, c| a ^ c));
+            sum = sum.wrapping_add(xorshift_work(x, dependent));
+            sum = sum.wrapping_add(xorshift_work(black_box(i as u64) | 1, independent));
         }
         black_box(sum);
         (cpu_ns() - cpu) as f64 / reads.len() as f64
     };
     for _ in 0..env_num("PROFILE_ROUNDS").unwrap_or(1) {
         for w in FLOOR_WORK {
-            let alone = run(&cached, w);
-            let ns = run(&reads, w);
+            let alone = run(&cached, w, 0);
+            let ns = run(&reads, w, 0);
             println!(
                 "floor, {w:3} rounds of work ({alone:.0} ns alone) after two dependent misses: {ns:.0} ns per read, {:.0} reads per cpu-second",
+                1e9 / ns
+            );
+        }
+        for (dependent, independent) in FLOOR_MIXED {
+            let alone = run(&cached, dependent, independent);
+            let ns = run(&reads, dependent, independent);
+            println!(
+                "floor, {dependent} rounds on the second miss and {independent:2} on nothing loaded ({alone:.0} ns alone): {ns:.0} ns per read, {:.0} reads per cpu-second",
                 1e9 / ns
             );
         }
@@ -381,17 +436,20 @@ fn compact_entry(revision: i64) -> Entry {
     }
 }
 
-/// A number from the environment variable `var`, if set and valid.
-/// The store's checkpoint.
-fn checkpoint_of(store: &MemStore) -> Vec<u8> {
-    let meta = memstore::checkpoint::CheckpointMeta {
+/// The meta of a checkpoint of `store`.
+fn meta_of(store: &MemStore) -> memstore::checkpoint::CheckpointMeta {
+    memstore::checkpoint::CheckpointMeta {
         tenant: "p".into(),
         shard: 0,
         index: store.applied_index(),
         revision: store.revision(),
         created_ms: 0,
-    };
-    memstore::checkpoint::encode(&meta, store)
+    }
+}
+
+/// The store's checkpoint.
+fn checkpoint_of(store: &MemStore) -> Vec<u8> {
+    memstore::checkpoint::encode(&meta_of(store), store)
 }
 
 /// Decodes `bytes`, printing the CPU and wall time it took.
@@ -407,6 +465,7 @@ fn timed_decode(what: &str, bytes: &[u8]) -> MemStore {
     loaded
 }
 
+/// A number from the environment variable `var`, if set and valid.
 fn env_num(var: &str) -> Option<usize> {
     std::env::var(var).ok().and_then(|v| v.parse().ok())
 }

@@ -161,3 +161,61 @@ fn etcdctl_offline(args: &[&str]) -> String {
     );
     String::from_utf8(out.stdout).unwrap()
 }
+
+/// The auth store travels in the file as etcd keeps it: an etcd restored from a snapshot of a
+/// tenant with auth enabled enforces it, lets its users in with their passwords (Strata's
+/// bcrypt hashes, checked by etcd) and applies their roles' permissions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn users_roles_and_passwords_survive_into_a_restored_etcd() {
+    let d = Deployment::start(1).await;
+    let ctl = Etcdctl::new(&d.frontend(0).listen);
+    let file = d.dir().join("auth.db");
+    let path = file.to_str().unwrap().to_string();
+    tokio::task::spawn_blocking(move || {
+        for args in [
+            &["user", "add", "root:rootpw"][..],
+            &["user", "add", "alice:alicepw"],
+            &["role", "add", "reader"],
+            &[
+                "role",
+                "grant-permission",
+                "reader",
+                "--prefix=true",
+                "read",
+                "/r/",
+            ],
+            &["user", "grant-role", "alice", "reader"],
+            &["put", "/r/a", "1"],
+            &["put", "/x", "2"],
+            &["auth", "enable"],
+        ] {
+            ctl.ok(args);
+        }
+        let out = ctl.ok(&["--user", "root:rootpw", "snapshot", "save", &path]);
+        assert!(out.contains("Snapshot saved at"), "{out}");
+    })
+    .await
+    .unwrap();
+
+    let etcd = EtcdServer::start_restored(&file).await;
+    let e = Etcdctl::new(etcd.endpoint());
+    tokio::task::spawn_blocking(move || {
+        assert_eq!(
+            e.ok(&["--user", "alice:alicepw", "get", "/r/a"]),
+            "/r/a\n1\n"
+        );
+        let denied = e.fails(&["--user", "alice:alicepw", "get", "/x"]);
+        assert!(denied.contains("permission denied"), "{denied}");
+        let wrong = e.fails(&["--user", "alice:nope", "get", "/r/a"]);
+        assert!(wrong.contains("authentication failed"), "{wrong}");
+        let anonymous = e.fails(&["get", "/r/a"]);
+        assert!(anonymous.contains("user name is empty"), "{anonymous}");
+        assert_eq!(e.ok(&["--user", "root:rootpw", "get", "/x"]), "/x\n2\n");
+        assert_eq!(
+            e.ok(&["--user", "root:rootpw", "role", "get", "reader"]),
+            "Role reader\nKV Read:\n\t[/r/, /r0) (prefix /r/)\nKV Write:\n"
+        );
+    })
+    .await
+    .unwrap();
+}

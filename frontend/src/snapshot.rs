@@ -97,6 +97,13 @@ pub fn messages(
         })
 }
 
+/// The file `etcdctl snapshot save` writes of `database`: the database, then its SHA-256.
+pub fn saved_file(mut database: Vec<u8>) -> Vec<u8> {
+    let sha = digest::digest(&digest::SHA256, &database);
+    database.extend_from_slice(sha.as_ref());
+    database
+}
+
 /// The length of the database in a snapshot file, its SHA-256 trailer checked as `etcdctl
 /// snapshot restore` does with etcd's files (which have the trailer when their size is
 /// `512 * n + 32`; a database copied from a member's data directory has none and is whole).

@@ -1,5 +1,5 @@
 //! `strata admin`: operator commands. `backup list` shows the checkpoints kept in object storage
-//! (restore points); `backup restore` brings a tenant back to one of them, or to a file
+//! (restore points); `backup export` writes one as etcd's snapshot file; `backup restore` brings a tenant back to one of them, or to a file
 //! `etcdctl snapshot save` wrote from a Strata frontend, through the journal as one staged,
 //! all-or-nothing restore, so every frontend and the compactor follow at once.
 
@@ -41,6 +41,13 @@ enum Command {
 enum Backup {
     /// List every retained checkpoint (newest first) of one tenant or of all.
     List(ListArgs),
+    /// Write a retained checkpoint (the newest, or `--index`) as the file `etcdctl snapshot
+    /// save` writes from a frontend: etcd's own database format with its SHA-256 trailer, which
+    /// `etcdctl snapshot status` reads and `etcdctl snapshot restore` turns into an etcd data
+    /// directory, and which `backup restore --from-file` takes. Needs only the object store:
+    /// no frontend and no journal (the state is the checkpoint's, up to the compactor's
+    /// `--every` older than the tenant's head).
+    Export(ExportArgs),
     /// Restore a tenant's keys, values and leases to a retained checkpoint (`--index`) or to a
     /// file `etcdctl snapshot save` wrote from a Strata frontend (`--from-file`; any tenant's,
     /// any deployment's: a tenant can be copied or moved this way), all or nothing: the
@@ -60,6 +67,21 @@ struct ListArgs {
     /// Only this tenant.
     #[arg(long)]
     tenant: Option<String>,
+}
+
+#[derive(clap::Args)]
+struct ExportArgs {
+    /// Object store the compactor writes to (same URL and environment as `strata compactor`).
+    #[arg(long = "object-store", env = "STRATA_OBJECT_STORE")]
+    object_store: String,
+    #[arg(long, default_value = DEFAULT_TENANT)]
+    tenant: String,
+    /// Journal index of the checkpoint to export (see `backup list`); the newest by default.
+    #[arg(long)]
+    index: Option<u64>,
+    /// The file to write (replaced whole: written beside it, synced, then renamed).
+    #[arg(long)]
+    to: std::path::PathBuf,
 }
 
 #[derive(clap::Args)]
@@ -105,6 +127,7 @@ struct RestoreArgs {
 pub async fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         Command::Backup(Backup::List(a)) => list(a).await,
+        Command::Backup(Backup::Export(a)) => export(a).await,
         Command::Backup(Backup::Restore(a)) => restore(*a).await,
         Command::Tenant(a) => crate::tenant_admin::run(a).await,
     }
@@ -155,6 +178,70 @@ async fn list(args: ListArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The retained checkpoint of `tenant` at journal index `index` (None: the newest).
+fn checkpoint_at<'m>(
+    manifest: Option<&'m api::manifest::Manifest>,
+    tenant: &str,
+    index: Option<u64>,
+) -> anyhow::Result<&'m api::manifest::CheckpointRef> {
+    let Some(manifest) = manifest else {
+        bail!("tenant {tenant} has no checkpoints");
+    };
+    let found = match index {
+        Some(index) => manifest.checkpoints.iter().find(|c| c.index == index),
+        None => manifest.newest(),
+    };
+    found.with_context(|| {
+        format!(
+            "tenant {tenant} has no checkpoint at index {}; retained: {:?}",
+            index.unwrap_or_default(),
+            manifest
+                .checkpoints
+                .iter()
+                .map(|c| c.index)
+                .collect::<Vec<_>>()
+        )
+    })
+}
+
+async fn export(args: ExportArgs) -> anyhow::Result<()> {
+    let catalog = Catalog::new(compactor::store::open(&args.object_store)?);
+    let tenant = args.tenant.as_str();
+    let manifest = catalog.latest_manifest(tenant).await?;
+    let r = checkpoint_at(manifest.as_ref(), tenant, args.index)?;
+    let (meta, store) = reader::load(&catalog, tenant, r).await?;
+    let keys = store.stats().keys;
+    let to = args.to.clone();
+    tokio::task::spawn_blocking(move || {
+        let file = frontend::snapshot::saved_file(memstore::etcd_db::etcd_database(&store));
+        write_whole(&to, &file)
+    })
+    .await??;
+    println!(
+        "exported checkpoint {} of tenant {tenant} (revision {}, {keys} keys, {}) to {}",
+        meta.index,
+        meta.revision,
+        rfc3339(meta.created_ms),
+        args.to.display()
+    );
+    Ok(())
+}
+
+/// Writes `bytes` to `path` whole or not at all: into a file beside it, synced, renamed over it.
+fn write_whole(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut part = path.as_os_str().to_owned();
+    part.push(".part");
+    let part = std::path::PathBuf::from(part);
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&part)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        std::fs::rename(&part, path)
+    };
+    write().with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// Applies journal records of `shard` to `store` until it has applied `upto`; returns the
@@ -299,19 +386,7 @@ async fn restore_target(
                 (source, target)
             }
             (None, Some(index), None) => {
-                let Some(manifest) = manifest else {
-                    bail!("tenant {tenant} has no checkpoints");
-                };
-                let Some(r) = manifest.checkpoints.iter().find(|c| c.index == index) else {
-                    bail!(
-                        "tenant {tenant} has no checkpoint at index {index}; retained: {:?}",
-                        manifest
-                            .checkpoints
-                            .iter()
-                            .map(|c| c.index)
-                            .collect::<Vec<_>>()
-                    );
-                };
+                let r = checkpoint_at(manifest, tenant, Some(index))?;
                 let (_, target) = reader::load(catalog, tenant, r).await?;
                 let source = Source {
                     index: r.index,

@@ -1076,3 +1076,134 @@ async fn an_etcd_snapshot_restores_into_a_tenant_never_checkpointed() {
         assert_eq!(got[7].1, b"v7");
     }
 }
+
+/// `backup export`: a retained checkpoint written as etcd's snapshot file, from the object
+/// store alone: `etcdctl snapshot status` reads it at the checkpoint's revision, an etcd
+/// restored from it serves what the frontend served at that revision, and the newest or an
+/// older checkpoint named by its index can be exported (one not retained is refused, naming
+/// those that are).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_is_exported_as_an_etcd_snapshot_file() {
+    let served = Served::start().await;
+    let mut c = etcd_client::Client::connect([served.deployment.frontend(0).endpoint()], None)
+        .await
+        .unwrap();
+    let lease = c.lease_grant(LEASE_TTL, None).await.unwrap().id();
+    for i in 0..40 {
+        let opts = (i % 4 == 0).then(|| etcd_client::PutOptions::new().with_lease(lease));
+        c.put(format!("x/{i:03}"), format!("v{i}"), opts)
+            .await
+            .unwrap();
+    }
+    c.delete("x/001", None).await.unwrap();
+    let index = wait_checkpoint(
+        &served.catalog,
+        served.client.read_index(SHARD).await.unwrap(),
+        &served.log,
+    )
+    .await;
+    let manifest = served
+        .catalog
+        .latest_manifest(TENANT)
+        .await
+        .unwrap()
+        .unwrap();
+    let checkpoint = manifest.newest().unwrap().clone();
+    assert_eq!(checkpoint.index, index);
+
+    let file = served.deployment.dir().join("export.db");
+    let export = |rest: &[&str]| -> Vec<String> {
+        ["admin", "backup", "export", "--object-store", &served.url]
+            .iter()
+            .chain(rest)
+            .map(|a| a.to_string())
+            .collect()
+    };
+    let out = admin(&export(&["--to", file.to_str().unwrap()])).await;
+    assert!(
+        out.contains(&format!("exported checkpoint {index} of tenant {TENANT}")),
+        "{out}"
+    );
+    let status = tokio::process::Command::new(strata_tests::etcdctl::etcdctl_bin())
+        .env("ETCDCTL_API", "3")
+        .args(["snapshot", "status", "-w", "json", file.to_str().unwrap()])
+        .output()
+        .await
+        .unwrap();
+    assert!(status.status.success(), "{status:?}");
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(
+        status["revision"].as_i64(),
+        Some(checkpoint.revision),
+        "{status}"
+    );
+
+    let etcd = strata_tests::etcd::EtcdServer::start_restored(&file).await;
+    let mut e = etcd_client::Client::connect([etcd.endpoint()], None)
+        .await
+        .unwrap();
+    let at = etcd_client::GetOptions::new()
+        .with_prefix()
+        .with_revision(checkpoint.revision);
+    let want = c.get("x/", Some(at.clone())).await.unwrap();
+    let got = e
+        .get("x/", Some(etcd_client::GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    let kvs = |r: &etcd_client::GetResponse| -> Vec<_> {
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                (
+                    kv.key().to_vec(),
+                    kv.value().to_vec(),
+                    kv.mod_revision(),
+                    kv.lease(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(kvs(&got).len(), 39, "40 put, one deleted");
+    assert_eq!(kvs(&got), kvs(&want));
+    assert_eq!(
+        e.lease_time_to_live(lease, None)
+            .await
+            .unwrap()
+            .granted_ttl(),
+        LEASE_TTL
+    );
+
+    // Once a newer checkpoint holds a later write, the older one is still exported by its
+    // index, the same file as before; one not retained is refused with those that are.
+    c.put("x/after", "late", None).await.unwrap();
+    let newer = wait_checkpoint(
+        &served.catalog,
+        served.client.read_index(SHARD).await.unwrap(),
+        &served.log,
+    )
+    .await;
+    assert!(newer > index);
+    let named = served.deployment.dir().join("named.db");
+    let idx = index.to_string();
+    admin(&export(&["--index", &idx, "--to", named.to_str().unwrap()])).await;
+    assert_eq!(
+        std::fs::read(&named).unwrap(),
+        std::fs::read(&file).unwrap()
+    );
+    let out = admin(&export(&["--to", named.to_str().unwrap()])).await;
+    assert!(
+        out.contains(&format!("exported checkpoint {newer} ")),
+        "{out}"
+    );
+    let out = tokio::process::Command::new(strata_bin())
+        .args(export(&["--index", "1", "--to", named.to_str().unwrap()]))
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("no checkpoint at index 1; retained"),
+        "{stderr}"
+    );
+}

@@ -5,7 +5,7 @@
 //! answers: at every revision from the compaction to the head, the newest version of each key
 //! at or below it (tombstones hiding the key) is the store's answer, field for field. The
 //! versions come in strictly increasing revision order, the leases and the revision read back
-//! as the store's.
+//! as the store's, and the file is no longer than its estimate.
 //!
 //! Deterministic: proptest's default seed; `PROPTEST_CASES` sets the cases (default 128).
 
@@ -154,6 +154,7 @@ proptest! {
             }
         }
         let db = memstore::etcd_db::etcd_database(&store);
+        prop_assert!(db.len() <= memstore::etcd_db::estimated_len(&store));
         let vs = versions(&db[..]).expect("the database reads");
         for pair in vs.windows(2) {
             prop_assert!((pair[0].main, pair[0].sub) < (pair[1].main, pair[1].sub));

@@ -213,15 +213,16 @@ fn main() {
             let cpu = cpu_ns();
             let len = memstore::checkpoint::encode_into(&meta, &store, buf).len();
             let checkpoint_s = (cpu_ns() - cpu) as f64 / 1e9;
-            let buf =
-                memstore::checkpoint::touched_buffer(memstore::etcd_db::estimated_len(&store));
+            let estimate = memstore::etcd_db::estimated_len(&store);
+            let buf = memstore::checkpoint::touched_buffer(estimate);
             let cpu = cpu_ns();
             let db = memstore::etcd_db::etcd_database_into(&store, buf);
             let db_s = (cpu_ns() - cpu) as f64 / 1e9;
             println!(
-                "snapshot: etcd database {:.3} s CPU ({} MB), checkpoint {checkpoint_s:.3} s CPU ({} MB)",
+                "snapshot: etcd database {:.3} s CPU ({} MB, estimated {} MB), checkpoint {checkpoint_s:.3} s CPU ({} MB)",
                 db_s,
                 db.len() >> 20,
+                estimate >> 20,
                 len >> 20
             );
         }

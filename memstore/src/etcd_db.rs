@@ -23,7 +23,8 @@
 //! The bbolt layout (`go.etcd.io/bbolt`, format version 2): 4096-byte pages; pages 0 and 1 are
 //! the meta pages (magic, version, page size, the root bucket, the freelist page, the page count,
 //! the transaction id, an FNV-1a checksum), page 2 an empty freelist, then every bucket's B+tree
-//! written leaves first, packed full, each branch level after the level it indexes. Every page
+//! written leaves first, each node filled to four pages (`NODE_FILL`), each branch level after
+//! the level it indexes. Every page
 //! below the page count is reachable, so bbolt's consistency check (`tx.Check`, which
 //! `etcdctl snapshot status` runs) passes. Nothing is inlined: an empty bucket is an empty leaf.
 //!
@@ -54,6 +55,11 @@ const ELEMENT: usize = 16;
 /// Bytes of the meta fields the checksum covers (magic through txid).
 const META_CHECKED: usize = 56;
 const FREELIST_ID: u64 = 2;
+/// Bytes a leaf or branch is filled to before the next element starts another: four pages
+/// (the last three overflow pages, as bbolt writes any node longer than a page). With
+/// page-sized nodes an element of 2 KiB or more left most of each page empty; at four pages
+/// the unused tail of a node is under a quarter of it for any element up to 4 KiB.
+const NODE_FILL: usize = 4 * PAGE_SIZE;
 /// Pages before the first bucket page: two metas and the freelist.
 const FIRST_DATA_PAGE: usize = 3;
 /// Length of etcd's revision key (`mvcc/revision.go`), and the tombstone's mark after it.
@@ -193,9 +199,14 @@ pub fn etcd_database_into(store: &MemStore, buf: Vec<u8>) -> Vec<u8> {
     db.finish(root)
 }
 
-/// About how long the database of `store` is, so its buffer is allocated once: each version's
-/// element, revision key and encoded KeyValue, a page's worth of slack per 64 versions (leaves
-/// are packed, but a page's tail is left when the next version does not fit), and the rest.
+/// How long the database of `store` is at most, so its buffer is allocated once (a buffer
+/// grown while the store is held would copy the whole database). Each version is its
+/// element, revision key, key and value and 32 bytes for the KeyValue's tags and numbers (at
+/// most 29), plus its share of the nodes' unused tails: a node ends when the next element does
+/// not fit in [`NODE_FILL`], so the tail is under that element's size, charged as
+/// `size² / NODE_FILL` to each (a larger element is a node of its own: under a page unused).
+/// Then a page in 64 for the branch levels, 32 pages for the other buckets and one per 100
+/// leases.
 pub fn estimated_len(store: &MemStore) -> usize {
     let state = &store.state;
     let versions: usize = state
@@ -203,11 +214,14 @@ pub fn estimated_len(store: &MemStore) -> usize {
         .iter_all()
         .map(|(k, vs)| {
             vs.iter()
-                .map(|v| ELEMENT + REVISION_KEY_LEN + 32 + 2 * k.len() + v.value.len())
+                .map(|v| {
+                    let size = ELEMENT + REVISION_KEY_LEN + 1 + 32 + k.len() + v.value.len();
+                    size + (size * size / NODE_FILL).min(PAGE_SIZE)
+                })
                 .sum::<usize>()
         })
         .sum();
-    let pages = versions / PAGE_SIZE * 65 / 64 + 32;
+    let pages = versions.div_ceil(PAGE_SIZE) * 65 / 64 + 32;
     (pages + state.leases.len() / 100) * PAGE_SIZE
 }
 
@@ -333,10 +347,11 @@ impl Tree {
         }
     }
 
-    /// Adds an element (keys in strictly increasing order); a full page is written first.
+    /// Adds an element (keys in strictly increasing order); a node it would take past
+    /// [`NODE_FILL`] is written first.
     fn push(&mut self, db: &mut Db, x: u64, key: &[u8], value: &[u8]) {
         let used = PAGE_HEADER + self.elements.len() * ELEMENT + self.data.len();
-        if !self.elements.is_empty() && used + ELEMENT + key.len() + value.len() > PAGE_SIZE {
+        if !self.elements.is_empty() && used + ELEMENT + key.len() + value.len() > NODE_FILL {
             self.flush(db);
         }
         self.elements.push((x, key.len(), value.len()));
@@ -386,6 +401,54 @@ mod tests {
         assert_eq!(k[8], b'_');
         assert_eq!(&k[9..], &[0, 0, 0, 0, 0, 0, 0, 3]);
         assert_eq!(revision_key(5, 0, true).last(), Some(&b't'));
+    }
+
+    /// The estimate is never short (a short one would grow the buffer while the store is
+    /// held), for tiny and large values, history and tombstones alike.
+    #[test]
+    fn the_estimate_covers_the_database() {
+        use api::etcdserverpb::{DeleteRangeRequest, PutRequest};
+        use api::strata::entry::{Entry, entry::Request};
+        let mut store = MemStore::new(crate::Config::default());
+        let mut index = 0;
+        let mut apply = |store: &mut MemStore, request: Request| {
+            index += 1;
+            let entry = Entry {
+                format_version: api::ENTRY_FORMAT_VERSION,
+                tenant: "t".into(),
+                request: Some(request),
+                ..Default::default()
+            };
+            store.apply(index, &entry);
+        };
+        for i in 0..5_000usize {
+            let value = vec![b'v'; [0, 1, 10, 300, 5_000][i % 5]];
+            apply(
+                &mut store,
+                Request::Put(PutRequest {
+                    key: format!("k{:x}", i % 3_000).into_bytes(),
+                    value,
+                    ..Default::default()
+                }),
+            );
+            if i % 7 == 0 {
+                apply(
+                    &mut store,
+                    Request::DeleteRange(DeleteRangeRequest {
+                        key: format!("k{:x}", i % 3_000).into_bytes(),
+                        ..Default::default()
+                    }),
+                );
+            }
+        }
+        let db = etcd_database(&store);
+        let estimate = estimated_len(&store);
+        assert!(db.len() <= estimate, "{} > {estimate}", db.len());
+        assert!(
+            db.len() * 3 / 2 >= estimate,
+            "{} much under {estimate}",
+            db.len()
+        );
     }
 
     #[test]

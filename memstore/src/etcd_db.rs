@@ -82,16 +82,32 @@ pub fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// etcd's key of a version in the `key` bucket.
-pub fn revision_key(main: i64, sub: u32, tombstone: bool) -> Vec<u8> {
-    let mut k = Vec::with_capacity(REVISION_KEY_LEN + 1);
-    k.extend_from_slice(&(main as u64).to_be_bytes());
-    k.push(b'_');
-    k.extend_from_slice(&u64::from(sub).to_be_bytes());
-    if tombstone {
-        k.push(TOMBSTONE_MARK);
+/// etcd's key of a version in the `key` bucket (on the stack: one per version written).
+pub struct RevisionKey {
+    bytes: [u8; REVISION_KEY_LEN + 1],
+    len: usize,
+}
+
+impl RevisionKey {
+    pub fn new(main: i64, sub: u32, tombstone: bool) -> RevisionKey {
+        let mut bytes = [0u8; REVISION_KEY_LEN + 1];
+        bytes[..8].copy_from_slice(&(main as u64).to_be_bytes());
+        bytes[8] = b'_';
+        bytes[9..17].copy_from_slice(&u64::from(sub).to_be_bytes());
+        bytes[17] = TOMBSTONE_MARK;
+        RevisionKey {
+            bytes,
+            len: REVISION_KEY_LEN + usize::from(tombstone),
+        }
     }
-    k
+}
+
+impl std::ops::Deref for RevisionKey {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
 }
 
 /// The whole store as etcd's bbolt database (see the module docs): a multiple of
@@ -123,7 +139,7 @@ pub fn etcd_database_into(store: &MemStore, buf: Vec<u8>) -> Vec<u8> {
         tree.push(
             &mut db,
             0,
-            &revision_key(v.main, v.sub, v.is_tombstone()),
+            &RevisionKey::new(v.main, v.sub, v.is_tombstone()),
             &value,
         );
     }
@@ -131,19 +147,27 @@ pub fn etcd_database_into(store: &MemStore, buf: Vec<u8>) -> Vec<u8> {
 
     let mut tree = Tree::new(LEAF_PAGE);
     if state.compact_revision > 0 {
-        let rev = revision_key(state.compact_revision, 0, false);
+        let rev = RevisionKey::new(state.compact_revision, 0, false);
         tree.push(&mut db, 0, b"finishedCompactRev", &rev);
         tree.push(&mut db, 0, b"scheduledCompactRev", &rev);
     }
     buckets.push((b"meta", tree.finish(&mut db)));
 
+    // Keyed by the id's eight bytes, big-endian: in the bucket's byte order, which is the ids'
+    // own order only while they are positive (etcd's are; the sort keeps any other sound).
+    let mut leases: Vec<([u8; 8], Vec<u8>)> = state
+        .leases
+        .leases
+        .iter()
+        .map(|(&id, lease)| {
+            let value = EtcdLease { id, ttl: lease.ttl }.encode_to_vec();
+            ((id as u64).to_be_bytes(), value)
+        })
+        .collect();
+    leases.sort();
     let mut tree = Tree::new(LEAF_PAGE);
-    for (id, lease) in &state.leases.leases {
-        let l = EtcdLease {
-            id: *id,
-            ttl: lease.ttl,
-        };
-        tree.push(&mut db, 0, &(*id as u64).to_be_bytes(), &l.encode_to_vec());
+    for (id, value) in &leases {
+        tree.push(&mut db, 0, id, value);
     }
     buckets.push((b"lease", tree.finish(&mut db)));
 
@@ -395,12 +419,14 @@ mod tests {
 
     #[test]
     fn revision_keys_are_etcd_s() {
-        let k = revision_key(0x0102, 3, false);
+        let k = RevisionKey::new(0x0102, 3, false);
         assert_eq!(k.len(), REVISION_KEY_LEN);
         assert_eq!(&k[..8], &[0, 0, 0, 0, 0, 0, 1, 2]);
         assert_eq!(k[8], b'_');
         assert_eq!(&k[9..], &[0, 0, 0, 0, 0, 0, 0, 3]);
-        assert_eq!(revision_key(5, 0, true).last(), Some(&b't'));
+        let t = RevisionKey::new(5, 0, true);
+        assert_eq!(t.len(), REVISION_KEY_LEN + 1);
+        assert_eq!(t.last(), Some(&b't'));
     }
 
     /// The estimate is never short (a short one would grow the buffer while the store is

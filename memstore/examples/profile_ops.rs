@@ -1,6 +1,6 @@
 //! A profiling driver (not a benchmark): applies 1M puts of new keys and then runs point reads,
 //! so `perf record` can look at one phase at a time. `cargo run --release -p strata-memstore
-//! --example profile_ops -- puts|random|overwrite|reads|hot|load|load-file|snapshot|decoded|decoded-owned|record|chase|floor` (`decoded`:
+//! --example profile_ops -- puts|random|overwrite|reads|hot|load|load-file|snapshot|hash|decoded|decoded-owned|record|chase|floor` (`decoded`:
 //! the puts as a replica gets them, journal records through `entry_for_tenant` and `apply`;
 //! `decoded-owned` the same through `entry_for_tenant_owned` and `apply_owned`; `record`
 //! through `apply_record`, the replica's path, which reads a put in place). `PROFILE_IDS=1`
@@ -200,6 +200,25 @@ fn main() {
     }
     if let Some(file) = checkpoint_file {
         std::fs::write(file, checkpoint_of(&store)).expect("write the checkpoint");
+        return;
+    }
+    if mode == "hash" {
+        // HashKV of the whole store (etcd's hash: the versions in revision order), before and
+        // after a compaction at the head (which leaves every key's one version below it).
+        let mut store = store;
+        for round in 0..env_num("PROFILE_ROUNDS").unwrap_or(LOAD_ROUNDS) {
+            if round == 1 {
+                let at = store.revision();
+                store.apply(store.applied_index() + 1, &compact_entry(at));
+            }
+            let cpu = cpu_ns();
+            let h = store.hash_kv(0).expect("hash");
+            println!(
+                "hash: {:.3} s CPU, compacted at {}",
+                (cpu_ns() - cpu) as f64 / 1e9,
+                h.compact_revision
+            );
+        }
         return;
     }
     if mode == "snapshot" {

@@ -251,7 +251,7 @@ pub fn estimated_len(store: &MemStore) -> usize {
 
 /// `v` of `key` as etcd's `mvccpb.KeyValue` wire bytes (fields left out at their defaults, as
 /// etcd's marshalling does; a tombstone is the key alone).
-fn encode_kv(key: &[u8], v: &Version, out: &mut Vec<u8>) {
+pub(crate) fn encode_kv(key: &[u8], v: &Version, out: &mut Vec<u8>) {
     let bytes = |field: u32, b: &[u8], out: &mut Vec<u8>| {
         if !b.is_empty() {
             encode_key(field, WireType::LengthDelimited, out);

@@ -451,6 +451,25 @@ impl KeySpace {
         self.slab.get(id)
     }
 
+    /// Every slot with its id, in key order, from the first key at or after `from` (None: from
+    /// the first key).
+    pub fn slots_from(&self, from: Option<&[u8]>) -> impl Iterator<Item = (u32, &Slot)> + '_ {
+        let (chunk, pos) = from.map_or((0, 0), |k| self.lower_bound(k));
+        self.order
+            .chunks
+            .iter()
+            .enumerate()
+            .skip(chunk)
+            .flat_map(move |(c, ch)| ch.ids.iter().skip(if c == chunk { pos } else { 0 }))
+            .map(|&id| (id, self.slab.get(id)))
+    }
+
+    /// The change log entries from revision (`main`, `sub`) on, oldest first.
+    pub fn changes_at_or_after(&self, from: (i64, u32)) -> impl Iterator<Item = &Change> + '_ {
+        let start = self.log.partition_point(|c| (c.main, c.sub) < from);
+        self.log.range(start..)
+    }
+
     /// Position of the first key >= `key`: (chunk, offset), offset possibly past the chunk.
     fn lower_bound(&self, key: &[u8]) -> (usize, usize) {
         let slab = &self.slab;

@@ -21,7 +21,8 @@
 use api::etcdserverpb::{RangeRequest, RangeResponse, ResponseHeader, range_request};
 use api::mvccpb::KeyValue;
 
-use crate::keyspace::{CountWalk, live_at};
+use crate::etcd_db::{RevisionKey, encode_kv};
+use crate::keyspace::{CountWalk, Version, live_at};
 use crate::store::{State, passes_filters};
 use crate::{Error, HashKv, MemStore};
 
@@ -252,21 +253,63 @@ impl RangeScan {
     }
 }
 
-/// `MemStore::hash_kv` read in steps, as [`RangeScan`] reads a Range: the hash runs over the
-/// keys in order, each key's versions at or below the hashed revision, and resumes at the
-/// first key not yet hashed. Entries applied between two steps add only versions above that
-/// revision, which the hash leaves out; a compaction in between (at any revision) drops
-/// versions the hash counts, so the next step fails with [`Error::Compacted`] and the hash must
-/// begin again.
+/// `MemStore::hash_kv` read in steps, as [`RangeScan`] reads a Range. The hash is etcd's
+/// (`mvcc/kvstore.go`, `hashByRev`): a CRC-32C of the bucket name `key`, then of each version
+/// etcd's backend holds at or below the hashed revision `rev`, in revision order, as its
+/// revision key and its encoded `mvccpb.KeyValue` (the bytes `etcd_db` writes). Of the versions
+/// at or below the compact revision, etcd counts only those a compaction at `rev` would keep
+/// (each key's newest version at or below `rev`, unless a tombstone), or, when no key is live at
+/// `rev`, those its compaction kept (each key's newest at or below the compact revision, unless
+/// a tombstone). So a Strata tenant and an etcd holding the same history answer HashKV alike
+/// (an etcd restored from the tenant's snapshot, say).
+///
+/// The steps: the keys in key order, collecting their versions at or below the compact
+/// revision that count (none when never compacted); those, sorted, in revision order; then
+/// the change log's versions above the compact revision up to `rev`. Entries applied between
+/// two steps add only versions above `rev`, which the hash leaves out; a compaction in
+/// between (at any revision) drops versions the hash counts, so the next step fails with
+/// [`Error::Compacted`] and the hash must begin again.
 #[derive(Debug)]
 pub struct HashScan {
     rev: i64,
     compact_revision: i64,
     header_revision: i64,
     hash: u32,
-    /// The first key not yet hashed (None: from the first key).
-    next: Option<Vec<u8>>,
-    done: bool,
+    phase: HashPhase,
+    /// The encoded KeyValue being hashed (reused).
+    buf: Vec<u8>,
+}
+
+#[derive(Debug)]
+enum HashPhase {
+    /// Walking the keys from `next` (None: the first) for their versions at or below the
+    /// compact revision that count.
+    Kept {
+        next: Option<Vec<u8>>,
+        found: Vec<Kept>,
+        any_live: bool,
+    },
+    /// Hashing those, sorted by revision, from `at`.
+    HashKept {
+        found: Vec<Kept>,
+        at: usize,
+    },
+    /// Hashing the logged versions from revision `from` up to `rev`.
+    Logged {
+        from: (i64, u32),
+    },
+    Done,
+}
+
+/// A version at or below the compact revision that a hash may count: the newest of its key
+/// there, not a tombstone; `newest_at_rev` when no later version of the key is at or below the
+/// hashed revision (etcd's `keep` of that revision holds it).
+#[derive(Debug, Clone, Copy)]
+struct Kept {
+    main: i64,
+    sub: u32,
+    slot: u32,
+    newest_at_rev: bool,
 }
 
 impl MemStore {
@@ -285,13 +328,22 @@ impl MemStore {
         if rev < state.compact_revision {
             return Err(Error::Compacted);
         }
+        let phase = if state.compact_revision > 0 {
+            HashPhase::Kept {
+                next: None,
+                found: Vec::new(),
+                any_live: false,
+            }
+        } else {
+            HashPhase::Logged { from: (0, 0) }
+        };
         Ok(HashScan {
             rev,
             compact_revision: state.compact_revision,
             header_revision: state.revision,
-            hash: 0,
-            next: None,
-            done: false,
+            hash: crc32c::crc32c(b"key"),
+            phase,
+            buf: Vec::new(),
         })
     }
 }
@@ -302,62 +354,140 @@ impl HashScan {
         self.header_revision
     }
 
-    /// Hashes on from where the last step stopped, within `budget` (at least one key);
-    /// `Ok(true)` once every key is hashed. Fails with [`Error::Compacted`] if `store` was
-    /// compacted since the hash began.
+    /// Hashes on from where the last step stopped, within `budget` (at least one key or
+    /// version); `Ok(true)` once every version is hashed. Fails with [`Error::Compacted`] if
+    /// `store` was compacted since the hash began.
     pub fn step(&mut self, store: &MemStore, budget: StepBudget) -> Result<bool, Error> {
-        if self.done {
+        let state = &store.state;
+        if matches!(self.phase, HashPhase::Done) {
             return Ok(true);
         }
-        let state = &store.state;
         if state.compact_revision != self.compact_revision {
             return Err(Error::Compacted);
         }
-        let keys = match &self.next {
-            None => state.keys.iter_all(),
-            Some(k) => state.keys.iter_range(k, &[0]),
-        };
+        let ks = &state.keys;
         let (mut n, mut bytes) = (0usize, 0usize);
-        let mut resume = None;
-        let mut h = self.hash;
-        for (k, vs) in keys {
-            if n > 0 && (n >= budget.keys || bytes >= budget.bytes) {
-                resume = Some(k.to_vec());
-                break;
-            }
-            n += 1;
-            for v in vs.iter().take_while(|v| v.main <= self.rev) {
-                h = crc32c::crc32c_append(h, &(k.len() as u64).to_le_bytes());
-                h = crc32c::crc32c_append(h, k);
-                let mut meta = [0u8; 36];
-                meta[0..8].copy_from_slice(&v.main.to_le_bytes());
-                meta[8..12].copy_from_slice(&v.sub.to_le_bytes());
-                meta[12..20].copy_from_slice(&v.create.to_le_bytes());
-                meta[20..28].copy_from_slice(&v.version.to_le_bytes());
-                meta[28..36].copy_from_slice(&v.lease.to_le_bytes());
-                h = crc32c::crc32c_append(h, &meta);
-                h = crc32c::crc32c_append(h, &(v.value.len() as u64).to_le_bytes());
-                h = crc32c::crc32c_append(h, &v.value);
-                bytes += k.len() + v.value.len();
+        let spent = |n: usize, bytes: usize| n > 0 && (n >= budget.keys || bytes >= budget.bytes);
+        let (rev, compact) = (self.rev, self.compact_revision);
+        let (phase, hash, buf) = (&mut self.phase, &mut self.hash, &mut self.buf);
+        loop {
+            match phase {
+                HashPhase::Kept {
+                    next,
+                    found,
+                    any_live,
+                } => {
+                    let mut resume = None;
+                    for (id, slot) in ks.slots_from(next.as_deref()) {
+                        if spent(n, bytes) {
+                            resume = Some(slot.key.to_vec());
+                            break;
+                        }
+                        n += 1;
+                        let vs = &slot.versions[..];
+                        let at_rev = vs.partition_point(|v| v.main <= rev);
+                        let at_compact = vs.partition_point(|v| v.main <= compact);
+                        *any_live |= at_rev > 0 && !vs[at_rev - 1].is_tombstone();
+                        if at_compact > 0 && !vs[at_compact - 1].is_tombstone() {
+                            let v = &vs[at_compact - 1];
+                            found.push(Kept {
+                                main: v.main,
+                                sub: v.sub,
+                                slot: id,
+                                newest_at_rev: at_rev == at_compact,
+                            });
+                        }
+                    }
+                    if resume.is_some() {
+                        *next = resume;
+                        return Ok(false);
+                    }
+                    let mut found = std::mem::take(found);
+                    if *any_live {
+                        found.retain(|k| k.newest_at_rev);
+                    }
+                    found.sort_unstable_by_key(|k| (k.main, k.sub));
+                    *phase = HashPhase::HashKept { found, at: 0 };
+                }
+                HashPhase::HashKept { found, at } => {
+                    while let Some(k) = found.get(*at) {
+                        if spent(n, bytes) {
+                            return Ok(false);
+                        }
+                        let slot = ks.slot(k.slot);
+                        if let Some(v) = version_of(&slot.versions, k.main, k.sub) {
+                            bytes += hash_version(hash, buf, &slot.key, v);
+                        }
+                        n += 1;
+                        *at += 1;
+                    }
+                    *phase = HashPhase::Logged {
+                        from: (compact + 1, 0),
+                    };
+                }
+                HashPhase::Logged { from } => {
+                    let mut stopped = None;
+                    for c in ks.changes_at_or_after(*from) {
+                        if c.main > rev {
+                            break;
+                        }
+                        if spent(n, bytes) {
+                            stopped = Some((c.main, c.sub));
+                            break;
+                        }
+                        let slot = ks.slot(c.slot);
+                        if let Some(v) = version_of(&slot.versions, c.main, c.sub) {
+                            bytes += hash_version(hash, buf, &slot.key, v);
+                        }
+                        n += 1;
+                    }
+                    match stopped {
+                        Some(at) => {
+                            *phase = HashPhase::Logged { from: at };
+                            return Ok(false);
+                        }
+                        None => {
+                            *phase = HashPhase::Done;
+                            return Ok(true);
+                        }
+                    }
+                }
+                HashPhase::Done => return Ok(true),
             }
         }
-        self.hash = h;
-        match resume {
-            Some(k) => self.next = Some(k),
-            None => self.done = true,
-        }
-        Ok(self.done)
     }
 
     /// The hash (call once [`step`](Self::step) has answered `true`).
     pub fn finish(self) -> HashKv {
-        debug_assert!(self.done, "a hash answered before every key was hashed");
+        debug_assert!(
+            matches!(self.phase, HashPhase::Done),
+            "a hash answered before every version was hashed"
+        );
         HashKv {
             hash: self.hash,
             compact_revision: self.compact_revision,
             hash_revision: self.rev,
         }
     }
+}
+
+/// Adds version `v` of `key` to `hash` as etcd's backend holds it (`buf`: scratch); the bytes
+/// hashed.
+fn hash_version(hash: &mut u32, buf: &mut Vec<u8>, key: &[u8], v: &Version) -> usize {
+    let rev_key = RevisionKey::new(v.main, v.sub, v.is_tombstone());
+    buf.clear();
+    encode_kv(key, v, buf);
+    *hash = crc32c::crc32c_append(*hash, &rev_key);
+    *hash = crc32c::crc32c_append(*hash, buf);
+    rev_key.len() + buf.len()
+}
+
+/// The version of `versions` written at (`main`, `sub`).
+fn version_of(versions: &[Version], main: i64, sub: u32) -> Option<&Version> {
+    versions
+        .binary_search_by_key(&(main, sub), |v| (v.main, v.sub))
+        .ok()
+        .map(|i| &versions[i])
 }
 
 /// A sorted range with a limit keeps only the `limit + 1` first in its order, sorting whenever
@@ -681,6 +811,19 @@ mod tests {
         let after = scan.finish();
         assert_eq!(after, store.hash_kv(at).unwrap());
         assert_eq!(after.compact_revision, at - 100);
+        // In steps through the compacted keys (those kept below the compaction, then the log),
+        // with writes between the steps: the same hash.
+        let mut scan = store.hash_kv_scan(at).unwrap();
+        let mut index = index + 1;
+        let mut steps = 0usize;
+        while !scan.step(&store, few).unwrap() {
+            steps += 1;
+            index += 1;
+            let key = format!("k{:05}", (steps * 7) % 2_000).into_bytes();
+            apply(&mut store, index, put(key, b"later still".to_vec()));
+        }
+        assert!(steps > 300, "{steps} steps");
+        assert_eq!(scan.finish(), after);
     }
 
     /// A step reads at most its budget (and always at least one key), and the scan resumes at
@@ -731,5 +874,46 @@ mod tests {
         };
         assert_eq!(resp.kvs, store.range(&at_start).unwrap().kvs);
         assert!(resp.kvs.iter().all(|kv| kv.value != b"new"));
+    }
+}
+
+#[cfg(test)]
+mod etcd_hash_tests {
+    use api::etcdserverpb::{DeleteRangeRequest, PutRequest};
+    use api::strata::entry::{Entry, entry::Request};
+
+    use crate::MemStore;
+
+    /// etcd 3.4.23 answered HashKV 1471606496 at revision 5 after these four requests.
+    #[test]
+    fn hash_kv_is_etcd_s() {
+        let mut s = MemStore::new(crate::Config::default());
+        let put = |k: &str, v: &str| {
+            Request::Put(PutRequest {
+                key: k.into(),
+                value: v.into(),
+                ..Default::default()
+            })
+        };
+        let requests = [
+            put("k1", "v1"),
+            put("k2", "v2"),
+            put("k3", "v3"),
+            Request::DeleteRange(DeleteRangeRequest {
+                key: b"k2".to_vec(),
+                ..Default::default()
+            }),
+        ];
+        for (i, request) in requests.into_iter().enumerate() {
+            let entry = Entry {
+                format_version: 1,
+                tenant: "t".into(),
+                request: Some(request),
+                ..Default::default()
+            };
+            s.apply(i as u64 + 1, &entry);
+        }
+        assert_eq!(s.revision(), 5);
+        assert_eq!(s.hash_kv(0).unwrap().hash, 1_471_606_496);
     }
 }

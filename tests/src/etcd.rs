@@ -119,3 +119,33 @@ impl EtcdServer {
         crate::readiness::tail_file(&self.dir.path().join("etcd.log"))
     }
 }
+
+/// Every field of each key-value of a Get's answer, for comparing two servers' answers.
+pub type FullKv = (Vec<u8>, Vec<u8>, i64, i64, i64, i64);
+
+/// The key, value, create and mod revisions, version and lease of each key-value `r` holds.
+pub fn full_kvs(r: &etcd_client::GetResponse) -> Vec<FullKv> {
+    r.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                kv.key().to_vec(),
+                kv.value().to_vec(),
+                kv.create_revision(),
+                kv.mod_revision(),
+                kv.version(),
+                kv.lease(),
+            )
+        })
+        .collect()
+}
+
+/// The revision a server is at: the header of a Get of `key`.
+pub async fn head_revision(c: &mut etcd_client::Client, key: &str) -> i64 {
+    c.get(key, None)
+        .await
+        .expect("a get for the head revision")
+        .header()
+        .expect("a response header")
+        .revision()
+}

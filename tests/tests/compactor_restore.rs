@@ -1150,19 +1150,7 @@ async fn a_checkpoint_is_exported_as_an_etcd_snapshot_file() {
         .get("x/", Some(etcd_client::GetOptions::new().with_prefix()))
         .await
         .unwrap();
-    let kvs = |r: &etcd_client::GetResponse| -> Vec<_> {
-        r.kvs()
-            .iter()
-            .map(|kv| {
-                (
-                    kv.key().to_vec(),
-                    kv.value().to_vec(),
-                    kv.mod_revision(),
-                    kv.lease(),
-                )
-            })
-            .collect()
-    };
+    let kvs = strata_tests::etcd::full_kvs;
     assert_eq!(kvs(&got).len(), 39, "40 put, one deleted");
     assert_eq!(kvs(&got), kvs(&want));
     assert_eq!(

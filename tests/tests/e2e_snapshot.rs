@@ -8,7 +8,7 @@ use std::process::Command;
 
 use etcd_client::{Client, GetOptions, PutOptions};
 use strata_tests::deployment::Deployment;
-use strata_tests::etcd::EtcdServer;
+use strata_tests::etcd::{EtcdServer, full_kvs, head_revision};
 use strata_tests::etcdctl::Etcdctl;
 
 /// Keys written; with values of a few hundred bytes the file spans several 32 KiB chunks.
@@ -121,22 +121,11 @@ async fn etcdctl_snapshot_save_writes_an_etcd_database_that_etcd_restores() {
     for rev in [delete_rev - 1, delete_rev, revision] {
         let from_strata = c.get("snap/", Some(prefix(rev))).await.unwrap();
         let from_etcd = e.get("snap/", Some(prefix(rev))).await.unwrap();
-        let kvs = |r: &etcd_client::GetResponse| -> Vec<_> {
-            r.kvs()
-                .iter()
-                .map(|kv| {
-                    (
-                        kv.key().to_vec(),
-                        kv.value().to_vec(),
-                        kv.create_revision(),
-                        kv.mod_revision(),
-                        kv.version(),
-                        kv.lease(),
-                    )
-                })
-                .collect()
-        };
-        assert_eq!(kvs(&from_etcd), kvs(&from_strata), "at revision {rev}");
+        assert_eq!(
+            full_kvs(&from_etcd),
+            full_kvs(&from_strata),
+            "at revision {rev}"
+        );
     }
     // HashKV is etcd's own: the restored etcd hashes its copy of the history alike.
     for rev in [delete_rev - 1, delete_rev, revision] {
@@ -263,13 +252,7 @@ async fn hash_kv_is_etcd_s_for_the_same_history() {
                 c.lease_revoke(lease).await.unwrap();
             }
             if step == 2 || step == 4 {
-                let head = c
-                    .get("h/", None)
-                    .await
-                    .unwrap()
-                    .header()
-                    .unwrap()
-                    .revision();
+                let head = head_revision(c, "h/").await;
                 c.compact(
                     head - 3,
                     Some(etcd_client::CompactionOptions::new().with_physical()),
@@ -278,21 +261,12 @@ async fn hash_kv_is_etcd_s_for_the_same_history() {
                 .unwrap();
             }
         }
-        let head = s
-            .get("h/", None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
-        let ehead = e
-            .get("h/", None)
-            .await
-            .unwrap()
-            .header()
-            .unwrap()
-            .revision();
-        assert_eq!(head, ehead, "the same revisions");
+        let head = head_revision(&mut s, "h/").await;
+        assert_eq!(
+            head,
+            head_revision(&mut e, "h/").await,
+            "the same revisions"
+        );
         if step == 2 || step == 4 {
             compactions.push(head - 3);
         }

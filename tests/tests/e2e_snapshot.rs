@@ -220,7 +220,7 @@ async fn users_roles_and_passwords_survive_into_a_restored_etcd() {
 /// The same requests sent to a Strata tenant and to a real etcd 3.4 give the same HashKV at
 /// every revision, through overwrites, deletes, a txn, a lease revoked with its keys, and two
 /// compactions (etcd's hash counts, of the versions at or below the compaction, only those a
-/// compaction at the hashed revision would keep).
+/// compaction at the hashed revision would keep), and once every key is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hash_kv_is_etcd_s_for_the_same_history() {
     let d = Deployment::start(1).await;
@@ -281,4 +281,17 @@ async fn hash_kv_is_etcd_s_for_the_same_history() {
         }
     }
     assert_eq!(compactions.len(), 2);
+    // With no key live at the hashed revision, etcd counts every version its compaction kept
+    // below the compact revision: every key deleted after the last compaction.
+    for c in [&mut s, &mut e] {
+        c.delete("", Some(etcd_client::DeleteOptions::new().with_all_keys()))
+            .await
+            .unwrap();
+    }
+    let head = head_revision(&mut s, "h/").await;
+    assert_eq!(
+        s.hash_kv(head).await.unwrap().hash(),
+        e.hash_kv(head).await.unwrap().hash(),
+        "HashKV with nothing live"
+    );
 }

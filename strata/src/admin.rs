@@ -229,17 +229,23 @@ async fn export(args: ExportArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Writes `bytes` to `path` whole or not at all: into a file beside it, synced, renamed over it.
+/// Writes `bytes` to `path` whole or not at all: into a file beside it, synced, renamed over
+/// it, the directory synced so the rename survives a crash.
 fn write_whole(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write;
     let mut part = path.as_os_str().to_owned();
     part.push(".part");
     let part = std::path::PathBuf::from(part);
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
     let write = || -> std::io::Result<()> {
         let mut f = std::fs::File::create(&part)?;
         f.write_all(bytes)?;
         f.sync_all()?;
-        std::fs::rename(&part, path)
+        std::fs::rename(&part, path)?;
+        std::fs::File::open(dir)?.sync_all()
     };
     write().with_context(|| format!("cannot write {}", path.display()))
 }

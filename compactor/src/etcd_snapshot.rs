@@ -76,13 +76,7 @@ pub use bbolt::{FileSource, Source};
 /// not; bbolt never reads past its pages), a page at a time.
 pub fn read(bytes: impl Source) -> Result<EtcdState> {
     let db = bbolt::Db::open(bytes)?;
-    let mut buckets: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
-    db.walk(&db.root(), 0, &mut |name, value, is_bucket| {
-        if is_bucket {
-            buckets.insert(name.to_vec(), value.to_vec());
-        }
-        Ok(())
-    })?;
+    let buckets = buckets(&db)?;
     let bucket = |name: &'static str| -> Result<Option<bbolt::PageRef>> {
         buckets
             .get(name.as_bytes())
@@ -132,17 +126,29 @@ pub struct StoredVersion {
 /// since its compaction.
 pub fn versions(bytes: impl Source) -> Result<Vec<StoredVersion>> {
     let db = bbolt::Db::open(bytes)?;
-    let mut key_bucket = None;
-    db.walk(&db.root(), 0, &mut |name, value, is_bucket| {
-        if is_bucket && name == b"key" {
-            key_bucket = Some(value.to_vec());
-        }
-        Ok(())
-    })?;
+    let key_bucket = buckets(&db)?.remove(&b"key"[..]);
     let keys = db.bucket(&key_bucket.ok_or(EtcdSnapshotError::NoBucket("key"))?)?;
     let mut out = Vec::new();
     each_version(&db, &keys, &mut |v| out.push(v))?;
     Ok(out)
+}
+
+/// Whether `bytes` hold a bbolt database: a meta page that validates (etcd's snapshot format,
+/// and what a Strata frontend's Snapshot streams since session 34).
+pub fn is_bbolt(bytes: impl Source) -> bool {
+    bbolt::Db::open(bytes).is_ok()
+}
+
+/// The top-level buckets of `db`: name to bucket header (and inline page).
+fn buckets<S: Source>(db: &bbolt::Db<S>) -> Result<BTreeMap<Vec<u8>, Vec<u8>>> {
+    let mut buckets = BTreeMap::new();
+    db.walk(&db.root(), 0, &mut |name, value, is_bucket| {
+        if is_bucket {
+            buckets.insert(name.to_vec(), value.to_vec());
+        }
+        Ok(())
+    })?;
+    Ok(buckets)
 }
 
 /// Calls `f` with each version of the `key` bucket `keys`, in revision order.

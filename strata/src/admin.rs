@@ -315,7 +315,7 @@ fn saved_snapshot(
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let checkpoint = frontend::snapshot::split_saved(&bytes).map_err(|why| {
         anyhow::anyhow!(
-            "{} is not a snapshot of a Strata frontend: {why} (etcd's own snapshot files are not read here; see docs/OPERATIONS.md)",
+            "{} is neither an etcd database (what a Strata frontend's snapshot is since session 34) nor a checkpoint an earlier release saved: {why}",
             path.display()
         )
     })?;
@@ -326,12 +326,15 @@ fn saved_snapshot(
 /// Whether the file at `path` holds a bbolt database (etcd's snapshot format, which Strata
 /// frontends stream since session 34), not a checkpoint (what they streamed before).
 fn is_bbolt(path: &std::path::Path) -> anyhow::Result<bool> {
-    use std::io::Read;
-    let mut head = [0u8; 20];
-    let mut file =
+    let file =
         std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
-    let whole = file.read_exact(&mut head).is_ok();
-    Ok(whole && head[16..20] == memstore::etcd_db::BOLT_MAGIC.to_le_bytes())
+    let len = file
+        .metadata()
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    Ok(compactor::etcd_snapshot::is_bbolt(
+        compactor::etcd_snapshot::FileSource { file, len },
+    ))
 }
 
 /// The state of the bbolt database in a snapshot file (`etcdctl snapshot save` of etcd, or of a

@@ -710,6 +710,13 @@ impl Served {
             url,
         }
     }
+
+    /// An etcd client of the frontend.
+    async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect([self.deployment.frontend(0).endpoint()], None)
+            .await
+            .unwrap()
+    }
 }
 
 /// `backup restore --from-file`: a file `etcdctl snapshot save` wrote from a frontend brings
@@ -718,9 +725,7 @@ impl Served {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
     let served = Served::start().await;
-    let mut c = etcd_client::Client::connect([served.deployment.frontend(0).endpoint()], None)
-        .await
-        .unwrap();
+    let mut c = served.client().await;
     let lease = c.lease_grant(LEASE_TTL, None).await.unwrap().id();
     for i in 0..50 {
         let opts = (i % 5 == 0).then(|| etcd_client::PutOptions::new().with_lease(lease));
@@ -908,9 +913,7 @@ async fn an_etcd_snapshot_becomes_a_tenants_keyspace() {
     // A Strata tenant with a key of its own and a checkpoint.
     let served = Served::start().await;
     let endpoint = served.deployment.frontend(0).endpoint();
-    let mut s = etcd_client::Client::connect([&endpoint], None)
-        .await
-        .unwrap();
+    let mut s = served.client().await;
     s.put("/registry/old", "strata's own", None).await.unwrap();
     wait_checkpoint(
         &served.catalog,
@@ -1085,9 +1088,7 @@ async fn an_etcd_snapshot_restores_into_a_tenant_never_checkpointed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_is_exported_as_an_etcd_snapshot_file() {
     let served = Served::start().await;
-    let mut c = etcd_client::Client::connect([served.deployment.frontend(0).endpoint()], None)
-        .await
-        .unwrap();
+    let mut c = served.client().await;
     let lease = c.lease_grant(LEASE_TTL, None).await.unwrap().id();
     for i in 0..40 {
         let opts = (i % 4 == 0).then(|| etcd_client::PutOptions::new().with_lease(lease));

@@ -145,71 +145,61 @@ pub fn etcd_database_into(store: &MemStore, buf: Vec<u8>) -> Vec<u8> {
     }
     buckets.push((b"key", tree.finish(&mut db)));
 
-    let mut tree = Tree::new(LEAF_PAGE);
-    if state.compact_revision > 0 {
-        let rev = RevisionKey::new(state.compact_revision, 0, false);
-        tree.push(&mut db, 0, b"finishedCompactRev", &rev);
-        tree.push(&mut db, 0, b"scheduledCompactRev", &rev);
-    }
-    buckets.push((b"meta", tree.finish(&mut db)));
+    let meta = if state.compact_revision > 0 {
+        let rev = RevisionKey::new(state.compact_revision, 0, false).to_vec();
+        vec![
+            (b"finishedCompactRev".to_vec(), rev.clone()),
+            (b"scheduledCompactRev".to_vec(), rev),
+        ]
+    } else {
+        Vec::new()
+    };
+    buckets.push((b"meta", small_bucket(&mut db, meta)));
 
-    // Keyed by the id's eight bytes, big-endian: in the bucket's byte order, which is the ids'
-    // own order only while they are positive (etcd's are; the sort keeps any other sound).
-    let mut leases: Vec<([u8; 8], Vec<u8>)> = state
+    // Keyed by the id's eight bytes, big-endian (etcd's ids are positive, so this is their
+    // numeric order too).
+    let leases = state
         .leases
         .leases
         .iter()
         .map(|(&id, lease)| {
             let value = EtcdLease { id, ttl: lease.ttl }.encode_to_vec();
-            ((id as u64).to_be_bytes(), value)
+            ((id as u64).to_be_bytes().to_vec(), value)
         })
         .collect();
-    leases.sort();
-    let mut tree = Tree::new(LEAF_PAGE);
-    for (id, value) in &leases {
-        tree.push(&mut db, 0, id, value);
-    }
-    buckets.push((b"lease", tree.finish(&mut db)));
+    buckets.push((b"lease", small_bucket(&mut db, leases)));
 
     let auth = store.auth_export();
-    let mut tree = Tree::new(LEAF_PAGE);
-    tree.push(&mut db, 0, b"authEnabled", &[u8::from(auth.enabled)]);
-    tree.push(
-        &mut db,
-        0,
-        b"authRevision",
-        &store.auth_revision().to_be_bytes(),
-    );
-    buckets.push((b"auth", tree.finish(&mut db)));
-    let mut users = auth.users;
-    users.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut tree = Tree::new(LEAF_PAGE);
-    for u in &users {
-        tree.push(&mut db, 0, &u.name, &u.encode_to_vec());
-    }
-    buckets.push((b"authUsers", tree.finish(&mut db)));
-    let mut roles = auth.roles;
-    roles.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut tree = Tree::new(LEAF_PAGE);
-    for r in &roles {
-        tree.push(&mut db, 0, &r.name, &r.encode_to_vec());
-    }
-    buckets.push((b"authRoles", tree.finish(&mut db)));
+    let flags = vec![
+        (b"authEnabled".to_vec(), vec![u8::from(auth.enabled)]),
+        (
+            b"authRevision".to_vec(),
+            store.auth_revision().to_be_bytes().to_vec(),
+        ),
+    ];
+    buckets.push((b"auth", small_bucket(&mut db, flags)));
+    let users = auth
+        .users
+        .iter()
+        .map(|u| (u.name.clone(), u.encode_to_vec()))
+        .collect();
+    buckets.push((b"authUsers", small_bucket(&mut db, users)));
+    let roles = auth
+        .roles
+        .iter()
+        .map(|r| (r.name.clone(), r.encode_to_vec()))
+        .collect();
+    buckets.push((b"authRoles", small_bucket(&mut db, roles)));
 
-    let mut alarms: Vec<Vec<u8>> = state
+    let alarms = state
         .alarms
         .iter()
-        .map(|&(member_id, alarm)| AlarmMember { member_id, alarm }.encode_to_vec())
+        .map(|&(member_id, alarm)| (AlarmMember { member_id, alarm }.encode_to_vec(), Vec::new()))
         .collect();
-    alarms.sort();
-    let mut tree = Tree::new(LEAF_PAGE);
-    for a in &alarms {
-        tree.push(&mut db, 0, a, &[]);
-    }
-    buckets.push((b"alarm", tree.finish(&mut db)));
+    buckets.push((b"alarm", small_bucket(&mut db, alarms)));
 
     for empty in [&b"members"[..], b"members_removed", b"cluster"] {
-        buckets.push((empty, Tree::new(LEAF_PAGE).finish(&mut db)));
+        buckets.push((empty, small_bucket(&mut db, Vec::new())));
     }
 
     buckets.sort();
@@ -221,6 +211,17 @@ pub fn etcd_database_into(store: &MemStore, buf: Vec<u8>) -> Vec<u8> {
     }
     let root = root.finish(&mut db);
     db.finish(root)
+}
+
+/// A bucket of `entries` (any order: written sorted by key, as bbolt keeps them): its root
+/// page.
+fn small_bucket(db: &mut Db, mut entries: Vec<(Vec<u8>, Vec<u8>)>) -> u64 {
+    entries.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    let mut tree = Tree::new(LEAF_PAGE);
+    for (key, value) in &entries {
+        tree.push(db, 0, key, value);
+    }
+    tree.finish(db)
 }
 
 /// How long the database of `store` is at most, so its buffer is allocated once (a buffer

@@ -120,6 +120,17 @@ async fn admin(args: &[String]) -> String {
     stdout
 }
 
+/// Runs `strata args`, which must fail: what it printed on stderr.
+async fn admin_refused(args: &[String]) -> String {
+    let out = tokio::process::Command::new(strata_bin())
+        .args(args)
+        .output()
+        .await
+        .expect("run strata admin");
+    assert!(!out.status.success(), "strata {args:?} succeeded");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// `strata admin backup restore` against the object store at `url` and the journal nodes
 /// `journals`, then `rest`.
 fn restore_args(url: &str, journals: &[String], rest: &[&str]) -> Vec<String> {
@@ -772,13 +783,7 @@ async fn a_tenant_is_restored_from_an_etcdctl_snapshot_file() {
     bytes[100] ^= 0xff;
     let damaged = served.deployment.dir().join("damaged.db");
     std::fs::write(&damaged, &bytes).unwrap();
-    let out = tokio::process::Command::new(strata_bin())
-        .args(restore(&damaged))
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = admin_refused(&restore(&damaged)).await;
     assert!(
         stderr.contains("SHA-256 trailer does not match"),
         "{stderr}"
@@ -1015,20 +1020,13 @@ async fn an_etcd_snapshot_restores_into_a_tenant_never_checkpointed() {
     }
 
     let snapshot = file.to_str().unwrap();
-    let refused = tokio::process::Command::new(strata_bin())
-        .args(restore_args(
-            &url,
-            &journals,
-            &["--tenant", "late", "--from-etcd-snapshot", snapshot],
-        ))
-        .output()
-        .await
-        .unwrap();
-    let said = String::from_utf8_lossy(&refused.stderr);
-    assert!(
-        !refused.status.success() && said.contains("name its shard with --shard"),
-        "{said}"
-    );
+    let said = admin_refused(&restore_args(
+        &url,
+        &journals,
+        &["--tenant", "late", "--from-etcd-snapshot", snapshot],
+    ))
+    .await;
+    assert!(said.contains("name its shard with --shard"), "{said}");
     // Trimmed shard 1; shard 2, never trimmed (the compactor does not own it).
     for (tenant, shard) in [("late", "1"), ("other", "2")] {
         let out = admin(&restore_args(
@@ -1184,13 +1182,7 @@ async fn a_checkpoint_is_exported_as_an_etcd_snapshot_file() {
         out.contains(&format!("exported checkpoint {newer} ")),
         "{out}"
     );
-    let out = tokio::process::Command::new(strata_bin())
-        .args(export(&["--index", "1", "--to", named.to_str().unwrap()]))
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
+    let stderr = admin_refused(&export(&["--index", "1", "--to", named.to_str().unwrap()])).await;
     assert!(
         stderr.contains("no checkpoint at index 1; retained"),
         "{stderr}"
